@@ -1,0 +1,93 @@
+// The contract between `fsdplab run|record|bench-gather` and the live backends (host threads,
+// CUDA/NCCL). Both backends implement these functions with the same options and results, so the
+// commands, reports, Chrome traces and `compare` are shared.
+//
+//   LiveOptions opt{.world_size = 4, .steps = 3, .policy = policy};
+//   StatusOr<LiveResult> r = host::RunLiveSteps(trace, opt);   // or cuda::RunLiveSteps
+//   Report rep = BuildReport(r->timeline, {...});              // marked measured
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdplab/core/execution_order.h"
+#include "fsdplab/core/policy.h"
+#include "fsdplab/core/timeline.h"
+#include "fsdplab/core/trace.h"
+#include "fsdplab/core/units.h"
+
+namespace fsdplab {
+
+enum class ComputeMode : std::uint8_t {
+  kTimed,  // occupy the compute stream for the trace's durations (an emulated device)
+  kGemm,   // real GEMMs sized from the unit shapes on the gathered weights
+};
+
+struct LiveOptions final {
+  int world_size = 2;
+  int steps = 1;
+  Policy policy;
+  ComputeMode compute = ComputeMode::kTimed;
+  double compute_scale = 1.0;
+  TimeUs timeout_us = 30e6;            // every wait gives up after this long
+  std::optional<int> emulate_world_size;  // CUDA on one GPU: collectives as local copies
+  std::uint64_t seed = 2026;           // parameters and inputs are seeded, deterministic
+  bool check = true;                   // verify gathered params and reduced grads
+  // Fault injection for tests: make this rank fail at (step, unit, op), or call a mismatched
+  // collective.
+  std::optional<int> fail_rank;
+  std::string fail_op;                  // "compute" | "mismatch" | "hang"
+  int fail_step = 0;
+  std::string fail_unit;                // empty: the first unit with parameters
+};
+
+struct LiveCheck final {
+  std::uint64_t gathered_bytes_checked = 0;
+  std::uint64_t gathered_bytes_wrong = 0;
+  std::uint64_t grad_elements_checked = 0;
+  std::uint64_t grad_elements_wrong = 0;
+  double grad_max_abs_error = 0;
+  std::string tolerance;  // how gradients were compared: "exact" or "rtol=..."
+};
+
+struct LiveResult final {
+  Timeline timeline;              // source "live-host" or "live-cuda", every rank
+  ExecutionOrder order;           // the order prefetches followed at the end
+  std::vector<Trace> recorded;    // one trace per rank (for `fsdplab record`)
+  LiveCheck check;
+  std::vector<std::string> notes; // e.g. "compute: bf16 GEMMs (no FP8 on this device)"
+};
+
+// nccl-tests-style gather benchmark (bench-gather).
+struct GatherBenchOptions final {
+  std::uint64_t min_bytes = 32ull << 20;   // -b
+  std::uint64_t max_bytes = 32ull << 20;   // -e
+  std::uint64_t step_factor = 2;           // -f (multiplicative)
+  int iters = 20;                           // -n
+  int warmup = 5;                           // -w
+  bool check = true;                        // -c
+  int world_size = 2;
+  std::string op = "all_gather";           // all_gather | reduce_scatter
+  std::string dtype = "bf16";
+  std::uint64_t gemm_n = 0;                // overlapped GEMM size (0: chosen to match the gather)
+};
+
+struct GatherBenchRow final {
+  std::uint64_t size_bytes = 0;
+  std::uint64_t count = 0;
+  std::string type;
+  TimeUs time_us = 0;          // collective alone
+  double algbw_GBps = 0;
+  double busbw_GBps = 0;
+  std::uint64_t wrong = 0;
+  TimeUs gemm_alone_us = 0;
+  TimeUs together_us = 0;      // collective and GEMM launched together
+  TimeUs collective_under_overlap_us = 0;
+  TimeUs gemm_under_overlap_us = 0;
+  double overlap_efficiency = 0;  // (alone sum - together) / min(collective, gemm): 1 = perfect
+  double compute_slowdown = 0;    // gemm_under_overlap / gemm_alone - 1
+};
+
+}  // namespace fsdplab

@@ -1,0 +1,92 @@
+// The schedule policy (DESIGN §4.2): where the execution order comes from, how much to prefetch,
+// which planes to gather, and the switches of the stream protocol.
+//
+//   Policy p;                                   // defaults: registration order, budget 1 unit
+//   FSDP_RETURN_IF_ERROR(ApplyPolicyJson(json_text, p));          // --policy FILE
+//   FSDP_RETURN_IF_ERROR(ApplyPolicyKey("forward_prefetch", "elements:50000000", p));  // a flag
+//   FSDP_RETURN_IF_ERROR(ValidatePolicy(p, model));
+//   std::string json = PolicyToJson(p);         // printed back in every report
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdplab/core/model.h"
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/units.h"
+
+namespace fsdplab {
+
+enum class PrefetchOrder : std::uint8_t { kRegistration, kRecorded };
+enum class Sharding : std::uint8_t {
+  kZero3,    // shard params, grads; reshard after forward (per reshard_after_forward)
+  kZero2,    // shard params, grads; keep params unsharded from forward to backward
+  kNoShard,  // replicated params (no gathers); gradients all-reduced
+};
+enum class OnDivergence : std::uint8_t { kError, kRerecord };
+
+// How many successors to prefetch.
+struct Budget final {
+  enum class Kind : std::uint8_t { kUnits, kElements, kBytes };
+  Kind kind = Kind::kUnits;
+  std::uint64_t value = 1;
+
+  bool disabled() const { return value == 0; }
+  // "2", "elements:50000000", "bytes:1G" (suffixes K M G T, powers of 1024 for bytes and of 1000
+  // for elements... both accept plain integers).
+  static StatusOr<Budget> Parse(std::string_view text);
+  std::string ToString() const;
+  friend bool operator==(const Budget&, const Budget&) = default;
+};
+
+// A set of units named by the user, or all of them.
+struct UnitSelection final {
+  bool all = false;
+  std::vector<std::string> names;
+  bool empty() const { return !all && names.empty(); }
+  bool Selects(std::string_view unit_name) const;
+  friend bool operator==(const UnitSelection&, const UnitSelection&) = default;
+};
+
+struct Policy final {
+  PrefetchOrder order = PrefetchOrder::kRegistration;
+  Budget forward_prefetch;
+  Budget backward_prefetch;
+  UnitSelection unshard_all_planes_in_backward;
+  bool recompute_aware = false;
+  bool prefetch_first_unit = true;
+  bool reshard_after_forward = true;  // the root keeps its parameters regardless
+  Sharding sharding = Sharding::kZero3;
+  bool unified_comm_stream = false;
+  OnDivergence on_divergence = OnDivergence::kError;
+  // Gradient reduce dtype; nullopt: the parameter dtype (bf16 for mxfp8 parameters).
+  std::optional<DType> reduce_dtype;
+
+  friend bool operator==(const Policy&, const Policy&) = default;
+};
+
+// The policy keys, in the order they print.
+const std::vector<std::string_view>& PolicyKeys();
+
+// Sets one key from its text form (the flag value): `key` uses underscores.
+Status ApplyPolicyKey(std::string_view key, std::string_view value, Policy& policy);
+// Applies every key of a JSON object (values may be strings, numbers, booleans, or lists for
+// unshard_all_planes_in_backward). Unknown keys are errors naming the key.
+Status ApplyPolicyJson(std::string_view json_text, Policy& policy);
+// Checks the policy against the model: named units exist; recompute_aware needs the recorded
+// order.
+Status ValidatePolicy(const Policy& policy, const Model& model);
+
+std::string PolicyToJson(const Policy& policy);         // one JSON object
+std::string PolicyKeyValue(const Policy& policy, std::string_view key);  // text form of one key
+std::string_view PrefetchOrderName(PrefetchOrder order);  // "registration" | "recorded"
+std::string_view ShardingName(Sharding sharding);          // "zero3" | "zero2" | "no_shard"
+std::string_view OnDivergenceName(OnDivergence on);        // "error" | "rerecord"
+
+// The gradient dtype a group is reduced in under `policy`.
+DType ReduceDType(const Policy& policy, DType param_dtype);
+
+}  // namespace fsdplab

@@ -1,0 +1,97 @@
+// The report (`fsdplab.report` v1, DESIGN §4.3), computed from any timeline.
+//
+//   ReportInputs in{.model = &model, .policy = &policy, .order = &sched.order(),
+//                   .cluster_json = cluster_json};
+//   Report r = BuildReport(timeline, in);
+//   std::string json = ReportToJson(r);   // --json / -o FILE
+//   std::string text = ReportToText(r);   // for people
+//
+// Definitions (DESIGN §4.3): a step's window runs from the end of the previous step's last work
+// on any stream (first step: from its first work) to the end of its own last work; `time_us` is
+// its length; `exposed_comm_us` is the time in the window where a collective is in progress on
+// the rank and no compute runs; `overlapped` counts collectives whose interval intersects some
+// compute of the same rank. Multi-rank timelines report rank 0's steps and the worst peak.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsdplab/core/execution_order.h"
+#include "fsdplab/core/model.h"
+#include "fsdplab/core/policy.h"
+#include "fsdplab/core/timeline.h"
+
+namespace fsdplab {
+
+struct CollectiveStats final {
+  int count = 0;
+  Bytes bytes = 0;
+  int overlapped = 0;
+  TimeUs busy_us = 0;
+};
+
+struct StepReport final {
+  int index = 0;
+  TimeUs start_us = 0;
+  TimeUs end_us = 0;
+  TimeUs time_us = 0;
+  TimeUs compute_us = 0;
+  TimeUs exposed_comm_us = 0;
+  CollectiveStats allgather;
+  CollectiveStats reduce_scatter;
+  Bytes peak_memory_bytes = 0;
+  std::array<Bytes, kNumMemoryCategories> peak_by_category{};  // at the step's peak
+};
+
+struct UnitReport final {
+  UnitId unit = kNoUnit;
+  int gathers = 0;
+  int demand = 0;
+  int prefetch = 0;
+  int first_unit = 0;
+  Bytes gather_bytes = 0;
+  TimeUs gather_us = 0;
+  TimeUs exposed_us = 0;  // gather time not hidden by compute
+};
+
+struct ReportSummary final {
+  TimeUs step_time_us = 0;  // mean over steps after the first (the only step if one)
+  TimeUs exposed_comm_us = 0;  // mean, same steps
+  double overlap_ratio = 0;    // overlapped collectives / all collectives
+  Bytes peak_memory_bytes = 0;
+  TimeUs peak_memory_at_us = 0;
+  int peak_memory_rank = 0;
+  TimeUs lower_bound_us = 0;
+};
+
+struct ReportInputs final {
+  const Model* model = nullptr;
+  const Policy* policy = nullptr;
+  const ExecutionOrder* order = nullptr;
+  std::string cluster_json = "{}";  // printed back verbatim
+  std::string source;               // overrides timeline.source when set
+  TimeUs memory_cap_lower_bound_us = 0;  // what a memory cap forces, if the executor knows
+};
+
+struct Report final {
+  std::string source;
+  bool measured = false;  // live runs
+  std::string policy_json;
+  std::string cluster_json;
+  std::string order_json;
+  std::vector<StepReport> steps;
+  std::vector<UnitReport> units;
+  ReportSummary summary;
+  std::vector<std::string> errors;
+  std::vector<std::string> warnings;
+  std::vector<std::string> notes;
+  std::vector<std::string> unit_names;  // for the text form
+};
+
+Report BuildReport(const Timeline& timeline, const ReportInputs& inputs);
+std::string ReportToJson(const Report& report);
+std::string ReportToText(const Report& report);
+
+}  // namespace fsdplab

@@ -1,0 +1,85 @@
+// The timeline: what ran where and when, in one schema for the simulator and both live
+// executors, so reports, Chrome traces and `fsdplab compare` work on all three.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdplab/core/command.h"
+#include "fsdplab/core/model.h"
+#include "fsdplab/core/trace.h"
+#include "fsdplab/core/units.h"
+
+namespace fsdplab {
+
+// Where an op ran: the host thread of a rank or one of its streams. With a unified
+// communication stream, all-gathers and reduce-scatters share the kAllGather track.
+enum class Track : std::uint8_t { kHost, kCompute, kAllGather, kReduceScatter };
+std::string_view TrackName(Track track);  // "host", "compute", "all_gather", "reduce_scatter"
+
+enum class OpKind : std::uint8_t {
+  kCompute,
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kRelease,   // freeing an unsharded buffer (instantaneous, on the all-gather track)
+  kHostIssue, // the host issuing a command (launch cost)
+  kHostBlock, // the host blocked (memory cap, synchronisation)
+};
+std::string_view OpKindName(OpKind kind);
+bool IsCollective(OpKind kind);
+
+struct TimelineOp final {
+  std::int64_t id = 0;  // unique within the timeline
+  int rank = 0;
+  Track track = Track::kCompute;
+  OpKind kind = OpKind::kCompute;
+  UnitId unit = kNoUnit;
+  Phase phase = Phase::kForward;
+  GatherReason reason = GatherReason::kDemand;  // gathers only
+  PlaneSet planes;                               // gathers and releases
+  Bytes bytes = 0;                               // collectives: bytes moved (unsharded size)
+  int step = 0;
+  int microbatch = 0;
+  int event = -1;  // trace event index, -1 if none
+  TimeUs start_us = 0;
+  TimeUs end_us = 0;
+  // For a compute: the ids of the gathers it waited on (flow arrows in the Chrome trace).
+  std::vector<std::int64_t> waited_on;
+};
+
+enum class MemoryCategory : std::uint8_t {
+  kShardedParams,
+  kUnshardedParams,
+  kShardedGrads,
+  kUnshardedGrads,
+  kReduceScatterBuffers,
+  kActivations,
+};
+inline constexpr int kNumMemoryCategories = 6;
+std::string_view MemoryCategoryName(MemoryCategory category);  // "sharded_params", ...
+
+struct MemorySample final {
+  int rank = 0;
+  TimeUs t_us = 0;
+  std::array<Bytes, kNumMemoryCategories> bytes{};  // indexed by MemoryCategory
+  int step = 0;
+  UnitId unit = kNoUnit;  // the unit whose allocation or free caused the change
+  Bytes total() const;
+};
+
+struct Timeline final {
+  std::string source;  // "sim" | "live-host" | "live-cuda"
+  int world_size = 1;
+  int ranks_recorded = 1;  // ranks whose ops are in `ops` (the simulator may fold symmetric ranks)
+  std::vector<TimelineOp> ops;
+  std::vector<MemorySample> memory;  // one sample per change, in time order per rank
+  std::vector<std::string> errors;
+  std::vector<std::string> warnings;
+  std::vector<std::string> notes;    // e.g. "collectives emulated as copies"
+};
+
+}  // namespace fsdplab

@@ -1,0 +1,100 @@
+// The trace: what one rank's training steps did, as hook events (`fsdplab.trace` v1, DESIGN §4.1).
+//
+//   StatusOr<Trace> trace = ReadTraceFile("traces/gpt_small.json");
+//   std::string text = WriteTrace(*trace);          // exact round trip
+//   Status s = WriteTraceFile(*trace, "out.json");  // whole file or nothing (temp + rename)
+//
+// The reader checks everything DESIGN §4.1 lists and names the field and the event position
+// ("steps[0].microbatches[1].events[17].unit: unknown unit 'model.layers.9'").
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdplab/core/model.h"
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/units.h"
+
+namespace fsdplab {
+
+enum class Phase : std::uint8_t { kForward, kBackward, kRecompute };
+std::string_view PhaseName(Phase phase);  // "forward", "backward", "recompute"
+std::optional<Phase> ParsePhase(std::string_view name);
+
+enum class Op : std::uint8_t {
+  kPreForward,
+  kPostForward,
+  kPreBackward,
+  kPostBackward,
+  kCompute,
+  kBackwardEnd,
+  kCollective,  // a measured collective (recorded traces only); the scheduler ignores it
+};
+std::string_view OpName(Op op);  // the trace spelling: "pre_forward", ...
+std::optional<Op> ParseOp(std::string_view name);
+
+enum class CollectiveKind : std::uint8_t { kAllGather, kReduceScatter, kAllReduce };
+std::string_view CollectiveKindName(CollectiveKind kind);  // "all_gather", ...
+std::optional<CollectiveKind> ParseCollectiveKind(std::string_view name);
+
+struct Event final {
+  Op op = Op::kCompute;
+  UnitId unit = kNoUnit;          // kNoUnit: backward_end, or a compute with "unit": null
+  Phase phase = Phase::kForward;  // compute only
+  TimeUs us = 0;                  // compute only: duration
+  Bytes saved_bytes = 0;          // compute only: activations kept for the backward
+  std::optional<TimeUs> ts_us;    // measured start, when recorded
+  // Measured collectives (op == kCollective).
+  CollectiveKind kind = CollectiveKind::kAllGather;
+  Bytes bytes = 0;
+  TimeUs start_us = 0;
+  TimeUs end_us = 0;
+  friend bool operator==(const Event&, const Event&) = default;
+};
+
+struct Microbatch final {
+  std::vector<Event> events;
+  friend bool operator==(const Microbatch&, const Microbatch&) = default;
+};
+
+struct Step final {
+  std::vector<Microbatch> microbatches;
+  friend bool operator==(const Step&, const Step&) = default;
+};
+
+struct TraceMeta final {
+  std::string source = "hand";  // hand | sim | live-cuda | live-host | torch | synth
+  int world_size = 1;
+  int rank = 0;
+  // Other meta keys, kept verbatim as a JSON object text so a round trip is exact ("{}" if none).
+  std::string extra_json = "{}";
+  friend bool operator==(const TraceMeta&, const TraceMeta&) = default;
+};
+
+struct Trace final {
+  TraceMeta meta;
+  Model model;
+  std::vector<Step> steps;
+};
+
+// Structural equality (meta, units with params, steps): what a round trip must preserve.
+bool SameTrace(const Trace& a, const Trace& b);
+
+// Reads and validates. Large documents are parsed with simdjson's on-demand API (DESIGN §5).
+StatusOr<Trace> ParseTrace(std::string_view json_text);
+StatusOr<Trace> ReadTraceFile(const std::string& path);
+
+// Every problem found, not only the first: for `fsdplab validate`. Empty when the trace is valid.
+std::vector<Status> ValidateTraceText(std::string_view json_text);
+
+// Consistency checks over an already-built trace (also run by ParseTrace): posts without pres,
+// durations, unknown units in events. Returns every problem.
+std::vector<Status> CheckTraceEvents(const Trace& trace);
+
+std::string WriteTrace(const Trace& trace);
+Status WriteTraceFile(const Trace& trace, const std::string& path);
+
+}  // namespace fsdplab

@@ -1,0 +1,34 @@
+// Pieces every subcommand shares: policy flags, output files, error reporting.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "args.h"
+#include "fsdplab/core/model.h"
+#include "fsdplab/core/policy.h"
+#include "fsdplab/core/status.h"
+
+namespace fsdplab::cli {
+
+// Declares --policy FILE and one flag per policy key (`--forward-prefetch`, ...).
+void DeclarePolicyFlags(Args& args);
+// Builds the policy: defaults, then --policy FILE, then the flags in command-line order.
+// Validates it against the model.
+StatusOr<Policy> PolicyFromArgs(const Args& args, const Model& model);
+// Like PolicyFromArgs, but a flag may hold a comma-separated list (for sweep): returns every
+// combination. Keys with lists are returned in `varied_keys`.
+StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Model& model,
+                                                 std::vector<std::string>* varied_keys);
+
+// Writes `text` to the file named by -o (atomically) if given, else to stdout.
+Status EmitOutput(const Args& args, std::string_view text);
+
+// Prints "fsdplab <command>: <message>" to stderr and returns the exit code for `status`.
+int Fail(std::string_view command, const Status& status);
+
+// Prints the help text for a command: usage line, description, flags.
+int PrintHelp(std::string_view usage, std::string_view description, const Args& args);
+
+}  // namespace fsdplab::cli

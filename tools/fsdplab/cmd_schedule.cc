@@ -1,0 +1,13 @@
+// PLACEHOLDER: replaced by the component that implements this command.
+#include <fmt/format.h>
+
+#include "commands.h"
+
+namespace fsdplab::cli {
+
+int RunSchedule(const Argv& /*argv*/) {
+  fmt::print(stderr, "fsdplab: this command is not built yet\n");
+  return 5;
+}
+
+}  // namespace fsdplab::cli
