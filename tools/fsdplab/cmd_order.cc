@@ -1,13 +1,66 @@
-// PLACEHOLDER: replaced by the component that implements this command.
+// fsdplab order TRACE --order registration|recorded [--recompute-aware] [--json]
 #include <fmt/format.h>
 
+#include "cli_common.h"
 #include "commands.h"
+#include "fsdplab/core/execution_order.h"
+#include "fsdplab/core/scheduler.h"
+#include "fsdplab/core/trace.h"
 
 namespace fsdplab::cli {
 
-int RunOrder(const Argv& /*argv*/) {
-  fmt::print(stderr, "fsdplab: this command is not built yet\n");
-  return 5;
+int RunOrder(const Argv& argv) {
+  constexpr std::string_view kCmd = "order";
+  Args args(argv);
+  args.Declare("--json", ArgKind::kSwitch, "print {\"forward\": [...], \"backward\": [...]}");
+  args.Declare("-o", ArgKind::kValue, "write the output to FILE instead of stdout", "FILE");
+  DeclarePolicyFlags(args);
+  if (Status s = args.Parse(); !s.ok()) return Fail(kCmd, s);
+  if (args.help()) {
+    return PrintHelp(
+        "fsdplab order TRACE [--order registration|recorded] [--recompute-aware true] [--json]",
+        "Prints the forward and backward execution orders the scheduler prefetches along.\n"
+        "registration: units in registration order (backward: roots reversed, children\n"
+        "reversed). recorded: the order the trace's first forward/backward pass ran in;\n"
+        "with --recompute-aware true, reentrant recomputations appear as their own entries.",
+        args);
+  }
+  if (args.positionals().size() != 1) {
+    return Fail(kCmd, UsageError("expected exactly one TRACE (see --help)"));
+  }
+  StatusOr<Trace> trace = ReadTraceFile(args.positionals()[0]);
+  if (!trace.ok()) return Fail(kCmd, trace.status());
+  StatusOr<Policy> policy = PolicyFromArgs(args, trace->model);
+  if (!policy.ok()) return Fail(kCmd, policy.status());
+
+  ExecutionOrder order;
+  if (policy->order == PrefetchOrder::kRegistration) {
+    order = ExecutionOrder::Registration(trace->model);
+  } else {
+    // Record the first pass exactly as the scheduler would at run time.
+    Scheduler scheduler(trace->model, *policy, trace->meta.world_size);
+    CommandLog discard;
+    if (trace->steps.empty() || trace->steps.front().microbatches.empty()) {
+      return Fail(kCmd, InvalidInput("the trace has no microbatch to record an order from"));
+    }
+    if (Status s = scheduler.StepBegin(0, discard); !s.ok()) return Fail(kCmd, s);
+    const std::vector<Event>& events = trace->steps.front().microbatches.front().events;
+    for (std::size_t e = 0; e < events.size(); ++e) {
+      Status s = scheduler.OnEvent(events[e], CommandOrigin{0, 0, static_cast<int>(e)}, discard);
+      if (!s.ok()) return Fail(kCmd, s.WithContext("while recording the first pass"));
+    }
+    if (scheduler.recording() || scheduler.order().empty()) {
+      return Fail(kCmd, InvalidInput("the first pass of the trace has no backward_end: the "
+                                     "recording never completed"));
+    }
+    order = scheduler.order();
+  }
+  std::string out = args.Has("--json")
+                        ? order.ToJson(trace->model) + "\n"
+                        : fmt::format("order: {}\n{}", PrefetchOrderName(policy->order),
+                                      order.ToText(trace->model));
+  if (Status s = EmitOutput(args, out); !s.ok()) return Fail(kCmd, s);
+  return 0;
 }
 
 }  // namespace fsdplab::cli

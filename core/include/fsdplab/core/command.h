@@ -14,7 +14,7 @@
 //                 scheduler emits StreamWait{all-gather, compute} first).
 //   ReduceScatter reduce-scatter (or all-reduce when not sharded) of a unit's gradients on the
 //                 reduce-scatter stream; its unsharded gradient buffer is freed when it completes.
-//   PassEnd       a microbatch's backward_end has been issued.
+//   PassEnd       a microbatch's backward_end has been issued (frees leftover activations).
 //   StepEnd       the step is over on the host.
 #pragma once
 
@@ -101,6 +101,9 @@ struct ReduceScatterCmd final {
 };
 
 struct PassEndCmd final {
+  // Activations still held at the end of the pass (unowned work such as the loss, units that
+  // took no part in backward): released once the compute stream has passed this point.
+  Bytes freed_bytes = 0;
   friend bool operator==(const PassEndCmd&, const PassEndCmd&) = default;
 };
 
