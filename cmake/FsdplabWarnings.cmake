@@ -14,7 +14,6 @@ if(FSDPLAB_SANITIZE)
     $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${FSDPLAB_SANITIZE} -fno-omit-frame-pointer>)
   target_link_options(fsdplab_sanitizers INTERFACE -fsanitize=${FSDPLAB_SANITIZE})
 endif()
-install(TARGETS fsdplab_warnings fsdplab_sanitizers EXPORT fsdplabTargets)
 
 # fsdplab_add_library(NAME ALIAS SOURCES ...): a component library with its public include dir.
 function(fsdplab_add_library name alias)

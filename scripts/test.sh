@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite: set up, build with warnings as errors, run every test (C++ and the
+# PyTorch recorder's), the host executor's tests under ThreadSanitizer, and the format check.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/setup.sh
+jobs="$(nproc)"
+
+echo "== format check (clang-format) =="
+git ls-files '*.h' '*.cc' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror
+
+echo "== build (Release, -Werror) =="
+cmake --preset default >/dev/null
+cmake --build --preset default -j"$jobs"
+
+echo "== tests =="
+ctest --preset default -j"$jobs"
+
+echo "== host executor under ThreadSanitizer =="
+cmake --preset tsan >/dev/null
+cmake --build --preset tsan -j"$jobs" --target fsdplab_host_tests
+ctest --preset tsan -j"$jobs"
