@@ -1,0 +1,99 @@
+// The simulated cluster: how many ranks, how they are grouped into nodes, what each link tier
+// costs, and how fast compute runs relative to the trace.
+//
+//   Cluster c = Cluster::Default();                 // one 8-GPU NVLink node (H100-like)
+//   StatusOr<Cluster> f = ReadClusterFile("cluster.json");
+//   TimeUs t = c.CollectiveUs(CollectiveKind::kAllGather, /*bytes=*/64 << 20);
+//   std::string json = ClusterToJson(c);           // printed back in every report
+//
+// Cluster file (DESIGN §4.2):
+//   {"world_size": 64, "gpus_per_node": 8,
+//    "intra": {"bandwidth_GBps": 360, "latency_us": 10},
+//    "inter": {"bandwidth_GBps": 45, "latency_us": 20},
+//    "compute_scale": 1.0,
+//    "calibration": {"all_gather": {"intra": [{"min_bytes": 0, "max_bytes": 8388608,
+//                                              "latency_us": 4.1, "bandwidth_GBps": 120.5}, ...],
+//                                   "inter": [...]},
+//                    "reduce_scatter": {...}}}
+// "calibration" is optional (`fsdplab calibrate` writes it; segments as in sim/calibration.h).
+//
+// Cost model. `bytes` is the collective's full (unsharded) buffer: the all-gather output or the
+// reduce-scatter input on one rank. A ring over n ranks of one tier with latency a (us) and bus
+// bandwidth B (GB/s = 1e3 bytes/us) costs
+//     ring(n, bytes) = (n-1) * a + (n-1)/n * bytes / (B * 1e3).
+// A group within one node (W <= gpus_per_node) is one intra ring, or, when the cluster has an
+// intra calibration for that collective, PredictCollectiveUs(intra segments, bytes, W): the
+// measured curve per size regime replaces the line. A group spanning N nodes of G GPUs
+// (W = N*G) with an inter calibration uses PredictCollectiveUs(inter segments, bytes, W) (the
+// calibration measured the whole multi-node collective). Without one it is hierarchical: an
+// inter-node ring between the N GPUs of the same local rank moves that local rank's 1/G slice
+// of the buffer, then an intra-node ring over G GPUs moves the whole buffer (a reduce-scatter
+// runs the same two phases in the other order, at the same cost):
+//     hier(bytes) = ring_inter(N, bytes / G) + intra(G, bytes).
+// An all-reduce costs a reduce-scatter plus an all-gather. A world of one rank costs nothing.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/trace.h"
+#include "fsdplab/core/units.h"
+#include "fsdplab/sim/calibration.h"
+
+namespace fsdplab::sim {
+
+// One link tier: bus bandwidth and per-step latency of a ring.
+struct LinkTier final {
+  double bandwidth_GBps = 0;  // GB/s (1e9 bytes per second) of bus bandwidth
+  TimeUs latency_us = 0;      // per ring step
+  friend bool operator==(const LinkTier&, const LinkTier&) = default;
+};
+
+struct TierCalibration final {
+  std::vector<Segment> intra;  // measured on one node
+  std::vector<Segment> inter;  // measured across nodes
+  bool empty() const { return intra.empty() && inter.empty(); }
+  friend bool operator==(const TierCalibration&, const TierCalibration&) = default;
+};
+
+struct Cluster final {
+  int world_size = 8;
+  int gpus_per_node = 8;
+  LinkTier intra{360.0, 3.0};  // NVLink 4 / NVSwitch class (H100 SXM bus bandwidth)
+  LinkTier inter{45.0, 20.0};  // one 400 Gb/s NIC per GPU
+  double compute_scale = 1.0;
+  TierCalibration all_gather;
+  TierCalibration reduce_scatter;
+  // True when nothing described the cluster (no file, no flag): the report says so.
+  bool defaults_used = true;
+
+  static Cluster Default() { return Cluster{}; }
+
+  int nodes() const;
+  // Time of one collective over the whole world with a buffer of `bytes` (see the model above).
+  TimeUs CollectiveUs(CollectiveKind kind, Bytes bytes) const;
+  // The same, for a group of `group_size` ranks (consecutive ranks, filling nodes first).
+  TimeUs CollectiveUs(CollectiveKind kind, Bytes bytes, int group_size) const;
+
+  friend bool operator==(const Cluster&, const Cluster&) = default;
+};
+
+// One ring over `ranks` ranks with this latency and bandwidth (the formula above).
+TimeUs RingUs(int ranks, Bytes bytes, TimeUs latency_us, double bandwidth_GBps);
+
+// Parses a cluster file's JSON; every field is optional and defaults as in Cluster{}. Unknown
+// keys, wrong types and impossible values (bandwidth <= 0, world not a multiple of the node size
+// when it spans nodes) are errors naming the field.
+StatusOr<Cluster> ParseClusterJson(std::string_view json_text);
+StatusOr<Cluster> ReadClusterFile(const std::string& path);
+// Checks the values (also done by the parser).
+Status ValidateCluster(const Cluster& cluster);
+// One JSON object in the file's schema, with "defaults_used" added.
+std::string ClusterToJson(const Cluster& cluster);
+// "8 ranks (1 node x 8 GPUs), intra 360 GB/s 3 us, inter 45 GB/s 20 us, compute x1".
+std::string DescribeCluster(const Cluster& cluster);
+
+}  // namespace fsdplab::sim

@@ -1,0 +1,119 @@
+// The simulator: replays a trace through the scheduler and carries out its commands in virtual
+// time on every rank (DESIGN §1 stream protocol, §3 sim::SimExecutor).
+//
+//   SimOptions opt;                       // default cluster: one 8-GPU NVLink node
+//   opt.policy.forward_prefetch = Budget{Budget::Kind::kUnits, 2};
+//   opt.steps = 3;
+//   StatusOr<SimResult> r = Simulate(trace, opt);
+//   if (!r.ok()) ...                       // bad input or options (exit 1/2)
+//   if (!r->status.ok()) ...               // the simulated step would fail (exit 3)
+//   Report rep = BuildReport(r->timeline, {...});
+//
+// What is simulated, per rank:
+// - a host thread issuing the scheduler's commands in program order, each taking `launch_us`
+//   (PassEnd/StepEnd are markers and take none); it runs ahead of the device and blocks only
+//   when an all-gather buffer would exceed `memory_cap` (until a free makes room);
+// - a compute stream, an all-gather stream and a reduce-scatter stream (gathers, releases and
+//   reduce-scatters share the all-gather stream when policy.unified_comm_stream), each running
+//   its commands in FIFO order; WaitGather and StreamWait are stream entries that hold their
+//   stream until the event they wait for has passed;
+// - collectives that start when every rank of the group has reached them at the head of the
+//   same stream and that stream is free; the k-th collective on a stream must be the same
+//   (kind, unit, bytes) on every rank, else the ranks deadlock and the deadlock is reported
+//   through a wait-for graph (never a hang);
+// - compute durations: ComputeCmd.us x compute_scale x the rank's straggler factor, run
+//   (1 + contention) times slower while a collective is in progress on the rank;
+// - memory: sharded parameters from the start; unsharded parameters from a Gather's issue to
+//   its Release; unsharded gradients (reduce dtype) from the unit's first backward compute to
+//   its reduce-scatter's end; reduce-scatter output buffers during the collective; sharded
+//   gradients after the unit's first reduce-scatter; activations (saved_bytes at compute start,
+//   freed_bytes at compute end). Only the host's all-gather allocations can wait for memory;
+//   an allocation on a stream over the cap, or a host that waits with nothing in flight that
+//   could free memory, is an out-of-memory failure naming the step, the unit and the bytes.
+//
+// Ranks: one trace for all ranks runs one program on every rank; when the ranks are identical
+// (no straggler) rank 0 alone is simulated and the others are folded onto it (the timeline says
+// so). One trace per rank runs one scheduler per rank.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdplab/core/command.h"
+#include "fsdplab/core/execution_order.h"
+#include "fsdplab/core/policy.h"
+#include "fsdplab/core/scheduler.h"
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/timeline.h"
+#include "fsdplab/core/trace.h"
+#include "fsdplab/sim/cluster.h"
+
+namespace fsdplab::sim {
+
+struct Straggler final {
+  int rank = 0;
+  double factor = 1.0;  // compute takes this many times longer on that rank
+};
+// Parses "RANK:FACTOR" ("3:1.5").
+StatusOr<Straggler> ParseStraggler(std::string_view text);
+
+struct SimOptions final {
+  Cluster cluster;
+  Policy policy;
+  int steps = 0;            // 0: the trace's steps
+  TimeUs launch_us = 2.0;   // host launch cost per issued command
+  double contention = 0.0;  // compute slowdown factor while a collective runs on the rank
+  std::vector<Straggler> stragglers;
+  std::optional<Bytes> memory_cap;
+  bool record_host_ops = true;       // one kHostIssue op per issued command in the timeline
+  int max_recorded_ranks = 1 << 30;  // ranks beyond this keep no ops or memory samples
+  bool fold_symmetric_ranks = true;  // simulate one rank when all ranks are identical
+};
+
+struct SimResult final {
+  Timeline timeline;
+  ExecutionOrder order;  // the order prefetches followed at the end (rank 0)
+  // Ok, or why the simulated run fails: a scheduler error (missing plane, divergence), a
+  // deadlock, an out-of-memory failure. The timeline holds everything that ran before.
+  Status status;
+  std::vector<Divergence> divergences;  // rank 0's, also when on_divergence=rerecord
+  std::uint64_t events = 0;             // engine events handled
+  std::uint64_t commands = 0;           // commands issued, over every simulated rank
+  int ranks_simulated = 0;
+  // Per step: compute time plus the gathers a memory cap keeps from overlapping the compute
+  // before them (0 without a cap). See MemoryCapLowerBoundUs.
+  TimeUs memory_cap_lower_bound_us = 0;
+  std::vector<Bytes> peak_memory_by_rank;  // every simulated rank, recorded or not
+};
+
+// Simulates `options.steps` steps of `trace` on every rank of `options.cluster.world_size`.
+// Errors (as a status) only for bad options; a failing simulated step is SimResult::status.
+StatusOr<SimResult> Simulate(const Trace& trace, const SimOptions& options);
+// One trace per rank (rank i runs traces[i]); the world size is traces.size(). The traces must
+// describe the same units.
+StatusOr<SimResult> SimulateRanks(const std::vector<const Trace*>& traces,
+                                  const SimOptions& options);
+
+// The scheduler's commands for one rank, compiled for the engine: SimExecutor is the
+// CommandSink the scheduler feeds (exposed for tests and benchmarks).
+class SimProgram;
+class SimExecutor final : public CommandSink {
+ public:
+  SimExecutor(const Model& model, const Policy& policy, int world_size);
+  ~SimExecutor() override;
+  SimExecutor(const SimExecutor&) = delete;
+  SimExecutor& operator=(const SimExecutor&) = delete;
+  Status Execute(const Command& command) override;
+  std::size_t size() const;
+  // Hands the compiled program over (the executor is empty afterwards).
+  std::shared_ptr<const SimProgram> Finish();
+
+ private:
+  std::unique_ptr<SimProgram> program_;
+};
+
+}  // namespace fsdplab::sim
