@@ -1,1 +1,445 @@
-namespace fsdplab {}
+#include "fsdplab/core/report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fsdplab {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+struct Interval {
+  TimeUs start = 0;
+  TimeUs end = 0;
+};
+
+// Sorted, disjoint union of intervals (empty ones dropped).
+std::vector<Interval> Union(std::vector<Interval> v) {
+  std::sort(v.begin(), v.end(),
+            [](const Interval& a, const Interval& b) { return a.start < b.start; });
+  std::vector<Interval> out;
+  for (const Interval& i : v) {
+    if (!(i.end > i.start)) continue;
+    if (!out.empty() && i.start <= out.back().end) {
+      out.back().end = std::max(out.back().end, i.end);
+    } else {
+      out.push_back(i);
+    }
+  }
+  return out;
+}
+
+// `a` minus `b`, both sorted and disjoint.
+std::vector<Interval> Minus(const std::vector<Interval>& a, const std::vector<Interval>& b) {
+  std::vector<Interval> out;
+  std::size_t j = 0;
+  for (const Interval& i : a) {
+    TimeUs cur = i.start;
+    while (j < b.size() && b[j].end <= cur) ++j;
+    std::size_t k = j;
+    while (k < b.size() && b[k].start < i.end) {
+      if (b[k].start > cur) out.push_back({cur, b[k].start});
+      cur = std::max(cur, b[k].end);
+      ++k;
+    }
+    if (cur < i.end) out.push_back({cur, i.end});
+  }
+  return out;
+}
+
+// Length of the sorted disjoint set `v` inside [lo, hi].
+TimeUs MeasureIn(const std::vector<Interval>& v, TimeUs lo, TimeUs hi) {
+  TimeUs sum = 0;
+  auto it = std::lower_bound(v.begin(), v.end(), lo,
+                             [](const Interval& i, TimeUs t) { return i.end <= t; });
+  for (; it != v.end() && it->start < hi; ++it) {
+    TimeUs s = std::max(it->start, lo);
+    TimeUs e = std::min(it->end, hi);
+    if (e > s) sum += e - s;
+  }
+  return sum;
+}
+
+// Does [lo, hi] intersect the sorted disjoint set `v` with positive length?
+bool Intersects(const std::vector<Interval>& v, TimeUs lo, TimeUs hi) {
+  return MeasureIn(v, lo, hi) > 0;
+}
+
+std::string FormatUs(TimeUs us) {
+  if (us >= 1e6) return fmt::format("{:.3f} s", us / 1e6);
+  if (us >= 1e3) return fmt::format("{:.3f} ms", us / 1e3);
+  return fmt::format("{:.1f} us", us);
+}
+
+std::string FormatBytes(Bytes b) {
+  double d = static_cast<double>(b);
+  if (b >= (Bytes{1} << 30)) return fmt::format("{:.2f} GiB", d / (1ull << 30));
+  if (b >= (Bytes{1} << 20)) return fmt::format("{:.1f} MiB", d / (1ull << 20));
+  if (b >= (Bytes{1} << 10)) return fmt::format("{:.1f} KiB", d / (1ull << 10));
+  return fmt::format("{} B", b);
+}
+
+std::string_view CategoryLabel(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::kShardedParams: return "sharded parameters";
+    case MemoryCategory::kUnshardedParams: return "unsharded parameters (gathered)";
+    case MemoryCategory::kShardedGrads: return "sharded gradients";
+    case MemoryCategory::kUnshardedGrads: return "unsharded gradients";
+    case MemoryCategory::kReduceScatterBuffers: return "reduce-scatter buffers";
+    case MemoryCategory::kActivations: return "activations";
+  }
+  return "?";
+}
+
+Json ParseOr(const std::string& text, Json fallback) {
+  if (text.empty()) return fallback;
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return j.is_discarded() ? fallback : j;
+}
+
+Json CollectiveJson(const CollectiveStats& c) {
+  return Json{
+      {"count", c.count}, {"bytes", c.bytes}, {"overlapped", c.overlapped}, {"busy_us", c.busy_us}};
+}
+
+Json CategoriesJson(const std::array<Bytes, kNumMemoryCategories>& bytes) {
+  Json j = Json::object();
+  for (int c = 0; c < kNumMemoryCategories; ++c) {
+    j[std::string(MemoryCategoryName(static_cast<MemoryCategory>(c)))] =
+        bytes[static_cast<std::size_t>(c)];
+  }
+  return j;
+}
+
+}  // namespace
+
+Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
+  Report r;
+  r.source = in.source.empty() ? timeline.source : in.source;
+  r.measured = r.source.rfind("live", 0) == 0;
+  r.policy_json = in.policy ? PolicyToJson(*in.policy) : "{}";
+  if (in.policy) {
+    std::vector<std::string> kv;
+    for (std::string_view key : PolicyKeys()) {
+      kv.push_back(fmt::format("{}={}", key, PolicyKeyValue(*in.policy, key)));
+    }
+    r.policy_text = fmt::format("{}", fmt::join(kv, " "));
+  }
+  r.cluster_json = in.cluster_json.empty() ? "{}" : in.cluster_json;
+  r.cluster_text = in.cluster_text;
+  if (in.order && in.model) {
+    r.order_json = in.order->ToJson(*in.model);
+    r.order_text = in.order->ToText(*in.model);
+  } else {
+    r.order_json = R"({"forward": [], "backward": []})";
+  }
+  if (in.model) {
+    for (const Unit& u : in.model->units()) r.unit_names.push_back(u.name());
+  }
+  r.errors = timeline.errors;
+  r.warnings = timeline.warnings;
+  r.notes = timeline.notes;
+
+  // Steps are reported for the lowest rank present.
+  int rank0 = std::numeric_limits<int>::max();
+  for (const TimelineOp& op : timeline.ops) rank0 = std::min(rank0, op.rank);
+  if (rank0 == std::numeric_limits<int>::max()) rank0 = 0;
+
+  std::vector<const TimelineOp*> ops;
+  std::vector<Interval> compute;
+  std::vector<Interval> comm;
+  for (const TimelineOp& op : timeline.ops) {
+    if (op.rank != rank0 || op.track == Track::kHost) continue;
+    ops.push_back(&op);
+    if (op.kind == OpKind::kCompute) compute.push_back({op.start_us, op.end_us});
+    if (IsCollective(op.kind)) comm.push_back({op.start_us, op.end_us});
+  }
+  compute = Union(std::move(compute));
+  comm = Union(std::move(comm));
+  std::vector<Interval> exposed = Minus(comm, compute);
+
+  struct StepAcc {
+    TimeUs first = std::numeric_limits<TimeUs>::max();
+    TimeUs last = std::numeric_limits<TimeUs>::lowest();
+    TimeUs compute_sum = 0;
+    std::map<Track, TimeUs> track_busy;
+  };
+  std::map<int, StepAcc> steps;
+  for (const TimelineOp* op : ops) {
+    StepAcc& a = steps[op->step];
+    a.first = std::min(a.first, op->start_us);
+    a.last = std::max(a.last, op->end_us);
+    if (op->kind == OpKind::kCompute) a.compute_sum += op->end_us - op->start_us;
+    if (IsCollective(op->kind)) a.track_busy[op->track] += op->end_us - op->start_us;
+  }
+
+  // Memory samples of rank 0 (time order) for per-step peaks.
+  std::vector<const MemorySample*> mem0;
+  for (const MemorySample& s : timeline.memory) {
+    if (s.rank == rank0) mem0.push_back(&s);
+  }
+  std::stable_sort(mem0.begin(), mem0.end(),
+                   [](const MemorySample* a, const MemorySample* b) { return a->t_us < b->t_us; });
+
+  TimeUs prev_end = 0;
+  bool first_step = true;
+  std::vector<TimeUs> lower_bounds;
+  for (auto& [index, acc] : steps) {
+    StepReport s;
+    s.index = index;
+    s.start_us = first_step ? acc.first : prev_end;
+    s.end_us = std::max(acc.last, s.start_us);
+    s.time_us = s.end_us - s.start_us;
+    s.compute_us = MeasureIn(compute, s.start_us, s.end_us);
+    s.exposed_comm_us = MeasureIn(exposed, s.start_us, s.end_us);
+    for (const TimelineOp* op : ops) {
+      if (op->step != index || !IsCollective(op->kind)) continue;
+      CollectiveStats& c = op->kind == OpKind::kAllGather ? s.allgather : s.reduce_scatter;
+      ++c.count;
+      c.bytes += op->bytes;
+      c.busy_us += op->end_us - op->start_us;
+      if (Intersects(compute, op->start_us, op->end_us)) ++c.overlapped;
+    }
+    // Peak: the sample in effect at the window start and every sample inside the window.
+    const MemorySample* in_effect = nullptr;
+    for (const MemorySample* m : mem0) {
+      if (m->t_us <= s.start_us) {
+        in_effect = m;
+        continue;
+      }
+      if (m->t_us > s.end_us) break;
+      if (m->total() > s.peak_memory_bytes) {
+        s.peak_memory_bytes = m->total();
+        s.peak_by_category = m->bytes;
+      }
+    }
+    if (in_effect && in_effect->total() > s.peak_memory_bytes) {
+      s.peak_memory_bytes = in_effect->total();
+      s.peak_by_category = in_effect->bytes;
+    }
+    TimeUs lb = std::max(acc.compute_sum, in.memory_cap_lower_bound_us);
+    for (const auto& [track, busy] : acc.track_busy) lb = std::max(lb, busy);
+    lower_bounds.push_back(lb);
+    prev_end = s.end_us;
+    first_step = false;
+    r.steps.push_back(s);
+  }
+
+  // Per unit: gathers of rank 0 over the whole run.
+  std::map<UnitId, UnitReport> units;
+  for (const TimelineOp* op : ops) {
+    if (op->kind != OpKind::kAllGather) continue;
+    UnitReport& u = units[op->unit];
+    u.unit = op->unit;
+    ++u.gathers;
+    switch (op->reason) {
+      case GatherReason::kDemand: ++u.demand; break;
+      case GatherReason::kPrefetch: ++u.prefetch; break;
+      case GatherReason::kFirstUnit: ++u.first_unit; break;
+    }
+    u.gather_bytes += op->bytes;
+    u.gather_us += op->end_us - op->start_us;
+    std::vector<Interval> one{{op->start_us, op->end_us}};
+    std::vector<Interval> bare = Minus(Union(one), compute);
+    u.exposed_us += MeasureIn(bare, op->start_us, op->end_us);
+  }
+  for (auto& [id, u] : units) r.units.push_back(u);
+
+  // Summary: the steps after the first (the first records the order, warms up).
+  ReportSummary& sum = r.summary;
+  std::size_t from = r.steps.size() > 1 ? 1 : 0;
+  std::size_t n = r.steps.size() - from;
+  for (std::size_t i = from; i < r.steps.size(); ++i) {
+    sum.step_time_us += r.steps[i].time_us;
+    sum.exposed_comm_us += r.steps[i].exposed_comm_us;
+    sum.compute_us += r.steps[i].compute_us;
+    sum.lower_bound_us += lower_bounds[i];
+  }
+  if (n > 0) {
+    sum.step_time_us /= static_cast<double>(n);
+    sum.exposed_comm_us /= static_cast<double>(n);
+    sum.compute_us /= static_cast<double>(n);
+    sum.lower_bound_us /= static_cast<double>(n);
+  }
+  for (const StepReport& s : r.steps) {
+    sum.collectives += s.allgather.count + s.reduce_scatter.count;
+    sum.overlapped += s.allgather.overlapped + s.reduce_scatter.overlapped;
+  }
+  sum.overlap_ratio =
+      sum.collectives > 0 ? static_cast<double>(sum.overlapped) / sum.collectives : 0.0;
+  for (const MemorySample& m : timeline.memory) {
+    if (m.total() > sum.peak_memory_bytes) {
+      sum.peak_memory_bytes = m.total();
+      sum.peak_memory_at_us = m.t_us;
+      sum.peak_memory_rank = m.rank;
+      sum.peak_by_category = m.bytes;
+    }
+  }
+  return r;
+}
+
+std::string ReportToJson(const Report& r) {
+  Json doc;
+  doc["format"] = "fsdplab.report";
+  doc["version"] = 1;
+  doc["source"] = r.source;
+  doc["measured"] = r.measured;
+  doc["policy"] = ParseOr(r.policy_json, Json::object());
+  doc["cluster"] = ParseOr(r.cluster_json, Json::object());
+  doc["order"] =
+      ParseOr(r.order_json, Json{{"forward", Json::array()}, {"backward", Json::array()}});
+  Json steps = Json::array();
+  for (const StepReport& s : r.steps) {
+    steps.push_back(Json{{"index", s.index},
+                         {"start_us", s.start_us},
+                         {"end_us", s.end_us},
+                         {"time_us", s.time_us},
+                         {"compute_us", s.compute_us},
+                         {"exposed_comm_us", s.exposed_comm_us},
+                         {"allgather", CollectiveJson(s.allgather)},
+                         {"reduce_scatter", CollectiveJson(s.reduce_scatter)},
+                         {"peak_memory_bytes", s.peak_memory_bytes},
+                         {"peak_memory_by_category", CategoriesJson(s.peak_by_category)}});
+  }
+  doc["steps"] = steps;
+  Json units = Json::array();
+  for (const UnitReport& u : r.units) {
+    std::string name = u.unit >= 0 && static_cast<std::size_t>(u.unit) < r.unit_names.size()
+                           ? r.unit_names[static_cast<std::size_t>(u.unit)]
+                           : fmt::format("unit {}", u.unit);
+    units.push_back(Json{{"unit", name},
+                         {"gathers", u.gathers},
+                         {"demand", u.demand},
+                         {"prefetch", u.prefetch},
+                         {"first_unit", u.first_unit},
+                         {"gather_bytes", u.gather_bytes},
+                         {"gather_us", u.gather_us},
+                         {"exposed_us", u.exposed_us}});
+  }
+  doc["units"] = units;
+  const ReportSummary& m = r.summary;
+  doc["summary"] = Json{{"step_time_us", m.step_time_us},
+                        {"compute_us", m.compute_us},
+                        {"exposed_comm_us", m.exposed_comm_us},
+                        {"overlap_ratio", m.overlap_ratio},
+                        {"collectives", m.collectives},
+                        {"overlapped", m.overlapped},
+                        {"peak_memory_bytes", m.peak_memory_bytes},
+                        {"peak_memory_at_us", m.peak_memory_at_us},
+                        {"peak_memory_rank", m.peak_memory_rank},
+                        {"peak_memory_by_category", CategoriesJson(m.peak_by_category)},
+                        {"lower_bound_us", m.lower_bound_us}};
+  doc["errors"] = r.errors;
+  doc["warnings"] = r.warnings;
+  doc["notes"] = r.notes;
+  return doc.dump(2) + "\n";
+}
+
+std::string ReportToText(const Report& r) {
+  std::string out;
+  auto line = [&](std::string s) {
+    out += s;
+    out += '\n';
+  };
+  line(fmt::format("fsdplab report ({}{})", r.source, r.measured ? ", measured" : ", simulated"));
+  if (!r.policy_text.empty()) line(fmt::format("policy:  {}", r.policy_text));
+  line(fmt::format("cluster: {}", r.cluster_text.empty() ? r.cluster_json : r.cluster_text));
+  if (!r.order_text.empty()) {
+    line("order prefetches follow (at the end of the run):");
+    std::string text = r.order_text;
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    std::size_t pos = 0;
+    while (pos <= text.size()) {
+      std::size_t nl = text.find('\n', pos);
+      line("  " + text.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos));
+      if (nl == std::string::npos) break;
+      pos = nl + 1;
+    }
+  }
+  line("");
+  line("Per step (rank 0). 'exposed comm' is time when a collective runs and no compute does:");
+  line("communication the step waits for. 'overlapped' counts collectives that ran at least");
+  line("partly beside compute.");
+  line(fmt::format("{:>4}  {:>11}  {:>11}  {:>12}  {:>16}  {:>16}  {:>11}", "step", "time",
+                   "compute", "exposed comm", "all-gathers", "reduce-scatters", "peak mem"));
+  for (const StepReport& s : r.steps) {
+    line(
+        fmt::format("{:>4}  {:>11}  {:>11}  {:>12}  {:>16}  {:>16}  {:>11}", s.index,
+                    FormatUs(s.time_us), FormatUs(s.compute_us), FormatUs(s.exposed_comm_us),
+                    fmt::format("{} ({} ovl)", s.allgather.count, s.allgather.overlapped),
+                    fmt::format("{} ({} ovl)", s.reduce_scatter.count, s.reduce_scatter.overlapped),
+                    FormatBytes(s.peak_memory_bytes)));
+  }
+  line("");
+  const ReportSummary& m = r.summary;
+  std::string which = r.steps.size() > 1 ? fmt::format("mean of steps {}-{}, after the first",
+                                                       r.steps[1].index, r.steps.back().index)
+                                         : "the only step";
+  line(fmt::format("Step time:        {} ({})", FormatUs(m.step_time_us), which));
+  line(fmt::format("Compute:          {}", FormatUs(m.compute_us)));
+  double pct = m.step_time_us > 0 ? 100.0 * m.exposed_comm_us / m.step_time_us : 0.0;
+  line(fmt::format("Exposed comm:     {} ({:.1f}% of the step)", FormatUs(m.exposed_comm_us), pct));
+  line(fmt::format("Overlap:          {} of {} collectives overlapped compute ({:.0f}%)",
+                   m.overlapped, m.collectives, 100.0 * m.overlap_ratio));
+  line(
+      fmt::format("Lower bound:      {} (no schedule beats the larger of the compute and the "
+                  "busiest communication stream{})",
+                  FormatUs(m.lower_bound_us),
+                  m.step_time_us > 0 && m.lower_bound_us > 0
+                      ? fmt::format("; this one is {:.2f}x it", m.step_time_us / m.lower_bound_us)
+                      : std::string()));
+  line(fmt::format("Peak memory:      {} on rank {} at {}", FormatBytes(m.peak_memory_bytes),
+                   m.peak_memory_rank, FormatUs(m.peak_memory_at_us)));
+  for (int c = 0; c < kNumMemoryCategories; ++c) {
+    Bytes b = m.peak_by_category[static_cast<std::size_t>(c)];
+    if (b == 0) continue;
+    line(fmt::format("  {:<34} {:>11}", CategoryLabel(static_cast<MemoryCategory>(c)),
+                     FormatBytes(b)));
+  }
+  if (!r.units.empty()) {
+    line("");
+    line("Per unit (rank 0, all steps): why each all-gather was issued, and how much of its");
+    line("time nothing computed (exposed). 'demand' gathers are waited on at once; 'prefetch'");
+    line("and 'first_unit' gathers were issued early to overlap earlier compute.");
+    std::size_t width = 4;
+    for (const UnitReport& u : r.units) {
+      if (u.unit >= 0 && static_cast<std::size_t>(u.unit) < r.unit_names.size()) {
+        width = std::max(width, r.unit_names[static_cast<std::size_t>(u.unit)].size());
+      }
+    }
+    line(fmt::format("{:<{}}  {:>7}  {:>6}  {:>8}  {:>5}  {:>11}  {:>11}  {:>11}", "unit", width,
+                     "gathers", "demand", "prefetch", "first", "bytes", "gather time", "exposed"));
+    for (const UnitReport& u : r.units) {
+      std::string name = u.unit >= 0 && static_cast<std::size_t>(u.unit) < r.unit_names.size()
+                             ? r.unit_names[static_cast<std::size_t>(u.unit)]
+                             : fmt::format("unit {}", u.unit);
+      line(fmt::format("{:<{}}  {:>7}  {:>6}  {:>8}  {:>5}  {:>11}  {:>11}  {:>11}", name, width,
+                       u.gathers, u.demand, u.prefetch, u.first_unit, FormatBytes(u.gather_bytes),
+                       FormatUs(u.gather_us), FormatUs(u.exposed_us)));
+    }
+  }
+  if (!r.notes.empty()) {
+    line("");
+    for (const std::string& n : r.notes) line("note: " + n);
+  }
+  if (!r.warnings.empty()) {
+    line("");
+    for (const std::string& w : r.warnings) line("warning: " + w);
+  }
+  if (!r.errors.empty()) {
+    line("");
+    for (const std::string& e : r.errors) line("ERROR: " + e);
+    line("The step would fail: the timeline above stops where it failed.");
+  }
+  return out;
+}
+
+}  // namespace fsdplab

@@ -57,21 +57,26 @@ struct UnitReport final {
 };
 
 struct ReportSummary final {
-  TimeUs step_time_us = 0;  // mean over steps after the first (the only step if one)
+  TimeUs step_time_us = 0;     // mean over steps after the first (the only step if one)
   TimeUs exposed_comm_us = 0;  // mean, same steps
   double overlap_ratio = 0;    // overlapped collectives / all collectives
   Bytes peak_memory_bytes = 0;
   TimeUs peak_memory_at_us = 0;
   int peak_memory_rank = 0;
+  std::array<Bytes, kNumMemoryCategories> peak_by_category{};
   TimeUs lower_bound_us = 0;
+  TimeUs compute_us = 0;  // mean, same steps as step_time_us
+  int collectives = 0;
+  int overlapped = 0;
 };
 
 struct ReportInputs final {
   const Model* model = nullptr;
   const Policy* policy = nullptr;
   const ExecutionOrder* order = nullptr;
-  std::string cluster_json = "{}";  // printed back verbatim
-  std::string source;               // overrides timeline.source when set
+  std::string cluster_json = "{}";       // printed back verbatim
+  std::string cluster_text;              // one line for people ("8 ranks (1 node x 8 GPUs), ...")
+  std::string source;                    // overrides timeline.source when set
   TimeUs memory_cap_lower_bound_us = 0;  // what a memory cap forces, if the executor knows
 };
 
@@ -80,7 +85,10 @@ struct Report final {
   bool measured = false;  // live runs
   std::string policy_json;
   std::string cluster_json;
+  std::string cluster_text;
+  std::string policy_text;  // "order=registration forward_prefetch=1 ..."
   std::string order_json;
+  std::string order_text;
   std::vector<StepReport> steps;
   std::vector<UnitReport> units;
   ReportSummary summary;
