@@ -1,1 +1,50 @@
-namespace fsdplab {}
+#include "fsdplab/core/timeline.h"
+
+namespace fsdplab {
+
+std::string_view TrackName(Track track) {
+  switch (track) {
+    case Track::kHost: return "host";
+    case Track::kCompute: return "compute";
+    case Track::kAllGather: return "all_gather";
+    case Track::kReduceScatter: return "reduce_scatter";
+  }
+  return "unknown";
+}
+
+std::string_view OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kCompute: return "compute";
+    case OpKind::kAllGather: return "all_gather";
+    case OpKind::kReduceScatter: return "reduce_scatter";
+    case OpKind::kAllReduce: return "all_reduce";
+    case OpKind::kRelease: return "release";
+    case OpKind::kHostIssue: return "host_issue";
+    case OpKind::kHostBlock: return "host_block";
+  }
+  return "unknown";
+}
+
+bool IsCollective(OpKind kind) {
+  return kind == OpKind::kAllGather || kind == OpKind::kReduceScatter || kind == OpKind::kAllReduce;
+}
+
+std::string_view MemoryCategoryName(MemoryCategory category) {
+  switch (category) {
+    case MemoryCategory::kShardedParams: return "sharded_params";
+    case MemoryCategory::kUnshardedParams: return "unsharded_params";
+    case MemoryCategory::kShardedGrads: return "sharded_grads";
+    case MemoryCategory::kUnshardedGrads: return "unsharded_grads";
+    case MemoryCategory::kReduceScatterBuffers: return "reduce_scatter_buffers";
+    case MemoryCategory::kActivations: return "activations";
+  }
+  return "unknown";
+}
+
+Bytes MemorySample::total() const {
+  Bytes sum = 0;
+  for (Bytes b : bytes) sum += b;
+  return sum;
+}
+
+}  // namespace fsdplab

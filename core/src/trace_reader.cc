@@ -1,1 +1,1055 @@
-namespace fsdplab {}
+// Reads `fsdplab.trace` v1 with simdjson's on-demand API (DESIGN §5: the DOM is too slow for
+// large traces) and checks everything DESIGN §4.1 lists, naming the field and its position.
+//
+// One pass over the document: fields are taken in whatever order they come. Events are resolved
+// against the units as they are read, so when "steps" comes before "units" its raw text is kept
+// and parsed again once the units are known. Problems in values are collected and reading goes on;
+// a document that is not readable JSON stops the walk where simdjson stopped.
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "fsdplab/core/file_util.h"
+#include "fsdplab/core/trace.h"
+
+namespace fsdplab {
+
+std::string_view PhaseName(Phase phase) {
+  switch (phase) {
+    case Phase::kForward: return "forward";
+    case Phase::kBackward: return "backward";
+    case Phase::kRecompute: return "recompute";
+  }
+  return "unknown";
+}
+
+std::optional<Phase> ParsePhase(std::string_view name) {
+  if (name == "forward") return Phase::kForward;
+  if (name == "backward") return Phase::kBackward;
+  if (name == "recompute") return Phase::kRecompute;
+  return std::nullopt;
+}
+
+std::string_view OpName(Op op) {
+  switch (op) {
+    case Op::kPreForward: return "pre_forward";
+    case Op::kPostForward: return "post_forward";
+    case Op::kPreBackward: return "pre_backward";
+    case Op::kPostBackward: return "post_backward";
+    case Op::kCompute: return "compute";
+    case Op::kBackwardEnd: return "backward_end";
+    case Op::kCollective: return "collective";
+  }
+  return "unknown";
+}
+
+std::optional<Op> ParseOp(std::string_view name) {
+  if (name == "pre_forward") return Op::kPreForward;
+  if (name == "post_forward") return Op::kPostForward;
+  if (name == "pre_backward") return Op::kPreBackward;
+  if (name == "post_backward") return Op::kPostBackward;
+  if (name == "compute") return Op::kCompute;
+  if (name == "backward_end") return Op::kBackwardEnd;
+  if (name == "collective") return Op::kCollective;
+  return std::nullopt;
+}
+
+std::string_view CollectiveKindName(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllReduce: return "all_reduce";
+  }
+  return "unknown";
+}
+
+std::optional<CollectiveKind> ParseCollectiveKind(std::string_view name) {
+  if (name == "all_gather") return CollectiveKind::kAllGather;
+  if (name == "reduce_scatter") return CollectiveKind::kReduceScatter;
+  if (name == "all_reduce") return CollectiveKind::kAllReduce;
+  return std::nullopt;
+}
+
+namespace {
+
+namespace od = simdjson::ondemand;
+
+constexpr std::size_t kMaxProblems = 1000;
+constexpr std::string_view kFormat = "fsdplab.trace";
+constexpr std::int64_t kVersion = 1;
+
+std::string EventPath(std::size_t s, std::size_t m, std::size_t e) {
+  return fmt::format("steps[{}].microbatches[{}].events[{}]", s, m, e);
+}
+
+// The checks on one event that need no JSON: pre/post pairing within the microbatch, and
+// durations, sizes and timestamps that are finite and not negative. Shared by the reader and
+// CheckTraceEvents.
+class EventChecker final {
+ public:
+  explicit EventChecker(int num_units) : open_(2 * static_cast<std::size_t>(num_units), 0) {}
+
+  void BeginMicrobatch() {
+    for (std::size_t i : touched_) open_[i] = 0;
+    touched_.clear();
+  }
+
+  // `path()` is the event's position; `unit_ok` is false when the unit has already been
+  // reported (unknown or missing), so pairing is not checked for it. `add(msg)` records a problem.
+  template <typename PathFn, typename NameFn, typename AddFn>
+  void Check(const Event& ev, bool unit_ok, PathFn&& path, NameFn&& name_of, AddFn&& add_msg) {
+    auto add = [&](std::string_view field, std::string msg) {
+      add_msg(fmt::format("{}.{}: {}", path(), field, msg));
+    };
+    auto time_ok = [&](std::string_view field, TimeUs v, std::string_view what) {
+      if (!std::isfinite(v)) {
+        add(field, fmt::format("{} is not finite", what));
+        return false;
+      }
+      if (v < 0) {
+        add(field, fmt::format("negative {} {}", what, v));
+        return false;
+      }
+      return true;
+    };
+    if (ev.ts_us.has_value()) time_ok("ts_us", *ev.ts_us, "timestamp");
+    switch (ev.op) {
+      case Op::kCompute: time_ok("us", ev.us, "duration"); break;
+      case Op::kCollective: {
+        bool a = time_ok("start_us", ev.start_us, "timestamp");
+        bool b = time_ok("end_us", ev.end_us, "timestamp");
+        if (a && b && ev.end_us < ev.start_us) {
+          add("end_us",
+              fmt::format("collective ends ({}) before it starts ({})", ev.end_us, ev.start_us));
+        }
+        break;
+      }
+      case Op::kPreForward:
+      case Op::kPreBackward:
+      case Op::kPostForward:
+      case Op::kPostBackward: {
+        if (!unit_ok) break;
+        bool backward = ev.op == Op::kPreBackward || ev.op == Op::kPostBackward;
+        std::size_t slot = 2 * static_cast<std::size_t>(ev.unit) + (backward ? 1 : 0);
+        if (ev.op == Op::kPreForward || ev.op == Op::kPreBackward) {
+          if (open_[slot]++ == 0) touched_.push_back(slot);
+        } else if (open_[slot] == 0) {
+          add("op", fmt::format("{} of '{}' without an open {} in this microbatch", OpName(ev.op),
+                                name_of(ev.unit), backward ? "pre_backward" : "pre_forward"));
+        } else {
+          --open_[slot];
+        }
+        break;
+      }
+      case Op::kBackwardEnd: break;
+    }
+  }
+
+ private:
+  std::vector<int> open_;  // per unit: open pre_forward, open pre_backward
+  std::vector<std::size_t> touched_;
+};
+
+struct SvHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using NameMap = std::unordered_map<std::string, UnitId, SvHash, std::equal_to<>>;
+
+struct UnitRaw {
+  std::string name;
+  std::optional<std::string> parent;
+  std::vector<ParamSpec> params;
+  RecomputeKind recompute = RecomputeKind::kNone;
+};
+
+std::string_view TypeText(od::value& v) {
+  od::json_type t;
+  if (v.type().get(t)) return "an unreadable value";
+  switch (t) {
+    case od::json_type::array: return "an array";
+    case od::json_type::object: return "an object";
+    case od::json_type::number: return "a number";
+    case od::json_type::string: return "a string";
+    case od::json_type::boolean: return "a boolean";
+    case od::json_type::null: return "null";
+  }
+  return "a value";
+}
+
+// 1-based line and column of byte `offset` in `text`.
+std::pair<std::size_t, std::size_t> LineColumn(std::string_view text, std::size_t offset) {
+  offset = std::min(offset, text.size());
+  std::size_t line = 1;
+  std::size_t col = 1;
+  for (std::size_t i = 0; i < offset; ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return {line, col};
+}
+
+// The outcome of reading one value: fine, a problem already recorded (keep going), or the JSON
+// itself is unreadable (stop).
+enum class R { kOk, kBad, kFatal };
+
+class Reader final {
+ public:
+  explicit Reader(std::string_view text) : text_(text) {}
+
+  void Run();
+
+  std::vector<Status> TakeProblems() {
+    // A wrong format or version explains everything else: put it first.
+    std::stable_partition(problems_.begin(), problems_.end(), [](const Status& s) {
+      return s.message().rfind("format:", 0) == 0 || s.message().rfind("version:", 0) == 0;
+    });
+    if (overflow_ > 0) {
+      problems_.push_back(
+          InvalidInput(fmt::format("... and {} more problems not listed", overflow_)));
+    }
+    return std::move(problems_);
+  }
+  Trace TakeTrace(Model model) {
+    Trace t;
+    t.meta = std::move(meta_);
+    t.model = std::move(model);
+    t.steps = std::move(steps_);
+    return t;
+  }
+  ModelBuilder& builder() { return builder_; }
+
+ private:
+  void Add(std::string msg) {
+    if (problems_.size() >= kMaxProblems) {
+      ++overflow_;
+      return;
+    }
+    problems_.push_back(InvalidInput(std::move(msg)));
+  }
+  // Records that the document is not readable JSON where the walk stopped.
+  R Fatal(simdjson::error_code err, const std::string& where);
+  // Walks one document: the whole trace, or (`steps_only`) a deferred "steps" array.
+  void Walk(std::string_view text, std::size_t base, bool steps_only);
+
+  template <typename Where>
+  R Str(od::value& v, std::string_view& out, Where&& where);
+  template <typename Where>
+  R Double(od::value& v, double& out, Where&& where);
+  template <typename Where>
+  R Int(od::value& v, std::int64_t& out, Where&& where);
+  template <typename Where>
+  R Obj(od::value& v, od::object& out, Where&& where);
+  template <typename Where>
+  R Arr(od::value& v, od::array& out, Where&& where);
+  // Calls `fn(key, value)` for each field of `obj`; stops at a fatal error.
+  template <typename Where, typename Fn>
+  R Fields(od::object& obj, Where&& where, Fn&& fn);
+  // Calls `fn(index, value)` for each element of `arr`; stops at a fatal error.
+  template <typename Where, typename Fn>
+  R Items(od::array& arr, Where&& where, Fn&& fn);
+
+  R ParseMeta(od::value& v);
+  R ParseUnits(od::value& v);
+  R ParseParam(od::value& v, std::size_t u, std::size_t p, ParamSpec& out);
+  R ParseSteps(od::value& v);
+  R ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, Event& out);
+  void IndexUnits();
+  UnitId Lookup(std::string_view name);
+
+  std::string_view text_;
+  od::document* doc_ = nullptr;      // the document being walked (for error locations)
+  const char* buf_begin_ = nullptr;  // start of its padded copy
+  std::size_t base_ = 0;             // offset of that document within text_
+  std::string_view deferred_steps_;  // "steps" seen before "units": walked afterwards
+  bool have_units_ = false;
+  bool have_steps_ = false;
+  std::optional<std::string> format_;
+  std::optional<std::int64_t> version_;
+  bool fatal_ = false;
+  bool format_seen_ = false;
+  bool version_seen_ = false;
+  std::size_t deferred_offset_ = 0;
+  std::vector<Status> problems_;
+  std::size_t overflow_ = 0;
+
+  TraceMeta meta_;
+  std::vector<UnitRaw> units_;
+  ModelBuilder builder_;
+  std::vector<Step> steps_;
+  NameMap ids_;
+  std::unique_ptr<EventChecker> checker_;
+  // One-entry cache: consecutive events usually name the same unit.
+  std::string last_name_;
+  UnitId last_id_ = kNoUnit;
+};
+
+// Errors after which the walk can go on: the value was not consumed and is skipped.
+bool Recoverable(simdjson::error_code err) {
+  return err == simdjson::INCORRECT_TYPE || err == simdjson::NUMBER_ERROR ||
+         err == simdjson::NUMBER_OUT_OF_RANGE;
+}
+
+R Reader::Fatal(simdjson::error_code err, const std::string& where) {
+  fatal_ = true;
+  std::string loc;
+  const char* p = nullptr;
+  if (doc_ != nullptr && !doc_->current_location().get(p) && p != nullptr) {
+    std::size_t offset = base_ + static_cast<std::size_t>(p - buf_begin_);
+    auto [line, col] = LineColumn(text_, offset);
+    loc = fmt::format(" at line {}, column {} (byte {})", line, col, offset);
+  } else if (err == simdjson::TAPE_ERROR || err == simdjson::INCOMPLETE_ARRAY_OR_OBJECT ||
+             err == simdjson::UNCLOSED_STRING || err == simdjson::EMPTY) {
+    loc = fmt::format(" at the end of the input (byte {}), which looks truncated", text_.size());
+  }
+  Add(fmt::format("{}not valid JSON{}: {}", where.empty() ? "" : where + ": ", loc,
+                  simdjson::error_message(err)));
+  return R::kFatal;
+}
+
+template <typename Where>
+R Reader::Str(od::value& v, std::string_view& out, Where&& where) {
+  auto err = v.get_string().get(out);
+  if (!err) return R::kOk;
+  if (err == simdjson::INCORRECT_TYPE) {
+    Add(fmt::format("{}: expected a string, got {}", where(), TypeText(v)));
+    return R::kBad;
+  }
+  return Fatal(err, where());
+}
+
+template <typename Where>
+R Reader::Double(od::value& v, double& out, Where&& where) {
+  auto err = v.get_double().get(out);
+  if (!err) return R::kOk;
+  if (err == simdjson::INCORRECT_TYPE) {
+    Add(fmt::format("{}: expected a number, got {}", where(), TypeText(v)));
+    return R::kBad;
+  }
+  if (Recoverable(err)) {
+    std::string_view raw = v.raw_json_token();
+    Add(fmt::format("{}: '{}' is not a finite number", where(),
+                    raw.substr(0, raw.find_last_not_of(" \t\r\n") + 1)));
+    return R::kBad;
+  }
+  return Fatal(err, where());
+}
+
+template <typename Where>
+R Reader::Int(od::value& v, std::int64_t& out, Where&& where) {
+  od::number n;
+  auto err = v.get_number().get(n);
+  if (err == simdjson::INCORRECT_TYPE) {
+    Add(fmt::format("{}: expected an integer, got {}", where(), TypeText(v)));
+    return R::kBad;
+  }
+  if (err) {
+    if (!Recoverable(err)) return Fatal(err, where());
+    std::string_view raw = v.raw_json_token();
+    Add(fmt::format("{}: '{}' is not an integer", where(),
+                    raw.substr(0, raw.find_last_not_of(" \t\r\n") + 1)));
+    return R::kBad;
+  }
+  switch (n.get_number_type()) {
+    case od::number_type::signed_integer: out = n.get_int64(); return R::kOk;
+    case od::number_type::floating_point_number: {
+      double d = n.get_double();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e18) {
+        out = static_cast<std::int64_t>(d);
+        return R::kOk;
+      }
+      Add(fmt::format("{}: expected an integer, got {}", where(), d));
+      return R::kBad;
+    }
+    default: Add(fmt::format("{}: {} is too large", where(), n.get_uint64())); return R::kBad;
+  }
+}
+
+template <typename Where>
+R Reader::Obj(od::value& v, od::object& out, Where&& where) {
+  auto err = v.get_object().get(out);
+  if (!err) return R::kOk;
+  if (err == simdjson::INCORRECT_TYPE) {
+    Add(fmt::format("{}: expected an object, got {}", where(), TypeText(v)));
+    return R::kBad;
+  }
+  return Fatal(err, where());
+}
+
+template <typename Where>
+R Reader::Arr(od::value& v, od::array& out, Where&& where) {
+  auto err = v.get_array().get(out);
+  if (!err) return R::kOk;
+  if (err == simdjson::INCORRECT_TYPE) {
+    Add(fmt::format("{}: expected an array, got {}", where(), TypeText(v)));
+    return R::kBad;
+  }
+  return Fatal(err, where());
+}
+
+template <typename Where, typename Fn>
+R Reader::Fields(od::object& obj, Where&& where, Fn&& fn) {
+  bool bad = false;
+  for (auto fr : obj) {
+    od::field f;
+    if (auto err = std::move(fr).get(f)) return Fatal(err, where());
+    std::string_view key;
+    if (auto err = f.unescaped_key().get(key)) return Fatal(err, where());
+    R r = fn(key, f.value());
+    if (r == R::kFatal) return r;
+    bad = bad || r == R::kBad;
+  }
+  return bad ? R::kBad : R::kOk;
+}
+
+template <typename Where, typename Fn>
+R Reader::Items(od::array& arr, Where&& where, Fn&& fn) {
+  bool bad = false;
+  std::size_t i = 0;
+  for (auto er : arr) {
+    od::value v;
+    if (auto err = std::move(er).get(v)) return Fatal(err, fmt::format("{}[{}]", where(), i));
+    R r = fn(i, v);
+    if (r == R::kFatal) return r;
+    bad = bad || r == R::kBad;
+    ++i;
+  }
+  return bad ? R::kBad : R::kOk;
+}
+
+R Reader::ParseMeta(od::value& v) {
+  od::object obj;
+  auto where = [] { return std::string("meta"); };
+  R r = Obj(v, obj, where);
+  if (r != R::kOk) return r;
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+  std::int64_t world_size = 1;
+  std::int64_t rank = 0;
+  r = Fields(obj, where, [&](std::string_view key, od::value& fv) -> R {
+    auto fwhere = [&] { return fmt::format("meta.{}", key); };
+    if (key == "source") {
+      std::string_view src;
+      R x = Str(fv, src, fwhere);
+      if (x == R::kOk) meta_.source = std::string(src);
+      return x;
+    }
+    if (key == "world_size" || key == "rank") {
+      std::int64_t n = 0;
+      R x = Int(fv, n, fwhere);
+      if (x != R::kOk) return x;
+      if (key == "world_size") {
+        if (n < 1 || n > std::numeric_limits<int>::max()) {
+          Add(fmt::format("meta.world_size: must be a positive integer, got {}", n));
+          return R::kBad;
+        }
+        world_size = n;
+      } else {
+        rank = n;
+      }
+      return R::kOk;
+    }
+    // Any other key is kept verbatim.
+    od::json_type t;
+    if (auto err = fv.type().get(t)) return Fatal(err, fwhere());
+    std::string_view raw;
+    simdjson::error_code err = simdjson::SUCCESS;
+    if (t == od::json_type::object) {
+      od::object o;
+      err = fv.get_object().get(o);
+      if (!err) err = o.raw_json().get(raw);
+    } else if (t == od::json_type::array) {
+      od::array a;
+      err = fv.get_array().get(a);
+      if (!err) err = a.raw_json().get(raw);
+    } else {
+      raw = fv.raw_json_token();
+    }
+    if (err) return Fatal(err, fwhere());
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(raw, nullptr, false);
+    if (j.is_discarded()) {
+      Add(fmt::format("meta.{}: unreadable value", key));
+      return R::kBad;
+    }
+    extra[std::string(key)] = std::move(j);
+    return R::kOk;
+  });
+  if (r == R::kFatal) return r;
+  meta_.world_size = static_cast<int>(world_size);
+  if (rank < 0 || rank >= world_size) {
+    Add(fmt::format("meta.rank: rank {} is outside 0..{} (world_size {})", rank, world_size - 1,
+                    world_size));
+    r = R::kBad;
+  } else {
+    meta_.rank = static_cast<int>(rank);
+  }
+  meta_.extra_json = extra.dump();
+  return r;
+}
+
+R Reader::ParseParam(od::value& v, std::size_t u, std::size_t p, ParamSpec& out) {
+  auto where = [&] { return fmt::format("units[{}].params[{}]", u, p); };
+  od::object obj;
+  R r = Obj(v, obj, where);
+  if (r != R::kOk) return r;
+  bool has_name = false;
+  bool has_dtype = false;
+  bool has_shape = false;
+  r = Fields(obj, where, [&](std::string_view key, od::value& fv) -> R {
+    auto fwhere = [&] { return fmt::format("{}.{}", where(), key); };
+    if (key == "name") {
+      std::string_view name;
+      R x = Str(fv, name, fwhere);
+      if (x == R::kOk) out.name = std::string(name);
+      has_name = true;
+      return x;
+    }
+    if (key == "dtype") {
+      has_dtype = true;
+      std::string_view text;
+      R x = Str(fv, text, fwhere);
+      if (x != R::kOk) return x;
+      std::optional<DType> d = ParseDType(text);
+      if (!d) {
+        Add(fmt::format("{}: unknown dtype '{}' (expected fp32, bf16, fp16 or mxfp8)", fwhere(),
+                        text));
+        return R::kBad;
+      }
+      out.dtype = *d;
+      return R::kOk;
+    }
+    if (key == "shape") {
+      has_shape = true;
+      od::array arr;
+      R x = Arr(fv, arr, fwhere);
+      if (x != R::kOk) return x;
+      return Items(arr, fwhere, [&](std::size_t k, od::value& dv) -> R {
+        std::int64_t d = 0;
+        R y = Int(dv, d, [&] { return fmt::format("{}[{}]", fwhere(), k); });
+        out.shape.push_back(d);  // negative dims are reported by the model's checks
+        return y;
+      });
+    }
+    if (key == "numel") {
+      std::int64_t n = 0;
+      R x = Int(fv, n, fwhere);
+      if (x != R::kOk) return x;
+      if (n < 0) {
+        Add(fmt::format("{}: negative numel {}", fwhere(), n));
+        return R::kBad;
+      }
+      out.numel = static_cast<Elements>(n);
+      return R::kOk;
+    }
+    Add(fmt::format("{}: unknown key '{}' (a parameter has name, dtype, shape, numel)", where(),
+                    key));
+    return R::kBad;
+  });
+  if (r == R::kFatal) return r;
+  if (!has_name) Add(fmt::format("{}.name: missing", where()));
+  if (!has_dtype) Add(fmt::format("{}.dtype: missing (fp32, bf16, fp16 or mxfp8)", where()));
+  if (!has_shape && !out.numel.has_value()) {
+    Add(fmt::format("{}: needs shape or numel", where()));
+  }
+  return (has_name && has_dtype && (has_shape || out.numel)) ? r : R::kBad;
+}
+
+R Reader::ParseUnits(od::value& v) {
+  od::array arr;
+  auto where = [] { return std::string("units"); };
+  R r = Arr(v, arr, where);
+  if (r != R::kOk) return r;
+  r = Items(arr, where, [&](std::size_t i, od::value& uv) -> R {
+    auto uwhere = [&] { return fmt::format("units[{}]", i); };
+    UnitRaw u;
+    od::object obj;
+    R x = Obj(uv, obj, uwhere);
+    if (x == R::kFatal) return x;
+    bool has_name = false;
+    if (x == R::kOk) {
+      x = Fields(obj, uwhere, [&](std::string_view key, od::value& fv) -> R {
+        auto fwhere = [&] { return fmt::format("units[{}].{}", i, key); };
+        if (key == "name") {
+          std::string_view name;
+          R y = Str(fv, name, fwhere);
+          if (y == R::kOk) {
+            u.name = std::string(name);
+            has_name = true;
+          }
+          return y;
+        }
+        if (key == "parent") {
+          od::json_type t;
+          if (auto err = fv.type().get(t)) return Fatal(err, fwhere());
+          if (t == od::json_type::null) return R::kOk;
+          std::string_view parent;
+          R y = Str(fv, parent, fwhere);
+          if (y == R::kOk) u.parent = std::string(parent);
+          return y;
+        }
+        if (key == "recompute") {
+          std::string_view text;
+          R y = Str(fv, text, fwhere);
+          if (y != R::kOk) return y;
+          std::optional<RecomputeKind> k = ParseRecomputeKind(text);
+          if (!k) {
+            Add(fmt::format("{}: unknown recompute kind '{}' (expected none, reentrant or inside)",
+                            fwhere(), text));
+            return R::kBad;
+          }
+          u.recompute = *k;
+          return R::kOk;
+        }
+        if (key == "params") {
+          od::array params;
+          R y = Arr(fv, params, fwhere);
+          if (y != R::kOk) return y;
+          return Items(params, fwhere, [&](std::size_t p, od::value& pv) -> R {
+            ParamSpec spec;
+            R z = ParseParam(pv, i, p, spec);
+            u.params.push_back(std::move(spec));
+            return z;
+          });
+        }
+        Add(fmt::format("units[{}]: unknown key '{}' (a unit has name, parent, recompute, params)",
+                        i, key));
+        return R::kBad;
+      });
+      if (x == R::kFatal) return x;
+      if (!has_name && x != R::kFatal) Add(fmt::format("units[{}].name: missing", i));
+    }
+    // Keep positions aligned with the document even when the unit is unusable.
+    if (!has_name) u.name = fmt::format("<units[{}]>", i);
+    units_.push_back(std::move(u));
+    return x;
+  });
+  if (r != R::kFatal) IndexUnits();
+  return r;
+}
+
+void Reader::IndexUnits() {
+  have_units_ = true;
+  for (std::size_t i = 0; i < units_.size(); ++i) {
+    ids_.emplace(units_[i].name, static_cast<UnitId>(i));  // the first of a duplicated name
+  }
+  checker_ = std::make_unique<EventChecker>(static_cast<int>(units_.size()));
+}
+
+UnitId Reader::Lookup(std::string_view name) {
+  if (last_id_ != kNoUnit && name == last_name_) return last_id_;
+  auto it = ids_.find(name);
+  if (it == ids_.end()) return kNoUnit;
+  last_name_.assign(name);
+  last_id_ = it->second;
+  return last_id_;
+}
+
+R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, Event& out) {
+  auto where = [&] { return EventPath(s, m, e); };
+  od::object obj;
+  R r = Obj(v, obj, where);
+  if (r != R::kOk) return r;
+  std::string_view op_text;
+  std::string_view unit_text;
+  std::string_view phase_text;
+  std::string_view kind_text;
+  bool has_op = false, has_unit = false, unit_null = false, has_phase = false, has_us = false;
+  bool has_saved = false, has_kind = false, has_bytes = false, has_start = false, has_end = false;
+  bool unit_bad = false, phase_read = false, kind_read = false;
+  bool bad = false;
+  r = Fields(obj, where, [&](std::string_view key, od::value& fv) -> R {
+    auto fwhere = [&] { return fmt::format("{}.{}", where(), key); };
+    R x = R::kOk;
+    if (key == "op") {
+      x = Str(fv, op_text, fwhere);
+      has_op = x == R::kOk;
+    } else if (key == "unit") {
+      has_unit = true;
+      od::json_type t;
+      if (auto err = fv.type().get(t)) return Fatal(err, fwhere());
+      if (t == od::json_type::null) {
+        unit_null = true;
+      } else {
+        x = Str(fv, unit_text, fwhere);
+        unit_bad = x != R::kOk;
+      }
+    } else if (key == "phase") {
+      x = Str(fv, phase_text, fwhere);
+      has_phase = true;
+      phase_read = x == R::kOk;
+    } else if (key == "us") {
+      x = Double(fv, out.us, fwhere);
+      has_us = true;
+    } else if (key == "ts_us") {
+      double ts = 0;
+      x = Double(fv, ts, fwhere);
+      if (x == R::kOk) out.ts_us = ts;
+    } else if (key == "saved_bytes" || key == "bytes") {
+      std::int64_t n = 0;
+      x = Int(fv, n, fwhere);
+      (key == "bytes" ? has_bytes : has_saved) = true;
+      if (x == R::kOk && n < 0) {
+        Add(fmt::format("{}: negative size {}", fwhere(), n));
+        x = R::kBad;
+      }
+      if (x == R::kOk) (key == "bytes" ? out.bytes : out.saved_bytes) = static_cast<Bytes>(n);
+    } else if (key == "kind") {
+      x = Str(fv, kind_text, fwhere);
+      has_kind = true;
+      kind_read = x == R::kOk;
+    } else if (key == "start_us") {
+      x = Double(fv, out.start_us, fwhere);
+      has_start = true;
+    } else if (key == "end_us") {
+      x = Double(fv, out.end_us, fwhere);
+      has_end = true;
+    } else {
+      Add(fmt::format("{}: unknown key '{}'", where(), key));
+      x = R::kBad;
+    }
+    return x;
+  });
+  if (r == R::kFatal) return r;
+  bad = bad || r == R::kBad;
+  if (!has_op) {
+    if (r != R::kBad) {
+      Add(
+          fmt::format("{}.op: missing (pre_forward, post_forward, pre_backward, post_backward, "
+                      "compute, backward_end or collective)",
+                      where()));
+    }
+    return R::kBad;
+  }
+  std::optional<Op> op = ParseOp(op_text);
+  if (!op) {
+    Add(
+        fmt::format("{}.op: unknown op '{}' (expected pre_forward, post_forward, pre_backward, "
+                    "post_backward, compute, backward_end or collective)",
+                    where(), op_text));
+    return R::kBad;
+  }
+  out.op = *op;
+  const bool compute = out.op == Op::kCompute;
+  const bool collective = out.op == Op::kCollective;
+  auto not_for = [&](bool present, std::string_view key, std::string_view who) {
+    if (!present) return;
+    Add(fmt::format("{}.{}: a {} event has no {} (only a {} has)", where(), key, op_text, key,
+                    who));
+    bad = true;
+  };
+  if (!compute) {
+    not_for(has_phase, "phase", "compute");
+    not_for(has_us, "us", "compute");
+    not_for(has_saved, "saved_bytes", "compute");
+  }
+  if (!collective) {
+    not_for(has_kind, "kind", "collective");
+    not_for(has_bytes, "bytes", "collective");
+    not_for(has_start, "start_us", "collective");
+    not_for(has_end, "end_us", "collective");
+  }
+
+  // The unit.
+  bool unit_ok = false;
+  if (has_unit && !unit_null) {
+    UnitId id = Lookup(unit_text);
+    if (id == kNoUnit) {
+      Add(fmt::format("{}.unit: unknown unit '{}'", where(), unit_text));
+      bad = true;
+    } else {
+      out.unit = id;
+      unit_ok = true;
+    }
+  }
+  const bool hook = out.op == Op::kPreForward || out.op == Op::kPostForward ||
+                    out.op == Op::kPreBackward || out.op == Op::kPostBackward;
+  if (hook && !unit_ok && !unit_bad && (!has_unit || unit_null)) {
+    Add(fmt::format("{}.unit: missing: a {} names its unit", where(), op_text));
+    bad = true;
+  }
+  if (out.op == Op::kBackwardEnd && unit_ok) {
+    Add(fmt::format("{}.unit: backward_end names no unit", where()));
+    bad = true;
+  }
+
+  if (compute) {
+    if (!has_phase) {
+      Add(fmt::format("{}.phase: missing: a compute needs a phase (forward, backward or recompute)",
+                      where()));
+      bad = true;
+    } else if (phase_read) {
+      std::optional<Phase> ph = ParsePhase(phase_text);
+      if (ph) {
+        out.phase = *ph;
+      } else {
+        Add(fmt::format("{}.phase: unknown phase '{}' (expected forward, backward or recompute)",
+                        where(), phase_text));
+        bad = true;
+      }
+    }
+    if (!has_us) {
+      Add(fmt::format("{}.us: missing: a compute needs its duration in microseconds", where()));
+      bad = true;
+    }
+  }
+  if (collective) {
+    if (!has_kind) {
+      Add(fmt::format("{}.kind: missing (all_gather, reduce_scatter or all_reduce)", where()));
+      bad = true;
+    } else if (kind_read) {
+      std::optional<CollectiveKind> k = ParseCollectiveKind(kind_text);
+      if (k) {
+        out.kind = *k;
+      } else {
+        Add(
+            fmt::format("{}.kind: unknown collective kind '{}' (expected all_gather, "
+                        "reduce_scatter or all_reduce)",
+                        where(), kind_text));
+        bad = true;
+      }
+    }
+    if (!has_bytes) Add(fmt::format("{}.bytes: missing", where())), bad = true;
+    if (!has_start) Add(fmt::format("{}.start_us: missing", where())), bad = true;
+    if (!has_end) Add(fmt::format("{}.end_us: missing", where())), bad = true;
+  }
+
+  std::size_t before = problems_.size() + overflow_;
+  checker_->Check(
+      out, unit_ok, where, [&](UnitId id) -> std::string_view { return units_[id].name; },
+      [&](std::string msg) { Add(std::move(msg)); });
+  bad = bad || problems_.size() + overflow_ != before;
+  return bad ? R::kBad : R::kOk;
+}
+
+R Reader::ParseSteps(od::value& v) {
+  od::array arr;
+  auto where = [] { return std::string("steps"); };
+  R r = Arr(v, arr, where);
+  if (r != R::kOk) return r;
+  return Items(arr, where, [&](std::size_t s, od::value& sv) -> R {
+    auto swhere = [&] { return fmt::format("steps[{}]", s); };
+    steps_.emplace_back();
+    od::object sobj;
+    R x = Obj(sv, sobj, swhere);
+    if (x != R::kOk) return x;
+    bool has_mbs = false;
+    x = Fields(sobj, swhere, [&](std::string_view key, od::value& mv) -> R {
+      if (key != "microbatches") {
+        Add(fmt::format("steps[{}]: unknown key '{}' (a step has microbatches)", s, key));
+        return R::kBad;
+      }
+      has_mbs = true;
+      auto mswhere = [&] { return fmt::format("steps[{}].microbatches", s); };
+      od::array mbs;
+      R y = Arr(mv, mbs, mswhere);
+      if (y != R::kOk) return y;
+      return Items(mbs, mswhere, [&](std::size_t m, od::value& mbv) -> R {
+        auto mwhere = [&] { return fmt::format("steps[{}].microbatches[{}]", s, m); };
+        std::vector<Microbatch>& mb_list = steps_.back().microbatches;
+        mb_list.emplace_back();
+        checker_->BeginMicrobatch();
+        od::object mobj;
+        R z = Obj(mbv, mobj, mwhere);
+        if (z != R::kOk) return z;
+        bool has_events = false;
+        z = Fields(mobj, mwhere, [&](std::string_view mkey, od::value& ev) -> R {
+          if (mkey != "events") {
+            Add(fmt::format("{}: unknown key '{}' (a microbatch has events)", mwhere(), mkey));
+            return R::kBad;
+          }
+          has_events = true;
+          auto ewhere = [&] { return fmt::format("{}.events", mwhere()); };
+          od::array events;
+          R q = Arr(ev, events, ewhere);
+          if (q != R::kOk) return q;
+          std::vector<Event>& list = mb_list.back().events;
+          return Items(events, ewhere, [&](std::size_t e, od::value& evv) -> R {
+            list.emplace_back();
+            return ParseEvent(evv, s, m, e, list.back());
+          });
+        });
+        if (z != R::kFatal && !has_events) {
+          Add(fmt::format("{}.events: missing", mwhere()));
+          z = R::kBad;
+        }
+        return z;
+      });
+    });
+    if (x != R::kFatal && !has_mbs) {
+      Add(fmt::format("steps[{}].microbatches: missing", s));
+      x = R::kBad;
+    }
+    return x;
+  });
+}
+
+void Reader::Walk(std::string_view text, std::size_t base, bool steps_only) {
+  simdjson::padded_string padded(text);
+  od::parser parser;
+  od::document doc;
+  buf_begin_ = padded.data();
+  base_ = base;
+  doc_ = nullptr;
+  if (auto err = parser.iterate(padded).get(doc)) {
+    Fatal(err, steps_only ? "steps" : "");
+    return;
+  }
+  doc_ = &doc;
+  if (steps_only) {
+    od::value v;
+    if (auto err = doc.get_value().get(v)) {
+      Fatal(err, "steps");
+    } else {
+      ParseSteps(v);
+    }
+    doc_ = nullptr;
+    return;
+  }
+  od::object root;
+  if (auto err = doc.get_object().get(root)) {
+    if (err == simdjson::INCORRECT_TYPE) {
+      fatal_ = true;
+      Add("a trace is a JSON object ({\"format\": \"fsdplab.trace\", ...}), but this document is "
+          "not an object");
+    } else {
+      Fatal(err, "");
+    }
+    doc_ = nullptr;
+    return;
+  }
+  auto where = [] { return std::string(); };
+  R r = Fields(root, where, [&](std::string_view key, od::value& v) -> R {
+    if (key == "format") {
+      std::string_view f;
+      R x = Str(v, f, [] { return std::string("format"); });
+      format_seen_ = true;
+      if (x == R::kOk) format_ = std::string(f);
+      return x;
+    }
+    if (key == "version") {
+      std::int64_t n = 0;
+      R x = Int(v, n, [] { return std::string("version"); });
+      version_seen_ = true;
+      if (x == R::kOk) version_ = n;
+      return x;
+    }
+    if (key == "meta") return ParseMeta(v);
+    if (key == "units") return ParseUnits(v);
+    if (key == "steps") {
+      have_steps_ = true;
+      if (have_units_) return ParseSteps(v);
+      // Units come later: keep the raw array and walk it once they are known.
+      od::array a;
+      R x = Arr(v, a, [] { return std::string("steps"); });
+      if (x != R::kOk) return x;
+      std::string_view raw;
+      if (auto err = a.raw_json().get(raw)) return Fatal(err, "steps");
+      deferred_offset_ = base_ + static_cast<std::size_t>(raw.data() - buf_begin_);
+      deferred_steps_ = text_.substr(deferred_offset_, raw.size());
+      return R::kOk;
+    }
+    Add(fmt::format("unknown top-level key '{}' (a trace has format, version, meta, units, steps)",
+                    key));
+    return R::kBad;
+  });
+  // Anything after the root object is an error: current_location() fails only at the end.
+  const char* rest = nullptr;
+  if (r != R::kFatal && !doc.current_location().get(rest)) Fatal(simdjson::TRAILING_CONTENT, "");
+  doc_ = nullptr;
+}
+
+void Reader::Run() {
+  Walk(text_, 0, false);
+  if (fatal_) return;
+  if (!format_seen_) {
+    Add("format: missing (a trace starts with \"format\": \"fsdplab.trace\")");
+  } else if (format_ && *format_ != kFormat) {
+    Add(fmt::format("format: unknown format '{}' (expected '{}')", *format_, kFormat));
+  }
+  if (!version_seen_) {
+    Add("version: missing (this reader reads version 1)");
+  } else if (!version_) {
+  } else if (*version_ > kVersion) {
+    Add(fmt::format("version: version {} is newer than this reader (it reads version {})",
+                    *version_, kVersion));
+  } else if (*version_ < 1) {
+    Add(fmt::format("version: invalid version {} (this reader reads version {})", *version_,
+                    kVersion));
+  }
+  if (!have_units_) Add("units: missing");
+  if (!have_steps_) Add("steps: missing");
+  if (have_units_ && !deferred_steps_.empty()) Walk(deferred_steps_, deferred_offset_, true);
+  for (UnitRaw& u : units_) {
+    builder_.AddUnit(std::move(u.name), std::move(u.parent), std::move(u.params), u.recompute);
+  }
+  for (Status& s : builder_.Problems()) Add(s.message());
+}
+
+}  // namespace
+
+StatusOr<Trace> ParseTrace(std::string_view json_text) {
+  Reader reader(json_text);
+  reader.Run();
+  std::vector<Status> problems = reader.TakeProblems();
+  if (!problems.empty()) return problems.front();
+  FSDP_ASSIGN_OR_RETURN(Model model, std::move(reader.builder()).Build());
+  return reader.TakeTrace(std::move(model));
+}
+
+StatusOr<Trace> ReadTraceFile(const std::string& path) {
+  FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  StatusOr<Trace> trace = ParseTrace(text);
+  if (!trace.ok()) return trace.status().WithContext(path);
+  return trace;
+}
+
+std::vector<Status> ValidateTraceText(std::string_view json_text) {
+  Reader reader(json_text);
+  reader.Run();
+  return reader.TakeProblems();
+}
+
+std::vector<Status> CheckTraceEvents(const Trace& trace) {
+  std::vector<Status> problems;
+  const Model& model = trace.model;
+  EventChecker checker(model.num_units());
+  for (std::size_t s = 0; s < trace.steps.size(); ++s) {
+    const Step& step = trace.steps[s];
+    for (std::size_t m = 0; m < step.microbatches.size(); ++m) {
+      checker.BeginMicrobatch();
+      const std::vector<Event>& events = step.microbatches[m].events;
+      for (std::size_t e = 0; e < events.size(); ++e) {
+        const Event& ev = events[e];
+        auto path = [&] { return EventPath(s, m, e); };
+        auto add = [&](std::string msg) { problems.push_back(InvalidInput(std::move(msg))); };
+        bool unit_ok = ev.unit >= 0 && ev.unit < model.num_units();
+        const bool hook = ev.op == Op::kPreForward || ev.op == Op::kPostForward ||
+                          ev.op == Op::kPreBackward || ev.op == Op::kPostBackward;
+        if (ev.unit != kNoUnit && !unit_ok) {
+          add(fmt::format("{}.unit: unit id {} is not in the model ({} units)", path(), ev.unit,
+                          model.num_units()));
+        } else if (hook && ev.unit == kNoUnit) {
+          add(fmt::format("{}.unit: missing: a {} names its unit", path(), OpName(ev.op)));
+        }
+        checker.Check(
+            ev, unit_ok, path, [&](UnitId id) { return model.NameOf(id); }, add);
+      }
+    }
+  }
+  return problems;
+}
+
+}  // namespace fsdplab

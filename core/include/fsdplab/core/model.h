@@ -158,6 +158,9 @@ class ModelBuilder final {
   void AddUnit(std::string name, std::optional<std::string> parent, std::vector<ParamSpec> params,
                RecomputeKind recompute = RecomputeKind::kNone);
   StatusOr<Model> Build() &&;
+  // Every problem Build would report, not only the first (for `fsdplab validate`). Messages name
+  // the position as a trace does: "units[3].parent: unknown parent 'x'".
+  std::vector<Status> Problems() const;
 
  private:
   struct Pending {
