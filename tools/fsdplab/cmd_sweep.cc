@@ -1,13 +1,200 @@
-// PLACEHOLDER: replaced by the component that implements this command.
+// fsdplab sweep TRACE --forward-prefetch 0,1,2,4 --order registration,recorded ... [--csv FILE]
+// [--plot FILE.svg] [--memory-cap BYTES]
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+
+#include "cli_common.h"
 #include "commands.h"
+#include "fsdplab/core/file_util.h"
+#include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/sweep.h"
+#include "sim_flags.h"
 
 namespace fsdplab::cli {
+namespace {
 
-int RunSweep(const Argv& /*argv*/) {
-  fmt::print(stderr, "fsdplab: this command is not built yet\n");
-  return 5;
+std::string Ms(TimeUs us) { return fmt::format("{:.3f}", us / 1e3); }
+std::string GiB(Bytes b) { return fmt::format("{:.3f}", static_cast<double>(b) / (1ull << 30)); }
+
+std::string Describe(const sim::SweepResult& r, std::size_t i) {
+  const sim::SweepRow& row = r.rows[i];
+  std::vector<std::string> kv;
+  for (std::size_t k = 0; k < r.varied_keys.size(); ++k) {
+    kv.push_back(fmt::format("{}={}", r.varied_keys[k], row.values[k]));
+  }
+  return kv.empty() ? std::string("(the one policy)") : fmt::format("{}", fmt::join(kv, " "));
+}
+
+}  // namespace
+
+int RunSweep(const Argv& argv) {
+  constexpr std::string_view kCmd = "sweep";
+  Args args(argv);
+  args.Declare("--csv", ArgKind::kValue, "write the table as CSV to FILE", "FILE");
+  args.Declare("--plot", ArgKind::kValue,
+               "draw step time against peak memory (SVG), Pareto front marked", "FILE.svg");
+  args.Declare("--jobs", ArgKind::kValue, "simulations in parallel (default: every core)", "N");
+  args.Declare("--rank-trace", ArgKind::kRepeated, "(not supported by sweep)", "FILE");
+  DeclarePolicyFlags(args);
+  DeclareClusterFlags(args);
+  DeclareEngineFlags(args);
+  if (Status s = args.Parse(); !s.ok()) return Fail(kCmd, s);
+  if (args.help()) {
+    return PrintHelp(
+        "fsdplab sweep TRACE --forward-prefetch 0,1,2 --order registration,recorded ... "
+        "[--memory-cap BYTES] [--csv FILE] [--plot FILE.svg]",
+        "Simulates every combination of the policy values given as comma-separated lists\n"
+        "(any policy flag may take a list), in parallel over the machine's cores, and prints\n"
+        "them sorted by step time. With --memory-cap, the runs are simulated without a cap so\n"
+        "their true peaks show, and the fastest policy whose peak fits under the cap is\n"
+        "picked, saying which faster policies it beat on memory.",
+        args);
+  }
+  if (!args.GetAll("--rank-trace").empty()) {
+    return Fail(kCmd, UsageError("sweep takes one TRACE for all ranks; use simulate for "
+                                 "--rank-trace"));
+  }
+  StatusOr<LoadedTraces> loaded = LoadTraces(args);
+  if (!loaded.ok()) return Fail(kCmd, loaded.status());
+  if (loaded->per_rank) {
+    return Fail(kCmd, UsageError("sweep takes one TRACE file, not a directory of rank traces"));
+  }
+  const Trace& trace = loaded->traces.front();
+  std::vector<std::string> varied;
+  StatusOr<std::vector<Policy>> grid = PolicyGridFromArgs(args, trace.model, &varied);
+  if (!grid.ok()) return Fail(kCmd, grid.status());
+  sim::SimOptions base;
+  StatusOr<sim::Cluster> cluster = ClusterFromArgs(args, trace.meta.world_size);
+  if (!cluster.ok()) return Fail(kCmd, cluster.status());
+  base.cluster = *cluster;
+  if (Status s = EngineOptionsFromArgs(args, base); !s.ok()) return Fail(kCmd, s);
+  std::optional<Bytes> cap = base.memory_cap;
+  base.memory_cap.reset();  // simulate the true peaks; the cap selects
+  if (base.steps == 0) base.steps = std::max<int>(2, static_cast<int>(trace.steps.size()));
+  int jobs = 0;
+  if (std::optional<std::string> j = args.Get("--jobs")) {
+    StatusOr<std::int64_t> n = ParseInt(*j, "--jobs");
+    if (!n.ok()) return Fail(kCmd, n.status());
+    if (*n < 1) return Fail(kCmd, UsageError("--jobs: must be at least 1"));
+    jobs = static_cast<int>(*n);
+  }
+
+  bool tty = isatty(STDERR_FILENO) != 0;
+  auto progress = [&](int done, int total) {
+    if (!tty) return;
+    constexpr int kWidth = 40;
+    int filled = total > 0 ? done * kWidth / total : kWidth;
+    fmt::print(stderr, "\r[{}{}] {}/{} policies",
+               std::string(static_cast<std::size_t>(filled), '#'),
+               std::string(static_cast<std::size_t>(kWidth - filled), '.'), done, total);
+    if (done == total) fmt::print(stderr, "\n");
+    std::fflush(stderr);
+  };
+  sim::SweepResult result = sim::RunSweep(trace, *grid, base, varied, jobs, progress);
+
+  // The table.
+  std::vector<std::size_t> order = sim::SortedByStepTime(result.rows);
+  std::vector<std::size_t> front = sim::ParetoFront(result.rows);
+  std::vector<bool> on_front(result.rows.size(), false);
+  for (std::size_t i : front) on_front[i] = true;
+  std::vector<std::string> headers = varied;
+  for (std::string_view h : {"step ms", "exposed ms", "overlap", "peak GiB", "bound ms", "note"}) {
+    headers.emplace_back(h);
+  }
+  std::vector<std::vector<std::string>> table;
+  for (std::size_t i : order) {
+    const sim::SweepRow& r = result.rows[i];
+    std::vector<std::string> row = r.values;
+    if (r.ok()) {
+      row.push_back(Ms(r.step_time_us));
+      row.push_back(Ms(r.exposed_comm_us));
+      row.push_back(fmt::format("{:.0f}%", 100 * r.overlap_ratio));
+      row.push_back(GiB(r.peak_memory_bytes));
+      row.push_back(Ms(r.lower_bound_us));
+      std::string note = on_front[i] ? "pareto" : "";
+      if (cap && r.peak_memory_bytes > *cap) note += note.empty() ? "over cap" : ", over cap";
+      row.push_back(note);
+    } else {
+      for (int k = 0; k < 5; ++k) row.emplace_back("-");
+      row.push_back("fails: " + r.status.message());
+    }
+    table.push_back(std::move(row));
+  }
+  std::vector<std::size_t> width(headers.size(), 0);
+  for (std::size_t c = 0; c < headers.size(); ++c) width[c] = headers[c].size();
+  for (const auto& row : table) {
+    for (std::size_t c = 0; c + 1 < row.size() && c < width.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+    }
+  }
+  auto print_row = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      bool last = c + 1 == row.size();
+      line += last ? row[c] : fmt::format("{:>{}}  ", row[c], width[c]);
+    }
+    fmt::print("{}\n", line);
+  };
+  fmt::print(
+      "{} policies simulated on {} ({} step(s) each; times are the mean of the steps after "
+      "the first)\ncluster: {}\n\n",
+      result.rows.size(), trace.meta.source, base.steps, sim::DescribeCluster(base.cluster));
+  print_row(headers);
+  for (const auto& row : table) print_row(row);
+
+  int exit_code = 0;
+  if (cap) {
+    fmt::print("\n");
+    std::optional<std::size_t> best = sim::BestUnderCap(result.rows, *cap);
+    if (!best) {
+      fmt::print(
+          "No policy fits under the memory cap of {} GiB ({} bytes): the smallest peak "
+          "is {} GiB.\n",
+          GiB(*cap), *cap,
+          front.empty() ? std::string("-") : GiB(result.rows[front.front()].peak_memory_bytes));
+      exit_code = 3;
+    } else {
+      const sim::SweepRow& b = result.rows[*best];
+      fmt::print(
+          "Best under the memory cap of {} GiB: {}\n  step {} ms, peak {} GiB ({:.0f}% of "
+          "the cap).\n",
+          GiB(*cap), Describe(result, *best), Ms(b.step_time_us), GiB(b.peak_memory_bytes),
+          100.0 * static_cast<double>(b.peak_memory_bytes) / static_cast<double>(*cap));
+      std::vector<std::string> faster;
+      for (std::size_t i : order) {
+        if (i == *best) break;
+        const sim::SweepRow& r = result.rows[i];
+        if (!r.ok()) continue;
+        faster.push_back(fmt::format("{} ({} ms, peak {} GiB)", Describe(result, i),
+                                     Ms(r.step_time_us), GiB(r.peak_memory_bytes)));
+      }
+      if (faster.empty()) {
+        fmt::print("  It is the fastest policy of the grid; the cap costs nothing.\n");
+      } else {
+        fmt::print("  Why: {} faster polic{} peak above the cap:\n", faster.size(),
+                   faster.size() == 1 ? "y's" : "ies");
+        for (const std::string& f : faster) fmt::print("    {}\n", f);
+      }
+    }
+  } else if (!order.empty() && result.rows[order.front()].ok()) {
+    fmt::print("\nFastest: {} ({} ms).\n", Describe(result, order.front()),
+               Ms(result.rows[order.front()].step_time_us));
+  }
+
+  if (std::optional<std::string> csv = args.Get("--csv")) {
+    if (Status s = WriteFileAtomic(*csv, sim::SweepCsv(result)); !s.ok()) return Fail(kCmd, s);
+  }
+  if (std::optional<std::string> plot = args.Get("--plot")) {
+    std::string title = fmt::format("{}: step time vs peak memory, {} policies",
+                                    args.positionals().front(), result.rows.size());
+    if (Status s = WriteFileAtomic(*plot, sim::SweepSvg(result, cap, title)); !s.ok()) {
+      return Fail(kCmd, s);
+    }
+  }
+  return exit_code;
 }
 
 }  // namespace fsdplab::cli

@@ -1,0 +1,60 @@
+// Policy sweeps: simulate a grid of policies over the machine's cores, then rank them, find the
+// step-time / memory Pareto front, pick the fastest policy under a memory cap, and draw it.
+//
+//   std::vector<Policy> grid = ...;                 // e.g. from PolicyGridFromArgs
+//   SweepResult r = RunSweep(trace, grid, base_options, /*jobs=*/0, progress_fn);
+//   std::vector<std::size_t> order = SortedByStepTime(r.rows);
+//   std::optional<std::size_t> best = BestUnderCap(r.rows, cap);
+//   std::string svg = SweepSvg(r.rows, cap, "gpt_small.json");
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdplab/core/policy.h"
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/trace.h"
+#include "fsdplab/sim/simulator.h"
+
+namespace fsdplab::sim {
+
+struct SweepRow final {
+  Policy policy;
+  std::vector<std::string> values;  // the varied keys' values, in varied-key order
+  Status status;                    // the simulated run's outcome (a failing step, an error)
+  TimeUs step_time_us = 0;
+  TimeUs exposed_comm_us = 0;
+  double overlap_ratio = 0;
+  Bytes peak_memory_bytes = 0;
+  TimeUs lower_bound_us = 0;
+  bool ok() const { return status.ok(); }
+};
+
+struct SweepResult final {
+  std::vector<std::string> varied_keys;
+  std::vector<SweepRow> rows;  // in grid order
+};
+
+// Simulates every policy with `base` (its policy replaced) on `jobs` threads (0: the machine's
+// cores). `progress(done, total)` is called from the calling thread as runs finish.
+SweepResult RunSweep(const Trace& trace, const std::vector<Policy>& grid, const SimOptions& base,
+                     const std::vector<std::string>& varied_keys, int jobs,
+                     const std::function<void(int, int)>& progress = {});
+
+// Row indices: successful runs by step time (then peak memory), failed runs last.
+std::vector<std::size_t> SortedByStepTime(const std::vector<SweepRow>& rows);
+// Successful rows that no other successful row beats on both step time and peak memory (one
+// at least strictly), sorted by peak memory.
+std::vector<std::size_t> ParetoFront(const std::vector<SweepRow>& rows);
+// The fastest successful row whose peak memory fits under `cap`.
+std::optional<std::size_t> BestUnderCap(const std::vector<SweepRow>& rows, Bytes cap);
+
+std::string SweepCsv(const SweepResult& result);
+// Step time (ms) against peak memory (GiB): every run a dot, the Pareto front joined and
+// marked, the cap a dashed vertical line, the best run under it ringed; axes labelled with units.
+std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap, const std::string& title);
+
+}  // namespace fsdplab::sim

@@ -1,0 +1,317 @@
+#include "fsdplab/sim/sweep.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "fsdplab/core/report.h"
+
+namespace fsdplab::sim {
+namespace {
+
+SweepRow SimulateOne(const Trace& trace, const Policy& policy, const SimOptions& base) {
+  SweepRow row;
+  row.policy = policy;
+  SimOptions opt = base;
+  opt.policy = policy;
+  opt.record_host_ops = false;
+  opt.max_recorded_ranks = 1;
+  StatusOr<SimResult> r = Simulate(trace, opt);
+  if (!r.ok()) {
+    row.status = r.status();
+    return row;
+  }
+  ReportInputs in;
+  in.model = &trace.model;
+  in.policy = &opt.policy;
+  in.order = &r->order;
+  in.memory_cap_lower_bound_us = r->memory_cap_lower_bound_us;
+  Report rep = BuildReport(r->timeline, in);
+  row.status = r->status;
+  row.step_time_us = rep.summary.step_time_us;
+  row.exposed_comm_us = rep.summary.exposed_comm_us;
+  row.overlap_ratio = rep.summary.overlap_ratio;
+  row.peak_memory_bytes = rep.summary.peak_memory_bytes;
+  for (Bytes b : r->peak_memory_by_rank) row.peak_memory_bytes = std::max(row.peak_memory_bytes, b);
+  row.lower_bound_us = rep.summary.lower_bound_us;
+  return row;
+}
+
+std::string CsvField(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string XmlEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// A "nice" tick step for a range (1, 2 or 5 times a power of ten).
+double TickStep(double range, int target) {
+  if (!(range > 0)) return 1;
+  double raw = range / target;
+  double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (m * p >= raw) return m * p;
+  }
+  return 10 * p;
+}
+
+}  // namespace
+
+SweepResult RunSweep(const Trace& trace, const std::vector<Policy>& grid, const SimOptions& base,
+                     const std::vector<std::string>& varied_keys, int jobs,
+                     const std::function<void(int, int)>& progress) {
+  SweepResult result;
+  result.varied_keys = varied_keys;
+  result.rows.resize(grid.size());
+  int n = static_cast<int>(grid.size());
+  if (jobs <= 0) jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  jobs = std::max(1, std::min(jobs, n));
+  std::atomic<int> next{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0;
+  auto worker = [&] {
+    for (int i = next++; i < n; i = next++) {
+      SweepRow row = SimulateOne(trace, grid[static_cast<std::size_t>(i)], base);
+      std::lock_guard<std::mutex> lock(mu);
+      result.rows[static_cast<std::size_t>(i)] = std::move(row);
+      ++done;
+      cv.notify_one();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int j = 0; j < jobs; ++j) threads.emplace_back(worker);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    int reported = -1;
+    while (done < n) {
+      if (done != reported) {
+        reported = done;
+        if (progress) {
+          lock.unlock();
+          progress(reported, n);
+          lock.lock();
+        }
+      }
+      cv.wait(lock, [&] { return done != reported; });
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  if (progress) progress(n, n);
+  for (std::size_t i = 0; i < grid.size(); ++i) {
+    for (const std::string& key : varied_keys) {
+      result.rows[i].values.push_back(PolicyKeyValue(grid[i], key));
+    }
+  }
+  return result;
+}
+
+std::vector<std::size_t> SortedByStepTime(const std::vector<SweepRow>& rows) {
+  std::vector<std::size_t> idx(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) idx[i] = i;
+  std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+    const SweepRow& x = rows[a];
+    const SweepRow& y = rows[b];
+    if (x.ok() != y.ok()) return x.ok();
+    if (x.step_time_us != y.step_time_us) return x.step_time_us < y.step_time_us;
+    return x.peak_memory_bytes < y.peak_memory_bytes;
+  });
+  return idx;
+}
+
+std::vector<std::size_t> ParetoFront(const std::vector<SweepRow>& rows) {
+  std::vector<std::size_t> front;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (!rows[i].ok()) continue;
+    bool dominated = false;
+    for (std::size_t j = 0; j < rows.size() && !dominated; ++j) {
+      if (j == i || !rows[j].ok()) continue;
+      const SweepRow& a = rows[j];
+      const SweepRow& b = rows[i];
+      bool no_worse =
+          a.step_time_us <= b.step_time_us && a.peak_memory_bytes <= b.peak_memory_bytes;
+      bool better = a.step_time_us < b.step_time_us || a.peak_memory_bytes < b.peak_memory_bytes;
+      // Identical points: keep the first one only.
+      bool identical =
+          a.step_time_us == b.step_time_us && a.peak_memory_bytes == b.peak_memory_bytes;
+      dominated = (no_worse && better) || (identical && j < i);
+    }
+    if (!dominated) front.push_back(i);
+  }
+  std::sort(front.begin(), front.end(), [&](std::size_t a, std::size_t b) {
+    return rows[a].peak_memory_bytes < rows[b].peak_memory_bytes;
+  });
+  return front;
+}
+
+std::optional<std::size_t> BestUnderCap(const std::vector<SweepRow>& rows, Bytes cap) {
+  std::optional<std::size_t> best;
+  for (std::size_t i : SortedByStepTime(rows)) {
+    if (rows[i].ok() && rows[i].peak_memory_bytes <= cap) {
+      best = i;
+      break;
+    }
+  }
+  return best;
+}
+
+std::string SweepCsv(const SweepResult& result) {
+  std::string out;
+  for (const std::string& k : result.varied_keys) out += CsvField(k) + ",";
+  out += "step_time_us,exposed_comm_us,overlap_ratio,peak_memory_bytes,lower_bound_us,status\n";
+  for (std::size_t i : SortedByStepTime(result.rows)) {
+    const SweepRow& r = result.rows[i];
+    for (const std::string& v : r.values) out += CsvField(v) + ",";
+    out += fmt::format("{:.3f},{:.3f},{:.4f},{},{:.3f},{}\n", r.step_time_us, r.exposed_comm_us,
+                       r.overlap_ratio, r.peak_memory_bytes, r.lower_bound_us,
+                       CsvField(r.ok() ? std::string("ok") : r.status.ToString()));
+  }
+  return out;
+}
+
+std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap,
+                     const std::string& title) {
+  constexpr double kW = 760, kH = 480, kLeft = 80, kRight = 30, kTop = 50, kBottom = 70;
+  const std::vector<SweepRow>& rows = result.rows;
+  double gib = static_cast<double>(1ull << 30);
+  double xmin = 1e300, xmax = -1e300, ymin = 1e300, ymax = -1e300;
+  for (const SweepRow& r : rows) {
+    if (!r.ok()) continue;
+    double x = static_cast<double>(r.peak_memory_bytes) / gib;
+    double y = r.step_time_us / 1e3;
+    xmin = std::min(xmin, x);
+    xmax = std::max(xmax, x);
+    ymin = std::min(ymin, y);
+    ymax = std::max(ymax, y);
+  }
+  if (cap) {
+    xmin = std::min(xmin, static_cast<double>(*cap) / gib);
+    xmax = std::max(xmax, static_cast<double>(*cap) / gib);
+  }
+  if (xmin > xmax) xmin = 0, xmax = 1, ymin = 0, ymax = 1;  // nothing succeeded
+  auto pad = [](double& lo, double& hi) {
+    double span = hi - lo;
+    if (span <= 0) span = std::max(std::abs(hi), 1e-3);
+    bool non_negative = lo >= 0;
+    lo -= 0.08 * span;
+    hi += 0.08 * span;
+    if (non_negative) lo = std::max(lo, 0.0);
+  };
+  pad(xmin, xmax);
+  pad(ymin, ymax);
+  double pw = kW - kLeft - kRight, ph = kH - kTop - kBottom;
+  auto sx = [&](double x) { return kLeft + (x - xmin) / (xmax - xmin) * pw; };
+  auto sy = [&](double y) { return kTop + ph - (y - ymin) / (ymax - ymin) * ph; };
+
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} "
+      "{1}\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{2}\" y=\"24\" font-size=\"15\" text-anchor=\"middle\">{3}</text>\n",
+      kW, kH, kW / 2, XmlEscape(title));
+  // Axes, ticks, grid.
+  svg += fmt::format(
+      "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"black\"/>\n",
+      kLeft, kTop, pw, ph);
+  double xs = TickStep(xmax - xmin, 6);
+  for (double t = std::ceil(xmin / xs) * xs; t <= xmax + 1e-12; t += xs) {
+    svg += fmt::format(
+        "<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>"
+        "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4:g}</text>\n",
+        sx(t), kTop, kTop + ph, kTop + ph + 16, std::round(t / xs) * xs);
+  }
+  double ys = TickStep(ymax - ymin, 6);
+  for (double t = std::ceil(ymin / ys) * ys; t <= ymax + 1e-12; t += ys) {
+    svg += fmt::format(
+        "<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#ddd\"/>"
+        "<text x=\"{3}\" y=\"{4:.1f}\" text-anchor=\"end\">{5:g}</text>\n",
+        kLeft, sy(t), kLeft + pw, kLeft - 6, sy(t) + 4, std::round(t / ys) * ys);
+  }
+  svg += fmt::format(
+      "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">peak memory per rank (GiB)</text>\n"
+      "<text x=\"18\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {})\">step time "
+      "(ms)</text>\n",
+      kLeft + pw / 2, kH - 30, kTop + ph / 2, kTop + ph / 2);
+  if (cap) {
+    double x = sx(static_cast<double>(*cap) / gib);
+    svg += fmt::format(
+        "<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#c00\" "
+        "stroke-dasharray=\"6 4\"/><text x=\"{3:.1f}\" y=\"{4}\" fill=\"#c00\">memory cap</text>\n",
+        x, kTop, kTop + ph, x + 4, kTop + 14);
+  }
+  // Pareto front.
+  std::vector<std::size_t> front = ParetoFront(rows);
+  if (front.size() > 1) {
+    std::string pts;
+    for (std::size_t i : front) {
+      pts += fmt::format("{:.1f},{:.1f} ", sx(static_cast<double>(rows[i].peak_memory_bytes) / gib),
+                         sy(rows[i].step_time_us / 1e3));
+    }
+    svg += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"#1f77b4\"/>\n", pts);
+  }
+  std::vector<bool> on_front(rows.size(), false);
+  for (std::size_t i : front) on_front[i] = true;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const SweepRow& r = rows[i];
+    if (!r.ok()) continue;
+    std::string label;
+    for (std::size_t k = 0; k < r.values.size() && k < result.varied_keys.size(); ++k) {
+      label += fmt::format("{}{}={}", k ? " " : "", result.varied_keys[k], r.values[k]);
+    }
+    svg += fmt::format(
+        "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\"><title>{}: {:.3f} ms, {:.3f} "
+        "GiB</title></circle>\n",
+        sx(static_cast<double>(r.peak_memory_bytes) / gib), sy(r.step_time_us / 1e3),
+        on_front[i] ? 5 : 3.5, on_front[i] ? "#1f77b4" : "#999", XmlEscape(label),
+        r.step_time_us / 1e3, static_cast<double>(r.peak_memory_bytes) / gib);
+  }
+  if (cap) {
+    if (std::optional<std::size_t> best = BestUnderCap(rows, *cap)) {
+      const SweepRow& r = rows[*best];
+      svg += fmt::format(
+          "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"9\" fill=\"none\" stroke=\"#2ca02c\" "
+          "stroke-width=\"2\"/>\n",
+          sx(static_cast<double>(r.peak_memory_bytes) / gib), sy(r.step_time_us / 1e3));
+    }
+  }
+  // Legend.
+  double lx = kLeft + pw - 230, ly = kTop + 10;
+  svg += fmt::format(
+      "<circle cx=\"{0}\" cy=\"{1}\" r=\"5\" fill=\"#1f77b4\"/><text x=\"{2}\" y=\"{3}\">Pareto "
+      "front (nothing is both faster and smaller)</text>\n"
+      "<circle cx=\"{0}\" cy=\"{4}\" r=\"3.5\" fill=\"#999\"/><text x=\"{2}\" y=\"{5}\">other "
+      "policies</text>\n",
+      lx, ly, lx + 10, ly + 4, ly + 18, ly + 22);
+  if (cap) {
+    svg += fmt::format(
+        "<circle cx=\"{0}\" cy=\"{1}\" r=\"7\" fill=\"none\" stroke=\"#2ca02c\" "
+        "stroke-width=\"2\"/><text x=\"{2}\" y=\"{3}\">fastest under the cap</text>\n",
+        lx, ly + 36, lx + 10, ly + 40);
+  }
+  svg += "</svg>\n";
+  return svg;
+}
+
+}  // namespace fsdplab::sim

@@ -1,0 +1,35 @@
+// Flags shared by `fsdplab simulate` and `fsdplab sweep`: the cluster, the engine options and
+// the traces (one for all ranks, or one per rank).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/trace.h"
+#include "fsdplab/sim/simulator.h"
+
+namespace fsdplab::cli {
+
+// --cluster FILE, --world-size, --gpus-per-node, --intra-bw, --intra-latency, --inter-bw,
+// --inter-latency, --compute-scale.
+void DeclareClusterFlags(Args& args);
+// The cluster: defaults, then --cluster FILE, then the flags. When nothing gives the world size
+// it comes from `trace_world_size` (the trace's meta), if that is above 1.
+StatusOr<sim::Cluster> ClusterFromArgs(const Args& args, int trace_world_size);
+
+// --steps, --launch-us, --contention, --straggler (repeated), --memory-cap.
+void DeclareEngineFlags(Args& args);
+// Fills everything of SimOptions but the policy and the cluster.
+Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& options);
+
+// The traces named by the positionals and --rank-trace: one trace (all ranks run it), or one
+// per rank (repeated --rank-trace FILE, or a directory of *.json, ordered by meta.rank).
+struct LoadedTraces {
+  std::vector<Trace> traces;
+  bool per_rank = false;
+};
+StatusOr<LoadedTraces> LoadTraces(const Args& args);
+
+}  // namespace fsdplab::cli
