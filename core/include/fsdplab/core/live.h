@@ -41,6 +41,9 @@ struct LiveOptions final {
   std::string fail_op;                  // "compute" | "mismatch" | "hang"
   int fail_step = 0;
   std::string fail_unit;                // empty: the first unit with parameters
+  // Rows of the activations in `--compute gemm` (tokens per microbatch): forward y = x W^T with
+  // x of [gemm_tokens, in]. Added by the host backend; a backend may ignore it.
+  std::int64_t gemm_tokens = 16;
 };
 
 struct LiveCheck final {
@@ -88,6 +91,12 @@ struct GatherBenchRow final {
   TimeUs gemm_under_overlap_us = 0;
   double overlap_efficiency = 0;  // (alone sum - together) / min(collective, gemm): 1 = perfect
   double compute_slowdown = 0;    // gemm_under_overlap / gemm_alone - 1
+  // In-place variant (nccl-tests' second column set): the input is this rank's slice of the
+  // output. Zero when not measured.
+  TimeUs inplace_time_us = 0;
+  double inplace_algbw_GBps = 0;
+  double inplace_busbw_GBps = 0;
+  std::uint64_t inplace_wrong = 0;
 };
 
 }  // namespace fsdplab

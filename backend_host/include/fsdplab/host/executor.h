@@ -1,0 +1,230 @@
+// The host executor: carries out one rank's scheduler commands with threads as streams
+// (DESIGN §1's protocol), real sharded parameter buffers, in-process collectives and CPU compute.
+//
+//   RunControl control(timeout_us, world_size);
+//   Communicator ag(control, W, "all_gather"), rs(control, W, "reduce_scatter");
+//   StatusOr<ModelData> data = ModelData::Create(model, policy, W, seed);
+//   HostExecutor rank0(model, *data, config, control, ag, rs, /*rank=*/0);
+//   rank0.Start();
+//   FSDP_RETURN_IF_ERROR(ReplaySteps(trace, 1, scheduler, rank0));  // on rank 0's host thread
+//   FSDP_RETURN_IF_ERROR(rank0.Finish());
+//   std::vector<TimelineOp> ops = rank0.TakeOps();
+//
+// Streams: a compute thread, an all-gather thread and a reduce-scatter thread per rank (one
+// communication thread for both when the policy unifies them). WaitGather and StreamWait are event
+// waits between those threads; Gather, Release and ReduceScatter run on the communication
+// threads; memory is accounted when the work runs on its stream (device time).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "fsdplab/core/command.h"
+#include "fsdplab/core/live.h"
+#include "fsdplab/core/model.h"
+#include "fsdplab/core/policy.h"
+#include "fsdplab/core/timeline.h"
+#include "fsdplab/host/runtime.h"
+
+namespace fsdplab::host {
+
+inline constexpr int kRowwisePlane = 0;
+inline constexpr int kColumnwisePlane = 1;
+
+// Where one parameter lives in its group's plane buffers and gradient buffer. A parameter of two
+// or more dimensions is a GEMM weight [rows, cols] (leading dimensions folded into rows); others
+// are vectors (rows = 1, cols = numel).
+struct ParamLayout final {
+  int param = 0;  // index into Unit::params()
+  bool matrix = false;
+  std::int64_t rows = 1;
+  std::int64_t cols = 0;
+  Elements numel = 0;
+  std::array<Bytes, 2> offset{};       // byte offset in the rowwise / columnwise plane
+  Bytes data_bytes = 0;                // data bytes in each plane
+  std::array<Bytes, 2> scale_bytes{};  // mxfp8 scale bytes per plane (after the data)
+  Elements grad_offset = 0;            // element offset in the group's gradient buffer
+};
+
+struct GroupLayout final {
+  DType dtype = DType::kBf16;
+  DType reduce_dtype = DType::kBf16;
+  int num_planes = 1;  // 2 for mxfp8
+  std::vector<ParamLayout> params;
+  std::array<Bytes, 2> plane_bytes{};  // unsharded bytes of each plane
+  std::array<Bytes, 2> shard_bytes{};  // per rank: plane padded to a multiple of the world size
+  Elements numel = 0;
+  Elements grad_shard_elements = 0;  // per rank: numel padded to a multiple of the world size
+  std::size_t grad_element_size = 2;
+};
+
+// Plane index of a piece's plane set within a group (single-plane groups: always rowwise).
+std::vector<int> PlanesOf(const GroupLayout& group, PlaneSet planes);
+
+// The parameters as every rank and the reference see them: layouts, and the unsharded original
+// planes (seeded, deterministic). Read-only once built; shared by every thread.
+class ModelData final {
+ public:
+  static StatusOr<ModelData> Create(const Model& model, const Policy& policy, int world_size,
+                                    std::uint64_t seed);
+
+  int world_size() const { return world_size_; }
+  const std::vector<GroupLayout>& groups(UnitId unit) const {
+    return units_[static_cast<std::size_t>(unit)];
+  }
+  // The unsharded plane, padded to world_size * shard_bytes (padding is zero).
+  std::span<const std::byte> original(UnitId unit, int group, int plane) const;
+  // The unit's total unsharded gradient bytes (reduce dtype, unpadded).
+  Bytes GradBytes(UnitId unit) const;
+
+ private:
+  int world_size_ = 1;
+  std::vector<std::vector<GroupLayout>> units_;
+  std::vector<std::vector<std::array<std::vector<std::byte>, 2>>> original_;
+};
+
+// One unit's unsharded gradients: a buffer per group in its reduce dtype, padded to
+// world_size * grad_shard_elements.
+using GradBuffers = std::vector<std::vector<std::byte>>;
+GradBuffers NewGradBuffers(const ModelData& data, UnitId unit);
+
+// Adds the weight gradients of one backward compute of `unit` on `rank` to `grads`: with GEMMs,
+// dW = dY^T X from the seeded inputs of that rank, microbatch and compute; otherwise (and for
+// vector parameters) seeded values. Shared by the executor and the reference, so the same inputs
+// give the same bytes.
+void AddWeightGradients(const ModelData& data, ComputeMode mode, std::int64_t tokens,
+                        std::uint64_t seed, int rank, const CommandOrigin& origin, UnitId unit,
+                        GradBuffers& grads);
+
+struct ExecutorConfig final {
+  ComputeMode compute = ComputeMode::kTimed;
+  double compute_scale = 1.0;
+  std::int64_t gemm_tokens = 16;
+  std::uint64_t seed = 2026;
+  bool check = true;
+  // Fault injection (LiveOptions::fail_*), resolved: fail_unit is an id.
+  std::optional<int> fail_rank;
+  std::string fail_op;
+  int fail_step = 0;
+  UnitId fail_unit = kNoUnit;
+};
+
+// What the reference needs of a rank's command stream: backward computes and reductions.
+struct GradEvent final {
+  bool reduce = false;  // false: a backward compute; true: a reduce-scatter / all-reduce
+  UnitId unit = kNoUnit;
+  CommandOrigin origin;
+};
+
+struct ExecutorStats final {
+  std::uint64_t gathered_bytes_checked = 0;
+  std::uint64_t gathered_bytes_wrong = 0;
+  std::uint64_t first_wrong_unit = 0;
+  int timed_computes = 0;
+  TimeUs overshoot_sum_us = 0;  // sleep past the deadline, summed
+  TimeUs overshoot_max_us = 0;
+  int overruns = 0;     // emulated computes whose own work took longer than their duration
+  double checksum = 0;  // folds the GEMM outputs so no work is optimised away
+};
+
+class HostExecutor final : public CommandSink {
+ public:
+  HostExecutor(const Model& model, const ModelData& data, const Policy& policy,
+               const ExecutorConfig& config, RunControl& control, Communicator& all_gather,
+               Communicator& reduce_scatter, int rank);
+  ~HostExecutor() override;
+  HostExecutor(const HostExecutor&) = delete;
+  HostExecutor& operator=(const HostExecutor&) = delete;
+
+  void Start();
+  // Host thread: enqueues the command's work on its stream. Fails only when the run has aborted.
+  Status Execute(const Command& command) override;
+  // Host thread: waits for every stream to finish what was issued, then stops the threads.
+  // After an abort it only stops them.
+  Status Finish(const OpContext& ctx);
+
+  // After Finish.
+  std::vector<TimelineOp> TakeOps();
+  std::vector<MemorySample> TakeMemory();
+  const ExecutorStats& stats() const { return stats_; }
+  const std::vector<GradEvent>& grad_events() const { return grad_events_; }
+  // Accumulated reduced gradients: [unit][group], this rank's shard (the full buffer when not
+  // sharded), in fp32.
+  const std::vector<std::vector<std::vector<float>>>& reduced_grads() const { return reduced_; }
+  int rank() const { return rank_; }
+
+ private:
+  struct GatherRef {
+    std::uint64_t seq = 0;
+    std::int64_t op_id = 0;
+  };
+  using PlaneBuffer = std::shared_ptr<std::vector<std::byte>>;
+
+  OpContext Context(const CommandOrigin& origin, UnitId unit, std::string op) const;
+  StreamWorker& StreamFor(Stream stream);
+  int OpsIndex(Stream stream) const;
+  Track TrackFor(Stream stream) const;
+  void Memory(MemoryCategory category, std::int64_t delta, int step, UnitId unit);
+  TimelineOp NewOp(const CommandOrigin& origin, Track track, OpKind kind, UnitId unit);
+
+  Status RunGather(const GatherCmd& cmd, const CommandOrigin& origin, std::int64_t op_id,
+                   bool mismatch);
+  Status RunRelease(const ReleaseCmd& cmd, const CommandOrigin& origin);
+  Status RunCompute(const ComputeCmd& cmd, const CommandOrigin& origin, std::uint64_t grad_gen,
+                    bool inject);
+  Status RunReduce(const ReduceScatterCmd& cmd, const CommandOrigin& origin, std::uint64_t gen);
+  void ComputeGemms(const ComputeCmd& cmd, const CommandOrigin& origin,
+                    const std::vector<std::pair<int, PlaneBuffer>>& weights, GradBuffers* grads);
+  Status InjectedFault(const OpContext& ctx);
+
+  const Model& model_;
+  const ModelData& data_;
+  const Policy& policy_;
+  const ExecutorConfig config_;
+  RunControl& control_;
+  Communicator& ag_comm_;
+  Communicator& rs_comm_;
+  const int rank_;
+  const int world_size_;
+
+  std::unique_ptr<StreamWorker> compute_;
+  std::unique_ptr<StreamWorker> all_gather_;
+  std::unique_ptr<StreamWorker> reduce_scatter_;  // null when unified
+
+  // Host thread only.
+  std::vector<std::optional<GatherRef>> last_gather_;
+  std::vector<std::uint64_t> grad_gen_;
+  std::vector<GradEvent> grad_events_;
+  bool fault_armed_ = true;
+  bool mismatch_armed_ = true;
+
+  // Compute thread only.
+  std::vector<std::int64_t> pending_waits_;
+  // All-gather thread only (stats_ gather fields); compute thread only (the rest).
+  ExecutorStats stats_;
+  // Reduce-scatter thread only.
+  std::vector<std::vector<std::vector<float>>> reduced_;
+  // Per stream (compute, all-gather, reduce-scatter): only that stream's thread appends.
+  std::array<std::vector<TimelineOp>, 3> ops_;
+
+  // This rank's shards of every plane: [unit][group][plane]. Read-only after construction.
+  std::vector<std::vector<std::array<std::vector<std::byte>, 2>>> shards_;
+
+  // Shared between the streams.
+  std::atomic<std::int64_t> next_op_id_{1};
+  std::mutex mu_;
+  std::vector<std::vector<std::array<PlaneBuffer, 2>>> params_;  // [unit][group][plane]
+  std::map<std::pair<UnitId, std::uint64_t>, std::shared_ptr<GradBuffers>> grads_;
+  std::array<Bytes, kNumMemoryCategories> memory_{};
+  std::vector<MemorySample> samples_;
+};
+
+}  // namespace fsdplab::host

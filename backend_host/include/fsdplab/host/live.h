@@ -1,0 +1,30 @@
+// Live steps on the CPU: the host backend of `fsdplab run|record|bench-gather --backend host`.
+//
+//   LiveOptions opt{.world_size = 4, .steps = 3, .policy = policy,
+//                   .compute = ComputeMode::kTimed};
+//   StatusOr<LiveResult> r = host::RunLiveSteps(trace, opt);
+//   Report rep = BuildReport(r->timeline, {...});   // marked measured, source "live-host"
+//
+//   StatusOr<std::vector<GatherBenchRow>> rows = host::RunGatherBench(bench_options);
+//
+// Every rank is a host thread running its own Scheduler over the trace, plus threads acting as
+// its compute and communication streams (see executor.h). Parameters are seeded; with
+// `options.check` every gathered plane is compared byte for byte with the unsharded original and
+// every reduced gradient shard with a single-rank reference that sums the same per-rank gradients
+// in rank order (exact: "tolerance": "exact"). A failure on one rank aborts the run; the error
+// names the failing rank, step, unit and op, then where every other rank stopped.
+#pragma once
+
+#include <vector>
+
+#include "fsdplab/core/live.h"
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/trace.h"
+
+namespace fsdplab::host {
+
+StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options);
+
+StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& options);
+
+}  // namespace fsdplab::host

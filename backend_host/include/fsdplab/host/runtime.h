@@ -1,0 +1,206 @@
+// The host backend's runtime: threads acting as device streams, the run-wide abort switch, and
+// in-process collectives with NCCL's synchronising semantics.
+//
+//   RunControl control(/*timeout_us=*/30e6);
+//   StreamWorker compute(control, /*rank=*/0, "compute");
+//   compute.Start();
+//   std::uint64_t seq = compute.Enqueue([] { return Status::Ok(); });
+//   FSDP_RETURN_IF_ERROR(compute.WaitReached(seq, ctx));   // an event wait, with a timeout
+//   Communicator comm(control, /*world_size=*/2, "all_gather");
+//   StatusOr<CollectiveTimes> t = comm.Call(rank, desc, segments, ctx);  // on each rank's thread
+//
+// No wait blocks forever: every wait gives up after the run's timeout and returns an error naming
+// the rank, step, unit and op; the first failure aborts the run and wakes every waiter, which then
+// returns an error naming its own position and the failure that stopped it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "fsdplab/core/model.h"
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/trace.h"
+#include "fsdplab/core/units.h"
+
+namespace fsdplab::host {
+
+using Clock = std::chrono::steady_clock;
+
+// Where an operation runs, for error messages:
+// "rank 1, step 0, microbatch 0, unit 'model.layers.0', op all_gather (prefetch)".
+struct OpContext final {
+  int rank = 0;
+  int step = 0;
+  int microbatch = 0;
+  std::string unit = "(none)";
+  std::string op;
+  std::string Describe() const;
+};
+
+// Run-wide state every thread shares: the clock origin, the timeout and the abort switch.
+class RunControl final {
+ public:
+  explicit RunControl(TimeUs timeout_us, int world_size = 1);
+
+  TimeUs timeout_us() const { return timeout_us_; }
+  Clock::duration timeout() const;
+  // Microseconds since the run started.
+  TimeUs NowUs() const;
+  TimeUs ToUs(Clock::time_point t) const;
+
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  // Records `status` as `rank`'s failure (the first one per rank is kept; the first of the run is
+  // the root cause) and aborts the run: every registered waiter wakes up.
+  void Fail(int rank, const Status& status);
+  // The root cause, and the rank it happened on (-1 if none).
+  Status root_cause() const;
+  int root_rank() const;
+  // The first failure of each rank (ok where a rank did not fail).
+  std::vector<Status> rank_errors() const;
+  // The error a wait returns when it sees the abort: "<ctx>: aborted because rank R failed".
+  Status AbortedError(const OpContext& ctx) const;
+
+  // A mutex and condition variable pair to notify when the run aborts.
+  void RegisterWaiter(std::mutex* mu, std::condition_variable* cv);
+
+ private:
+  const TimeUs timeout_us_;
+  const Clock::time_point start_;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mu_;
+  Status root_;
+  int root_rank_ = -1;
+  std::vector<Status> rank_errors_;
+  std::vector<std::pair<std::mutex*, std::condition_variable*>> waiters_;
+};
+
+// One in-order queue of work on its own thread: a device stream. Tasks run one after another;
+// `WaitReached` is an event wait (the caller blocks until the first `seq` tasks have completed).
+// A task that fails stops the stream and aborts the run.
+class StreamWorker final {
+ public:
+  using Task = std::function<Status()>;
+
+  StreamWorker(RunControl& control, int rank, std::string name);
+  ~StreamWorker();
+  StreamWorker(const StreamWorker&) = delete;
+  StreamWorker& operator=(const StreamWorker&) = delete;
+
+  // `low_timer_slack`: ask the kernel for precise sleeps on this thread (emulated compute).
+  void Start(bool low_timer_slack = false);
+  // Appends a task; returns its sequence number (1 for the first).
+  std::uint64_t Enqueue(Task task);
+  std::uint64_t issued() const;
+  std::uint64_t completed() const;
+  // Blocks until the first `seq` tasks have completed, the run aborts, or the timeout passes.
+  Status WaitReached(std::uint64_t seq, const OpContext& ctx) const;
+  // Blocks until every task issued so far has completed, as long as the stream keeps completing
+  // tasks: the timeout applies to a stall, not to the total.
+  Status Drain(const OpContext& ctx) const;
+  // No more tasks; the thread exits once its queue is empty (or at once after an abort).
+  void Close();
+  void Join();
+  const std::string& name() const { return name_; }
+  int rank() const { return rank_; }
+
+ private:
+  void Loop();
+
+  RunControl& control_;
+  const int rank_;
+  const std::string name_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::deque<Task> queue_;
+  std::uint64_t issued_ = 0;
+  std::uint64_t completed_ = 0;
+  bool closed_ = false;
+  bool low_timer_slack_ = false;
+  std::thread thread_;
+};
+
+// The description every rank gives of a collective call; all ranks must agree.
+struct CollectiveDesc final {
+  CollectiveKind kind = CollectiveKind::kAllGather;
+  UnitId unit = kNoUnit;
+  std::string unit_name;
+  Bytes bytes = 0;  // unsharded bytes
+  // "all_gather of 'model.layers.0' (4.0 MB)"
+  std::string Describe() const;
+  bool SameCall(const CollectiveDesc& other) const;
+};
+
+// One buffer pair of a collective on one rank.
+//   all-gather:     input = this rank's shard (shard_elements elements), output = the full buffer
+//                   (world_size * shard_elements), rank q's shard lands at q * shard_elements.
+//                   input may point into output (in place).
+//   reduce-scatter: input = the full buffer, output = this rank's shard: the sum over ranks, in
+//                   rank order, of input[rank * shard_elements + i].
+//   all-reduce:     input and output full; output = the sum over ranks.
+struct Segment final {
+  const std::byte* input = nullptr;
+  std::byte* output = nullptr;
+  DType dtype = DType::kBf16;  // element type (reductions); all-gathers move bytes
+  std::size_t element_size = 1;
+  std::size_t shard_elements = 0;
+};
+
+struct CollectiveTimes final {
+  TimeUs start_us = 0;  // when the last rank joined: the collective could start
+  TimeUs end_us = 0;    // when every rank was done with it
+};
+
+// In-process collectives among `world_size` ranks. Each rank calls `Call` from one thread per
+// communicator, in the same order on every rank: call k of every rank forms one collective. A
+// call waits until every rank has joined, checks they agree (rank divergence is reported, never
+// hung), moves or sums the bytes, and waits until every rank is done reading the inputs.
+class Communicator final {
+ public:
+  Communicator(RunControl& control, int world_size, std::string name);
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  StatusOr<CollectiveTimes> Call(int rank, const CollectiveDesc& desc,
+                                 std::span<const Segment> segments, const OpContext& ctx);
+  int world_size() const { return world_size_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  struct Slot {
+    std::vector<const CollectiveDesc*> descs;
+    std::vector<std::span<const Segment>> segments;
+    std::vector<char> joined;
+    int arrived = 0;
+    int done = 0;
+    int left = 0;
+    TimeUs start_us = 0;
+    bool checked = false;
+    bool broken = false;   // a rank left early (timeout, abort): nobody may read its buffers
+    std::string mismatch;  // set by the first rank that checked, if the ranks disagree
+  };
+  std::string CheckAgreement(const Slot& slot, std::uint64_t call) const;
+  void Move(int rank, const Slot& slot) const;
+
+  RunControl& control_;
+  const int world_size_;
+  const std::string name_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::uint64_t, Slot> slots_;
+  std::vector<std::uint64_t> next_call_;
+};
+
+}  // namespace fsdplab::host

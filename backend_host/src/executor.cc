@@ -1,0 +1,832 @@
+#include "fsdplab/host/executor.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+#include <variant>
+
+#include "fsdplab/host/numerics.h"
+
+namespace fsdplab::host {
+namespace {
+
+// Tags that keep the seeds of different streams of data apart.
+constexpr std::uint64_t kTagPlaneData = 1;
+constexpr std::uint64_t kTagPlaneScales = 2;
+constexpr std::uint64_t kTagInput = 3;
+constexpr std::uint64_t kTagOutputGrad = 4;
+constexpr std::uint64_t kTagVectorGrad = 5;
+
+std::uint64_t U(std::int64_t v) { return static_cast<std::uint64_t>(v); }
+
+Bytes CeilDiv(Bytes a, Bytes b) { return (a + b - 1) / b; }
+
+std::vector<float> SeededFloats(std::uint64_t seed, std::size_t n) {
+  std::vector<float> v(n);
+  std::uint64_t state = seed;
+  for (float& x : v) x = UniformPm1(state);
+  return v;
+}
+
+// X of a forward (and of the weight gradient in its backward): per rank, step, microbatch.
+std::uint64_t InputSeed(std::uint64_t seed, int rank, const CommandOrigin& o, UnitId unit,
+                        int param) {
+  return SeedOf({seed, kTagInput, U(rank), U(o.step), U(o.microbatch), U(unit), U(param)});
+}
+
+// dY of a backward compute: per rank, step, microbatch and trace event.
+std::uint64_t OutputGradSeed(std::uint64_t seed, std::uint64_t tag, int rank,
+                             const CommandOrigin& o, UnitId unit, int param) {
+  return SeedOf({seed, tag, U(rank), U(o.step), U(o.microbatch), U(o.event), U(unit), U(param)});
+}
+
+std::string PlaneName(const GroupLayout& g, int plane) {
+  if (g.num_planes == 1) return std::string(DTypeName(g.dtype));
+  return plane == kRowwisePlane ? "rowwise" : "columnwise";
+}
+
+// Decodes row `o` of a weight stored in `plane` of a group buffer.
+void DecodeRow(const GroupLayout& g, const ParamLayout& p, const std::byte* buffer, int plane,
+               std::int64_t o, std::span<float> row) {
+  const std::byte* data = buffer + p.offset[static_cast<std::size_t>(plane)];
+  const auto cols = static_cast<std::size_t>(p.cols);
+  const std::size_t base = static_cast<std::size_t>(o) * cols;
+  if (g.dtype != DType::kMxfp8) {
+    for (std::size_t i = 0; i < cols; ++i) row[i] = LoadElement(g.dtype, data, base + i);
+    return;
+  }
+  const std::byte* scales = data + p.data_bytes;
+  if (plane == kRowwisePlane) {
+    const std::size_t per_row = CeilDiv(cols, 32);
+    for (std::size_t i = 0; i < cols; ++i) {
+      const float s = E8m0ToFloat(
+          static_cast<std::uint8_t>(scales[static_cast<std::size_t>(o) * per_row + i / 32]));
+      row[i] = E4m3ToFloat(static_cast<std::uint8_t>(data[base + i])) * s;
+    }
+  } else {
+    const std::size_t per_col = CeilDiv(static_cast<Bytes>(p.rows), 32);
+    for (std::size_t i = 0; i < cols; ++i) {
+      const float s = E8m0ToFloat(
+          static_cast<std::uint8_t>(scales[i * per_col + static_cast<std::size_t>(o) / 32]));
+      row[i] = E4m3ToFloat(static_cast<std::uint8_t>(data[base + i])) * s;
+    }
+  }
+}
+
+PlaneSet PlanesNeeded(const ComputeCmd& cmd) {
+  if (!cmd.needs.empty()) return cmd.needs;
+  return cmd.phase == Phase::kBackward ? PlaneSet::Columnwise() : PlaneSet::Rowwise();
+}
+
+}  // namespace
+
+std::vector<int> PlanesOf(const GroupLayout& group, PlaneSet planes) {
+  if (group.num_planes == 1) return planes.empty() ? std::vector<int>{} : std::vector<int>{0};
+  std::vector<int> out;
+  if (planes.rowwise()) out.push_back(kRowwisePlane);
+  if (planes.columnwise()) out.push_back(kColumnwisePlane);
+  return out;
+}
+
+// ---- ModelData ----
+
+StatusOr<ModelData> ModelData::Create(const Model& model, const Policy& policy, int world_size,
+                                      std::uint64_t seed) {
+  if (world_size < 1) return UsageError(fmt::format("world size {} is not positive", world_size));
+  ModelData d;
+  d.world_size_ = world_size;
+  const auto w = static_cast<Bytes>(world_size);
+  Bytes total = 0;
+  for (const Unit& unit : model.units()) {
+    std::vector<GroupLayout> layouts;
+    for (const ParamGroup& group : unit.groups()) {
+      GroupLayout gl;
+      gl.dtype = group.dtype;
+      gl.reduce_dtype = ReduceDType(policy, group.dtype);
+      if (gl.reduce_dtype == DType::kMxfp8) gl.reduce_dtype = DType::kBf16;
+      gl.grad_element_size = ElementSize(gl.reduce_dtype);
+      gl.num_planes = group.multi_plane() ? 2 : 1;
+      for (int index : group.params) {
+        const ParamSpec& spec = unit.params()[static_cast<std::size_t>(index)];
+        ParamLayout pl;
+        pl.param = index;
+        if (spec.shape.size() >= 2) {
+          pl.matrix = true;
+          pl.rows = 1;
+          for (std::size_t k = 0; k + 1 < spec.shape.size(); ++k) pl.rows *= spec.shape[k];
+          pl.cols = spec.shape.back();
+          pl.numel = static_cast<Elements>(pl.rows * pl.cols);
+        } else {
+          pl.numel = spec.Numel();
+          pl.rows = 1;
+          pl.cols = static_cast<std::int64_t>(pl.numel);
+        }
+        if (gl.num_planes == 2) {
+          pl.data_bytes = pl.numel;
+          pl.scale_bytes[0] = pl.matrix ? static_cast<Bytes>(pl.rows) * CeilDiv(U(pl.cols), 32)
+                                        : CeilDiv(pl.numel, 32);
+          pl.scale_bytes[1] = pl.matrix ? static_cast<Bytes>(pl.cols) * CeilDiv(U(pl.rows), 32)
+                                        : CeilDiv(pl.numel, 32);
+        } else {
+          pl.data_bytes = pl.numel * ElementSize(gl.dtype);
+        }
+        for (int plane = 0; plane < gl.num_planes; ++plane) {
+          const auto p = static_cast<std::size_t>(plane);
+          pl.offset[p] = gl.plane_bytes[p];
+          gl.plane_bytes[p] += pl.data_bytes + pl.scale_bytes[p];
+        }
+        pl.grad_offset = gl.numel;
+        gl.numel += pl.numel;
+        gl.params.push_back(pl);
+      }
+      for (int plane = 0; plane < gl.num_planes; ++plane) {
+        const auto p = static_cast<std::size_t>(plane);
+        gl.shard_bytes[p] = CeilDiv(gl.plane_bytes[p], w);
+        total += gl.shard_bytes[p] * w;
+      }
+      gl.grad_shard_elements = CeilDiv(gl.numel, w);
+      layouts.push_back(std::move(gl));
+    }
+    d.units_.push_back(std::move(layouts));
+  }
+  // Originals, one shard per rank, and up to one unsharded copy per rank live at once.
+  constexpr Bytes kHostLimit = 24ull << 30;
+  if (total * (2 + w) > kHostLimit) {
+    return Unavailable(fmt::format(
+        "the model's parameters take {:.1f} GiB; with {} ranks in one process the host backend "
+        "would need about {:.1f} GiB (limit {} GiB): use a smaller model or fewer ranks",
+        static_cast<double>(total) / (1ull << 30), world_size,
+        static_cast<double>(total * (2 + w)) / (1ull << 30), kHostLimit >> 30));
+  }
+  d.original_.resize(d.units_.size());
+  for (std::size_t u = 0; u < d.units_.size(); ++u) {
+    for (std::size_t g = 0; g < d.units_[u].size(); ++g) {
+      const GroupLayout& gl = d.units_[u][g];
+      std::array<std::vector<std::byte>, 2> planes;
+      for (int plane = 0; plane < gl.num_planes; ++plane) {
+        const auto p = static_cast<std::size_t>(plane);
+        std::vector<std::byte>& buf = planes[p];
+        buf.assign(gl.shard_bytes[p] * w, std::byte{0});
+        for (const ParamLayout& pl : gl.params) {
+          std::span<std::byte> data(buf.data() + pl.offset[p], pl.data_bytes);
+          FillElements(gl.dtype, SeedOf({seed, kTagPlaneData, u, g, p, U(pl.param)}), data);
+          if (pl.scale_bytes[p] > 0) {
+            std::span<std::byte> scales(buf.data() + pl.offset[p] + pl.data_bytes,
+                                        pl.scale_bytes[p]);
+            FillScales(SeedOf({seed, kTagPlaneScales, u, g, p, U(pl.param)}), scales);
+          }
+        }
+      }
+      d.original_[u].push_back(std::move(planes));
+    }
+  }
+  return d;
+}
+
+std::span<const std::byte> ModelData::original(UnitId unit, int group, int plane) const {
+  const auto& planes = original_[static_cast<std::size_t>(unit)][static_cast<std::size_t>(group)];
+  return planes[static_cast<std::size_t>(plane)];
+}
+
+Bytes ModelData::GradBytes(UnitId unit) const {
+  Bytes total = 0;
+  for (const GroupLayout& g : groups(unit)) total += g.numel * g.grad_element_size;
+  return total;
+}
+
+GradBuffers NewGradBuffers(const ModelData& data, UnitId unit) {
+  GradBuffers grads;
+  for (const GroupLayout& g : data.groups(unit)) {
+    grads.emplace_back(
+        g.grad_shard_elements * static_cast<std::size_t>(data.world_size()) * g.grad_element_size,
+        std::byte{0});
+  }
+  return grads;
+}
+
+void AddWeightGradients(const ModelData& data, ComputeMode mode, std::int64_t tokens,
+                        std::uint64_t seed, int rank, const CommandOrigin& origin, UnitId unit,
+                        GradBuffers& grads) {
+  const std::vector<GroupLayout>& groups = data.groups(unit);
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const GroupLayout& gl = groups[g];
+    std::byte* buf = grads[g].data();
+    for (const ParamLayout& pl : gl.params) {
+      if (mode == ComputeMode::kGemm && pl.matrix) {
+        const auto t = static_cast<std::size_t>(tokens);
+        const std::vector<float> x =
+            SeededFloats(InputSeed(seed, rank, origin, unit, pl.param), t * U(pl.cols));
+        const std::vector<float> dy = SeededFloats(
+            OutputGradSeed(seed, kTagOutputGrad, rank, origin, unit, pl.param), t * U(pl.rows));
+        std::vector<float> dw(pl.numel);
+        GemmWeightGrad(dy, x, tokens, pl.rows, pl.cols, dw);
+        for (std::size_t i = 0; i < pl.numel; ++i) {
+          const std::size_t at = pl.grad_offset + i;
+          StoreElement(gl.reduce_dtype, buf, at, LoadElement(gl.reduce_dtype, buf, at) + dw[i]);
+        }
+      } else {
+        std::uint64_t state = OutputGradSeed(seed, kTagVectorGrad, rank, origin, unit, pl.param);
+        for (std::size_t i = 0; i < pl.numel; ++i) {
+          const std::size_t at = pl.grad_offset + i;
+          StoreElement(gl.reduce_dtype, buf, at,
+                       LoadElement(gl.reduce_dtype, buf, at) + UniformPm1(state));
+        }
+      }
+    }
+  }
+}
+
+// ---- HostExecutor ----
+
+HostExecutor::HostExecutor(const Model& model, const ModelData& data, const Policy& policy,
+                           const ExecutorConfig& config, RunControl& control,
+                           Communicator& all_gather, Communicator& reduce_scatter, int rank)
+    : model_(model),
+      data_(data),
+      policy_(policy),
+      config_(config),
+      control_(control),
+      ag_comm_(all_gather),
+      rs_comm_(reduce_scatter),
+      rank_(rank),
+      world_size_(data.world_size()) {
+  const auto units = static_cast<std::size_t>(model.num_units());
+  compute_ = std::make_unique<StreamWorker>(control, rank, "compute");
+  all_gather_ = std::make_unique<StreamWorker>(
+      control, rank, policy.unified_comm_stream ? "communication" : "all_gather");
+  if (!policy.unified_comm_stream) {
+    reduce_scatter_ = std::make_unique<StreamWorker>(control, rank, "reduce_scatter");
+  }
+  last_gather_.resize(units);
+  grad_gen_.assign(units, 0);
+  reduced_.resize(units);
+  params_.resize(units);
+  shards_.resize(units);
+  const bool replicated = policy.sharding == Sharding::kNoShard;
+  Bytes sharded_params = 0;
+  Bytes sharded_grads = 0;
+  for (UnitId u = 0; u < model.num_units(); ++u) {
+    const auto uu = static_cast<std::size_t>(u);
+    const std::vector<GroupLayout>& groups = data.groups(u);
+    params_[uu].resize(groups.size());
+    shards_[uu].resize(groups.size());
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const GroupLayout& gl = groups[g];
+      reduced_[uu].emplace_back(replicated ? gl.numel : gl.grad_shard_elements, 0.0f);
+      sharded_grads += (replicated ? gl.numel : gl.grad_shard_elements) * gl.grad_element_size;
+      for (int plane = 0; plane < gl.num_planes; ++plane) {
+        const auto p = static_cast<std::size_t>(plane);
+        std::span<const std::byte> full = data.original(u, static_cast<int>(g), plane);
+        if (replicated) {
+          // Not sharded: every rank holds the whole parameter, present from the start.
+          params_[uu][g][p] = std::make_shared<std::vector<std::byte>>(full.begin(), full.end());
+          sharded_params += gl.plane_bytes[p];
+        } else {
+          const std::size_t offset = static_cast<std::size_t>(rank) * gl.shard_bytes[p];
+          shards_[uu][g][p].assign(
+              full.begin() + static_cast<std::ptrdiff_t>(offset),
+              full.begin() + static_cast<std::ptrdiff_t>(offset + gl.shard_bytes[p]));
+          sharded_params += gl.shard_bytes[p];
+        }
+      }
+    }
+  }
+  memory_[static_cast<std::size_t>(MemoryCategory::kShardedParams)] = sharded_params;
+  memory_[static_cast<std::size_t>(MemoryCategory::kShardedGrads)] = sharded_grads;
+  MemorySample first;
+  first.rank = rank;
+  first.t_us = 0;
+  first.bytes = memory_;
+  samples_.push_back(first);
+}
+
+HostExecutor::~HostExecutor() {
+  // Stop the threads before the members they use go away.
+  compute_->Close();
+  all_gather_->Close();
+  if (reduce_scatter_) reduce_scatter_->Close();
+  compute_->Join();
+  all_gather_->Join();
+  if (reduce_scatter_) reduce_scatter_->Join();
+}
+
+void HostExecutor::Start() {
+  compute_->Start(/*low_timer_slack=*/true);
+  all_gather_->Start();
+  if (reduce_scatter_) reduce_scatter_->Start();
+}
+
+OpContext HostExecutor::Context(const CommandOrigin& origin, UnitId unit, std::string op) const {
+  return OpContext{rank_, origin.step, origin.microbatch, std::string(model_.NameOf(unit)),
+                   std::move(op)};
+}
+
+StreamWorker& HostExecutor::StreamFor(Stream stream) {
+  switch (stream) {
+    case Stream::kCompute: return *compute_;
+    case Stream::kAllGather: return *all_gather_;
+    case Stream::kReduceScatter: return reduce_scatter_ ? *reduce_scatter_ : *all_gather_;
+  }
+  return *compute_;
+}
+
+int HostExecutor::OpsIndex(Stream stream) const {
+  switch (stream) {
+    case Stream::kCompute: return 0;
+    case Stream::kAllGather: return 1;
+    case Stream::kReduceScatter: return reduce_scatter_ ? 2 : 1;
+  }
+  return 0;
+}
+
+Track HostExecutor::TrackFor(Stream stream) const {
+  switch (stream) {
+    case Stream::kCompute: return Track::kCompute;
+    case Stream::kAllGather: return Track::kAllGather;
+    case Stream::kReduceScatter: return reduce_scatter_ ? Track::kReduceScatter : Track::kAllGather;
+  }
+  return Track::kCompute;
+}
+
+void HostExecutor::Memory(MemoryCategory category, std::int64_t delta, int step, UnitId unit) {
+  if (delta == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  Bytes& slot = memory_[static_cast<std::size_t>(category)];
+  slot = static_cast<Bytes>(static_cast<std::int64_t>(slot) + delta);
+  MemorySample s;
+  s.rank = rank_;
+  s.t_us = control_.NowUs();
+  s.bytes = memory_;
+  s.step = step;
+  s.unit = unit;
+  samples_.push_back(s);
+}
+
+TimelineOp HostExecutor::NewOp(const CommandOrigin& origin, Track track, OpKind kind, UnitId unit) {
+  TimelineOp op;
+  op.id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
+  op.rank = rank_;
+  op.track = track;
+  op.kind = kind;
+  op.unit = unit;
+  op.step = origin.step;
+  op.microbatch = origin.microbatch;
+  op.event = origin.event;
+  return op;
+}
+
+Status HostExecutor::Execute(const Command& command) {
+  const CommandOrigin& origin = command.origin;
+  if (control_.aborted()) {
+    return control_.AbortedError(
+        Context(origin, kNoUnit, fmt::format("issue '{}'", DescribeCommand(command, model_))));
+  }
+  const auto at_fault = [&](UnitId unit) {
+    return config_.fail_rank && *config_.fail_rank == rank_ && origin.step == config_.fail_step &&
+           unit == config_.fail_unit;
+  };
+  return std::visit(
+      [&](const auto& cmd) -> Status {
+        using T = std::decay_t<decltype(cmd)>;
+        if constexpr (std::is_same_v<T, GatherCmd>) {
+          const std::int64_t id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
+          bool mismatch = false;
+          if (config_.fail_op == "mismatch" && mismatch_armed_ && at_fault(cmd.unit)) {
+            mismatch = true;
+            mismatch_armed_ = false;
+          }
+          const std::uint64_t seq = all_gather_->Enqueue(
+              [this, cmd, origin, id, mismatch] { return RunGather(cmd, origin, id, mismatch); });
+          last_gather_[static_cast<std::size_t>(cmd.unit)] = GatherRef{seq, id};
+        } else if constexpr (std::is_same_v<T, WaitGatherCmd>) {
+          const auto& ref = last_gather_[static_cast<std::size_t>(cmd.unit)];
+          if (!ref) return Status::Ok();  // never gathered (no parameters, or not sharded)
+          const GatherRef r = *ref;
+          OpContext ctx = Context(origin, cmd.unit, "wait for its all_gather");
+          compute_->Enqueue([this, r, ctx] {
+            Status s = all_gather_->WaitReached(r.seq, ctx);
+            if (s.ok()) pending_waits_.push_back(r.op_id);
+            return s;
+          });
+        } else if constexpr (std::is_same_v<T, ComputeCmd>) {
+          std::uint64_t gen = 0;
+          if (cmd.unit != kNoUnit) {
+            gen = grad_gen_[static_cast<std::size_t>(cmd.unit)];
+            if (cmd.phase == Phase::kBackward && model_.unit(cmd.unit).has_params()) {
+              grad_events_.push_back(GradEvent{false, cmd.unit, origin});
+            }
+          }
+          bool inject = false;
+          if ((config_.fail_op == "compute" || config_.fail_op == "hang") && fault_armed_ &&
+              at_fault(cmd.unit)) {
+            inject = true;
+            fault_armed_ = false;
+          }
+          compute_->Enqueue(
+              [this, cmd, origin, gen, inject] { return RunCompute(cmd, origin, gen, inject); });
+        } else if constexpr (std::is_same_v<T, StreamWaitCmd>) {
+          StreamWorker& waiter = StreamFor(cmd.waiter);
+          StreamWorker& signaler = StreamFor(cmd.signaler);
+          if (&waiter == &signaler) return Status::Ok();  // one stream is already in order
+          const std::uint64_t seq = signaler.issued();
+          OpContext ctx = Context(origin, kNoUnit,
+                                  fmt::format("{} stream waits for the {} stream",
+                                              StreamName(cmd.waiter), StreamName(cmd.signaler)));
+          waiter.Enqueue([&signaler, seq, ctx] { return signaler.WaitReached(seq, ctx); });
+        } else if constexpr (std::is_same_v<T, ReleaseCmd>) {
+          all_gather_->Enqueue([this, cmd, origin] { return RunRelease(cmd, origin); });
+        } else if constexpr (std::is_same_v<T, ReduceScatterCmd>) {
+          const std::uint64_t gen = grad_gen_[static_cast<std::size_t>(cmd.unit)]++;
+          grad_events_.push_back(GradEvent{true, cmd.unit, origin});
+          StreamFor(Stream::kReduceScatter).Enqueue([this, cmd, origin, gen] {
+            return RunReduce(cmd, origin, gen);
+          });
+        }
+        return Status::Ok();
+      },
+      command.body);
+}
+
+Status HostExecutor::RunGather(const GatherCmd& cmd, const CommandOrigin& origin,
+                               std::int64_t op_id, bool mismatch) {
+  PlaneSet all_planes;
+  for (const PlanePiece& piece : cmd.pieces) all_planes = all_planes | piece.planes;
+  const OpContext ctx =
+      Context(origin, cmd.unit,
+              fmt::format("all_gather ({}, {})", GatherReasonName(cmd.reason), all_planes.Name()));
+  const std::vector<GroupLayout>& groups = data_.groups(cmd.unit);
+  struct Out {
+    int group;
+    int plane;
+    PlaneBuffer buffer;
+  };
+  std::vector<Out> outs;
+  std::vector<Segment> segments;
+  for (const PlanePiece& piece : cmd.pieces) {
+    if (piece.group < 0 || static_cast<std::size_t>(piece.group) >= groups.size()) {
+      return InternalError(fmt::format("{}: the gather names group {} of a unit with {} groups",
+                                       ctx.Describe(), piece.group, groups.size()));
+    }
+    const GroupLayout& gl = groups[static_cast<std::size_t>(piece.group)];
+    for (int plane : PlanesOf(gl, piece.planes)) {
+      const auto p = static_cast<std::size_t>(plane);
+      auto buffer = std::make_shared<std::vector<std::byte>>(gl.shard_bytes[p] *
+                                                             static_cast<std::size_t>(world_size_));
+      Memory(MemoryCategory::kUnshardedParams, static_cast<std::int64_t>(gl.plane_bytes[p]),
+             origin.step, cmd.unit);
+      Segment seg;
+      seg.input =
+          shards_[static_cast<std::size_t>(cmd.unit)][static_cast<std::size_t>(piece.group)][p]
+              .data();
+      seg.output = buffer->data();
+      seg.element_size = 1;
+      seg.shard_elements = gl.shard_bytes[p];
+      segments.push_back(seg);
+      outs.push_back(Out{piece.group, plane, std::move(buffer)});
+    }
+  }
+  CollectiveDesc desc;
+  desc.kind = mismatch ? CollectiveKind::kReduceScatter : CollectiveKind::kAllGather;
+  desc.unit = cmd.unit;
+  desc.unit_name = std::string(model_.NameOf(cmd.unit));
+  desc.bytes = cmd.bytes;
+  StatusOr<CollectiveTimes> times = ag_comm_.Call(rank_, desc, segments, ctx);
+  if (!times.ok()) return times.status();
+
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Out& out : outs) {
+      auto& slot = params_[static_cast<std::size_t>(cmd.unit)][static_cast<std::size_t>(out.group)]
+                          [static_cast<std::size_t>(out.plane)];
+      if (slot) {
+        // Gathered again while present: the old buffer goes (counted below, outside the lock).
+        out.group = -1 - out.group;
+      }
+      slot = out.buffer;
+    }
+  }
+  for (const Out& out : outs) {
+    if (out.group < 0) {
+      const GroupLayout& gl = groups[static_cast<std::size_t>(-1 - out.group)];
+      Memory(MemoryCategory::kUnshardedParams,
+             -static_cast<std::int64_t>(gl.plane_bytes[static_cast<std::size_t>(out.plane)]),
+             origin.step, cmd.unit);
+    }
+  }
+  if (config_.check) {
+    for (const Out& out : outs) {
+      const int g = out.group < 0 ? -1 - out.group : out.group;
+      const GroupLayout& gl = groups[static_cast<std::size_t>(g)];
+      const Bytes n = gl.plane_bytes[static_cast<std::size_t>(out.plane)];
+      std::span<const std::byte> want = data_.original(cmd.unit, g, out.plane);
+      if (std::memcmp(out.buffer->data(), want.data(), n) != 0) {
+        for (Bytes i = 0; i < n; ++i) {
+          if ((*out.buffer)[i] != want[i]) ++stats_.gathered_bytes_wrong;
+        }
+      }
+      stats_.gathered_bytes_checked += n;
+    }
+  }
+  TimelineOp op = NewOp(origin, Track::kAllGather, OpKind::kAllGather, cmd.unit);
+  op.id = op_id;
+  op.phase = cmd.phase;
+  op.reason = cmd.reason;
+  op.planes = all_planes;
+  op.bytes = cmd.bytes;
+  op.start_us = times->start_us;
+  op.end_us = times->end_us;
+  ops_[1].push_back(std::move(op));
+  return Status::Ok();
+}
+
+Status HostExecutor::RunRelease(const ReleaseCmd& cmd, const CommandOrigin& origin) {
+  const std::vector<GroupLayout>& groups = data_.groups(cmd.unit);
+  PlaneSet all_planes;
+  for (const PlanePiece& piece : cmd.pieces) {
+    all_planes = all_planes | piece.planes;
+    if (piece.group < 0 || static_cast<std::size_t>(piece.group) >= groups.size()) continue;
+    const GroupLayout& gl = groups[static_cast<std::size_t>(piece.group)];
+    for (int plane : PlanesOf(gl, piece.planes)) {
+      bool freed = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto& slot =
+            params_[static_cast<std::size_t>(cmd.unit)][static_cast<std::size_t>(piece.group)]
+                   [static_cast<std::size_t>(plane)];
+        freed = slot != nullptr;
+        slot.reset();
+      }
+      if (freed) {
+        Memory(MemoryCategory::kUnshardedParams,
+               -static_cast<std::int64_t>(gl.plane_bytes[static_cast<std::size_t>(plane)]),
+               origin.step, cmd.unit);
+      }
+    }
+  }
+  TimelineOp op = NewOp(origin, Track::kAllGather, OpKind::kRelease, cmd.unit);
+  op.planes = all_planes;
+  op.bytes = cmd.bytes;
+  op.start_us = op.end_us = control_.NowUs();
+  ops_[1].push_back(std::move(op));
+  return Status::Ok();
+}
+
+Status HostExecutor::InjectedFault(const OpContext& ctx) {
+  if (config_.fail_op == "hang") {
+    // A kernel that never ends: it holds the compute stream until the run aborts (the other
+    // ranks time out in their collectives), bounded by ten timeouts in any case.
+    const Clock::time_point limit = Clock::now() + 10 * control_.timeout();
+    while (!control_.aborted() && Clock::now() < limit) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return StepFailed(ctx.Describe() + ": injected hang (the compute never finished)");
+  }
+  throw std::runtime_error("injected fault");
+}
+
+Status HostExecutor::RunCompute(const ComputeCmd& cmd, const CommandOrigin& origin,
+                                std::uint64_t grad_gen, bool inject) {
+  const OpContext ctx = Context(origin, cmd.unit, fmt::format("compute {}", PhaseName(cmd.phase)));
+  const Clock::time_point start_tp = Clock::now();
+  TimelineOp op = NewOp(origin, Track::kCompute, OpKind::kCompute, cmd.unit);
+  op.phase = cmd.phase;
+  op.start_us = control_.ToUs(start_tp);
+  op.waited_on = std::move(pending_waits_);
+  pending_waits_.clear();
+
+  // The weights this compute reads: every plane its phase needs must have been gathered. The
+  // GEMMs use the phase's own plane (rowwise forward, columnwise backward) when it is needed.
+  std::vector<std::pair<int, PlaneBuffer>> weights;  // (group * 2 + plane, buffer)
+  if (cmd.unit != kNoUnit) {
+    const std::vector<GroupLayout>& groups = data_.groups(cmd.unit);
+    const PlaneSet needs = PlanesNeeded(cmd);
+    const int wanted = cmd.phase == Phase::kBackward ? kColumnwisePlane : kRowwisePlane;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const GroupLayout& gl = groups[g];
+      const std::vector<int> planes = PlanesOf(gl, needs);
+      for (int plane : planes) {
+        const PlaneBuffer& buf =
+            params_[static_cast<std::size_t>(cmd.unit)][g][static_cast<std::size_t>(plane)];
+        if (!buf) {
+          const Unit& unit = model_.unit(cmd.unit);
+          const std::string param =
+              gl.params.empty() ? "?"
+                                : unit.params()[static_cast<std::size_t>(gl.params[0].param)].name;
+          return StepFailed(fmt::format(
+              "{}: missing {} plane: parameter '{}' (group {}, {}) was not gathered for this "
+              "compute",
+              ctx.Describe(), PlaneName(gl, plane), param, g, DTypeName(gl.dtype)));
+        }
+      }
+      if (planes.empty()) continue;
+      int use = planes.front();
+      for (int plane : planes) {
+        if (plane == wanted) use = plane;
+      }
+      weights.emplace_back(
+          static_cast<int>(g) * 2 + use,
+          params_[static_cast<std::size_t>(cmd.unit)][g][static_cast<std::size_t>(use)]);
+    }
+  }
+  if (inject) {
+    try {
+      FSDP_RETURN_IF_ERROR(InjectedFault(ctx));
+    } catch (const std::exception& e) {
+      return StepFailed(fmt::format("{}: exception in compute: {}", ctx.Describe(), e.what()));
+    }
+  }
+  Memory(MemoryCategory::kActivations, static_cast<std::int64_t>(cmd.saved_bytes), origin.step,
+         cmd.unit);
+
+  std::shared_ptr<GradBuffers> grads;
+  if (cmd.phase == Phase::kBackward && cmd.unit != kNoUnit && model_.unit(cmd.unit).has_params()) {
+    bool fresh = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& slot = grads_[{cmd.unit, grad_gen}];
+      if (!slot) {
+        slot = std::make_shared<GradBuffers>(NewGradBuffers(data_, cmd.unit));
+        fresh = true;
+      }
+      grads = slot;
+    }
+    if (fresh) {
+      Memory(MemoryCategory::kUnshardedGrads, static_cast<std::int64_t>(data_.GradBytes(cmd.unit)),
+             origin.step, cmd.unit);
+    }
+  }
+
+  const bool emulated = config_.compute == ComputeMode::kTimed || cmd.unit == kNoUnit;
+  if (emulated) {
+    const Clock::time_point deadline =
+        start_tp + std::chrono::duration_cast<Clock::duration>(
+                       std::chrono::duration<double, std::micro>(cmd.us * config_.compute_scale));
+    // The emulated kernel writes its gradients; only when they are checked does that cost CPU.
+    if (grads && config_.check) {
+      AddWeightGradients(data_, ComputeMode::kTimed, config_.gemm_tokens, config_.seed, rank_,
+                         origin, cmd.unit, *grads);
+    }
+    if (Clock::now() > deadline) ++stats_.overruns;
+    std::this_thread::sleep_until(deadline);
+    const Clock::time_point end_tp = Clock::now();
+    const TimeUs overshoot = std::chrono::duration<double, std::micro>(end_tp - deadline).count();
+    ++stats_.timed_computes;
+    stats_.overshoot_sum_us += overshoot;
+    stats_.overshoot_max_us = std::max(stats_.overshoot_max_us, overshoot);
+    op.end_us = control_.ToUs(end_tp);
+  } else {
+    ComputeGemms(cmd, origin, weights, grads.get());
+    op.end_us = control_.NowUs();
+  }
+  Memory(MemoryCategory::kActivations, -static_cast<std::int64_t>(cmd.freed_bytes), origin.step,
+         cmd.unit);
+  ops_[0].push_back(std::move(op));
+  return Status::Ok();
+}
+
+void HostExecutor::ComputeGemms(const ComputeCmd& cmd, const CommandOrigin& origin,
+                                const std::vector<std::pair<int, PlaneBuffer>>& weights,
+                                GradBuffers* grads) {
+  const std::vector<GroupLayout>& groups = data_.groups(cmd.unit);
+  const std::int64_t tokens = config_.gemm_tokens;
+  const auto t = static_cast<std::size_t>(tokens);
+  for (const auto& [key, buffer] : weights) {
+    const int g = key / 2;
+    const int plane = key % 2;
+    const GroupLayout& gl = groups[static_cast<std::size_t>(g)];
+    for (const ParamLayout& pl : gl.params) {
+      if (!pl.matrix) continue;
+      std::vector<float> row(static_cast<std::size_t>(pl.cols));
+      auto decode = [&](std::int64_t o, std::span<float> out) {
+        DecodeRow(gl, pl, buffer->data(), plane, o, out);
+      };
+      if (cmd.phase == Phase::kBackward) {
+        const std::vector<float> dy = SeededFloats(
+            OutputGradSeed(config_.seed, kTagOutputGrad, rank_, origin, cmd.unit, pl.param),
+            t * static_cast<std::size_t>(pl.rows));
+        std::vector<float> dx(t * static_cast<std::size_t>(pl.cols));
+        GemmInputGrad(dy, tokens, pl.rows, pl.cols, decode, row, dx);
+        stats_.checksum += dx.empty() ? 0.0 : dx[0];
+      } else {
+        const std::vector<float> x =
+            SeededFloats(InputSeed(config_.seed, rank_, origin, cmd.unit, pl.param),
+                         t * static_cast<std::size_t>(pl.cols));
+        std::vector<float> y(t * static_cast<std::size_t>(pl.rows));
+        GemmForward(x, tokens, pl.rows, pl.cols, decode, row, y);
+        stats_.checksum += y.empty() ? 0.0 : y[0];
+      }
+    }
+  }
+  if (grads != nullptr) {
+    AddWeightGradients(data_, ComputeMode::kGemm, tokens, config_.seed, rank_, origin, cmd.unit,
+                       *grads);
+  }
+}
+
+Status HostExecutor::RunReduce(const ReduceScatterCmd& cmd, const CommandOrigin& origin,
+                               std::uint64_t gen) {
+  const OpContext ctx = Context(origin, cmd.unit, std::string(CollectiveKindName(cmd.kind)));
+  const std::vector<GroupLayout>& groups = data_.groups(cmd.unit);
+  std::shared_ptr<GradBuffers> grads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = grads_.find({cmd.unit, gen});
+    if (it != grads_.end()) {
+      grads = it->second;
+      grads_.erase(it);
+    }
+  }
+  const bool counted = grads != nullptr;
+  if (!grads) grads = std::make_shared<GradBuffers>(NewGradBuffers(data_, cmd.unit));
+  const bool all_reduce = cmd.kind == CollectiveKind::kAllReduce;
+  std::vector<std::vector<std::byte>> outs;
+  std::vector<Segment> segments;
+  Bytes out_bytes = 0;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const GroupLayout& gl = groups[g];
+    const std::size_t n = all_reduce
+                              ? gl.grad_shard_elements * static_cast<std::size_t>(world_size_)
+                              : gl.grad_shard_elements;
+    outs.emplace_back(n * gl.grad_element_size);
+    out_bytes += n * gl.grad_element_size;
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    Segment seg;
+    seg.input = (*grads)[g].data();
+    seg.output = outs[g].data();
+    seg.dtype = groups[g].reduce_dtype;
+    seg.element_size = groups[g].grad_element_size;
+    seg.shard_elements = groups[g].grad_shard_elements;
+    segments.push_back(seg);
+  }
+  Memory(MemoryCategory::kReduceScatterBuffers, static_cast<std::int64_t>(out_bytes), origin.step,
+         cmd.unit);
+  CollectiveDesc desc;
+  desc.kind = cmd.kind;
+  desc.unit = cmd.unit;
+  desc.unit_name = std::string(model_.NameOf(cmd.unit));
+  desc.bytes = cmd.bytes;
+  StatusOr<CollectiveTimes> times = rs_comm_.Call(rank_, desc, segments, ctx);
+  if (!times.ok()) return times.status();
+  auto& reduced = reduced_[static_cast<std::size_t>(cmd.unit)];
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const GroupLayout& gl = groups[g];
+    std::vector<float>& acc = reduced[g];
+    for (std::size_t i = 0; i < acc.size(); ++i) {
+      acc[i] += LoadElement(gl.reduce_dtype, outs[g].data(), i);
+    }
+  }
+  if (counted) {
+    Memory(MemoryCategory::kUnshardedGrads, -static_cast<std::int64_t>(data_.GradBytes(cmd.unit)),
+           origin.step, cmd.unit);
+  }
+  Memory(MemoryCategory::kReduceScatterBuffers, -static_cast<std::int64_t>(out_bytes), origin.step,
+         cmd.unit);
+  TimelineOp op = NewOp(origin, TrackFor(Stream::kReduceScatter),
+                        all_reduce ? OpKind::kAllReduce : OpKind::kReduceScatter, cmd.unit);
+  op.phase = Phase::kBackward;
+  op.bytes = cmd.bytes;
+  op.start_us = times->start_us;
+  op.end_us = times->end_us;
+  ops_[static_cast<std::size_t>(OpsIndex(Stream::kReduceScatter))].push_back(std::move(op));
+  return Status::Ok();
+}
+
+Status HostExecutor::Finish(const OpContext& ctx) {
+  Status status;
+  if (!control_.aborted()) {
+    status = compute_->Drain(ctx);
+    if (status.ok()) status = all_gather_->Drain(ctx);
+    if (status.ok() && reduce_scatter_) status = reduce_scatter_->Drain(ctx);
+    if (!status.ok() && !control_.aborted()) control_.Fail(rank_, status);
+  } else {
+    status = control_.AbortedError(ctx);
+  }
+  compute_->Close();
+  all_gather_->Close();
+  if (reduce_scatter_) reduce_scatter_->Close();
+  compute_->Join();
+  all_gather_->Join();
+  if (reduce_scatter_) reduce_scatter_->Join();
+  return status;
+}
+
+std::vector<TimelineOp> HostExecutor::TakeOps() {
+  std::vector<TimelineOp> all;
+  for (auto& ops : ops_) {
+    for (TimelineOp& op : ops) all.push_back(std::move(op));
+    ops.clear();
+  }
+  return all;
+}
+
+std::vector<MemorySample> HostExecutor::TakeMemory() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::move(samples_);
+}
+
+}  // namespace fsdplab::host

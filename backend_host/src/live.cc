@@ -1,0 +1,398 @@
+#include "fsdplab/host/live.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <thread>
+#include <unordered_map>
+
+#include "fsdplab/core/scheduler.h"
+#include "fsdplab/core/trace_recorder.h"
+#include "fsdplab/host/executor.h"
+#include "fsdplab/host/numerics.h"
+#include "fsdplab/host/runtime.h"
+
+namespace fsdplab::host {
+namespace {
+
+constexpr int kMaxWorldSize = 256;
+
+Status CheckOptions(const Trace& trace, const LiveOptions& o) {
+  if (o.world_size < 1 || o.world_size > kMaxWorldSize) {
+    return UsageError(fmt::format("--world-size {} is outside 1..{}", o.world_size, kMaxWorldSize));
+  }
+  if (o.steps < 1) return UsageError(fmt::format("--steps {} is not positive", o.steps));
+  if (!(o.timeout_us > 0) || !std::isfinite(o.timeout_us)) {
+    return UsageError(fmt::format("the timeout ({} us) must be positive", o.timeout_us));
+  }
+  if (!(o.compute_scale > 0) || !std::isfinite(o.compute_scale)) {
+    return UsageError(fmt::format("--compute-scale {} must be positive", o.compute_scale));
+  }
+  if (o.gemm_tokens < 1 || o.gemm_tokens > (1 << 20)) {
+    return UsageError(fmt::format("--gemm-tokens {} is outside 1..{}", o.gemm_tokens, 1 << 20));
+  }
+  if (!o.fail_op.empty() && o.fail_op != "compute" && o.fail_op != "mismatch" &&
+      o.fail_op != "hang") {
+    return UsageError(fmt::format("unknown fault '{}' (compute, mismatch or hang)", o.fail_op));
+  }
+  if (o.fail_rank && (*o.fail_rank < 0 || *o.fail_rank >= o.world_size)) {
+    return UsageError(
+        fmt::format("the failing rank {} is not one of the {} ranks", *o.fail_rank, o.world_size));
+  }
+  if (trace.steps.empty()) return InvalidInput("the trace has no steps to run");
+  return ValidatePolicy(o.policy, trace.model);
+}
+
+StatusOr<UnitId> FaultUnit(const Model& model, const LiveOptions& o) {
+  if (!o.fail_rank) return kNoUnit;
+  if (!o.fail_unit.empty()) {
+    std::optional<UnitId> id = model.Find(o.fail_unit);
+    if (!id)
+      return InvalidInput(fmt::format("the failing unit '{}' is not in the model", o.fail_unit));
+    return *id;
+  }
+  for (const Unit& u : model.units()) {
+    if (u.has_params()) return u.id();
+  }
+  return InvalidInput("the model has no unit with parameters to inject a fault into");
+}
+
+// One rank's host thread: its scheduler over the trace, issuing into its executor.
+struct RankRun {
+  ExecutionOrder order;
+  std::vector<std::vector<std::vector<TimeUs>>> issue_us;  // [step][microbatch][event]
+  OpContext position;
+};
+
+void RunRankHost(const Trace& trace, const LiveOptions& options, RunControl& control,
+                 HostExecutor& executor, RankRun& run) {
+  const int rank = executor.rank();
+  const Model& model = trace.model;
+  Scheduler scheduler(model, options.policy, options.world_size);
+  Status status;
+  run.issue_us.resize(static_cast<std::size_t>(options.steps));
+  for (int s = 0; s < options.steps && status.ok(); ++s) {
+    const Step& step = trace.steps[static_cast<std::size_t>(s) % trace.steps.size()];
+    auto& issue = run.issue_us[static_cast<std::size_t>(s)];
+    issue.resize(step.microbatches.size());
+    run.position = OpContext{rank, s, 0, "(none)", "step begin"};
+    status = scheduler.StepBegin(s, executor);
+    for (std::size_t mb = 0; mb < step.microbatches.size() && status.ok(); ++mb) {
+      const std::vector<Event>& events = step.microbatches[mb].events;
+      issue[mb].assign(events.size(), 0);
+      for (std::size_t e = 0; e < events.size() && status.ok(); ++e) {
+        const Event& event = events[e];
+        if (event.op == Op::kCollective) continue;  // measured collectives are not replayed
+        run.position =
+            OpContext{rank, s, static_cast<int>(mb), std::string(model.NameOf(event.unit)),
+                      std::string(OpName(event.op))};
+        issue[mb][e] = control.NowUs();
+        status = scheduler.OnEvent(
+            event, CommandOrigin{s, static_cast<int>(mb), static_cast<int>(e)}, executor);
+      }
+    }
+    if (status.ok()) {
+      run.position = OpContext{rank, s, 0, "(none)", "step end"};
+      status = scheduler.StepEnd(executor);
+    }
+  }
+  if (!status.ok()) {
+    scheduler.AbortStep();
+    if (!control.aborted()) {
+      // The scheduler itself refused (missing plane, divergence, illegal transition).
+      status =
+          Status(status.code(), fmt::format("{}: {}", run.position.Describe(), status.message()));
+    }
+    control.Fail(rank, status);
+  }
+  OpContext finish = run.position;
+  finish.op = "finish (waiting for the streams)";
+  Status finished = executor.Finish(finish);
+  if (!finished.ok()) control.Fail(rank, finished);
+  run.order = scheduler.order();
+}
+
+Status CombinedError(const RunControl& control, int world_size) {
+  const Status root = control.root_cause();
+  std::string message = root.message();
+  const std::vector<Status> errors = control.rank_errors();
+  message += "\nevery rank stopped:";
+  for (int r = 0; r < world_size; ++r) {
+    const Status& e = errors[static_cast<std::size_t>(r)];
+    message +=
+        fmt::format("\n  {}", e.ok() ? fmt::format("rank {}: finished its work", r) : e.message());
+  }
+  return Status(root.code(), message);
+}
+
+// The single-rank reference: every rank's gradients computed again from the unsharded originals
+// and the same seeded inputs, summed in rank order, accumulated like the live shards. Compares
+// each rank's reduced shards element by element, bit for bit.
+void CheckGradients(const ModelData& data, const LiveOptions& options,
+                    const std::vector<GradEvent>& events,
+                    const std::vector<std::unique_ptr<HostExecutor>>& executors, LiveCheck& check) {
+  const int w = options.world_size;
+  const bool replicated = options.policy.sharding == Sharding::kNoShard;
+  std::vector<std::map<UnitId, GradBuffers>> pending(static_cast<std::size_t>(w));
+  // reference[r][unit][group]
+  std::vector<std::map<UnitId, std::vector<std::vector<float>>>> reference(
+      static_cast<std::size_t>(w));
+  for (const GradEvent& ev : events) {
+    if (!ev.reduce) {
+      for (int q = 0; q < w; ++q) {
+        auto& map = pending[static_cast<std::size_t>(q)];
+        auto it = map.find(ev.unit);
+        if (it == map.end()) it = map.emplace(ev.unit, NewGradBuffers(data, ev.unit)).first;
+        AddWeightGradients(data, options.compute, options.gemm_tokens, options.seed, q, ev.origin,
+                           ev.unit, it->second);
+      }
+      continue;
+    }
+    const std::vector<GroupLayout>& groups = data.groups(ev.unit);
+    std::vector<GradBuffers> inputs;
+    for (int q = 0; q < w; ++q) {
+      auto& map = pending[static_cast<std::size_t>(q)];
+      auto it = map.find(ev.unit);
+      inputs.push_back(it == map.end() ? NewGradBuffers(data, ev.unit) : std::move(it->second));
+      if (it != map.end()) map.erase(it);
+    }
+    for (int r = 0; r < w; ++r) {
+      auto& acc = reference[static_cast<std::size_t>(r)][ev.unit];
+      acc.resize(groups.size());
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        const GroupLayout& gl = groups[g];
+        const std::size_t n = replicated ? gl.grad_shard_elements * static_cast<std::size_t>(w)
+                                         : gl.grad_shard_elements;
+        const std::size_t first =
+            replicated ? 0 : static_cast<std::size_t>(r) * gl.grad_shard_elements;
+        std::vector<const std::byte*> ins;
+        for (const GradBuffers& b : inputs) ins.push_back(b[g].data());
+        std::vector<std::byte> out(n * gl.grad_element_size);
+        ReduceElements(gl.reduce_dtype, ins, first, n, out.data());
+        acc[g].resize(n, 0.0f);
+        for (std::size_t i = 0; i < n; ++i)
+          acc[g][i] += LoadElement(gl.reduce_dtype, out.data(), i);
+      }
+    }
+  }
+  for (int r = 0; r < w; ++r) {
+    const auto& live = executors[static_cast<std::size_t>(r)]->reduced_grads();
+    for (UnitId u = 0; u < static_cast<UnitId>(live.size()); ++u) {
+      const auto& groups = live[static_cast<std::size_t>(u)];
+      const auto ref_it = reference[static_cast<std::size_t>(r)].find(u);
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        const std::vector<float>& got = groups[g];
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          const float want = ref_it == reference[static_cast<std::size_t>(r)].end() ||
+                                     ref_it->second[g].size() <= i
+                                 ? 0.0f
+                                 : ref_it->second[g][i];
+          ++check.grad_elements_checked;
+          if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want)) {
+            ++check.grad_elements_wrong;
+            check.grad_max_abs_error =
+                std::max(check.grad_max_abs_error, static_cast<double>(std::fabs(got[i] - want)));
+          }
+        }
+      }
+    }
+  }
+}
+
+// The trace each rank would write with `fsdplab record`: the replayed events with measured
+// compute durations and start times, and the measured collectives at the end of each microbatch.
+std::vector<Trace> RecordTraces(const Trace& trace, const LiveOptions& options,
+                                const std::vector<RankRun>& runs,
+                                const std::vector<TimelineOp>& ops) {
+  std::vector<Trace> out;
+  for (int r = 0; r < options.world_size; ++r) {
+    std::map<std::tuple<int, int, int>, const TimelineOp*> computes;
+    std::map<std::pair<int, int>, std::vector<const TimelineOp*>> collectives;
+    for (const TimelineOp& op : ops) {
+      if (op.rank != r) continue;
+      if (op.kind == OpKind::kCompute) computes[{op.step, op.microbatch, op.event}] = &op;
+      if (IsCollective(op.kind)) collectives[{op.step, op.microbatch}].push_back(&op);
+    }
+    TraceMeta meta;
+    meta.source = "live-host";
+    meta.world_size = options.world_size;
+    meta.rank = r;
+    meta.extra_json = fmt::format(R"({{"compute": "{}", "compute_scale": {}}})",
+                                  options.compute == ComputeMode::kGemm ? "gemm" : "timed",
+                                  options.compute_scale);
+    TraceRecorder recorder(trace.model, meta);
+    const RankRun& run = runs[static_cast<std::size_t>(r)];
+    for (int s = 0; s < options.steps; ++s) {
+      const Step& step = trace.steps[static_cast<std::size_t>(s) % trace.steps.size()];
+      recorder.BeginStep();
+      for (std::size_t mb = 0; mb < step.microbatches.size(); ++mb) {
+        recorder.BeginMicrobatch();
+        const std::vector<Event>& events = step.microbatches[mb].events;
+        for (std::size_t e = 0; e < events.size(); ++e) {
+          if (events[e].op == Op::kCollective) continue;
+          Event ev = events[e];
+          ev.ts_us = run.issue_us[static_cast<std::size_t>(s)][mb][e];
+          if (ev.op == Op::kCompute) {
+            auto it = computes.find({s, static_cast<int>(mb), static_cast<int>(e)});
+            if (it != computes.end()) {
+              ev.ts_us = it->second->start_us;
+              ev.us = it->second->end_us - it->second->start_us;
+            }
+          }
+          recorder.Add(ev);
+        }
+        auto it = collectives.find({s, static_cast<int>(mb)});
+        if (it != collectives.end()) {
+          std::vector<const TimelineOp*> list = it->second;
+          std::sort(list.begin(), list.end(), [](const TimelineOp* a, const TimelineOp* b) {
+            return a->start_us < b->start_us;
+          });
+          for (const TimelineOp* op : list) {
+            Event c;
+            c.op = Op::kCollective;
+            c.unit = op->unit;
+            c.kind = op->kind == OpKind::kAllGather       ? CollectiveKind::kAllGather
+                     : op->kind == OpKind::kReduceScatter ? CollectiveKind::kReduceScatter
+                                                          : CollectiveKind::kAllReduce;
+            c.bytes = op->bytes;
+            c.start_us = op->start_us;
+            c.end_us = op->end_us;
+            recorder.Add(c);
+          }
+        }
+      }
+      recorder.EndStep();
+    }
+    out.push_back(std::move(recorder).Finish());
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options) {
+  FSDP_RETURN_IF_ERROR(CheckOptions(trace, options));
+  FSDP_ASSIGN_OR_RETURN(const UnitId fail_unit, FaultUnit(trace.model, options));
+  FSDP_ASSIGN_OR_RETURN(ModelData data, ModelData::Create(trace.model, options.policy,
+                                                          options.world_size, options.seed));
+  const int w = options.world_size;
+  ExecutorConfig config;
+  config.compute = options.compute;
+  config.compute_scale = options.compute_scale;
+  config.gemm_tokens = options.gemm_tokens;
+  config.seed = options.seed;
+  config.check = options.check;
+  config.fail_rank = options.fail_rank;
+  config.fail_op = options.fail_op;
+  config.fail_step = options.fail_step;
+  config.fail_unit = fail_unit;
+
+  RunControl control(options.timeout_us, w);
+  const bool unified = options.policy.unified_comm_stream;
+  Communicator all_gather(control, w, unified ? "communication" : "all_gather");
+  Communicator reduce_scatter(control, w, "reduce_scatter");
+  std::vector<std::unique_ptr<HostExecutor>> executors;
+  for (int r = 0; r < w; ++r) {
+    executors.push_back(std::make_unique<HostExecutor>(trace.model, data, options.policy, config,
+                                                       control, all_gather,
+                                                       unified ? all_gather : reduce_scatter, r));
+  }
+  for (auto& e : executors) e->Start();
+  std::vector<RankRun> runs(static_cast<std::size_t>(w));
+  {
+    std::vector<std::thread> hosts;
+    for (int r = 0; r < w; ++r) {
+      hosts.emplace_back([&, r] {
+        RunRankHost(trace, options, control, *executors[static_cast<std::size_t>(r)],
+                    runs[static_cast<std::size_t>(r)]);
+      });
+    }
+    for (std::thread& t : hosts) t.join();
+  }
+  if (control.aborted()) return CombinedError(control, w);
+
+  LiveResult result;
+  Timeline& tl = result.timeline;
+  tl.source = "live-host";
+  tl.world_size = w;
+  tl.ranks_recorded = w;
+  std::unordered_map<std::int64_t, std::int64_t> renumber;
+  std::vector<TimelineOp> ops;
+  for (auto& e : executors) {
+    std::vector<TimelineOp> rank_ops = e->TakeOps();
+    // Ids are per rank; make them unique over the run.
+    const std::int64_t base = static_cast<std::int64_t>(ops.size());
+    std::sort(rank_ops.begin(), rank_ops.end(),
+              [](const TimelineOp& a, const TimelineOp& b) { return a.id < b.id; });
+    std::unordered_map<std::int64_t, std::int64_t> local;
+    for (std::size_t i = 0; i < rank_ops.size(); ++i) {
+      local[rank_ops[i].id] = base + static_cast<std::int64_t>(i) + 1;
+    }
+    for (TimelineOp& op : rank_ops) {
+      op.id = local[op.id];
+      for (std::int64_t& id : op.waited_on) id = local.count(id) ? local[id] : 0;
+      ops.push_back(std::move(op));
+    }
+    std::vector<MemorySample> samples = e->TakeMemory();
+    tl.memory.insert(tl.memory.end(), samples.begin(), samples.end());
+  }
+  std::stable_sort(ops.begin(), ops.end(), [](const TimelineOp& a, const TimelineOp& b) {
+    if (a.start_us != b.start_us) return a.start_us < b.start_us;
+    return a.rank < b.rank;
+  });
+  tl.ops = std::move(ops);
+
+  // Honest accounting of the emulated device time.
+  int timed = 0;
+  int overruns = 0;
+  TimeUs overshoot_sum = 0;
+  TimeUs overshoot_max = 0;
+  for (auto& e : executors) {
+    timed += e->stats().timed_computes;
+    overruns += e->stats().overruns;
+    overshoot_sum += e->stats().overshoot_sum_us;
+    overshoot_max = std::max(overshoot_max, e->stats().overshoot_max_us);
+  }
+  result.notes.push_back(fmt::format(
+      "host backend: {} ranks as threads in one process on {} cores; collectives are in-process "
+      "copies and rank-ordered fp32 sums",
+      w, std::thread::hardware_concurrency()));
+  if (options.compute == ComputeMode::kGemm) {
+    result.notes.push_back(fmt::format(
+        "compute: fp32 CPU GEMMs on the gathered weights, {} tokens; unowned work (loss, "
+        "optimizer) is emulated for its trace duration",
+        options.gemm_tokens));
+  } else {
+    result.notes.push_back(fmt::format(
+        "compute: emulated device time (sleep to a deadline), scale {}", options.compute_scale));
+  }
+  if (timed > 0) {
+    result.notes.push_back(fmt::format(
+        "emulated computes: {} sleeps overshot their deadline by {:.1f} us on average (max {:.1f} "
+        "us); measured compute times include it{}",
+        timed, overshoot_sum / timed, overshoot_max,
+        overruns > 0 ? fmt::format("; {} ran past their duration while writing gradients", overruns)
+                     : ""));
+  }
+  tl.notes = result.notes;
+
+  if (options.check) {
+    LiveCheck& check = result.check;
+    check.tolerance = "exact";
+    for (auto& e : executors) {
+      check.gathered_bytes_checked += e->stats().gathered_bytes_checked;
+      check.gathered_bytes_wrong += e->stats().gathered_bytes_wrong;
+    }
+    CheckGradients(data, options, executors[0]->grad_events(), executors, check);
+  }
+  result.order = runs[0].order;
+  result.recorded = RecordTraces(trace, options, runs, tl.ops);
+  return result;
+}
+
+}  // namespace fsdplab::host

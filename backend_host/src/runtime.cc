@@ -1,0 +1,360 @@
+#include "fsdplab/host/runtime.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+
+#include "fsdplab/host/numerics.h"
+
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+namespace fsdplab::host {
+namespace {
+
+std::string Seconds(TimeUs us) { return fmt::format("{:g} s", us / 1e6); }
+
+std::string HumanBytes(Bytes bytes) {
+  if (bytes >= (1ull << 30))
+    return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1ull << 30));
+  if (bytes >= (1ull << 20))
+    return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1ull << 20));
+  if (bytes >= (1ull << 10))
+    return fmt::format("{:.2f} KiB", static_cast<double>(bytes) / (1ull << 10));
+  return fmt::format("{} B", bytes);
+}
+
+}  // namespace
+
+std::string OpContext::Describe() const {
+  return fmt::format("rank {}, step {}, microbatch {}, unit '{}', op {}", rank, step, microbatch,
+                     unit, op);
+}
+
+// ---- RunControl ----
+
+RunControl::RunControl(TimeUs timeout_us, int world_size)
+    : timeout_us_(timeout_us),
+      start_(Clock::now()),
+      rank_errors_(static_cast<std::size_t>(std::max(world_size, 1))) {}
+
+Clock::duration RunControl::timeout() const {
+  return std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double, std::micro>(timeout_us_));
+}
+
+TimeUs RunControl::NowUs() const { return ToUs(Clock::now()); }
+
+TimeUs RunControl::ToUs(Clock::time_point t) const {
+  return std::chrono::duration<double, std::micro>(t - start_).count();
+}
+
+void RunControl::Fail(int rank, const Status& status) {
+  std::vector<std::pair<std::mutex*, std::condition_variable*>> waiters;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rank >= 0 && static_cast<std::size_t>(rank) < rank_errors_.size() &&
+        rank_errors_[static_cast<std::size_t>(rank)].ok()) {
+      rank_errors_[static_cast<std::size_t>(rank)] = status;
+    }
+    if (root_rank_ < 0) {
+      root_ = status;
+      root_rank_ = rank;
+    }
+    waiters = waiters_;
+  }
+  aborted_.store(true, std::memory_order_release);
+  // Notify under each waiter's mutex so a waiter between its check and its sleep cannot miss it.
+  for (auto [mu, cv] : waiters) {
+    std::lock_guard<std::mutex> lock(*mu);
+    cv->notify_all();
+  }
+}
+
+Status RunControl::root_cause() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return root_;
+}
+
+int RunControl::root_rank() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return root_rank_;
+}
+
+std::vector<Status> RunControl::rank_errors() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rank_errors_;
+}
+
+Status RunControl::AbortedError(const OpContext& ctx) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const StatusCode code = root_.ok() ? StatusCode::kStepFailed : root_.code();
+  return Status(code,
+                fmt::format("{}: aborted because rank {} failed", ctx.Describe(), root_rank_));
+}
+
+void RunControl::RegisterWaiter(std::mutex* mu, std::condition_variable* cv) {
+  std::lock_guard<std::mutex> lock(mu_);
+  waiters_.emplace_back(mu, cv);
+}
+
+// ---- StreamWorker ----
+
+StreamWorker::StreamWorker(RunControl& control, int rank, std::string name)
+    : control_(control), rank_(rank), name_(std::move(name)) {
+  control_.RegisterWaiter(&mu_, &cv_);
+}
+
+StreamWorker::~StreamWorker() {
+  Close();
+  Join();
+}
+
+void StreamWorker::Start(bool low_timer_slack) {
+  low_timer_slack_ = low_timer_slack;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+std::uint64_t StreamWorker::Enqueue(Task task) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.push_back(std::move(task));
+  ++issued_;
+  cv_.notify_all();
+  return issued_;
+}
+
+std::uint64_t StreamWorker::issued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return issued_;
+}
+
+std::uint64_t StreamWorker::completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return completed_;
+}
+
+Status StreamWorker::WaitReached(std::uint64_t seq, const OpContext& ctx) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  const Clock::time_point deadline = Clock::now() + control_.timeout();
+  const bool ready =
+      cv_.wait_until(lock, deadline, [&] { return completed_ >= seq || control_.aborted(); });
+  if (completed_ >= seq) return Status::Ok();
+  if (control_.aborted()) {
+    lock.unlock();
+    return control_.AbortedError(ctx);
+  }
+  (void)ready;
+  return TimeoutError(fmt::format(
+      "{}: timed out after {} waiting for the {} stream of rank {} (task {} of {}, {} done)",
+      ctx.Describe(), Seconds(control_.timeout_us()), name_, rank_, seq, issued_, completed_));
+}
+
+Status StreamWorker::Drain(const OpContext& ctx) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  const std::uint64_t target = issued_;
+  while (completed_ < target) {
+    const std::uint64_t before = completed_;
+    const Clock::time_point deadline = Clock::now() + control_.timeout();
+    cv_.wait_until(lock, deadline, [&] { return completed_ != before || control_.aborted(); });
+    if (completed_ >= target) break;
+    if (control_.aborted()) {
+      lock.unlock();
+      return control_.AbortedError(ctx);
+    }
+    if (completed_ == before) {
+      return TimeoutError(fmt::format(
+          "{}: timed out after {} waiting for the {} stream of rank {} to finish ({} of {} done)",
+          ctx.Describe(), Seconds(control_.timeout_us()), name_, rank_, completed_, target));
+    }
+  }
+  return Status::Ok();
+}
+
+void StreamWorker::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
+  cv_.notify_all();
+}
+
+void StreamWorker::Join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void StreamWorker::Loop() {
+#ifdef __linux__
+  // 1 ns of timer slack instead of the default 50 us: an emulated kernel ends close to its
+  // deadline. What overshoot remains is measured and reported by the executor.
+  if (low_timer_slack_) prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+#endif
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !queue_.empty() || closed_ || control_.aborted(); });
+      if (control_.aborted()) return;
+      if (queue_.empty()) return;  // closed and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Status status;
+    try {
+      status = task();
+    } catch (const std::exception& e) {
+      status = InternalError(
+          fmt::format("rank {}, {} stream: unexpected exception: {}", rank_, name_, e.what()));
+    }
+    if (!status.ok()) {
+      control_.Fail(rank_, status);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ++completed_;
+    cv_.notify_all();
+  }
+}
+
+// ---- Communicator ----
+
+std::string CollectiveDesc::Describe() const {
+  return fmt::format("{} of '{}' ({})", CollectiveKindName(kind), unit_name, HumanBytes(bytes));
+}
+
+bool CollectiveDesc::SameCall(const CollectiveDesc& other) const {
+  return kind == other.kind && unit == other.unit && bytes == other.bytes;
+}
+
+Communicator::Communicator(RunControl& control, int world_size, std::string name)
+    : control_(control),
+      world_size_(world_size),
+      name_(std::move(name)),
+      next_call_(static_cast<std::size_t>(world_size), 0) {
+  control_.RegisterWaiter(&mu_, &cv_);
+}
+
+std::string Communicator::CheckAgreement(const Slot& slot, std::uint64_t call) const {
+  bool agree = true;
+  for (int q = 1; q < world_size_; ++q) {
+    const auto& a = slot.descs[0];
+    const auto& b = slot.descs[static_cast<std::size_t>(q)];
+    const auto& sa = slot.segments[0];
+    const auto& sb = slot.segments[static_cast<std::size_t>(q)];
+    bool same = a->SameCall(*b) && sa.size() == sb.size();
+    for (std::size_t j = 0; same && j < sa.size(); ++j) {
+      same =
+          sa[j].shard_elements == sb[j].shard_elements && sa[j].element_size == sb[j].element_size;
+    }
+    agree = agree && same;
+  }
+  if (agree) return {};
+  std::string calls;
+  for (int q = 0; q < world_size_; ++q) {
+    calls += fmt::format("{}rank {} called {}", q == 0 ? "" : ", ", q,
+                         slot.descs[static_cast<std::size_t>(q)]->Describe());
+  }
+  return fmt::format(
+      "mismatched collectives at call #{} on the {} communicator ({}); NCCL would hang here", call,
+      name_, calls);
+}
+
+void Communicator::Move(int rank, const Slot& slot) const {
+  const auto r = static_cast<std::size_t>(rank);
+  const std::span<const Segment> mine = slot.segments[r];
+  std::vector<const std::byte*> inputs(static_cast<std::size_t>(world_size_));
+  for (std::size_t j = 0; j < mine.size(); ++j) {
+    const Segment& out = mine[j];
+    const std::size_t shard_bytes = out.shard_elements * out.element_size;
+    for (int q = 0; q < world_size_; ++q) {
+      inputs[static_cast<std::size_t>(q)] = slot.segments[static_cast<std::size_t>(q)][j].input;
+    }
+    switch (slot.descs[r]->kind) {
+      case CollectiveKind::kAllGather:
+        for (int q = 0; q < world_size_; ++q) {
+          std::byte* dst = out.output + static_cast<std::size_t>(q) * shard_bytes;
+          const std::byte* src = inputs[static_cast<std::size_t>(q)];
+          if (dst != src && shard_bytes > 0) std::memcpy(dst, src, shard_bytes);
+        }
+        break;
+      case CollectiveKind::kReduceScatter:
+        ReduceElements(out.dtype, inputs, r * out.shard_elements, out.shard_elements, out.output);
+        break;
+      case CollectiveKind::kAllReduce:
+        ReduceElements(out.dtype, inputs, 0,
+                       out.shard_elements * static_cast<std::size_t>(world_size_), out.output);
+        break;
+    }
+  }
+}
+
+StatusOr<CollectiveTimes> Communicator::Call(int rank, const CollectiveDesc& desc,
+                                             std::span<const Segment> segments,
+                                             const OpContext& ctx) {
+  const auto r = static_cast<std::size_t>(rank);
+  std::unique_lock<std::mutex> lock(mu_);
+  const std::uint64_t call = next_call_[r]++;
+  Slot& slot = slots_[call];
+  if (slot.descs.empty()) {
+    slot.descs.assign(static_cast<std::size_t>(world_size_), nullptr);
+    slot.segments.assign(static_cast<std::size_t>(world_size_), {});
+    slot.joined.assign(static_cast<std::size_t>(world_size_), 0);
+  }
+  slot.joined[r] = 1;
+  slot.descs[r] = &desc;
+  slot.segments[r] = segments;
+  if (++slot.arrived == world_size_) {
+    slot.start_us = control_.NowUs();
+    cv_.notify_all();
+  }
+  const Clock::time_point deadline = Clock::now() + control_.timeout();
+  cv_.wait_until(lock, deadline,
+                 [&] { return slot.arrived == world_size_ || slot.broken || control_.aborted(); });
+  if (slot.arrived < world_size_ || slot.broken) {
+    // Leave the slot so that no rank reads our buffers after we return.
+    slot.broken = true;
+    slot.descs[r] = nullptr;
+    slot.segments[r] = {};
+    if (control_.aborted()) {
+      lock.unlock();
+      return control_.AbortedError(ctx);
+    }
+    std::string missing;
+    for (int q = 0; q < world_size_; ++q) {
+      if (slot.joined[static_cast<std::size_t>(q)] == 0) {
+        missing += fmt::format("{}{}", missing.empty() ? "" : ", ", q);
+      }
+    }
+    return TimeoutError(fmt::format(
+        "{}: timed out after {} waiting for rank(s) {} to join {} (call #{} on the {} "
+        "communicator)",
+        ctx.Describe(), Seconds(control_.timeout_us()), missing, desc.Describe(), call, name_));
+  }
+  // Every rank is here and none can leave before this check: the first one checks for all.
+  if (!slot.checked) {
+    slot.mismatch = CheckAgreement(slot, call);
+    slot.checked = true;
+  }
+  if (!slot.mismatch.empty()) return DeadlockError(ctx.Describe() + ": " + slot.mismatch);
+  const TimeUs start_us = slot.start_us;
+  lock.unlock();
+
+  Move(rank, slot);  // other ranks only read our inputs and write their own outputs
+
+  lock.lock();
+  if (++slot.done == world_size_) cv_.notify_all();
+  // Moves always finish, so this waits for the others even after an abort: they may still be
+  // reading our input. The timeout only guards against a bug.
+  const Clock::time_point done_deadline = Clock::now() + control_.timeout();
+  cv_.wait_until(lock, done_deadline, [&] { return slot.done == world_size_; });
+  if (slot.done < world_size_) {
+    return TimeoutError(
+        fmt::format("{}: timed out after {} waiting for the other ranks to finish {}",
+                    ctx.Describe(), Seconds(control_.timeout_us()), desc.Describe()));
+  }
+  const TimeUs end_us = control_.NowUs();
+  if (++slot.left == world_size_) slots_.erase(call);
+  return CollectiveTimes{start_us, end_us};
+}
+
+}  // namespace fsdplab::host
