@@ -1,0 +1,44 @@
+// Live steps and the gather benchmark on CUDA GPUs: the entry points of `fsdplab run|record
+// --backend cuda` and `fsdplab bench-gather --backend cuda` (contract: core/live.h).
+//
+//   LiveOptions opt{.world_size = 2, .steps = 3};
+//   StatusOr<LiveResult> r = cuda::RunLiveSteps(trace, opt);
+//
+// Launch (see launch.h): one process drives every GPU it needs (world_size <= visible GPUs), or
+// one process per GPU (FSDPLAB_* rendezvous, or mpirun when built with MPI). With one GPU,
+// world_size 1 runs NCCL for real (a local copy) and `emulate_world_size = W` replaces each
+// collective by the device copy of what a rank receives in a W-rank ring; the result's notes say
+// which. Failures (no GPU, a step that fails, a timeout) are returned as the error status, which
+// names the rank, the step, the unit and the op.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "fsdplab/core/live.h"
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/trace.h"
+
+namespace fsdplab::cuda {
+
+StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options);
+
+StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& options);
+// The same with collectives emulated on one GPU as copies of what a rank of a
+// `emulate_world_size`-rank ring receives (bench-gather --emulate-world-size W).
+StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& options,
+                                                     std::optional<int> emulate_world_size);
+
+// ---- Pieces of the benchmark that need no device (tested on the CPU).
+
+// Message sizes from min to max, multiplying by factor (nccl-tests -b -e -f); always holds max.
+std::vector<std::uint64_t> BenchSizes(std::uint64_t min_bytes, std::uint64_t max_bytes,
+                                      std::uint64_t factor);
+// busbw = algbw x factor: (n-1)/n for all-gather and reduce-scatter (nccl-tests).
+double BusBandwidthFactor(std::string_view op, int world_size);
+// Bytes of one element of a bench dtype ("bf16", "fp16", "fp32", "uint8"), or InvalidInput.
+StatusOr<std::uint64_t> BenchElementBytes(std::string_view dtype);
+// Fills algbw, busbw, overlap_efficiency and compute_slowdown from the measured times.
+void FillDerivedColumns(GatherBenchRow& row, std::string_view op, int world_size);
+
+}  // namespace fsdplab::cuda

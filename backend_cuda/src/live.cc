@@ -1,0 +1,231 @@
+#include "fsdplab/cuda/live.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <utility>
+
+#include "fsdplab/core/scheduler.h"
+#include "fsdplab/core/trace_recorder.h"
+#include "fsdplab/cuda/check.h"
+#include "fsdplab/cuda/device.h"
+#include "fsdplab/cuda/executor.h"
+#include "fsdplab/cuda/launch.h"
+
+namespace fsdplab::cuda {
+namespace {
+
+struct Topology {
+  ExecutorConfig config;
+  std::vector<NcclComm> comms;
+  std::vector<std::string> notes;
+};
+
+StatusOr<Topology> Connect(const LiveOptions& options, const std::vector<DeviceInfo>& devices) {
+  Topology t;
+  FSDP_ASSIGN_OR_RETURN(LaunchConfig launch, LaunchConfigFromEnv());
+  const int visible = static_cast<int>(devices.size());
+  if (options.emulate_world_size.has_value()) {
+    const int w = *options.emulate_world_size;
+    if (w < 1) return UsageError(fmt::format("--emulate-world-size {} must be at least 1", w));
+    if (launch.mode != LaunchMode::kSingleProcess) {
+      return UsageError(
+          "--emulate-world-size runs on one GPU in one process; it cannot be "
+          "combined with a multi-process launch");
+    }
+    t.config.devices = {0};
+    t.config.ranks = {0};
+    t.config.world_size = w;
+    t.config.emulated = true;
+    return t;
+  }
+  if (launch.mode == LaunchMode::kSingleProcess) {
+    const int w = options.world_size;
+    if (w < 1) return UsageError(fmt::format("world size {} must be at least 1", w));
+    if (w > visible) {
+      return Unavailable(fmt::format(
+          "world size {} needs {} GPUs in one process, {} visible: use --emulate-world-size {} "
+          "on one GPU, or one process per GPU (FSDPLAB_RANK/FSDPLAB_WORLD_SIZE/"
+          "FSDPLAB_MASTER_ADDR/FSDPLAB_MASTER_PORT, or mpirun)",
+          w, w, visible, w));
+    }
+    for (int i = 0; i < w; ++i) {
+      t.config.devices.push_back(i);
+      t.config.ranks.push_back(i);
+    }
+    t.config.world_size = w;
+    FSDP_ASSIGN_OR_RETURN(t.comms, NcclComm::CreateAll(t.config.devices));
+    t.notes.push_back(fmt::format("launch: one process driving {} GPU(s)", w));
+    return t;
+  }
+  // One process per GPU.
+  const int device = launch.local_rank >= 0 ? launch.local_rank : launch.rank % visible;
+  if (device >= visible) {
+    return InvalidInput(fmt::format("local rank {} names GPU {}, but {} are visible",
+                                    launch.local_rank, device, visible));
+  }
+  ncclUniqueId id{};
+  if (launch.rank == 0) FSDP_NCCL_CHECK(ncclGetUniqueId(&id));
+  std::vector<char> bytes(reinterpret_cast<const char*>(&id),
+                          reinterpret_cast<const char*>(&id) + sizeof id);
+  if (launch.mode == LaunchMode::kMpi) {
+    FSDP_ASSIGN_OR_RETURN(bytes, MpiBroadcast(std::move(bytes), sizeof id));
+  } else {
+    FSDP_ASSIGN_OR_RETURN(bytes, TcpBroadcast(launch, std::move(bytes), options.timeout_us));
+  }
+  if (bytes.size() != sizeof id) {
+    return InternalError(fmt::format("rank {} received a {}-byte NCCL id, expected {}", launch.rank,
+                                     bytes.size(), sizeof id));
+  }
+  std::memcpy(&id, bytes.data(), sizeof id);
+  FSDP_ASSIGN_OR_RETURN(NcclComm comm,
+                        NcclComm::CreateRank(device, launch.world_size, launch.rank, id));
+  t.comms.push_back(std::move(comm));
+  t.config.devices = {device};
+  t.config.ranks = {launch.rank};
+  t.config.world_size = launch.world_size;
+  t.notes.push_back(fmt::format("launch: {} rank {} of {} on GPU {}", LaunchModeName(launch.mode),
+                                launch.rank, launch.world_size, device));
+  if (options.world_size != launch.world_size) {
+    t.notes.push_back(fmt::format("world size {} from the launcher (the option said {})",
+                                  launch.world_size, options.world_size));
+  }
+  return t;
+}
+
+// The trace each local rank ran, with measured durations, start times and collectives.
+std::vector<Trace> RecordTraces(const Trace& trace, const LiveOptions& options,
+                                const Timeline& timeline, const ExecutorConfig& config) {
+  std::vector<Trace> out;
+  using Key = std::tuple<int, int, int, int>;  // rank, step, microbatch, event
+  std::map<Key, std::vector<const TimelineOp*>> by_origin;
+  for (const TimelineOp& op : timeline.ops) {
+    by_origin[{op.rank, op.step, op.microbatch, op.event}].push_back(&op);
+  }
+  auto collectives = [&](TraceRecorder& rec, const Key& key) {
+    auto it = by_origin.find(key);
+    if (it == by_origin.end()) return;
+    for (const TimelineOp* op : it->second) {
+      if (!IsCollective(op->kind)) continue;
+      Event c;
+      c.op = Op::kCollective;
+      c.kind = op->kind == OpKind::kAllGather       ? CollectiveKind::kAllGather
+               : op->kind == OpKind::kReduceScatter ? CollectiveKind::kReduceScatter
+                                                    : CollectiveKind::kAllReduce;
+      c.unit = op->unit;
+      c.bytes = op->bytes;
+      c.start_us = op->start_us;
+      c.end_us = op->end_us;
+      rec.Add(c);
+    }
+  };
+  for (int rank : config.ranks) {
+    TraceMeta meta;
+    meta.source = "live-cuda";
+    meta.world_size = config.world_size;
+    meta.rank = rank;
+    TraceRecorder rec(trace.model, meta);
+    for (int s = 0; s < options.steps; ++s) {
+      const Step& step = trace.steps[static_cast<std::size_t>(s) % trace.steps.size()];
+      rec.BeginStep();
+      for (int m = 0; m < static_cast<int>(step.microbatches.size()); ++m) {
+        rec.BeginMicrobatch();
+        if (m == 0) collectives(rec, {rank, s, 0, -1});  // before the first event: first unit
+        const auto& events = step.microbatches[static_cast<std::size_t>(m)].events;
+        for (int e = 0; e < static_cast<int>(events.size()); ++e) {
+          Event ev = events[static_cast<std::size_t>(e)];
+          if (ev.op == Op::kCollective) continue;  // the measured ones replace recorded ones
+          const Key key{rank, s, m, e};
+          if (auto it = by_origin.find(key); it != by_origin.end()) {
+            for (const TimelineOp* op : it->second) {
+              if (ev.op == Op::kCompute && op->kind == OpKind::kCompute) {
+                ev.us = op->end_us - op->start_us;
+                ev.ts_us = op->start_us;
+                break;
+              }
+              if (ev.op != Op::kCompute && !ev.ts_us.has_value()) ev.ts_us = op->start_us;
+            }
+          }
+          rec.Add(ev);
+          collectives(rec, key);
+        }
+      }
+      rec.EndStep();
+    }
+    out.push_back(std::move(rec).Finish());
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options) {
+  if (options.steps < 1)
+    return UsageError(fmt::format("steps {} must be at least 1", options.steps));
+  if (trace.steps.empty()) return InvalidInput("the trace has no steps to run");
+  if (!options.fail_op.empty() && options.fail_op != "compute" && options.fail_op != "mismatch" &&
+      options.fail_op != "hang") {
+    return UsageError(
+        fmt::format("unknown fault '{}': expected compute, mismatch or hang", options.fail_op));
+  }
+  FSDP_RETURN_IF_ERROR(ValidatePolicy(options.policy, trace.model));
+  FSDP_ASSIGN_OR_RETURN(std::vector<DeviceInfo> devices, VisibleDevices());
+  FSDP_ASSIGN_OR_RETURN(Topology topo, Connect(options, devices));
+  ExecutorConfig& cfg = topo.config;
+  cfg.compute = options.compute;
+  cfg.compute_scale = options.compute_scale;
+  cfg.timeout_us = options.timeout_us;
+  cfg.seed = options.seed;
+  cfg.check = options.check;
+  cfg.fail_rank = options.fail_rank;
+  cfg.fail_op = options.fail_op;
+  cfg.fail_step = options.fail_step;
+  if (!options.fail_unit.empty()) {
+    std::optional<UnitId> u = trace.model.Find(options.fail_unit);
+    if (!u.has_value()) {
+      return UsageError(
+          fmt::format("--fail-unit '{}' is not a unit of the trace", options.fail_unit));
+    }
+    cfg.fail_unit = *u;
+  }
+  FSDP_ASSIGN_OR_RETURN(
+      std::unique_ptr<CudaExecutor> exec,
+      CudaExecutor::Create(trace.model, options.policy, trace, cfg, std::move(topo.comms)));
+  Scheduler scheduler(trace.model, options.policy, cfg.world_size);
+  Status replay = ReplaySteps(trace, options.steps, scheduler, *exec);
+  if (!replay.ok()) {
+    exec->Abort();
+    return replay;
+  }
+  FSDP_RETURN_IF_ERROR(exec->Finish());
+  LiveResult result;
+  result.timeline = exec->timeline();
+  result.order = scheduler.order();
+  result.check = exec->check();
+  result.notes = topo.notes;
+  for (const DeviceInfo& d : devices) {
+    if (std::find(cfg.devices.begin(), cfg.devices.end(), d.index) == cfg.devices.end()) continue;
+    result.notes.push_back(fmt::format("GPU {}: {} ({}, {} SMs, {:.1f} GiB)", d.index, d.name,
+                                       ArchName(d), d.multiprocessors,
+                                       static_cast<double>(d.memory_bytes) / (1ull << 30)));
+  }
+  for (const std::string& n : exec->notes()) result.notes.push_back(n);
+  if (result.check.gathered_bytes_wrong > 0) {
+    result.timeline.errors.push_back(
+        fmt::format("{} of {} gathered bytes differ from the unsharded parameters",
+                    result.check.gathered_bytes_wrong, result.check.gathered_bytes_checked));
+  }
+  if (result.check.grad_elements_wrong > 0) {
+    result.timeline.errors.push_back(fmt::format(
+        "{} of {} reduced gradient elements differ from the reference (max abs error {})",
+        result.check.grad_elements_wrong, result.check.grad_elements_checked,
+        result.check.grad_max_abs_error));
+  }
+  result.recorded = RecordTraces(trace, options, result.timeline, cfg);
+  return result;
+}
+
+}  // namespace fsdplab::cuda
