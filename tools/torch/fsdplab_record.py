@@ -1,7 +1,7 @@
 """Record what a PyTorch training step did as an fsdplab trace (``fsdplab.trace`` v1).
 
     import fsdplab_record
-    rec = fsdplab_record.Recorder(model)          # units: auto-detected, or units=[names] / predicate
+    rec = fsdplab_record.Recorder(model)      # units: detected, or units=[names] / a predicate
     with rec.step():
         for batch in microbatches:
             loss_fn(model(batch)).backward()
@@ -125,9 +125,8 @@ def detect_units(model, units=None):
     elif _megatron_fsdp_wrappers(model):
         picked = set()
         for wrapper in _megatron_fsdp_wrappers(model):
-            classes = tuple(
-                c for c in (getattr(wrapper, "fsdp_unit_modules", None) or []) if isinstance(c, type)
-            )
+            declared = getattr(wrapper, "fsdp_unit_modules", None) or []
+            classes = tuple(c for c in declared if isinstance(c, type))
             picked.update(name for name, m in named if classes and isinstance(m, classes))
         how = "megatron-fsdp"
     else:
@@ -627,18 +626,32 @@ class Recorder:
         raise RuntimeError(f"fsdplab_record: post_forward of '{u.name}' without its pre_forward")
 
     def _hook_output_grads(self, u, output):
+        """pre_backward(u) at the first gradient of any of this call's outputs. A tensor that is
+        also a nested unit's output (a parent returning its child's output) carries one hook
+        listing the units outermost first, so the parent's pre_backward comes first."""
         tensors = [t for t in _tensors_in(output, []) if t.requires_grad]
         if not tensors:
             return
-        fired = [False]
-
-        def on_grad(grad):
-            if not fired[0]:
-                fired[0] = True
-                self._pre_backward(u)
-
+        call = [u, False]  # the unit, and whether this call's pre_backward has fired
         for t in tensors:
-            t.register_hook(on_grad)
+            calls = getattr(t, "_fsdplab_pre_backward", None)
+            if calls is not None:
+                calls.insert(0, call)
+                continue
+            calls = [call]
+            t._fsdplab_pre_backward = calls
+            t.register_hook(self._make_output_grad_hook(calls))
+
+    def _make_output_grad_hook(self, calls):
+        def on_grad(grad):
+            if not self._active:
+                return
+            for call in calls:
+                if not call[1]:
+                    call[1] = True
+                    self._pre_backward(call[0])
+
+        return on_grad
 
     def _hook_params(self, u):
         """Hooks the tensors the unit's parameters are now (FSDP2 swaps in unsharded ones during

@@ -1,0 +1,668 @@
+"""Tests of tools/torch/fsdplab_record.py against the fsdplab command.
+
+Run by CTest with Debian's /usr/bin/python3 (python3-torch): FSDPLAB_BIN is the fsdplab binary and
+FSDPLAB_RECORDER_DIR the folder holding fsdplab_record.py, both given by CMake.
+"""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+try:
+    import torch
+    import torch.nn as nn
+    from torch.utils.checkpoint import checkpoint
+
+    TORCH_ERROR = None
+except ImportError as e:  # a failure, not a skip: the test set-up installs python3-torch
+    torch = None
+    TORCH_ERROR = e
+
+FSDPLAB_BIN = os.environ.get("FSDPLAB_BIN", "")
+RECORDER_DIR = os.environ.get(
+    "FSDPLAB_RECORDER_DIR",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "torch"),
+)
+sys.path.insert(0, RECORDER_DIR)
+fsdplab_record = None
+
+
+def setUpModule():
+    global fsdplab_record
+    if torch is None:
+        raise RuntimeError(
+            f"PyTorch is not importable from {sys.executable} ({TORCH_ERROR}); the recorder tests "
+            "need Debian's python3-torch for /usr/bin/python3: apt-get install python3-torch"
+        )
+    if not FSDPLAB_BIN or not os.access(FSDPLAB_BIN, os.X_OK):
+        raise RuntimeError(f"FSDPLAB_BIN={FSDPLAB_BIN!r} is not an executable fsdplab binary")
+    import fsdplab_record as module
+
+    fsdplab_record = module
+
+
+def fsdplab(*args):
+    """Runs the fsdplab command; returns (exit status, stdout, stderr)."""
+    p = subprocess.run([FSDPLAB_BIN, *args], capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+def fsdplab_json(test, *args):
+    rc, out, err = fsdplab(*args)
+    test.assertEqual(rc, 0, f"fsdplab {' '.join(args)} failed ({rc}): {err}")
+    return json.loads(out)
+
+
+# -------------------------------------------------------------------------------------------------
+# The test model: embedding, blocks, head (built only when torch imports).
+
+H, V, BATCH, SEQ = 16, 32, 2, 8
+
+if torch is not None:
+
+    class Block(nn.Module):
+        """Pre-norm MLP block with a residual. `inside`: fc1 runs under a non-reentrant checkpoint
+        (an inside recomputation of this unit during backward)."""
+
+        def __init__(self, inside=False):
+            super().__init__()
+            self.norm = nn.LayerNorm(H)
+            self.fc1 = nn.Linear(H, 2 * H)
+            self.fc2 = nn.Linear(2 * H, H)
+            self.inside = inside
+
+        def forward(self, x):
+            y = self.norm(x)
+            y = checkpoint(self.fc1, y, use_reentrant=False) if self.inside else self.fc1(y)
+            return x + self.fc2(torch.relu(y))
+
+    class Adapter(nn.Module):
+        """Run under no_grad: takes no part in backward."""
+
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(H, H)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    class TinyLM(nn.Module):
+        # Registered: layers.0 .. layers.4. Called: 4, 3, 2, 1, 0 (the opposite order), then 3
+        # again (a shared layer). layers.2 is checkpointed reentrantly; layers.1 checkpoints its
+        # fc1 inside itself (non-reentrant); layers.4 runs under no_grad.
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(V, H)
+            self.layers = nn.ModuleList([Block(), Block(inside=True), Block(), Block(), Adapter()])
+            self.head = nn.Linear(H, V)
+
+        def forward(self, ids):
+            h = self.embed(ids)
+            with torch.no_grad():
+                bias = self.layers[4](h)
+            h = h + bias
+            h = self.layers[3](h)
+            h = checkpoint(self.layers[2], h, use_reentrant=True)
+            h = self.layers[1](h)
+            h = self.layers[0](h)
+            h = self.layers[3](h)
+            return self.head(h)
+
+
+def train_step(model, batches):
+    """One step of gradient accumulation over the microbatches."""
+    for ids in batches:
+        logits = model(ids)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, V), ids.reshape(-1))
+        loss.backward()
+
+
+def grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+# The true call order, by hand from TinyLM.forward.
+FORWARD_ORDER = [
+    "model",
+    "model.layers.4",
+    "model.layers.3",
+    "model.layers.2",
+    "model.layers.1",
+    "model.layers.0",
+    "model.layers.3",  # the shared layer, called a second time: a second forward entry
+]
+# Backward runs against the forward: the root first (its output's gradient arrives first), then
+# layers.3 (its second call), 0, 1, 2, and layers.3 again for its first call, which the order
+# skips because layers.3 is still in BACKWARD (its gradients accumulate only after both calls).
+# layers.4 ran under no_grad and takes no part in backward.
+BACKWARD_ORDER = ["model", "model.layers.3", "model.layers.0", "model.layers.1", "model.layers.2"]
+
+# One microbatch, event by event (op, unit, phase for computes), by hand:
+#  - forward: each unit's compute (its own time) comes just before its post_forward, so the root's
+#    comes after its children; the loss, outside every unit, is a compute without a unit before
+#    the backward begins.
+#  - backward: the engine runs layers.3 (second call) and reaches layers.0's output once the
+#    residual and layers.3's own input gradient have both arrived; a unit's post_backward comes
+#    with its last parameter gradient (AccumulateGrad nodes run first when ready, so before the
+#    next unit's pre_backward). layers.1's fc1 is recomputed during its backward, outside its
+#    hooks: an inside recomputation (compute, phase recompute, no pre_forward). layers.2's
+#    reentrant checkpoint reruns its forward through its hooks (pre_forward / compute recompute /
+#    post_forward) and then its own backward. layers.3's first call brings a second pre_backward
+#    and then, with both gradients in, its post_backward; the embedding's gradient ends the root.
+L0, L1, L2, L3, L4 = (f"model.layers.{i}" for i in range(5))
+MICROBATCH_EVENTS = [
+    ("pre_forward", "model", None),
+    ("pre_forward", L4, None),
+    ("compute", L4, "forward"),
+    ("post_forward", L4, None),
+    ("pre_forward", L3, None),
+    ("compute", L3, "forward"),
+    ("post_forward", L3, None),
+    ("pre_forward", L2, None),
+    ("compute", L2, "forward"),
+    ("post_forward", L2, None),
+    ("pre_forward", L1, None),
+    ("compute", L1, "forward"),
+    ("post_forward", L1, None),
+    ("pre_forward", L0, None),
+    ("compute", L0, "forward"),
+    ("post_forward", L0, None),
+    ("pre_forward", L3, None),
+    ("compute", L3, "forward"),
+    ("post_forward", L3, None),
+    ("compute", "model", "forward"),
+    ("post_forward", "model", None),
+    ("compute", None, "forward"),
+    ("pre_backward", "model", None),
+    ("pre_backward", L3, None),
+    ("pre_backward", L0, None),
+    ("compute", L0, "backward"),
+    ("post_backward", L0, None),
+    ("pre_backward", L1, None),
+    ("compute", L1, "recompute"),
+    ("compute", L1, "backward"),
+    ("post_backward", L1, None),
+    ("pre_forward", L2, None),
+    ("compute", L2, "recompute"),
+    ("post_forward", L2, None),
+    ("pre_backward", L2, None),
+    ("compute", L2, "backward"),
+    ("post_backward", L2, None),
+    ("pre_backward", L3, None),
+    ("compute", L3, "backward"),
+    ("post_backward", L3, None),
+    ("compute", "model", "backward"),
+    ("post_backward", "model", None),
+    ("backward_end", None, None),
+]
+
+
+def shape_of(events):
+    return [(e["op"], e.get("unit"), e.get("phase")) for e in events]
+
+
+class TinyLMTraceTest(unittest.TestCase):
+    """Records two microbatches of TinyLM and checks the trace and what fsdplab makes of it."""
+
+    @classmethod
+    def setUpClass(cls):
+        torch.manual_seed(0)
+        reference = TinyLM()
+        recorded = copy.deepcopy(reference)
+        cls.batches = [torch.randint(0, V, (BATCH, SEQ)) for _ in range(2)]
+
+        train_step(reference, cls.batches)
+        cls.reference_grads = grads(reference)
+
+        cls.rec = fsdplab_record.Recorder(recorded)
+        with cls.rec.step():
+            train_step(recorded, cls.batches)
+        cls.recorded_grads = grads(recorded)
+
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.path = cls.rec.save(os.path.join(cls.tmp.name, "tinylm.json"))
+        with open(cls.path, encoding="utf-8") as f:
+            cls.trace = json.load(f)
+        cls.microbatches = cls.trace["steps"][0]["microbatches"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.rec.remove()
+        cls.tmp.cleanup()
+
+    def events(self, mb):
+        return self.microbatches[mb]["events"]
+
+    def test_gradients_equal_a_run_without_the_recorder(self):
+        self.assertEqual(sorted(self.recorded_grads), sorted(self.reference_grads))
+        for name, g in self.reference_grads.items():
+            self.assertTrue(torch.equal(g, self.recorded_grads[name]), name)
+        # layers.4 ran under no_grad: no gradient, with or without the recorder.
+        self.assertNotIn("layers.4.proj.weight", self.recorded_grads)
+
+    def test_written_to_the_chosen_path_without_rank_suffix(self):
+        # Not in a process group: world size 1, the path as given.
+        self.assertEqual(os.path.basename(self.path), "tinylm.json")
+        meta = self.trace["meta"]
+        self.assertEqual((meta["source"], meta["world_size"], meta["rank"]), ("torch", 1, 0))
+        self.assertEqual(meta["recorder"]["units_from"], "module-list")
+        self.assertEqual(meta["recorder"]["timing"], "cpu")
+        self.assertGreater(meta["recorder"]["hook_calls"], 0)
+        self.assertGreater(meta["recorder"]["us_per_hook"], 0)
+
+    def test_units_in_registration_order_with_params(self):
+        units = self.trace["units"]
+        self.assertEqual(
+            [(u["name"], u["parent"]) for u in units],
+            [("model", None)] + [(f"model.layers.{i}", "model") for i in range(5)],
+        )
+        root = units[0]
+        # The root owns what no lower unit owns: the embedding and the head.
+        self.assertEqual(
+            root["params"],
+            [
+                {"name": "embed.weight", "dtype": "fp32", "shape": [V, H]},
+                {"name": "head.weight", "dtype": "fp32", "shape": [V, H]},
+                {"name": "head.bias", "dtype": "fp32", "shape": [V]},
+            ],
+        )
+        self.assertEqual(
+            [p["name"] for p in units[1]["params"]],
+            ["norm.weight", "norm.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"],
+        )
+        self.assertEqual(units[1]["params"][2]["shape"], [2 * H, H])
+        # Recompute kinds as observed: layers.1 inside, layers.2 reentrant.
+        self.assertEqual(
+            [u["recompute"] for u in units],
+            ["none", "none", "inside", "reentrant", "none", "none"],
+        )
+
+    def test_event_sequence_of_each_microbatch(self):
+        self.assertEqual(len(self.trace["steps"]), 1)
+        self.assertEqual(len(self.microbatches), 2)
+        for mb in range(2):
+            with self.subTest(microbatch=mb):
+                self.assertEqual(shape_of(self.events(mb)), MICROBATCH_EVENTS)
+
+    def test_recompute_appears_where_it_happened_and_nowhere_else(self):
+        for mb in range(2):
+            events = self.events(mb)
+            first_backward = next(i for i, e in enumerate(events) if e["op"] == "pre_backward")
+            recompute = [
+                i
+                for i, e in enumerate(events)
+                if e["op"] == "compute" and e["phase"] == "recompute"
+            ]
+            self.assertEqual([events[i]["unit"] for i in recompute], [L1, L2])
+            self.assertTrue(all(i > first_backward for i in recompute))
+            i1, i2 = recompute
+            # Inside (layers.1): no pre_forward around it, while layers.1 is in backward.
+            self.assertEqual(events[i1 - 1]["op"], "pre_backward")
+            self.assertEqual(events[i1 - 1]["unit"], L1)
+            # Reentrant (layers.2): pre_forward / compute / post_forward during the backward.
+            self.assertEqual(shape_of(events[i2 - 1 : i2 + 2]), MICROBATCH_EVENTS[31:34])
+            # The only pre_forwards during backward are layers.2's.
+            self.assertEqual(
+                [e["unit"] for e in events[first_backward:] if e["op"] == "pre_forward"], [L2]
+            )
+
+    def test_durations_positive_and_timestamps_ordered(self):
+        for mb in range(2):
+            events = self.events(mb)
+            computes = [e for e in events if e["op"] == "compute"]
+            self.assertEqual(len(computes), 15)
+            for e in computes:
+                self.assertGreater(e["us"], 0, e)
+            # Hook events carry when they happened, in order.
+            stamps = [e["ts_us"] for e in events if e["op"] != "compute"]
+            self.assertEqual(stamps, sorted(stamps))
+
+    def test_saved_bytes_from_autograd(self):
+        events = self.events(0)
+
+        def compute(unit, phase):
+            return next(
+                e
+                for e in events
+                if e["op"] == "compute" and (e["unit"], e["phase"]) == (unit, phase)
+            )
+
+        tokens = BATCH * SEQ
+        # A Block saves (fp32, parameters excluded): LayerNorm's input (tokens*H) with its mean and
+        # rstd (tokens each), fc1's input (tokens*H), relu's output (tokens*2H, which fc2 also
+        # saves: counted once) = 4 * (16*16 + 2*16 + 16*16 + 16*32) = 4224 bytes.
+        block_bytes = 4 * (tokens * H + 2 * tokens + tokens * H + tokens * 2 * H)
+        self.assertEqual(block_bytes, 4224)
+        self.assertEqual(compute(L0, "forward")["saved_bytes"], block_bytes)
+        # layers.1's fc1 input is kept by its checkpoint, not by autograd: 4224 - 16*16*4.
+        self.assertEqual(compute(L1, "forward")["saved_bytes"], block_bytes - 4 * tokens * H)
+        # layers.2's forward ran under the reentrant checkpoint (no grad): it keeps nothing; its
+        # recomputation keeps what a plain block keeps.
+        self.assertNotIn("saved_bytes", compute(L2, "forward"))
+        self.assertEqual(compute(L2, "recompute")["saved_bytes"], block_bytes)
+        # layers.4 ran under no_grad.
+        self.assertNotIn("saved_bytes", compute(L4, "forward"))
+
+    def test_fsdplab_validate_accepts_the_trace(self):
+        out = fsdplab_json(self, "validate", self.path, "--json")
+        (f,) = out["files"]
+        self.assertTrue(f["valid"], f["problems"])
+        # 43 events per microbatch (MICROBATCH_EVENTS), two microbatches.
+        self.assertEqual((f["units"], f["steps"], f["events"]), (6, 1, 2 * 43))
+
+    def test_fsdplab_order_recorded_is_the_call_order(self):
+        order = fsdplab_json(self, "order", self.path, "--order", "recorded", "--json")
+        self.assertEqual(order["forward"], FORWARD_ORDER)
+        self.assertEqual(order["backward"], BACKWARD_ORDER)
+        # Registration order differs: it is what the recorded order fixes.
+        registration = fsdplab_json(self, "order", self.path, "--json")
+        self.assertEqual(
+            registration["forward"], ["model"] + [f"model.layers.{i}" for i in range(5)]
+        )
+
+    def test_fsdplab_order_recompute_aware(self):
+        order = fsdplab_json(
+            self, "order", self.path, "--order", "recorded", "--recompute-aware", "true", "--json"
+        )
+        # The reentrant recomputation of layers.2 is its own entry, just before its backward.
+        self.assertEqual(
+            order["backward"],
+            BACKWARD_ORDER[:4] + [{"unit": L2, "phase": "recompute"}, L2],
+        )
+
+    def test_fsdplab_schedule_sees_both_recomputations(self):
+        out = fsdplab_json(self, "schedule", self.path, "--order", "recorded", "--json")
+        computes = [c for c in out["commands"] if c["cmd"] == "compute"]
+        recomputes = [(c["microbatch"], c["unit"], c["inside_recompute"]) for c in computes
+                      if c["phase"] == "recompute"]
+        self.assertEqual(
+            recomputes, [(0, L1, True), (0, L2, False), (1, L1, True), (1, L2, False)]
+        )
+        # layers.4 (Linear 16x16, fp32) is gathered for its forward: (16*16 + 16) * 4 = 1088 bytes.
+        gathers = [c for c in out["commands"] if c["cmd"] == "gather" and c["unit"] == L4]
+        self.assertTrue(gathers)
+        self.assertTrue(all(c["bytes"] == 1088 and c["phase"] == "forward" for c in gathers))
+
+    def test_fsdplab_simulate_runs_on_the_trace(self):
+        report = fsdplab_json(
+            self, "simulate", self.path, "--order", "recorded", "--world-size", "8", "--json"
+        )
+        self.assertEqual(report["errors"], [])
+        self.assertEqual(report["order"]["forward"], FORWARD_ORDER)
+        self.assertEqual(report["order"]["backward"], BACKWARD_ORDER)
+        # The simulator's compute per step is the trace's compute: every compute event's us.
+        trace_compute = sum(
+            e["us"] for mb in self.microbatches for e in mb["events"] if e["op"] == "compute"
+        )
+        self.assertGreaterEqual(len(report["steps"]), 1)
+        for step in report["steps"]:
+            self.assertAlmostEqual(step["compute_us"], trace_compute, delta=1e-3 * 30)
+            self.assertGreaterEqual(step["time_us"], step["compute_us"])
+
+
+class UnitDetectionTest(unittest.TestCase):
+    def test_default_is_root_plus_children_of_first_module_list(self):
+        names, how = fsdplab_record.detect_units(TinyLM())
+        self.assertEqual(how, "module-list")
+        self.assertEqual(names, [""] + [f"layers.{i}" for i in range(5)])
+
+    def test_names_keep_registration_order_and_root(self):
+        rec = fsdplab_record.Recorder(TinyLM(), units=["layers.3", "layers.1"])
+        self.assertEqual(rec.units, ["model", "model.layers.1", "model.layers.3"])
+        rec.remove()
+
+    def test_predicate(self):
+        names, how = fsdplab_record.detect_units(TinyLM(), lambda n, m: isinstance(m, Adapter))
+        self.assertEqual((names, how), (["", "layers.4"], "predicate"))
+
+    def test_unknown_name_is_a_clear_error(self):
+        with self.assertRaisesRegex(ValueError, r"layers\.9"):
+            fsdplab_record.Recorder(TinyLM(), units=["layers.9"])
+
+    def test_fsdp2_modules_by_class_name(self):
+        # fully_shard swaps a module's class for one deriving from FSDPModule and the original.
+        class FSDPModule:  # stand-in: torch.distributed.fsdp cannot be imported here
+            pass
+
+        model = TinyLM()
+        for i in (0, 2):
+            m = model.layers[i]
+            m.__class__ = type(f"FSDP{type(m).__name__}", (FSDPModule, type(m)), {})
+        names, how = fsdplab_record.detect_units(model)
+        self.assertEqual((names, how), (["", "layers.0", "layers.2"], "fsdp2"))
+
+    def test_megatron_fsdp_unit_modules(self):
+        class MegatronFSDP(nn.Module):  # stand-in with the attributes the recorder reads
+            def __init__(self, module, fsdp_unit_modules):
+                super().__init__()
+                self.module = module
+                self.fsdp_unit_modules = fsdp_unit_modules
+
+            def forward(self, x):
+                return self.module(x)
+
+        wrapped = MegatronFSDP(TinyLM(), [Block])
+        rec = fsdplab_record.Recorder(wrapped)
+        self.assertEqual(rec.detected_by, "megatron-fsdp")
+        self.assertEqual(
+            rec.units, ["model"] + [f"model.module.layers.{i}" for i in range(4)]
+        )
+        # The root owns the embedding and head (and layers.4, not a unit class).
+        root = rec.trace()["units"][0]
+        self.assertEqual(
+            [p["name"] for p in root["params"]],
+            ["module.embed.weight", "module.layers.4.proj.weight", "module.layers.4.proj.bias",
+             "module.head.weight", "module.head.bias"],
+        )
+        rec.remove()
+
+
+class DTypeTest(unittest.TestCase):
+    def test_trace_dtypes(self):
+        self.assertEqual(fsdplab_record.trace_dtype(torch.zeros(2)), "fp32")
+        self.assertEqual(fsdplab_record.trace_dtype(torch.zeros(2, dtype=torch.bfloat16)), "bf16")
+        self.assertEqual(fsdplab_record.trace_dtype(torch.zeros(2, dtype=torch.float16)), "fp16")
+        self.assertIsNone(fsdplab_record.trace_dtype(torch.zeros(2, dtype=torch.float64)))
+
+    def test_transformer_engine_mxfp8_by_class_name(self):
+        class MXFP8Tensor(torch.Tensor):  # stand-in for transformer_engine's MXFP8Tensor
+            pass
+
+        t = torch.zeros(4, 32).as_subclass(MXFP8Tensor)
+        self.assertEqual(fsdplab_record.trace_dtype(t), "mxfp8")
+
+        class DTensorLike:  # FSDP2 keeps the quantized tensor as the DTensor's local tensor
+            dtype = torch.bfloat16
+            _local_tensor = t
+
+        self.assertEqual(fsdplab_record.trace_dtype(DTensorLike()), "mxfp8")
+
+    def test_half_model_and_override(self):
+        model = TinyLM().to(torch.bfloat16)
+        rec = fsdplab_record.Recorder(model)
+        self.assertEqual({p["dtype"] for u in rec.trace()["units"] for p in u["params"]}, {"bf16"})
+        rec.remove()
+        with self.assertRaisesRegex(ValueError, r"float64.*param_dtype"):
+            fsdplab_record.Recorder(TinyLM().double())
+        rec = fsdplab_record.Recorder(TinyLM().double(), param_dtype="fp16")
+        self.assertEqual({p["dtype"] for u in rec.trace()["units"] for p in u["params"]}, {"fp16"})
+        rec.remove()
+
+
+class RecorderBehaviourTest(unittest.TestCase):
+    def test_unit_without_parameters_uses_its_backward_hook(self):
+        class Scale(nn.Module):
+            def forward(self, x):
+                return x * 2.0
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inp = nn.Linear(4, 4)
+                self.blocks = nn.ModuleList([Scale(), nn.Linear(4, 4)])
+
+            def forward(self, x):
+                return self.blocks[1](self.blocks[0](self.inp(x)))
+
+        net = Net()
+        rec = fsdplab_record.Recorder(net)
+        with rec.step():
+            net(torch.ones(2, 4)).sum().backward()
+        rec.remove()
+        got = shape_of(rec.trace()["steps"][0]["microbatches"][0]["events"])
+        # By hand: blocks.1 runs last, so its backward comes first; Scale's backward ends when the
+        # gradient of its input is computed (its module backward hook), before the root's
+        # parameters (inp) receive theirs. The sum is the loss outside every unit.
+        self.assertEqual(
+            got,
+            [
+                ("pre_forward", "model", None),
+                ("pre_forward", "model.blocks.0", None),
+                ("compute", "model.blocks.0", "forward"),
+                ("post_forward", "model.blocks.0", None),
+                ("pre_forward", "model.blocks.1", None),
+                ("compute", "model.blocks.1", "forward"),
+                ("post_forward", "model.blocks.1", None),
+                ("compute", "model", "forward"),
+                ("post_forward", "model", None),
+                ("compute", None, "forward"),
+                ("pre_backward", "model", None),
+                ("pre_backward", "model.blocks.1", None),
+                ("compute", "model.blocks.1", "backward"),
+                ("post_backward", "model.blocks.1", None),
+                ("pre_backward", "model.blocks.0", None),
+                ("compute", "model.blocks.0", "backward"),
+                ("post_backward", "model.blocks.0", None),
+                ("compute", "model", "backward"),
+                ("post_backward", "model", None),
+                ("backward_end", None, None),
+            ],
+        )
+
+    def test_unused_parameter_ends_with_the_backward(self):
+        class Partial(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.used = nn.Linear(4, 4)
+                self.unused = nn.Linear(4, 4)
+
+            def forward(self, x):
+                return self.used(x)
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.blocks = nn.ModuleList([Partial()])
+
+            def forward(self, x):
+                return self.blocks[0](x)
+
+        net = Net()
+        rec = fsdplab_record.Recorder(net)
+        with rec.step():
+            net(torch.ones(2, 4)).sum().backward()
+        rec.remove()
+        tail = shape_of(rec.trace()["steps"][0]["microbatches"][0]["events"])[-5:]
+        # blocks.0 never gets gradients for `unused`: it ends at backward_end, as does the root,
+        # which has no parameters (and whose module backward hook needs an input that requires
+        # grad).
+        self.assertEqual(
+            tail,
+            [
+                ("compute", "model.blocks.0", "backward"),
+                ("post_backward", "model.blocks.0", None),
+                ("compute", "model", "backward"),
+                ("post_backward", "model", None),
+                ("backward_end", None, None),
+            ],
+        )
+
+    def test_failed_step_is_discarded_and_hooks_come_off(self):
+        model = TinyLM()
+        rec = fsdplab_record.Recorder(model)
+        ids = torch.randint(0, V, (BATCH, SEQ))
+        with self.assertRaisesRegex(ValueError, "boom"):
+            with rec.step():
+                model(ids)
+                raise ValueError("boom")
+        self.assertEqual(rec.trace()["steps"], [])
+        with rec.step():
+            train_step(model, [ids])
+        self.assertEqual(len(rec.trace()["steps"]), 1)
+        self.assertEqual(
+            shape_of(rec.trace()["steps"][0]["microbatches"][0]["events"]), MICROBATCH_EVENTS
+        )
+        # Outside a step nothing is recorded; after remove() no hook is left.
+        train_step(model, [ids])
+        self.assertEqual(len(rec.trace()["steps"]), 1)
+        rec.remove()
+        for m in model.modules():
+            self.assertEqual(len(m._forward_pre_hooks) + len(m._forward_hooks), 0)
+        for p in model.parameters():
+            self.assertFalse(p._backward_hooks)
+
+    def test_rank_path(self):
+        self.assertEqual(fsdplab_record.rank_path("t.json", 3, 8), "t.rank3.json")
+        self.assertEqual(fsdplab_record.rank_path("out/t.json", 0, 1), "out/t.json")
+        self.assertEqual(fsdplab_record.rank_path("t_{rank}.json", 5, 8), "t_5.json")
+        self.assertEqual(fsdplab_record.rank_path("trace", 1, 2), "trace.rank1.json")
+
+
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import sys, torch, torch.distributed as dist
+    sys.path.insert(0, sys.argv[1])
+    import fsdplab_record
+    rank, world, store, out = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ModuleList([torch.nn.Linear(8, 8)]))
+    layer = model[1][0]
+    rec = fsdplab_record.Recorder(model)
+    with rec.step():
+        layer(model[0](torch.ones(4, 8))).sum().backward()
+    print(rec.save(out))
+    dist.destroy_process_group()
+    """
+)
+
+
+class ProcessGroupTest(unittest.TestCase):
+    def test_one_trace_per_rank(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            store = os.path.join(tmp, "store")
+            out = os.path.join(tmp, "traces", "trace.json")
+            os.makedirs(os.path.dirname(out))
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, "-c", RANK_SCRIPT, RECORDER_DIR, str(r), "2", store, out],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for r in range(2)
+            ]
+            results = [p.communicate(timeout=300) for p in procs]
+            for p, (o, e) in zip(procs, results):
+                self.assertEqual(p.returncode, 0, e)
+            written = sorted(os.listdir(os.path.dirname(out)))
+            self.assertEqual(written, ["trace.rank0.json", "trace.rank1.json"])
+            for r in range(2):
+                path = os.path.join(tmp, "traces", f"trace.rank{r}.json")
+                with open(path, encoding="utf-8") as f:
+                    meta = json.load(f)["meta"]
+                self.assertEqual((meta["world_size"], meta["rank"]), (2, r))
+            # Both ranks' traces replay together in the simulator.
+            report = fsdplab_json(
+                self, "simulate", "--rank-trace", os.path.join(tmp, "traces"), "--json"
+            )
+            self.assertEqual(report["errors"], [])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
