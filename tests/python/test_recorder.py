@@ -605,6 +605,10 @@ class RecorderBehaviourTest(unittest.TestCase):
             self.assertEqual(len(m._forward_pre_hooks) + len(m._forward_hooks), 0)
         for p in model.parameters():
             self.assertFalse(p._backward_hooks)
+        from torch.nn.modules import module as module_lib
+
+        self.assertFalse(module_lib._global_forward_pre_hooks)
+        self.assertFalse(module_lib._global_forward_hooks)
 
     def test_rank_path(self):
         self.assertEqual(fsdplab_record.rank_path("t.json", 3, 8), "t.rank3.json")

@@ -415,6 +415,7 @@ class Recorder:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._remove_leaf_hooks()
         for _, handle in self._hooked_params.values():
             handle.remove()
         self._hooked_params.clear()
@@ -483,11 +484,24 @@ class Recorder:
                 self._handles.append(m.register_full_backward_hook(self._make_module_backward(u)))
             else:
                 self._hook_params(u)
-        for module in self._model.modules():
-            owner = self._leaf_owner.get(id(module))
-            if owner is not None:
-                self._handles.append(module.register_forward_pre_hook(self._make_leaf_pre(owner)))
-                self._handles.append(module.register_forward_hook(self._make_leaf_post(owner)))
+        # Forwards of the modules that hold a unit's parameters matter only during backward
+        # (inside recomputation): global module hooks, installed for the backward only, cost the
+        # forward nothing.
+        self._leaf_handles = []
+
+    def _install_leaf_hooks(self):
+        if self._leaf_owner and not self._leaf_handles:
+            from torch.nn.modules import module as module_lib
+
+            self._leaf_handles = [
+                module_lib.register_module_forward_pre_hook(self._leaf_pre),
+                module_lib.register_module_forward_hook(self._leaf_post),
+            ]
+
+    def _remove_leaf_hooks(self):
+        for h in self._leaf_handles:
+            h.remove()
+        self._leaf_handles = []
 
     # ----------------------------------------------------------------------------------------
     # Step state
@@ -508,6 +522,7 @@ class Recorder:
         self._active = True
 
     def _clear_step(self):
+        self._remove_leaf_hooks()
         self._clock = None
         self._microbatches = None
         self._events = None
@@ -704,6 +719,7 @@ class Recorder:
             for v in self._units:
                 v.grads_seen = set()
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
+            self._install_leaf_hooks()
         if u.bw_frame is not None:
             # Called again while still in backward (a shared unit): recorded as it ran.
             self._stack.remove(u.bw_frame)
@@ -744,54 +760,54 @@ class Recorder:
         for frame in reversed([f for f in self._stack if f.phase == "backward"]):
             self._post_backward(frame.unit, m)
         self._emit("backward_end", None, m)
+        self._remove_leaf_hooks()
         self._in_backward = False
         self._events = None
         self._last_mark = None
         self._gap = None
         self._timed(t0)
 
-    def _make_leaf_pre(self, owner):
-        def hook(module, inputs):
-            if not self._active or not self._in_backward or owner.fw_depth > 0:
-                return
-            top = self._stack[-1] if self._stack else None
-            if top is not None and top.leaf is not None and top.unit is owner:
-                return  # already inside this unit's recomputation (a nested leaf)
-            t0 = time.perf_counter_ns()
-            self._mark()
-            owner.recompute_seen.add("inside")
-            self._stack.append(_Frame(owner, "recompute", leaf=module))
-            self._timed(t0)
+    def _leaf_pre(self, module, inputs):
+        owner = self._leaf_owner.get(id(module))
+        if owner is None or not self._active or not self._in_backward or owner.fw_depth > 0:
+            return
+        top = self._stack[-1] if self._stack else None
+        if top is not None and top.leaf is not None and top.unit is owner:
+            return  # already inside this unit's recomputation (a nested leaf)
+        t0 = time.perf_counter_ns()
+        self._mark()
+        owner.recompute_seen.add("inside")
+        self._stack.append(_Frame(owner, "recompute", leaf=module))
+        self._timed(t0)
 
-        return hook
-
-    def _make_leaf_post(self, owner):
-        def hook(module, inputs, output):
-            if not self._active or not self._stack or self._stack[-1].leaf is not module:
-                return
-            t0 = time.perf_counter_ns()
-            self._mark()
-            self._emit_compute(self._stack.pop())
-            self._timed(t0)
-
-        return hook
+    def _leaf_post(self, module, inputs, output):
+        if not self._active or not self._stack or self._stack[-1].leaf is not module:
+            return
+        t0 = time.perf_counter_ns()
+        self._mark()
+        self._emit_compute(self._stack.pop())
+        self._timed(t0)
 
     # Saved-tensor hooks: count the activations each open forward / recompute keeps for
     # backward. Parameters (and views of them) are not activations.
     def _pack(self, t):
-        if self._active and self._stack:
-            frame = self._stack[-1]
-            if frame.phase != "backward" and frame.unit is not None:
-                try:
-                    ptr = t.data_ptr()
-                except RuntimeError:  # no storage to measure (sparse, ...)
-                    return t
-                base = t._base if t._base is not None else t
-                if not isinstance(base, torch.nn.Parameter) and ptr not in self._param_ptrs:
-                    key = (ptr, t.numel(), t.dtype)
-                    if key not in frame.saved_keys:
-                        frame.saved_keys.add(key)
-                        frame.saved += t.numel() * t.element_size()
+        if not self._active or not self._stack:
+            return t
+        frame = self._stack[-1]
+        if frame.phase == "backward":
+            return t
+        t0 = time.perf_counter_ns()
+        try:
+            ptr = t.data_ptr()
+        except RuntimeError:  # no storage to measure (sparse, ...)
+            ptr = None
+        if ptr is not None and ptr not in self._param_ptrs:
+            base = t._base if t._base is not None else t
+            key = (ptr, t.numel(), t.dtype)
+            if not isinstance(base, torch.nn.Parameter) and key not in frame.saved_keys:
+                frame.saved_keys.add(key)
+                frame.saved += t.numel() * t.element_size()
+        self._timed(t0)
         return t
 
     @staticmethod
