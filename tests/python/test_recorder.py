@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 
 try:
@@ -609,6 +610,75 @@ class RecorderBehaviourTest(unittest.TestCase):
 
         self.assertFalse(module_lib._global_forward_pre_hooks)
         self.assertFalse(module_lib._global_forward_hooks)
+
+    def test_cuda_timing_reads_events_only_after_the_step(self):
+        # No GPU here: stand-in events on a fake clock show the protocol: one event per hook,
+        # recorded on the stream, and a single synchronize once the step body has finished.
+        log = []
+
+        class FakeEvent:
+            def __init__(self, enable_timing=False):
+                assert enable_timing
+                self.t = None
+
+            def record(self, stream=None):
+                self.t = time.perf_counter_ns()
+                log.append("record")
+
+            def elapsed_time(self, end):
+                assert "synchronize" in log, "an event was read before the step synchronized"
+                return (end.t - self.t) / 1e6
+
+        saved = torch.cuda.Event, torch.cuda.synchronize
+        torch.cuda.Event = FakeEvent
+        torch.cuda.synchronize = lambda *a: log.append("synchronize")
+        try:
+            model = TinyLM()
+            rec = fsdplab_record.Recorder(model, timing="cuda")
+            with rec.step():
+                train_step(model, self.batches())
+                log.append("body done")
+            rec.remove()
+        finally:
+            torch.cuda.Event, torch.cuda.synchronize = saved
+        self.assertEqual(log.count("synchronize"), 1)
+        self.assertEqual(log.index("synchronize"), log.index("body done") + 1)
+        trace = rec.trace()
+        self.assertEqual(trace["meta"]["recorder"]["timing"], "cuda")
+        events = trace["steps"][0]["microbatches"][0]["events"]
+        self.assertEqual(shape_of(events), MICROBATCH_EVENTS)
+        self.assertTrue(all(e["us"] > 0 for e in events if e["op"] == "compute"))
+
+    @staticmethod
+    def batches():
+        torch.manual_seed(1)
+        return [torch.randint(0, V, (BATCH, SEQ)) for _ in range(2)]
+
+    def test_doc_snippet_records_a_valid_trace(self):
+        # The usage block of docs/recorder.md, run as written on TinyLM.
+        doc = os.path.join(RECORDER_DIR, "..", "..", "docs", "recorder.md")
+        with open(doc, encoding="utf-8") as f:
+            text = f.read()
+        code = text.split("```python\n", 1)[1].split("```", 1)[0]
+        self.assertLessEqual(len(code.splitlines()), 10)
+        with tempfile.TemporaryDirectory() as tmp:
+            cwd = os.getcwd()
+            os.chdir(tmp)
+            try:
+                scope = {
+                    "model": TinyLM(),
+                    "batches": self.batches(),
+                    "loss_fn": lambda logits, ids: nn.functional.cross_entropy(
+                        logits.reshape(-1, V), ids.reshape(-1)
+                    ),
+                }
+                exec(compile(code, doc, "exec"), scope)
+                scope["rec"].remove()
+                out = fsdplab_json(self, "validate", "trace.json", "--json")
+            finally:
+                os.chdir(cwd)
+        self.assertTrue(out["files"][0]["valid"], out["files"][0]["problems"])
+        self.assertEqual(out["files"][0]["events"], 2 * len(MICROBATCH_EVENTS))
 
     def test_rank_path(self):
         self.assertEqual(fsdplab_record.rank_path("t.json", 3, 8), "t.rank3.json")

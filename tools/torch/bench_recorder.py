@@ -2,9 +2,10 @@
 
     /usr/bin/python3 tools/torch/bench_recorder.py [--units 32] [--width 64] [--steps 50]
 
-Prints the CPU time of a step in both runs (median), the hooks one recorded step fires, the end-to-end cost
-per hook ((recorded - plain) / hooks) and the time spent inside the hooks as the recorder measures
-it (rec.overhead()). CPU, small layers, so that hook costs are not hidden by compute.
+Prints the CPU time of a step in both runs (median), the hooks one recorded step fires, the
+end-to-end cost per hook ((recorded - plain) / hooks) and the time spent inside the hooks as the
+recorder measures it (rec.overhead()). CPU, small layers, so that hook costs are not hidden by
+compute.
 """
 
 import argparse

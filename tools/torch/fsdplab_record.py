@@ -331,8 +331,10 @@ class Recorder:
             self._clear_step()
             raise
         self._active = False
-        step = self._end_step()
-        self._clear_step()
+        try:
+            step = self._end_step()
+        finally:
+            self._clear_step()
         if step["microbatches"]:
             self._steps.append(step)
         else:
@@ -799,7 +801,7 @@ class Recorder:
         t0 = time.perf_counter_ns()
         try:
             ptr = t.data_ptr()
-        except RuntimeError:  # no storage to measure (sparse, ...)
+        except (RuntimeError, NotImplementedError, TypeError):  # no storage to measure
             ptr = None
         if ptr is not None and ptr not in self._param_ptrs:
             base = t._base if t._base is not None else t
