@@ -28,7 +28,8 @@ enum class OpType : std::uint8_t {
   kRelease,
   kWaitGather,
   kStreamWait,
-  kMarker,  // PassEnd / StepEnd: host only
+  kPassEnd,  // frees the pass's leftover activations once the compute stream gets there
+  kMarker,   // StepEnd (and a PassEnd with nothing to free): host only
 };
 
 // Physical streams of a rank.
@@ -217,7 +218,15 @@ Status SimExecutor::Execute(const Command& command) {
                    as_collective(s);
                    enqueue(s);
                  },
-                 [&](const PassEndCmd&) { op.type = OpType::kMarker; },
+                 [&](const PassEndCmd& c) {
+                   if (c.freed_bytes == 0) {
+                     op.type = OpType::kMarker;
+                     return;
+                   }
+                   op.type = OpType::kPassEnd;
+                   op.freed_bytes = c.freed_bytes;
+                   enqueue(kComputeStream);
+                 },
                  [&](const StepEndCmd&) { op.type = OpType::kMarker; },
              },
              command.body);
@@ -313,6 +322,7 @@ struct RankState {
   std::vector<std::int64_t> last_gather_id;  // per unit
   std::vector<std::uint8_t> gather_flowed;   // per unit: an arrow already drawn
   std::vector<std::int64_t> pending_waited;  // gathers the next compute waited on
+  Bytes reserved = 0;  // gathers issued by the host, not started yet (counted against the cap)
 
   Bytes total() const {
     Bytes t = 0;
@@ -416,11 +426,11 @@ class Engine {
   bool DeviceAlloc(RankState& r, TimeUs now, MemoryCategory cat, Bytes bytes, const ProgOp& op,
                    std::string_view what) {
     if (bytes == 0) return true;
-    if (opt_.memory_cap && r.total() + bytes > *opt_.memory_cap) {
+    if (opt_.memory_cap && r.total() + r.reserved + bytes > *opt_.memory_cap) {
       Fail(StepFailed(fmt::format(
           "out of memory at step {} (microbatch {}) on rank {}: {} of {} needs {} bytes, {} of the "
-          "cap of {} bytes are in use",
-          op.step, op.microbatch, r.rank, what, UnitName(r, op.unit), bytes, r.total(),
+          "cap of {} bytes are in use or reserved",
+          op.step, op.microbatch, r.rank, what, UnitName(r, op.unit), bytes, r.total() + r.reserved,
           *opt_.memory_cap)));
       return false;
     }
@@ -477,7 +487,7 @@ class Engine {
     }
     const ProgOp& op = ops[r.pc];
     if (op.type == OpType::kGather) {
-      if (opt_.memory_cap && r.total() + op.bytes > *opt_.memory_cap) {
+      if (opt_.memory_cap && r.total() + r.reserved + op.bytes > *opt_.memory_cap) {
         if (r.host == HostState::kRunning) r.block_start = now - opt_.launch_us;
         r.host = HostState::kBlocked;
         return;
@@ -486,9 +496,7 @@ class Engine {
         Record(r, Track::kHost, OpKind::kHostBlock, op, r.block_start, now - opt_.launch_us);
       }
       r.host = HostState::kRunning;
-      r.mem[static_cast<std::size_t>(MemoryCategory::kUnshardedParams)] += op.bytes;
-      r.unsharded_params[Idx(op.unit)] += op.bytes;
-      Sample(r, now, op.step, op.unit);
+      r.reserved += op.bytes;  // in use from the gather's start; reserved for the cap till then
     }
     if (r.host == HostState::kResuming) {
       // A free woke the host but it was not waiting for a gather any more.
@@ -554,6 +562,11 @@ class Engine {
           st.arrived = true;
           Arrive(s, op, now);
           return true;
+        case OpType::kPassEnd:
+          ++st.completed;
+          progressed = true;
+          Free(r, now, MemoryCategory::kActivations, op.freed_bytes, op);
+          break;
         case OpType::kMarker: ++st.completed; break;
       }
     }
@@ -644,6 +657,12 @@ class Engine {
       const ProgOp& qop = OpAt(q, s, st.completed);
       ++q.active_collectives;
       Reprice(q, now);
+      if (qop.type == OpType::kGather) {
+        q.reserved -= std::min(q.reserved, qop.bytes);
+        q.mem[static_cast<std::size_t>(MemoryCategory::kUnshardedParams)] += qop.bytes;
+        q.unsharded_params[Idx(qop.unit)] += qop.bytes;
+        Sample(q, now, qop.step, qop.unit);
+      }
       if (qop.type == OpType::kReduceScatter) {
         if (!DeviceAlloc(q, now, MemoryCategory::kReduceScatterBuffers, qop.shard_bytes, qop,
                          "the reduce-scatter output of")) {
@@ -704,8 +723,9 @@ class Engine {
         const ProgOp& op = r.prog->ops[r.pc];
         Fail(StepFailed(fmt::format(
             "out of memory at step {} (microbatch {}) on rank {}: the all-gather of {} needs {} "
-            "bytes, {} of the cap of {} bytes are in use and nothing in flight frees memory",
-            op.step, op.microbatch, r.rank, UnitName(r, op.unit), op.bytes, r.total(),
+            "bytes, {} of the cap of {} bytes are in use or reserved and nothing in flight frees "
+            "memory",
+            op.step, op.microbatch, r.rank, UnitName(r, op.unit), op.bytes, r.total() + r.reserved,
             *opt_.memory_cap)));
         return;
       }

@@ -23,8 +23,11 @@
 //   through a wait-for graph (never a hang);
 // - compute durations: ComputeCmd.us x compute_scale x the rank's straggler factor, run
 //   (1 + contention) times slower while a collective is in progress on the rank;
-// - memory: sharded parameters from the start; unsharded parameters from a Gather's issue to
-//   its Release; unsharded gradients (reduce dtype) from the unit's first backward compute to
+// - memory: sharded parameters from the start; unsharded parameters from the gather's start
+//   on its stream to its Release on the stream (the host reserves the buffer against the cap
+//   when it issues the Gather: were the buffer counted from the issue, a host that runs ahead
+//   would hold every gather of the step at once and peak memory would not depend on the
+//   prefetch policy); unsharded gradients (reduce dtype) from the unit's first backward compute to
 //   its reduce-scatter's end; reduce-scatter output buffers during the collective; sharded
 //   gradients after the unit's first reduce-scatter; activations (saved_bytes at compute start,
 //   freed_bytes at compute end). Only the host's all-gather allocations can wait for memory;
