@@ -1,13 +1,167 @@
-// PLACEHOLDER: replaced by the component that implements this command.
+// fsdplab calibrate: fit the collective cost model to nccl-tests output, write a cluster file.
 #include <fmt/format.h>
 
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
+
+#include "cli_common.h"
 #include "commands.h"
+#include "fsdplab/core/file_util.h"
+#include "fsdplab/sim/calibration.h"
+#include "fsdplab/sim/nccl_tests.h"
 
 namespace fsdplab::cli {
+namespace {
 
-int RunCalibrate(const Argv& /*argv*/) {
-  fmt::print(stderr, "fsdplab: this command is not built yet\n");
-  return 5;
+constexpr std::string_view kUsage =
+    "fsdplab calibrate FILE... [--tier intra|inter] [--ranks N] [--gpus-per-node N] "
+    "[--segments K] [-o cluster.json] [--json]";
+constexpr std::string_view kDescription =
+    "Reads all_gather_perf / reduce_scatter_perf output of nccl-tests (the text table or the JSON\n"
+    "file of nccl-tests 2.19+), fits the ring alpha-beta model piecewise over message size, "
+    "prints\n"
+    "measured vs fitted time per size with the error, and writes a cluster file for\n"
+    "`fsdplab simulate --cluster`. The collective, the number of ranks and the tier come from the\n"
+    "file when it says them (device list, `Collective test starting`, file name); the flags give\n"
+    "them when it does not.";
+
+// Devices per host, the largest over all outputs; nullopt when no output lists devices.
+std::optional<int> GpusPerNodeFromDevices(const std::vector<sim::NcclTestsResult>& results) {
+  std::optional<int> best;
+  for (const sim::NcclTestsResult& r : results) {
+    std::map<std::string, int> per_host;
+    for (const sim::NcclDevice& d : r.devices) ++per_host[d.hostname];
+    for (const auto& [host, n] : per_host) best = std::max(best.value_or(0), n);
+  }
+  return best;
+}
+
+Status Run(const Args& args) {
+  if (args.positionals().empty()) return UsageError("give at least one nccl-tests output file");
+  sim::NcclTestsOptions parse_opts;
+  if (auto v = args.Get("--ranks")) {
+    FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--ranks"));
+    if (n < 2) return UsageError("--ranks: a collective needs at least 2 ranks");
+    parse_opts.ranks = static_cast<int>(n);
+  }
+  if (auto v = args.Get("--collective")) {
+    std::optional<CollectiveKind> kind = ParseCollectiveKind(*v);
+    if (!kind) return UsageError(fmt::format("--collective: unknown collective '{}'", *v));
+    parse_opts.collective = kind;
+  }
+  std::optional<sim::TierKind> tier_flag;
+  if (auto v = args.Get("--tier")) {
+    tier_flag = sim::ParseTierKind(*v);
+    if (!tier_flag) return UsageError(fmt::format("--tier: expected intra or inter, got '{}'", *v));
+  }
+  sim::FitOptions fit_opts;
+  fit_opts.in_place = args.Has("--in-place");
+  if (auto v = args.Get("--segments")) {
+    FSDP_ASSIGN_OR_RETURN(std::int64_t k, ParseInt(*v, "--segments"));
+    if (k < 1 || k > 16) return UsageError("--segments: expected 1 to 16");
+    fit_opts.max_segments = static_cast<int>(k);
+  }
+  double compute_scale = 1.0;
+  if (auto v = args.Get("--compute-scale")) {
+    FSDP_ASSIGN_OR_RETURN(compute_scale, ParseDouble(*v, "--compute-scale"));
+    if (!(compute_scale > 0)) return UsageError("--compute-scale: must be positive");
+  }
+
+  std::vector<sim::NcclTestsResult> results;
+  for (const std::string& path : args.positionals()) {
+    FSDP_ASSIGN_OR_RETURN(sim::NcclTestsResult r, sim::ReadNcclTestsFile(path, parse_opts));
+    if (!r.collective) {
+      return InvalidInput(fmt::format(
+          "{}: cannot tell which collective this is; give --collective all_gather|reduce_scatter",
+          path));
+    }
+    results.push_back(std::move(r));
+  }
+  std::optional<int> gpn_from_devices = GpusPerNodeFromDevices(results);
+  int gpus_per_node = gpn_from_devices.value_or(8);
+  if (auto v = args.Get("--gpus-per-node")) {
+    FSDP_ASSIGN_OR_RETURN(std::int64_t g, ParseInt(*v, "--gpus-per-node"));
+    if (g < 1) return UsageError("--gpus-per-node: must be positive");
+    gpus_per_node = static_cast<int>(g);
+  }
+
+  // Group outputs by (collective, tier, ranks); fit each group.
+  using Key = std::tuple<CollectiveKind, sim::TierKind, int>;
+  std::map<Key, std::vector<const sim::NcclTestsResult*>> groups;
+  for (const sim::NcclTestsResult& r : results) {
+    FSDP_ASSIGN_OR_RETURN(sim::TierKind tier, sim::InferTier(r, tier_flag, gpus_per_node));
+    groups[{*r.collective, tier, r.ranks}].push_back(&r);
+  }
+  std::set<std::pair<CollectiveKind, sim::TierKind>> seen;
+  sim::CalibratedCluster cluster;
+  cluster.gpus_per_node = gpus_per_node;
+  cluster.compute_scale = compute_scale;
+  cluster.world_size = 0;
+  std::string text;
+  nlohmann::json fits_json = nlohmann::json::array();
+  for (const auto& [key, group] : groups) {
+    auto [kind, tier, ranks] = key;
+    if (!seen.insert({kind, tier}).second) {
+      return InvalidInput(
+          fmt::format("{} {}: outputs with different numbers of ranks; calibrate them separately",
+                      CollectiveKindName(kind), sim::TierKindName(tier)));
+    }
+    FSDP_ASSIGN_OR_RETURN(sim::CollectiveFit fit, sim::FitNcclTests(group, tier, fit_opts));
+    sim::FitOptions one = fit_opts;
+    one.max_segments = 1;
+    FSDP_ASSIGN_OR_RETURN(sim::CollectiveFit line, sim::FitNcclTests(group, tier, one));
+    text += sim::FormatFit(fit);
+    text += fmt::format("  (one line over all sizes: max |error| {:.2f}%, median {:.2f}%)\n\n",
+                        line.max_error_pct, line.median_error_pct);
+    nlohmann::json fj = nlohmann::json::parse(sim::FitToJson(fit));
+    fj["single_line_max_error_pct"] = line.max_error_pct;
+    fits_json.push_back(std::move(fj));
+    cluster.world_size = std::max(cluster.world_size, ranks);
+    cluster.fits.push_back(std::move(fit));
+  }
+  std::string cluster_json = sim::CalibratedClusterJson(cluster);
+  if (auto out = args.Get("-o")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*out, cluster_json));
+
+  if (args.Has("--json")) {
+    nlohmann::json doc;
+    doc["fits"] = std::move(fits_json);
+    doc["cluster"] = nlohmann::json::parse(cluster_json);
+    fmt::print("{}\n", doc.dump(2));
+  } else {
+    fmt::print("{}", text);
+    if (auto out = args.Get("-o")) {
+      fmt::print("cluster file written to {}\n", *out);
+    } else {
+      fmt::print("cluster file (write it with -o FILE):\n{}", cluster_json);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int RunCalibrate(const Argv& argv) {
+  Args args(argv);
+  args.Declare("--tier", ArgKind::kValue,
+               "intra (all ranks on one node) or inter (ranks span nodes); default: from the "
+               "device list's hostnames, else from --gpus-per-node",
+               "TIER");
+  args.Declare("--ranks", ArgKind::kValue, "number of ranks when the output does not show it", "N");
+  args.Declare("--collective", ArgKind::kValue,
+               "all_gather or reduce_scatter when neither the output nor its name says it", "C");
+  args.Declare("--gpus-per-node", ArgKind::kValue,
+               "GPUs per node (default: from the device list, else 8)", "N");
+  args.Declare("--segments", ArgKind::kValue, "at most K segments per fit (default 4)", "K");
+  args.Declare("--in-place", ArgKind::kSwitch, "fit the in-place times (default out-of-place)");
+  args.Declare("--compute-scale", ArgKind::kValue, "compute_scale of the cluster file (1.0)", "X");
+  args.Declare("-o", ArgKind::kValue, "write the cluster file to FILE", "FILE");
+  args.Declare("--json", ArgKind::kSwitch, "print the fits and the cluster as JSON");
+  if (Status s = args.Parse(); !s.ok()) return Fail("calibrate", s);
+  if (args.help()) return PrintHelp(kUsage, kDescription, args);
+  if (Status s = Run(args); !s.ok()) return Fail("calibrate", s);
+  return 0;
 }
 
 }  // namespace fsdplab::cli

@@ -1,0 +1,253 @@
+#include "fsdplab/sim/nccl_tests.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace fsdplab::sim {
+namespace {
+
+const std::string kDir = std::string(FSDPLAB_TEST_DATA_DIR) + "/nccl-tests/";
+
+NcclTestsResult MustRead(const std::string& name, const NcclTestsOptions& opts = {}) {
+  StatusOr<NcclTestsResult> r = ReadNcclTestsFile(kDir + name, opts);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? std::move(r).value() : NcclTestsResult{};
+}
+
+std::size_t CountZeroRows(const NcclTestsResult& r) {
+  std::size_t n = 0;
+  for (const NcclTestsRow& row : r.rows) n += row.size_bytes == 0 ? 1 : 0;
+  return n;
+}
+
+// Row counts below are counted by hand in the files: the size-0 rows, then one row per power of
+// two from the first non-zero size to 8 GiB (2^33).
+TEST(NcclTestsParse, ModernH100AllGather) {
+  NcclTestsResult r = MustRead("ag_8xH100_together-ring.txt");
+  // 4 size-0 rows + 2^7 (128) .. 2^33 = 27 sizes.
+  ASSERT_EQ(r.rows.size(), 31u);
+  EXPECT_EQ(CountZeroRows(r), 4u);
+  EXPECT_EQ(r.collective, CollectiveKind::kAllGather);
+  EXPECT_EQ(r.program, "all_gather_perf");
+  EXPECT_EQ(r.ranks, 8);  // 8 "#  Rank" lines
+  EXPECT_EQ(r.devices.size(), 8u);
+  EXPECT_EQ(r.NumHosts(), 1);
+  EXPECT_EQ(r.devices[3].hostname, "gpu-dp-2jvzl-pqq7p");
+  EXPECT_EQ(r.devices[3].device, 3);
+  EXPECT_EQ(r.nthreads, 1);
+  EXPECT_EQ(r.ngpus, 8);
+  ASSERT_TRUE(r.avg_busbw_GBps.has_value());
+  EXPECT_DOUBLE_EQ(*r.avg_busbw_GBps, 110.98);
+  // "128  4  float  none  -1  35.05  0.00  0.00  0  34.61  0.00  0.00  0" (file line 22).
+  const NcclTestsRow& first = r.rows[4];
+  EXPECT_EQ(first.size_bytes, 128u);
+  EXPECT_EQ(first.count, 4u);
+  EXPECT_EQ(first.type, "float");
+  EXPECT_EQ(first.redop, "none");
+  EXPECT_EQ(first.root, -1);
+  EXPECT_EQ(first.line, 22);
+  ASSERT_TRUE(first.out_of_place && first.in_place);
+  EXPECT_DOUBLE_EQ(first.out_of_place->time_us, 35.05);
+  EXPECT_EQ(first.out_of_place->wrong, 0.0);
+  EXPECT_DOUBLE_EQ(first.in_place->time_us, 34.61);
+  const NcclTestsRow& last = r.rows.back();
+  EXPECT_EQ(last.size_bytes, 8589934592u);
+  EXPECT_DOUBLE_EQ(last.out_of_place->time_us, 21001.0);
+  EXPECT_DOUBLE_EQ(last.out_of_place->busbw_GBps, 357.90);
+  EXPECT_DOUBLE_EQ(last.in_place->time_us, 20684.4);
+}
+
+TEST(NcclTestsParse, ModernH100ReduceScatter) {
+  NcclTestsResult r = MustRead("rs_8xH100_together-ring.txt");
+  ASSERT_EQ(r.rows.size(), 31u);  // as the all-gather file: 4 + 27
+  EXPECT_EQ(r.collective, CollectiveKind::kReduceScatter);
+  EXPECT_EQ(r.ranks, 8);
+  EXPECT_EQ(r.rows[4].redop, "sum");
+  EXPECT_DOUBLE_EQ(r.rows[4].out_of_place->time_us, 41.94);
+}
+
+TEST(NcclTestsParse, OldFormatAllGatherWithoutRedopAndRoot) {
+  NcclTestsResult r = MustRead("ag_8xA100-40GB_superbench-oldformat.txt");
+  // 5 size-0 rows + 2^5 (32) .. 2^33 = 29 sizes; the NCCL INFO line is skipped.
+  ASSERT_EQ(r.rows.size(), 34u);
+  EXPECT_EQ(CountZeroRows(r), 5u);
+  EXPECT_EQ(r.collective, CollectiveKind::kAllGather);  // from the file name
+  EXPECT_TRUE(r.program.empty());
+  EXPECT_EQ(r.ranks, 8);
+  EXPECT_EQ(r.NumHosts(), 1);           // localhost
+  const NcclTestsRow& row = r.rows[5];  // "32  1  float  35.03  0.00  0.00  N/A ..."
+  EXPECT_EQ(row.size_bytes, 32u);
+  EXPECT_EQ(row.count, 1u);
+  EXPECT_TRUE(row.redop.empty());
+  EXPECT_FALSE(row.root.has_value());
+  EXPECT_FALSE(row.out_of_place->wrong.has_value());  // N/A
+  EXPECT_DOUBLE_EQ(row.out_of_place->time_us, 35.03);
+  // A time printed without decimals: "4294967296  134217728  float  17016 ...".
+  EXPECT_DOUBLE_EQ(r.rows[32].out_of_place->time_us, 17016);
+  EXPECT_DOUBLE_EQ(r.rows[32].in_place->time_us, 16474);
+}
+
+TEST(NcclTestsParse, OldFormatReduceScatterWithRedop) {
+  NcclTestsResult r = MustRead("rs_8xA100-40GB_superbench-oldformat.txt");
+  ASSERT_EQ(r.rows.size(), 34u);  // 5 + 29, as the all-gather
+  EXPECT_EQ(r.collective, CollectiveKind::kReduceScatter);
+  EXPECT_EQ(r.rows[10].redop, "sum");
+  EXPECT_FALSE(r.rows[10].root.has_value());
+  EXPECT_DOUBLE_EQ(r.rows.back().out_of_place->time_us, 32464);
+}
+
+TEST(NcclTestsParse, IndentedExcerptWithoutDeviceList) {
+  NcclTestsResult r = MustRead("ag_16xH100_2node_gke-a3mega-tcpxo_cluster-toolkit.txt");
+  // 5 size-0 rows + 2^8 (256) .. 2^33 = 26 sizes.
+  ASSERT_EQ(r.rows.size(), 31u);
+  EXPECT_EQ(r.collective, CollectiveKind::kAllGather);  // "ag_" file name
+  // No device list: 256 B = ranks x 4 elements x 4 B, so 16 ranks.
+  EXPECT_EQ(r.ranks, 16);
+  EXPECT_TRUE(r.devices.empty());
+  ASSERT_TRUE(r.avg_busbw_GBps.has_value());
+  EXPECT_DOUBLE_EQ(*r.avg_busbw_GBps, 53.8932);  // followed by a trailing space in the file
+  EXPECT_DOUBLE_EQ(r.rows.back().out_of_place->time_us, 42668.7);
+}
+
+TEST(NcclTestsParse, FlagsFillWhatTheFileLacksAndMustAgreeWithIt) {
+  NcclTestsOptions opts;
+  opts.ranks = 16;
+  EXPECT_EQ(MustRead("ag_16xH100_2node_gke-a3mega-tcpxo_cluster-toolkit.txt", opts).ranks, 16);
+  opts.ranks = 8;  // the rows say 16
+  StatusOr<NcclTestsResult> r =
+      ReadNcclTestsFile(kDir + "ag_16xH100_2node_gke-a3mega-tcpxo_cluster-toolkit.txt", opts);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("16 ranks but 8"), std::string::npos);
+  NcclTestsOptions wrong_kind;
+  wrong_kind.collective = CollectiveKind::kReduceScatter;
+  r = ReadNcclTestsFile(kDir + "ag_8xH100_together-ring.txt", wrong_kind);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidInput);
+}
+
+// The variations of the wild, in one file: tag-output prefixes, NCCL lines, "Reducing maxBytes",
+// exponent notation, CRLF line ends, trailing spaces, a timestamp column after the in-place half.
+TEST(NcclTestsParse, VariationsFromTheWild) {
+  std::string text =
+      "[1,0]<stdout>:# nccl-tests version 2.19.0 nccl-headers=22800 nccl-library=22800\n"
+      "[1,0]<stdout>:# Collective test starting: reduce_scatter_perf\n"
+      "[1,0]<stdout>:# nThread 1 nGpus 1 minBytes 1024 maxBytes 4294967296 step: 4(factor)\n"
+      "[1,0]<stdout>:#\n"
+      "[1,0]<stdout>:# Using devices\n"
+      "[1,0]<stdout>:#  Rank  0 Group  0 Pid  11 on nodeA device  0 [0000:01:00] NVIDIA H100\n"
+      "[1,0]<stdout>:#  Rank  1 Group  0 Pid  12 on nodeB device  0 [0000:01:00] NVIDIA H100\n"
+      "nodeA:11:11 [0] NCCL INFO NCCL version 2.28.3+cuda13.0\r\n"
+      "[1,0]<stdout>:# Reducing maxBytes to 1073741824 due to memory limitation\n"
+      "[1,0]<stdout>:#       size   count   type  redop  root   time  algbw  busbw #wrong   time"
+      "  algbw  busbw #wrong  timestamp\n"
+      "[1,0]<stdout>:        1024     128  float    sum    -1  20.50   0.05   0.02      0  21.00"
+      "   0.05   0.02      0  2025-01-02 03:04:05  \r\n"
+      "nodeB:12:12 [0] NCCL INFO Channel 00/02 : 0 1\n"
+      "[1,0]<stdout>:  1073741824 134217728 float sum -1 1.2e+04 89.48 44.74 0 1.25E4 85.90 "
+      "42.95 0 2025-01-02 03:04:06\n"
+      "[1,0]<stdout>:# Avg bus bandwidth    : 22.38 \n";
+  StatusOr<NcclTestsResult> r = ParseNcclTests(text, "wild.txt");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->collective, CollectiveKind::kReduceScatter);
+  EXPECT_EQ(r->ranks, 2);       // two device lines (nGpus 1 is per process)
+  EXPECT_EQ(r->NumHosts(), 2);  // nodeA, nodeB
+  ASSERT_EQ(r->rows.size(), 2u);
+  EXPECT_EQ(r->rows[0].line, 11);
+  EXPECT_DOUBLE_EQ(r->rows[0].in_place->time_us, 21.00);
+  EXPECT_DOUBLE_EQ(r->rows[1].out_of_place->time_us, 12000.0);
+  EXPECT_DOUBLE_EQ(r->rows[1].in_place->time_us, 12500.0);
+  EXPECT_EQ(r->rows[1].line, 13);
+  EXPECT_DOUBLE_EQ(*r->avg_busbw_GBps, 22.38);
+}
+
+// The JSON file of nccl-tests 2.19+ (the layout its src/util.cu writes).
+TEST(NcclTestsParse, JsonOutput) {
+  std::string text = R"({"version": 1, "start_time": "2025-01-02 03:04:05",
+    "args": ["./build/all_gather_perf", "-b", "1K", "-e", "1G", "-f", "2", "-g", "8"],
+    "env": [], "nccl_version": 22803,
+    "config": {"nthreads": 1, "ngpus": 8, "minimum_bytes": 1024, "maximum_bytes": 1073741824,
+      "step_factor": 2, "warmup_iters": 5, "iterations": 20, "aggregated_iterations": 1,
+      "validation": 1, "graph": 0, "blocking_collectives": "false", "parallel_init": "false",
+      "devices": [{"rank": 0, "group": 0, "pid": 7, "hostname": "h0", "device": 0,
+                   "device_hex": "0000:01:00", "device_info": "NVIDIA H100"},
+                  {"rank": 1, "group": 0, "pid": 7, "hostname": "h0", "device": 1,
+                   "device_hex": "0000:02:00", "device_info": "NVIDIA H100"}]},
+    "results": [
+      {"size": 0, "count": 0, "type": "float", "redop": "none", "root": "    -1",
+       "out_of_place": {"time": 0.9, "alg_bw": 0.0, "bus_bw": 0.0, "nwrong": 0.0},
+       "in_place": {"time": 0.9, "alg_bw": 0.0, "bus_bw": 0.0, "nwrong": 0.0},
+       "actual_iterations": 20, "experiment_name": "all_gather"},
+      {"size": 1024, "count": 128, "type": "float", "redop": "none", "root": "    -1",
+       "out_of_place": {"time": 12.5, "alg_bw": 0.08, "bus_bw": 0.04, "nwrong": null},
+       "in_place": {"time": "nan", "alg_bw": 0.08, "bus_bw": 0.04, "nwrong": 0.0}}],
+    "out_of_bounds": {"count": 0, "okay": "true"},
+    "average_bus_bandwidth": {"bandwidth": 0.02, "okay": "unchecked"},
+    "errors": [], "end_time": "2025-01-02 03:04:09"})";
+  StatusOr<NcclTestsResult> r = ParseNcclTests(text, "run.json");
+  // A "nan" time cannot be used: the in-place half of row 1 is an error naming it.
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("results[1].in_place.time"), std::string::npos)
+      << r.status().message();
+  std::string fixed = text;
+  fixed.replace(fixed.find("\"nan\""), 5, "12.75");
+  r = ParseNcclTests(fixed, "run.json");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->program, "all_gather_perf");
+  EXPECT_EQ(r->collective, CollectiveKind::kAllGather);
+  EXPECT_EQ(r->ranks, 2);
+  ASSERT_EQ(r->rows.size(), 2u);
+  EXPECT_EQ(r->rows[1].size_bytes, 1024u);
+  EXPECT_EQ(r->rows[1].root, -1);
+  EXPECT_DOUBLE_EQ(r->rows[1].out_of_place->time_us, 12.5);
+  EXPECT_FALSE(r->rows[1].out_of_place->wrong.has_value());
+  EXPECT_DOUBLE_EQ(r->rows[1].in_place->time_us, 12.75);
+  EXPECT_DOUBLE_EQ(*r->avg_busbw_GBps, 0.02);
+}
+
+TEST(NcclTestsParse, MalformedInputNamesFileAndLine) {
+  const std::string header =
+      "# Collective test starting: all_gather_perf\n"
+      "#  size  count  type  redop  root  time  algbw  busbw  #wrong  time  algbw  busbw  #wrong\n";
+  // Line 4: the out-of-place time is not a number.
+  StatusOr<NcclTestsResult> r =
+      ParseNcclTests(header +
+                         "1024 32 float none -1 20.1 0.05 0.04 0 20.2 0.05 0.04 0\n"
+                         "2048 64 float none -1 abc 0.10 0.09 0 20.2 0.05 0.04 0\n",
+                     "bad.txt", {.collective = std::nullopt, .ranks = 8});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidInput);
+  EXPECT_NE(r.status().message().find("bad.txt:4:"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("'abc'"), std::string::npos);
+  // Line 3: a row cut short.
+  r = ParseNcclTests(header + "1024 32 float none -1 20.1 0.05\n", "short.txt");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("short.txt:3:"), std::string::npos) << r.status().message();
+  // Without a header, a row of 10 fields fits no known layout.
+  r = ParseNcclTests("1024 32 float 20.1 0.05 0.04 0 20.2 0.05 0.04\n", "ag_x.txt");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("ag_x.txt:1:"), std::string::npos) << r.status().message();
+  // No rows at all.
+  r = ParseNcclTests("# nThread 1 nGpus 8\n", "empty.txt");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no result rows"), std::string::npos);
+  // JSON: a size that is not an integer.
+  r = ParseNcclTests(R"({"results": [{"size": "big", "count": 1}]})", "r.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("results[0].size"), std::string::npos);
+}
+
+TEST(NcclTestsParse, TypeSizesAndNames) {
+  EXPECT_EQ(NcclTypeBytes("float"), 4u);
+  EXPECT_EQ(NcclTypeBytes("bfloat16"), 2u);
+  EXPECT_EQ(NcclTypeBytes("int8"), 1u);
+  EXPECT_EQ(NcclTypeBytes("double"), 8u);
+  EXPECT_FALSE(NcclTypeBytes("quaternion").has_value());
+  EXPECT_EQ(CollectiveFromName("/x/y/all_gather_perf"), CollectiveKind::kAllGather);
+  EXPECT_EQ(CollectiveFromName("rs_8xA100.txt"), CollectiveKind::kReduceScatter);
+  EXPECT_EQ(CollectiveFromName("allreduce.log"), CollectiveKind::kAllReduce);
+  EXPECT_FALSE(CollectiveFromName("broadcast.log").has_value());
+}
+
+}  // namespace
+}  // namespace fsdplab::sim
