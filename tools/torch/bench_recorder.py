@@ -41,19 +41,17 @@ def step(model, x, microbatches):
         model(x).sum().backward()
 
 
-def median_step_us(model, x, steps, microbatches, rec=None):
+def cpu_us(fn):
     # CPU time of the process, not wall time: on a shared machine, time slices lost to other
     # processes would otherwise land on whichever run they hit.
-    times = []
-    for _ in range(steps):
-        t0 = time.process_time_ns()
-        if rec is None:
-            step(model, x, microbatches)
-        else:
-            with rec.step():
-                step(model, x, microbatches)
-        times.append((time.process_time_ns() - t0) / 1000.0)
-    return statistics.median(times)
+    t0 = time.process_time_ns()
+    fn()
+    return (time.process_time_ns() - t0) / 1000.0
+
+
+def recorded_step(rec, model, x, microbatches):
+    with rec.step():
+        step(model, x, microbatches)
 
 
 def main():
@@ -63,23 +61,28 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--microbatches", type=int, default=2)
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--no-saved-bytes", action="store_true", help="without saved-tensor hooks")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     plain = Net(args.units, args.width)
     recorded = Net(args.units, args.width)
     recorded.load_state_dict(plain.state_dict())
-    rec = fsdplab_record.Recorder(recorded)
+    rec = fsdplab_record.Recorder(recorded, saved_bytes=not args.no_saved_bytes)
     x = torch.randn(args.batch, args.width)
 
     for _ in range(3):  # warm up both
         step(plain, x, args.microbatches)
         with rec.step():
             step(recorded, x, args.microbatches)
-    base = median_step_us(plain, x, args.steps, args.microbatches)
+    # Plain and recorded steps alternate, so that drift in the machine's speed hits both alike.
+    plain_us, recorded_us = [], []
     before = rec.overhead()
-    with_rec = median_step_us(recorded, x, args.steps, args.microbatches, rec)
+    for _ in range(args.steps):
+        plain_us.append(cpu_us(lambda: step(plain, x, args.microbatches)))
+        recorded_us.append(cpu_us(lambda: recorded_step(rec, recorded, x, args.microbatches)))
     after = rec.overhead()
+    base, with_rec = statistics.median(plain_us), statistics.median(recorded_us)
     hooks = (after["hook_calls"] - before["hook_calls"]) / args.steps
     inside = (after["hook_total_us"] - before["hook_total_us"]) / (hooks * args.steps)
     print(f"torch {torch.__version__}, {args.units} units x {args.microbatches} microbatches")

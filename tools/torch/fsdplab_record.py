@@ -335,7 +335,7 @@ class Recorder:
             step = self._end_step()
         finally:
             self._clear_step()
-        if step["microbatches"]:
+        if step[0]:
             self._steps.append(step)
         else:
             warnings.warn("fsdplab_record: no module of the model ran inside rec.step()")
@@ -392,7 +392,7 @@ class Recorder:
             "version": _TRACE_VERSION,
             "meta": meta,
             "units": units,
-            "steps": self._steps,
+            "steps": [self._step_dict(s) for s in self._steps],
         }
 
     def save(self, path):
@@ -567,9 +567,18 @@ class Recorder:
                 f"fsdplab_record: the step ended with units still open ({open_units}): a forward "
                 "or backward was interrupted"
             )
-        times = self._clock.times_us()
-        step = {"microbatches": []}
         for raw in self._microbatches:
+            for op, obj, _ in raw:
+                if op == "compute":
+                    obj.saved_keys = None
+        # Read the clock now (CUDA: one synchronize, after the step); build the events on demand.
+        return (self._microbatches, self._clock.times_us())
+
+    @staticmethod
+    def _step_dict(raw_step):
+        microbatches, times = raw_step
+        step = {"microbatches": []}
+        for raw in microbatches:
             events = []
             for op, obj, m in raw:
                 if op == "compute":
@@ -595,10 +604,6 @@ class Recorder:
     # ----------------------------------------------------------------------------------------
     # Hooks. Each returns None (results are never changed) and returns at once outside a step.
 
-    def _timed(self, t0):
-        self._hook_calls += 1
-        self._hook_ns += time.perf_counter_ns() - t0
-
     def _make_pre_forward(self, u):
         def hook(module, inputs):
             if not self._active:
@@ -611,7 +616,8 @@ class Recorder:
             self._stack.append(_Frame(u, phase))
             u.fw_depth += 1
             self._emit("pre_forward", u, m)
-            self._timed(t0)
+            self._hook_calls += 1
+            self._hook_ns += time.perf_counter_ns() - t0
 
         return hook
 
@@ -629,7 +635,8 @@ class Recorder:
                     self._hook_output_grads(u, output)
                 if u.trainable and self._lazy_params:
                     self._hook_params(u)
-            self._timed(t0)
+            self._hook_calls += 1
+            self._hook_ns += time.perf_counter_ns() - t0
 
         return hook
 
@@ -709,7 +716,8 @@ class Recorder:
                 return
             t0 = time.perf_counter_ns()
             self._post_backward(u, self._mark())
-            self._timed(t0)
+            self._hook_calls += 1
+            self._hook_ns += time.perf_counter_ns() - t0
 
         return hook
 
@@ -733,7 +741,8 @@ class Recorder:
             )
             self._stack.append(u.bw_frame)
         self._emit("pre_backward", u, m)
-        self._timed(t0)
+        self._hook_calls += 1
+        self._hook_ns += time.perf_counter_ns() - t0
 
     def _param_grad(self, u, key):
         if not self._active or not self._in_backward or key in u.grads_seen:
@@ -744,7 +753,8 @@ class Recorder:
             u.remaining -= 1
             if u.remaining == 0:
                 self._post_backward(u, self._mark())
-        self._timed(t0)
+        self._hook_calls += 1
+        self._hook_ns += time.perf_counter_ns() - t0
 
     def _post_backward(self, u, m):
         frame = u.bw_frame
@@ -767,7 +777,8 @@ class Recorder:
         self._events = None
         self._last_mark = None
         self._gap = None
-        self._timed(t0)
+        self._hook_calls += 1
+        self._hook_ns += time.perf_counter_ns() - t0
 
     def _leaf_pre(self, module, inputs):
         owner = self._leaf_owner.get(id(module))
@@ -780,7 +791,8 @@ class Recorder:
         self._mark()
         owner.recompute_seen.add("inside")
         self._stack.append(_Frame(owner, "recompute", leaf=module))
-        self._timed(t0)
+        self._hook_calls += 1
+        self._hook_ns += time.perf_counter_ns() - t0
 
     def _leaf_post(self, module, inputs, output):
         if not self._active or not self._stack or self._stack[-1].leaf is not module:
@@ -788,7 +800,8 @@ class Recorder:
         t0 = time.perf_counter_ns()
         self._mark()
         self._emit_compute(self._stack.pop())
-        self._timed(t0)
+        self._hook_calls += 1
+        self._hook_ns += time.perf_counter_ns() - t0
 
     # Saved-tensor hooks: count the activations each open forward / recompute keeps for
     # backward. Parameters (and views of them) are not activations.
@@ -809,7 +822,8 @@ class Recorder:
             if not isinstance(base, torch.nn.Parameter) and key not in frame.saved_keys:
                 frame.saved_keys.add(key)
                 frame.saved += t.numel() * t.element_size()
-        self._timed(t0)
+        self._hook_calls += 1
+        self._hook_ns += time.perf_counter_ns() - t0
         return t
 
     @staticmethod
