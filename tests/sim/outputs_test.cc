@@ -1,0 +1,257 @@
+// Report from a hand-built timeline, Chrome trace format, sweep helpers, cluster costs, engine.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <variant>
+
+#include "fsdplab/core/chrome_trace.h"
+#include "fsdplab/core/report.h"
+#include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/event_queue.h"
+#include "fsdplab/sim/simulator.h"
+#include "fsdplab/sim/sweep.h"
+#include "sim_test_util.h"
+
+namespace fsdplab::sim {
+namespace {
+
+TimelineOp Op(Track track, OpKind kind, int step, TimeUs start, TimeUs end, Bytes bytes = 0) {
+  TimelineOp op;
+  op.track = track;
+  op.kind = kind;
+  op.step = step;
+  op.start_us = start;
+  op.end_us = end;
+  op.bytes = bytes;
+  op.unit = 0;
+  return op;
+}
+
+// BuildReport works on any timeline (no simulator). Step 0: gather [0,10], compute [10,50],
+// gather [40,60] (overlaps compute 10 us), reduce-scatter [50,70]. Step 1: gather [65,75]
+// (starts inside step 0's window), compute [75,100].
+// Step 0 window [0,70]: compute 40, collectives [0,10] and [50,70] not under compute: exposed
+// 10 + 20 = 30. Step 1 window [70,100]: compute 25, exposed [70,75] = 5 (the part of its gather
+// inside its own window). Overlapped: step 0 gathers 1 of 2 ([40,60]); its reduce-scatter
+// [50,70] meets compute [10,50] only at a point: not overlapped. Step 1's gather [65,75] meets
+// no compute with positive length: 0.
+TEST(Report, FromHandBuiltTimeline) {
+  Timeline tl;
+  tl.source = "live-host";
+  tl.ops = {Op(Track::kAllGather, OpKind::kAllGather, 0, 0, 10, 100),
+            Op(Track::kCompute, OpKind::kCompute, 0, 10, 50),
+            Op(Track::kAllGather, OpKind::kAllGather, 0, 40, 60, 100),
+            Op(Track::kReduceScatter, OpKind::kReduceScatter, 0, 50, 70, 50),
+            Op(Track::kAllGather, OpKind::kAllGather, 1, 65, 75, 100),
+            Op(Track::kCompute, OpKind::kCompute, 1, 75, 100)};
+  for (std::size_t i = 0; i < tl.ops.size(); ++i) tl.ops[i].id = static_cast<std::int64_t>(i);
+  MemorySample m0;
+  m0.t_us = 0;
+  m0.bytes[0] = 1000;
+  MemorySample m1 = m0;
+  m1.t_us = 80;
+  m1.bytes[1] = 500;
+  tl.memory = {m0, m1};
+  Report r = BuildReport(tl, ReportInputs{});
+  EXPECT_TRUE(r.measured);
+  ASSERT_EQ(r.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(r.steps[0].time_us, 70);
+  EXPECT_DOUBLE_EQ(r.steps[0].compute_us, 40);
+  EXPECT_DOUBLE_EQ(r.steps[0].exposed_comm_us, 30);
+  EXPECT_EQ(r.steps[0].allgather.count, 2);
+  EXPECT_EQ(r.steps[0].allgather.overlapped, 1);
+  EXPECT_EQ(r.steps[0].reduce_scatter.overlapped, 0);
+  EXPECT_DOUBLE_EQ(r.steps[1].time_us, 30);
+  EXPECT_DOUBLE_EQ(r.steps[1].exposed_comm_us, 5);
+  EXPECT_EQ(r.steps[1].allgather.overlapped, 0);
+  EXPECT_EQ(r.steps[0].peak_memory_bytes, 1000u);
+  EXPECT_EQ(r.steps[1].peak_memory_bytes, 1500u);
+  EXPECT_DOUBLE_EQ(r.summary.step_time_us, 30);  // steps after the first
+  nlohmann::json j = nlohmann::json::parse(ReportToJson(r));
+  EXPECT_EQ(j["format"], "fsdplab.report");
+  EXPECT_EQ(j["version"], 1);
+  for (const char* key : {"policy", "cluster", "order", "steps", "summary", "errors", "warnings"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  for (const char* key : {"index", "time_us", "compute_us", "exposed_comm_us", "allgather",
+                          "reduce_scatter", "peak_memory_bytes"}) {
+    EXPECT_TRUE(j["steps"][0].contains(key)) << key;
+  }
+  for (const char* key : {"count", "bytes", "overlapped"}) {
+    EXPECT_TRUE(j["steps"][0]["allgather"].contains(key)) << key;
+  }
+  for (const char* key : {"step_time_us", "exposed_comm_us", "overlap_ratio", "peak_memory_bytes",
+                          "lower_bound_us"}) {
+    EXPECT_TRUE(j["summary"].contains(key)) << key;
+  }
+}
+
+// The Chrome trace of a simulated run parses, names processes and threads, nests every X event
+// per track, and every flow start has its end inside a slice.
+TEST(ChromeTrace, ParsesNestsAndLinksFlows) {
+  Trace trace = testing::ThreeUnitTrace();
+  SimOptions opt;
+  opt.cluster = testing::TwoRankCluster();
+  opt.fold_symmetric_ranks = false;
+  opt.steps = 2;
+  StatusOr<SimResult> r = Simulate(trace, opt);
+  ASSERT_TRUE(r.ok());
+  nlohmann::json doc = nlohmann::json::parse(TimelineToChromeTrace(r->timeline, trace.model));
+  const nlohmann::json& ev = doc["traceEvents"];
+  std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> slices;
+  std::map<long, int> flow_starts;
+  std::map<long, int> flow_ends;
+  std::set<int> named_pids;
+  int counters = 0;
+  for (const auto& e : ev) {
+    std::string ph = e["ph"];
+    if (ph == "M" && e["name"] == "process_name") named_pids.insert(e["pid"].get<int>());
+    if (ph == "X") {
+      ASSERT_GE(e["dur"].get<double>(), 0);
+      slices[{e["pid"], e["tid"]}].push_back(
+          {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
+      EXPECT_TRUE(e["args"].contains("unit"));
+    }
+    if (ph == "s") ++flow_starts[e["id"].get<long>()];
+    if (ph == "f") {
+      ++flow_ends[e["id"].get<long>()];
+      EXPECT_EQ(e["bp"], "e");
+    }
+    if (ph == "C") ++counters;
+  }
+  EXPECT_EQ(named_pids, (std::set<int>{0, 1}));
+  EXPECT_GT(counters, 0);
+  EXPECT_FALSE(flow_starts.empty());
+  EXPECT_EQ(flow_starts.size(), flow_ends.size());
+  for (const auto& [id, n] : flow_starts) EXPECT_EQ(flow_ends[id], n) << "flow " << id;
+  // Nesting: sorted by start, each slice lies inside the open one or starts after it ends.
+  for (auto& [key, list] : slices) {
+    std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first < b.first : a.second > b.second;
+    });
+    std::vector<double> open;
+    for (const auto& [s, e] : list) {
+      while (!open.empty() && open.back() <= s) open.pop_back();
+      if (!open.empty()) {
+        EXPECT_LE(e, open.back()) << "slice [" << s << "," << e << "] overlaps";
+      }
+      open.push_back(e);
+    }
+  }
+  // Each flow event lies inside a slice of its track.
+  for (const auto& e : ev) {
+    std::string ph = e["ph"];
+    if (ph != "s" && ph != "f") continue;
+    double ts = e["ts"];
+    bool inside = false;
+    for (const auto& [s, en] : slices[{e["pid"], e["tid"]}]) inside |= s <= ts && ts <= en;
+    EXPECT_TRUE(inside) << e.dump();
+  }
+}
+
+TEST(Sweep, ParetoFrontAndBestUnderCap) {
+  std::vector<SweepRow> rows(4);
+  // (step us, peak bytes): A (100, 50), B (80, 70), C (90, 80) dominated by B, D failed.
+  rows[0].step_time_us = 100;
+  rows[0].peak_memory_bytes = 50;
+  rows[1].step_time_us = 80;
+  rows[1].peak_memory_bytes = 70;
+  rows[2].step_time_us = 90;
+  rows[2].peak_memory_bytes = 80;
+  rows[3].status = StepFailed("x");
+  EXPECT_EQ(ParetoFront(rows), (std::vector<std::size_t>{0, 1}));
+  EXPECT_EQ(SortedByStepTime(rows), (std::vector<std::size_t>{1, 2, 0, 3}));
+  EXPECT_EQ(BestUnderCap(rows, 75), std::optional<std::size_t>(1));
+  EXPECT_EQ(BestUnderCap(rows, 60), std::optional<std::size_t>(0));
+  EXPECT_EQ(BestUnderCap(rows, 10), std::nullopt);
+  SweepResult res;
+  res.rows = rows;
+  std::string svg = SweepSvg(res, Bytes{60}, "t");
+  EXPECT_NE(svg.find("peak memory per rank (GiB)"), std::string::npos);
+  EXPECT_NE(svg.find("step time (ms)"), std::string::npos);
+  EXPECT_NE(svg.find("Pareto"), std::string::npos);
+}
+
+TEST(Sweep, RunsTheGridInParallel) {
+  Trace trace = testing::ThreeUnitTrace();
+  SimOptions base;
+  base.cluster = testing::TwoRankCluster();
+  base.steps = 2;
+  std::vector<Policy> grid(3);
+  grid[0].forward_prefetch = Budget{Budget::Kind::kUnits, 0};
+  grid[1].forward_prefetch = Budget{Budget::Kind::kUnits, 1};
+  grid[2].forward_prefetch = Budget{Budget::Kind::kUnits, 2};
+  int calls = 0;
+  SweepResult r = RunSweep(trace, grid, base, {"forward_prefetch"}, 2, [&](int, int) { ++calls; });
+  ASSERT_EQ(r.rows.size(), 3u);
+  EXPECT_GT(calls, 0);
+  for (const SweepRow& row : r.rows) EXPECT_TRUE(row.ok()) << row.status.ToString();
+  EXPECT_EQ(r.rows[1].values, std::vector<std::string>{"1"});
+  // No forward prefetch exposes every forward gather: slower than budget 1.
+  EXPECT_GT(r.rows[0].step_time_us, r.rows[1].step_time_us);
+  EXPECT_NE(SweepCsv(r).find("forward_prefetch,step_time_us"), std::string::npos);
+}
+
+// Ring: 8 ranks, 360 GB/s, 3 us, 360 MB: 7*3 + 7/8 * 360e6 / 360e3 = 21 + 875 = 896 us.
+// Hierarchical, 16 ranks on 2 nodes of 8, inter 45 GB/s 20 us: inter ring over 2 nodes on
+// 360e6/8 = 45e6 bytes: 20 + 1/2 * 45e6 / 45e3 = 520 us, plus the intra ring 896 us = 1416 us.
+TEST(Cluster, AlphaBetaRingAndHierarchy) {
+  Cluster c;
+  EXPECT_DOUBLE_EQ(c.CollectiveUs(CollectiveKind::kAllGather, 360000000), 896);
+  c.world_size = 16;
+  EXPECT_DOUBLE_EQ(c.CollectiveUs(CollectiveKind::kAllGather, 360000000), 1416);
+  EXPECT_DOUBLE_EQ(c.CollectiveUs(CollectiveKind::kAllReduce, 360000000), 2 * 1416);
+  c.world_size = 1;
+  EXPECT_DOUBLE_EQ(c.CollectiveUs(CollectiveKind::kAllGather, 360000000), 0);
+}
+
+TEST(Cluster, FileRoundTripCalibrationAndErrors) {
+  StatusOr<Cluster> c = ParseClusterJson(
+      R"({"world_size": 8, "gpus_per_node": 8, "intra": {"bandwidth_GBps": 100, "latency_us": 5},
+          "calibration": {"all_gather": {"intra": [
+            {"min_bytes": 0, "max_bytes": 1000000, "latency_us": 10, "bandwidth_GBps": 50},
+            {"min_bytes": 1000000, "max_bytes": 100000000, "latency_us": 1, "bandwidth_GBps": 200}]}}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->defaults_used);
+  // 8e6 bytes falls in the second segment: 7*1 + 7/8 * 8e6 / 200e3 = 7 + 35 = 42 us; the
+  // reduce-scatter has no calibration and uses the line: 7*5 + 7/8 * 8e6 / 100e3 = 35 + 70.
+  EXPECT_DOUBLE_EQ(c->CollectiveUs(CollectiveKind::kAllGather, 8000000), 42);
+  EXPECT_DOUBLE_EQ(c->CollectiveUs(CollectiveKind::kReduceScatter, 8000000), 105);
+  StatusOr<Cluster> back = ParseClusterJson(ClusterToJson(*c));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, *c);
+  StatusOr<Cluster> bad = ParseClusterJson(R"({"intra": {"bandwidth_GBps": -1}})");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidInput);
+  StatusOr<Cluster> unknown = ParseClusterJson(R"({"wrld_size": 8})");
+  EXPECT_NE(unknown.status().message().find("wrld_size"), std::string::npos);
+}
+
+TEST(EventQueue, OrdersByTimeThenSequence) {
+  struct A {
+    int v;
+  };
+  struct B {
+    int v;
+  };
+  EventQueue<std::variant<A, B>> q;
+  q.Push(5, A{1});
+  q.Push(1, B{2});
+  q.Push(5, B{3});
+  q.Push(1, A{4});
+  std::vector<int> seen;
+  q.Run([&](TimeUs now, const std::variant<A, B>& e) {
+    std::visit(Overloaded{[&](const A& a) {
+                            seen.push_back(a.v);
+                            if (a.v == 4) q.Push(now, A{5});  // same time: after those queued
+                          },
+                          [&](const B& b) { seen.push_back(b.v); }},
+               e);
+  });
+  EXPECT_EQ(seen, (std::vector<int>{2, 4, 5, 1, 3}));
+  EXPECT_EQ(q.processed(), 5u);
+}
+
+}  // namespace
+}  // namespace fsdplab::sim

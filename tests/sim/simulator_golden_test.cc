@@ -1,0 +1,160 @@
+// Golden values derived by hand for the three-unit trace of sim_test_util.h.
+#include <gtest/gtest.h>
+
+#include "fsdplab/core/report.h"
+#include "fsdplab/sim/simulator.h"
+#include "sim_test_util.h"
+
+namespace fsdplab::sim {
+namespace {
+
+using testing::ThreeUnitTrace;
+using testing::TwoRankCluster;
+
+struct SimRun {
+  SimResult result;
+  Report report;
+};
+
+SimRun Simulate2(const Trace& trace, SimOptions opt) {
+  StatusOr<SimResult> r = Simulate(trace, opt);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  ReportInputs in;
+  in.model = &trace.model;
+  in.policy = &opt.policy;
+  in.order = &r->order;
+  Report rep = BuildReport(r->timeline, in);
+  return {std::move(*r), std::move(rep)};
+}
+
+SimOptions GoldenOptions() {
+  SimOptions opt;
+  opt.cluster = TwoRankCluster();
+  opt.launch_us = 0;  // the host issues everything at t=0
+  opt.steps = 2;
+  return opt;  // registration order, budget 1, first-unit prefetch on, separate streams
+}
+
+// Gathers: model 200,000 B -> 100 us; a, b 400,000 B -> 200 us. Reduce-scatters (bf16 grads):
+// a, b 400,000 B -> 200 us; model 200,000 B -> 100 us.
+//
+// Step 0 (registration order model, a, b; backward model, b, a):
+//   all-gather stream: model (first unit) 0-100, a (prefetch by model) 100-300, b (prefetch by
+//   a) 300-500; release a after a's forward (1300), release b after b's forward (2300); b
+//   (backward prefetch by model) 2300-2500, a (prefetch by b) 2500-2700; releases at 4500
+//   (b), 6500 (a, model).
+//   compute: a forward 300-1300 (waits for a's gather), b forward 1300-2300, b backward
+//   2500-4500 (waits for its backward gather), a backward 4500-6500.
+//   reduce-scatter stream: b 4500-4700, a 6500-6700, model 6700-6800; backward_end makes
+//   compute wait for it: the step ends at 6800.
+//   exposed: [0,300] + [2300,2500] + [6500,6800] = 800 us; compute 6000 us; time 6800 us.
+//   overlapped all-gathers: b [300,500] and a [2500,2700] -> 2 of 5; reduce-scatters: b -> 1
+//   of 3.
+// Step 1: the first-unit gather of model runs 6500-6600 (the host ran ahead; its stream is
+//   free once step 0's releases ran at 6500). The root's pre_forward orders the all-gather
+//   stream after step 0's compute (including the wait for the reduce-scatters, 6800): a
+//   6800-7000, b 7000-7200; a forward 7000-8000, b forward 8000-9000; b, a backward gathers
+//   9000-9200, 9200-9400; b backward 9200-11200, a backward 11200-13200; reduce-scatters b
+//   11200-11400, a 13200-13400, model 13400-13500.
+//   window [6800, 13500]: time 6700 us; compute 6000 us; exposed [6800,7000] + [9000,9200] +
+//   [13200,13500] = 700 us. Overlapped: all-gathers b, a(backward) -> 2 of 5 (model's
+//   first-unit gather [6500,6600] meets no compute); reduce-scatters b -> 1 of 3.
+TEST(SimulatorGolden, StepTimesExposedAndOverlap) {
+  Trace trace = ThreeUnitTrace();
+  SimRun run = Simulate2(trace, GoldenOptions());
+  ASSERT_TRUE(run.result.status.ok()) << run.result.status.ToString();
+  ASSERT_EQ(run.report.steps.size(), 2u);
+  const StepReport& s0 = run.report.steps[0];
+  const StepReport& s1 = run.report.steps[1];
+  EXPECT_DOUBLE_EQ(s0.start_us, 0);
+  EXPECT_DOUBLE_EQ(s0.time_us, 6800);
+  EXPECT_DOUBLE_EQ(s0.compute_us, 6000);
+  EXPECT_DOUBLE_EQ(s0.exposed_comm_us, 800);
+  EXPECT_EQ(s0.allgather.count, 5);
+  EXPECT_EQ(s0.allgather.overlapped, 2);
+  EXPECT_EQ(s0.allgather.bytes, 200000u + 4 * 400000u);
+  EXPECT_EQ(s0.reduce_scatter.count, 3);
+  EXPECT_EQ(s0.reduce_scatter.overlapped, 1);
+  EXPECT_EQ(s0.reduce_scatter.bytes, 1000000u);
+
+  EXPECT_DOUBLE_EQ(s1.start_us, 6800);
+  EXPECT_DOUBLE_EQ(s1.end_us, 13500);
+  EXPECT_DOUBLE_EQ(s1.time_us, 6700);
+  EXPECT_DOUBLE_EQ(s1.compute_us, 6000);
+  EXPECT_DOUBLE_EQ(s1.exposed_comm_us, 700);
+  EXPECT_EQ(s1.allgather.overlapped, 2);
+  EXPECT_EQ(s1.reduce_scatter.overlapped, 1);
+
+  // Summary: the steps after the first. Lower bound: compute 6000 us (the all-gather stream is
+  // busy 900 us, the reduce-scatter stream 500 us).
+  EXPECT_DOUBLE_EQ(run.report.summary.step_time_us, 6700);
+  EXPECT_DOUBLE_EQ(run.report.summary.exposed_comm_us, 700);
+  EXPECT_DOUBLE_EQ(run.report.summary.lower_bound_us, 6000);
+  EXPECT_DOUBLE_EQ(run.report.summary.overlap_ratio, 6.0 / 16.0);
+  EXPECT_EQ(run.result.ranks_simulated, 1);  // two identical ranks, folded
+}
+
+// Memory (bytes, rank 0). Sharded params: half of the unsharded 200,000 / 400,000 / 400,000,
+// i.e. 100,000 + 200,000 + 200,000 = 500,000.
+// Step 0: gathered buffers count from their start. Highest point at 4500: model 200,000 and a
+// 400,000 still gathered (b released at 4500 before a's backward starts), b's unsharded grads
+// freed only when its reduce-scatter ends (4700): 400,000, b's reduce-scatter output 200,000,
+// a's unsharded grads 400,000 from a's backward start: 500,000 + 600,000 + 400,000 + 200,000 +
+// 400,000 = 2,100,000.
+// Step 1 adds the sharded grads kept since step 0 (200,000 + 200,000 + 100,000): at 11200 the
+// same picture gives 2,100,000 + 500,000 = 2,600,000.
+TEST(SimulatorGolden, PeakMemory) {
+  Trace trace = ThreeUnitTrace();
+  SimRun run = Simulate2(trace, GoldenOptions());
+  ASSERT_EQ(run.report.steps.size(), 2u);
+  EXPECT_EQ(run.report.steps[0].peak_memory_bytes, 2100000u);
+  EXPECT_EQ(run.report.steps[1].peak_memory_bytes, 2600000u);
+  const auto& cat = run.report.steps[1].peak_by_category;
+  EXPECT_EQ(cat[static_cast<int>(MemoryCategory::kShardedParams)], 500000u);
+  EXPECT_EQ(cat[static_cast<int>(MemoryCategory::kUnshardedParams)], 600000u);
+  EXPECT_EQ(cat[static_cast<int>(MemoryCategory::kUnshardedGrads)], 800000u);
+  EXPECT_EQ(cat[static_cast<int>(MemoryCategory::kReduceScatterBuffers)], 200000u);
+  EXPECT_EQ(cat[static_cast<int>(MemoryCategory::kShardedGrads)], 500000u);
+  EXPECT_EQ(run.report.summary.peak_memory_bytes, 2600000u);
+  EXPECT_DOUBLE_EQ(run.report.summary.peak_memory_at_us, 11200);
+}
+
+// Every rank simulated (no folding) must give the same times as the folded run: the
+// collectives match on every rank and start together.
+TEST(SimulatorGolden, UnfoldedRanksMatchFolded) {
+  Trace trace = ThreeUnitTrace();
+  SimOptions opt = GoldenOptions();
+  opt.fold_symmetric_ranks = false;
+  SimRun run = Simulate2(trace, opt);
+  EXPECT_EQ(run.result.ranks_simulated, 2);
+  ASSERT_EQ(run.report.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(run.report.steps[1].time_us, 6700);
+  EXPECT_DOUBLE_EQ(run.report.steps[1].exposed_comm_us, 700);
+}
+
+// A straggler: rank 1 computes twice as slow. Collectives wait for it, so rank 0's step 1 takes
+// longer than 6700 us; both ranks are simulated.
+TEST(SimulatorGolden, StragglerSlowsEveryRank) {
+  Trace trace = ThreeUnitTrace();
+  SimOptions opt = GoldenOptions();
+  opt.stragglers = {{1, 2.0}};
+  SimRun run = Simulate2(trace, opt);
+  EXPECT_EQ(run.result.ranks_simulated, 2);
+  ASSERT_EQ(run.report.steps.size(), 2u);
+  // Rank 1's compute is 12,000 us per step and the step cannot end before it: at least that.
+  EXPECT_GE(run.report.steps[1].time_us, 12000);
+}
+
+// Launch cost: every command of the host costs 2 us; the first gather is issued at 2 us, so
+// step 0 starts there.
+TEST(SimulatorGolden, LaunchCostDelaysTheFirstGather) {
+  Trace trace = ThreeUnitTrace();
+  SimOptions opt = GoldenOptions();
+  opt.launch_us = 2;
+  SimRun run = Simulate2(trace, opt);
+  ASSERT_FALSE(run.report.steps.empty());
+  EXPECT_DOUBLE_EQ(run.report.steps[0].start_us, 2);
+}
+
+}  // namespace
+}  // namespace fsdplab::sim
