@@ -12,7 +12,7 @@
 namespace fsdplab::sim {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // The line of one segment in "fit space": time = a_total + x * c, where a_total = (W-1)*alpha,
 // x = (W-1)/W * bytes / 1e3 and c = 1 / bandwidth_GBps.
@@ -222,39 +222,55 @@ StatusOr<std::vector<Segment>> FitSegments(std::vector<SizeTime> points, int wor
   auto minimax = [&](std::size_t k) { return mm[k * stride + n]; };
   double best_all = kInf;
   for (std::size_t k = 1; k <= max_k; ++k) best_all = std::min(best_all, minimax(k));
-  std::size_t k_use = max_k;
-  for (std::size_t k = 1; k <= max_k; ++k) {
-    if (minimax(k) <= best_all + options.tolerance_pct / 100.0) {
-      k_use = k;
-      break;
-    }
-  }
-  const double cap = minimax(k_use) * (1 + 1e-9) + 1e-12;
-  // Phase 2: among partitions into k_use segments whose every segment is within `cap`, the
-  // smallest sum of squared errors.
-  std::vector<std::vector<double>> sse(k_use + 1, std::vector<double>(n + 1, kInf));
-  std::vector<std::vector<std::size_t>> from(k_use + 1, std::vector<std::size_t>(n + 1, 0));
-  sse[0][0] = 0;
-  for (std::size_t k = 1; k <= k_use; ++k) {
-    for (std::size_t j = 1; j <= n; ++j) {
-      for (std::size_t i = 0; i < j; ++i) {
-        if (!allowed[i][j - 1] || sse[k - 1][i] == kInf || fits[i][j - 1].max_err > cap) continue;
-        double c = sse[k - 1][i] + fits[i][j - 1].sse;
-        if (c < sse[k][j]) {
-          sse[k][j] = c;
-          from[k][j] = i;
+  // Phase 2: among partitions into k segments whose every segment is within the minimax of k,
+  // the smallest sum of squared errors. Returns that sum and the ranges [start, end].
+  using Ranges = std::vector<std::pair<std::size_t, std::size_t>>;
+  auto partition = [&](std::size_t k_segs) -> std::pair<double, Ranges> {
+    const double cap = minimax(k_segs) * (1 + 1e-9) + 1e-12;
+    std::vector<std::vector<double>> sse(k_segs + 1, std::vector<double>(n + 1, kInf));
+    std::vector<std::vector<std::size_t>> from(k_segs + 1, std::vector<std::size_t>(n + 1, 0));
+    sse[0][0] = 0;
+    for (std::size_t k = 1; k <= k_segs; ++k) {
+      for (std::size_t j = 1; j <= n; ++j) {
+        for (std::size_t i = 0; i < j; ++i) {
+          if (!allowed[i][j - 1] || sse[k - 1][i] == kInf || fits[i][j - 1].max_err > cap) {
+            continue;
+          }
+          double c = sse[k - 1][i] + fits[i][j - 1].sse;
+          if (c < sse[k][j]) {
+            sse[k][j] = c;
+            from[k][j] = i;
+          }
         }
       }
     }
+    Ranges ranges;
+    if (sse[k_segs][n] == kInf) return {kInf, ranges};
+    for (std::size_t k = k_segs, j = n; k > 0; --k) {
+      std::size_t i = from[k][j];
+      ranges.emplace_back(i, j - 1);
+      j = i;
+    }
+    return {sse[k_segs][n], ranges};
+  };
+  // The number of segments: the smallest k whose maximum error and root-mean-square error are
+  // both within the tolerance of the best any k <= max_k reaches.
+  std::vector<std::pair<double, Ranges>> parts(max_k + 1);
+  double best_rms = kInf;
+  for (std::size_t k = 1; k <= max_k; ++k) {
+    if (minimax(k) == kInf) continue;
+    parts[k] = partition(k);
+    best_rms = std::min(best_rms, std::sqrt(parts[k].first / static_cast<double>(n)));
   }
-  if (sse[k_use][n] == kInf) return InternalError("calibration: no partition found");
-  // Walk back: ranges [start, end] per segment.
-  std::vector<std::pair<std::size_t, std::size_t>> ranges;
-  for (std::size_t k = k_use, j = n; k > 0; --k) {
-    std::size_t i = from[k][j];
-    ranges.emplace_back(i, j - 1);
-    j = i;
+  const double tol = options.tolerance_pct / 100.0;
+  std::size_t k_use = 0;
+  for (std::size_t k = 1; k <= max_k && k_use == 0; ++k) {
+    if (parts[k].second.empty()) continue;
+    double rms = std::sqrt(parts[k].first / static_cast<double>(n));
+    if (minimax(k) <= best_all + tol && rms <= best_rms + tol) k_use = k;
   }
+  if (k_use == 0) return InternalError("calibration: no partition found");
+  Ranges ranges = parts[k_use].second;
   std::reverse(ranges.begin(), ranges.end());
 
   std::vector<Segment> out;

@@ -100,7 +100,7 @@ Status Run(const Args& args) {
   cluster.compute_scale = compute_scale;
   cluster.world_size = 0;
   std::string text;
-  nlohmann::json fits_json = nlohmann::json::array();
+  nlohmann::ordered_json fits_json = nlohmann::ordered_json::array();
   for (const auto& [key, group] : groups) {
     auto [kind, tier, ranks] = key;
     if (!seen.insert({kind, tier}).second) {
@@ -115,7 +115,7 @@ Status Run(const Args& args) {
     text += sim::FormatFit(fit);
     text += fmt::format("  (one line over all sizes: max |error| {:.2f}%, median {:.2f}%)\n\n",
                         line.max_error_pct, line.median_error_pct);
-    nlohmann::json fj = nlohmann::json::parse(sim::FitToJson(fit));
+    nlohmann::ordered_json fj = nlohmann::ordered_json::parse(sim::FitToJson(fit));
     fj["single_line_max_error_pct"] = line.max_error_pct;
     fits_json.push_back(std::move(fj));
     cluster.world_size = std::max(cluster.world_size, ranks);
@@ -125,9 +125,9 @@ Status Run(const Args& args) {
   if (auto out = args.Get("-o")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*out, cluster_json));
 
   if (args.Has("--json")) {
-    nlohmann::json doc;
+    nlohmann::ordered_json doc;
     doc["fits"] = std::move(fits_json);
-    doc["cluster"] = nlohmann::json::parse(cluster_json);
+    doc["cluster"] = nlohmann::ordered_json::parse(cluster_json);
     fmt::print("{}\n", doc.dump(2));
   } else {
     fmt::print("{}", text);
