@@ -373,6 +373,7 @@ Status StreamProgram::LowerGather(const GatherCmd& cmd, const CommandOrigin& ori
     if (config_.emulated) op.copy_bytes = pl.shard * static_cast<Bytes>(w - 1);
     Push(std::move(op));
   }
+  for (const Planned& pl : planned) filled_at_[pl.out] = pos_[static_cast<std::size_t>(s)];
   const int end = Record(s, /*timed=*/true);
   TimelineOp t;
   t.track = Track::kAllGather;
@@ -445,7 +446,7 @@ Status StreamProgram::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
         }
         const int b = it->second;
         // The compute stream must be ordered after the collective that filled the buffer.
-        const std::int64_t filled = uses_[static_cast<std::size_t>(b)][kStreamAllGather];
+        const std::int64_t filled = filled_at_[b];
         if (clock_[kStreamCompute][kStreamAllGather] < filled) {
           return InternalError(fmt::format(
               "{}: reads the {} plane of group {} before the compute stream waited for its "
@@ -584,6 +585,7 @@ Status StreamProgram::LowerRelease(const ReleaseCmd& cmd, const CommandOrigin& o
                     .plane = p,
                     .origin = origin});
       freed += PlaneBytesOf(group, p);
+      filled_at_.erase(it->second);
       unsharded_.erase(it);
     }
     planes = planes | piece.planes;

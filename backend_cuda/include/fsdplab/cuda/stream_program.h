@@ -113,8 +113,8 @@ struct ProgramConfig final {
   int check_step = 0;     // the step whose collectives are checked (checks take device time)
   // Fault injection (LiveOptions): at `fail_step`, for `fail_unit` (kNoUnit: the first unit
   // with parameters), when `rank == fail_rank`.
-  std::optional<int> fail_rank;
-  std::string fail_op;
+  std::optional<int> fail_rank{};
+  std::string fail_op{};
   int fail_step = 0;
   UnitId fail_unit = kNoUnit;
 };
@@ -214,6 +214,7 @@ class StreamProgram final {
   std::map<std::pair<UnitId, int>, int> grads_;            // (unit, group) -> unsharded grads
   std::map<std::pair<UnitId, int>, int> sharded_grads_;    // (unit, group) -> sharded grads
   std::map<UnitId, GatherRecord> last_gather_;
+  std::map<int, std::int64_t> filled_at_;  // unsharded buffer -> its collective's position + 1
   std::vector<std::int64_t> pending_waited_on_;
   std::vector<TimelineOp> timeline_;
   std::vector<OpSlots> op_slots_;

@@ -1,0 +1,283 @@
+// The CUDA executor's stream program on the CPU: DESIGN §1's protocol, buffer lifetimes, plane
+// checks and memory accounting, without a device.
+#include "fsdplab/cuda/stream_program.h"
+
+#include <gtest/gtest.h>
+
+#include "fsdplab/core/scheduler.h"
+#include "fsdplab/core/trace.h"
+
+namespace fsdplab::cuda {
+namespace {
+
+// Two units, world size 4:
+//   model     bf16  w [64, 32]: 2048 elements = 4096 bytes, shard 1024
+//   model.l0  mxfp8 fc1.weight [64, 64]: rowwise 4096 data + 64 rows x 2 scales = 4224 bytes,
+//             columnwise likewise 4224; shard of one plane over 4 ranks = 1056
+Model TwoUnits() {
+  ModelBuilder b;
+  b.AddUnit("model", std::nullopt, {{"w", DType::kBf16, {64, 32}, std::nullopt}});
+  b.AddUnit("model.l0", "model", {{"fc1.weight", DType::kMxfp8, {64, 64}, std::nullopt}});
+  StatusOr<Model> m = std::move(b).Build();
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return std::move(m).value();
+}
+
+Command Cmd(CommandBody body, int step = 0) {
+  return Command{CommandOrigin{.step = step, .microbatch = 0, .event = 3}, std::move(body)};
+}
+
+GatherCmd GatherL0(PlaneSet planes, Phase phase = Phase::kForward) {
+  GatherCmd g;
+  g.unit = 1;
+  g.phase = phase;
+  g.reason = GatherReason::kDemand;
+  g.pieces = {PlanePiece{.group = 0, .planes = planes, .bytes = 4224, .shard_bytes = 1056}};
+  g.bytes = 4224;
+  return g;
+}
+
+ComputeCmd ComputeL0(Phase phase, PlaneSet needs) {
+  ComputeCmd c;
+  c.unit = 1;
+  c.phase = phase;
+  c.us = 100;
+  c.needs = needs;
+  return c;
+}
+
+ReleaseCmd ReleaseL0(PlaneSet planes) {
+  ReleaseCmd r;
+  r.unit = 1;
+  r.pieces = {PlanePiece{.group = 0, .planes = planes, .bytes = 4224, .shard_bytes = 1056}};
+  r.bytes = 4224;
+  return r;
+}
+
+std::vector<DeviceOpKind> Kinds(const std::vector<DeviceOp>& ops) {
+  std::vector<DeviceOpKind> k;
+  for (const DeviceOp& op : ops) k.push_back(op.kind);
+  return k;
+}
+
+class StreamProgramTest : public ::testing::Test {
+ protected:
+  StreamProgram Make(Policy policy = {}, bool emulated = false) {
+    StreamProgram p(model_, policy,
+                    ProgramConfig{.rank = 0, .world_size = 4, .emulated = emulated});
+    EXPECT_TRUE(p.Begin().ok());
+    p.TakeOps();
+    return p;
+  }
+  Model model_ = TwoUnits();
+};
+
+TEST_F(StreamProgramTest, GatherAllocatesRecordsCollectsAndRecords) {
+  StreamProgram p = Make();
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
+  std::vector<DeviceOp> ops = p.TakeOps();
+  EXPECT_EQ(Kinds(ops), (std::vector<DeviceOpKind>{DeviceOpKind::kAlloc, DeviceOpKind::kRecord,
+                                                   DeviceOpKind::kCollective, DeviceOpKind::kRecord,
+                                                   DeviceOpKind::kCheckGather}));
+  for (const DeviceOp& op : ops) EXPECT_EQ(op.stream, kStreamAllGather);
+  const DeviceOp& coll = ops[2];
+  EXPECT_EQ(coll.collective, CollectiveKind::kAllGather);
+  EXPECT_EQ(coll.shard_bytes, 1056u);
+  EXPECT_EQ(coll.bytes, 4224u);  // 4 x 1056: the plane needs no padding
+  EXPECT_EQ(ops[0].bytes, 4224u);
+  EXPECT_TRUE(p.present(1, 0, 0));
+  EXPECT_FALSE(p.present(1, 0, 1));
+  EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kUnshardedParams)], 4224u);
+  // Sharded: bf16 1024 + two mxfp8 planes of 1056; grads bf16: 512 + 1024 elements x 2 bytes.
+  EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kShardedParams)], 1024u + 2 * 1056u);
+  EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kShardedGrads)], 1024u + 2048u);
+  EXPECT_EQ(p.gathered_bytes_checked(), 4224u);
+}
+
+TEST_F(StreamProgramTest, ComputeMustWaitForItsGather) {
+  StreamProgram p = Make();
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
+  Status s = p.Lower(Cmd(ComputeL0(Phase::kForward, PlaneSet::Rowwise())));
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  EXPECT_NE(s.message().find("before the compute stream waited for its gather"), std::string::npos)
+      << s.message();
+}
+
+TEST_F(StreamProgramTest, WaitGatherOrdersComputeAfterTheGatherEvent) {
+  StreamProgram p = Make();
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
+  std::vector<DeviceOp> gather = p.TakeOps();
+  const int gather_end = gather[3].slot;
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
+  ASSERT_TRUE(p.Lower(Cmd(ComputeL0(Phase::kForward, PlaneSet::Rowwise()))).ok());
+  std::vector<DeviceOp> ops = p.TakeOps();
+  ASSERT_EQ(Kinds(ops), (std::vector<DeviceOpKind>{DeviceOpKind::kWait, DeviceOpKind::kRecord,
+                                                   DeviceOpKind::kCompute, DeviceOpKind::kRecord}));
+  EXPECT_EQ(ops[0].stream, kStreamCompute);
+  EXPECT_EQ(ops[0].slot, gather_end);
+  EXPECT_EQ(ops[2].reads, (std::vector<int>{gather[0].buffer}));
+  // The compute's timeline op records the gather it waited on (a flow arrow).
+  const TimelineOp& compute = p.timeline_ops().back();
+  EXPECT_EQ(compute.kind, OpKind::kCompute);
+  EXPECT_EQ(compute.waited_on, (std::vector<std::int64_t>{0}));
+}
+
+TEST_F(StreamProgramTest, ReleaseAfterStreamWaitNeedsNoExtraWait) {
+  StreamProgram p = Make();
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
+  ASSERT_TRUE(p.Lower(Cmd(ComputeL0(Phase::kForward, PlaneSet::Rowwise()))).ok());
+  ASSERT_TRUE(
+      p.Lower(Cmd(StreamWaitCmd{.waiter = Stream::kAllGather, .signaler = Stream::kCompute})).ok());
+  p.TakeOps();
+  ASSERT_TRUE(p.Lower(Cmd(ReleaseL0(PlaneSet::Rowwise()))).ok());
+  std::vector<DeviceOp> ops = p.TakeOps();
+  EXPECT_EQ(Kinds(ops), (std::vector<DeviceOpKind>{DeviceOpKind::kFree, DeviceOpKind::kRecord}));
+  EXPECT_EQ(ops[0].stream, kStreamAllGather);
+  EXPECT_EQ(p.protective_waits(), 0);
+  EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kUnshardedParams)], 0u);
+}
+
+TEST_F(StreamProgramTest, ReleaseWithoutStreamWaitGetsAProtectiveWait) {
+  // The buffer was last read by the compute stream; freeing it on the all-gather stream without
+  // an event in between could let the memory be reused while the GEMM still reads it.
+  StreamProgram p = Make();
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
+  ASSERT_TRUE(p.Lower(Cmd(ComputeL0(Phase::kForward, PlaneSet::Rowwise()))).ok());
+  p.TakeOps();
+  ASSERT_TRUE(p.Lower(Cmd(ReleaseL0(PlaneSet::Rowwise()))).ok());
+  std::vector<DeviceOp> ops = p.TakeOps();
+  ASSERT_EQ(Kinds(ops), (std::vector<DeviceOpKind>{DeviceOpKind::kRecord, DeviceOpKind::kWait,
+                                                   DeviceOpKind::kFree, DeviceOpKind::kRecord}));
+  EXPECT_EQ(ops[0].stream, kStreamCompute);
+  EXPECT_EQ(ops[1].stream, kStreamAllGather);
+  EXPECT_EQ(ops[1].slot, ops[0].slot);
+  EXPECT_EQ(p.protective_waits(), 1);
+  ASSERT_EQ(p.warnings().size(), 1u);
+}
+
+TEST_F(StreamProgramTest, BackwardComputeWithoutColumnwisePlaneFails) {
+  // An MXFP8 unit whose backward finds only the rowwise plane fails as the real system does.
+  StreamProgram p = Make();
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
+  Status s = p.Lower(Cmd(ComputeL0(Phase::kBackward, PlaneSet::Columnwise()), 2));
+  EXPECT_EQ(s.code(), StatusCode::kStepFailed);
+  EXPECT_EQ(s.message(),
+            "rank 0, step 2, microbatch 0, unit 'model.l0', compute (backward): missing "
+            "columnwise plane of parameter 'fc1.weight' (group 0, mxfp8): only the rowwise plane "
+            "is unsharded");
+}
+
+TEST_F(StreamProgramTest, GatheringAPresentPlaneAgainIsAProtocolError) {
+  StreamProgram p = Make();
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
+  EXPECT_EQ(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).code(), StatusCode::kInternal);
+  // The missing plane alone is fine (DESIGN §1: gather only what is missing).
+  EXPECT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Columnwise(), Phase::kBackward))).ok());
+  EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kUnshardedParams)], 2u * 4224u);
+}
+
+TEST_F(StreamProgramTest, EmulatedGatherCopiesWhatARingRankReceives) {
+  StreamProgram p = Make({}, /*emulated=*/true);
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
+  std::vector<DeviceOp> ops = p.TakeOps();
+  ASSERT_EQ(ops[2].kind, DeviceOpKind::kCollective);
+  EXPECT_TRUE(ops[2].emulated);
+  EXPECT_EQ(ops[2].copy_bytes, 3u * 1056u);  // W-1 = 3 shards arrive
+  // No check op: emulated contents are not the peers' shards.
+  EXPECT_EQ(ops.size(), 4u);
+}
+
+TEST_F(StreamProgramTest, UnifiedStreamRunsReduceScatterOnTheGatherStream) {
+  Policy unified;
+  unified.unified_comm_stream = true;
+  StreamProgram p = Make(unified);
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Columnwise(), Phase::kBackward))).ok());
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
+  ASSERT_TRUE(p.Lower(Cmd(ComputeL0(Phase::kBackward, PlaneSet::Columnwise()))).ok());
+  // With one communication stream this StreamWait becomes a single cross-stream wait.
+  ASSERT_TRUE(
+      p.Lower(Cmd(StreamWaitCmd{.waiter = Stream::kReduceScatter, .signaler = Stream::kCompute}))
+          .ok());
+  p.TakeOps();
+  ReduceScatterCmd rs;
+  rs.unit = 1;
+  rs.bytes = 8192;  // 4096 elements of bf16 gradients
+  rs.shard_bytes = 2048;
+  ASSERT_TRUE(p.Lower(Cmd(rs)).ok());
+  std::vector<DeviceOp> ops = p.TakeOps();
+  int collectives = 0;
+  for (const DeviceOp& op : ops) {
+    EXPECT_EQ(op.stream, kStreamAllGather) << DeviceOpKindName(op.kind);
+    if (op.kind == DeviceOpKind::kCollective) {
+      ++collectives;
+      EXPECT_EQ(op.collective, CollectiveKind::kReduceScatter);
+      EXPECT_EQ(op.bytes, 8192u);        // mxfp8 gradients reduce in bf16
+      EXPECT_EQ(op.shard_bytes, 2048u);  // a quarter
+    }
+  }
+  EXPECT_EQ(collectives, 1);
+  EXPECT_EQ(p.protective_waits(), 0);
+  EXPECT_EQ(p.timeline_ops().back().track, Track::kAllGather);
+  EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kUnshardedGrads)], 0u);
+}
+
+// Every sample trace, lowered through the real scheduler: the scheduler follows the protocol, so
+// the executor never needs a protective wait, and every unsharded buffer is freed by the end.
+class SampleTraces : public ::testing::TestWithParam<std::string> {};
+
+class LoweringSink final : public CommandSink {
+ public:
+  explicit LoweringSink(StreamProgram& p) : p_(p) {}
+  Status Execute(const Command& c) override {
+    ++commands;
+    return p_.Lower(c);
+  }
+  int commands = 0;
+
+ private:
+  StreamProgram& p_;
+};
+
+TEST_P(SampleTraces, LowerWithoutProtectiveWaitsAndFreeEverything) {
+  StatusOr<Trace> trace = ReadTraceFile(std::string(FSDPLAB_TRACES_DIR) + "/" + GetParam());
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  for (bool unified : {false, true}) {
+    Policy policy;
+    policy.unified_comm_stream = unified;
+    policy.forward_prefetch.value = 2;
+    StreamProgram p(trace->model, policy, ProgramConfig{.rank = 1, .world_size = 8});
+    ASSERT_TRUE(p.Begin().ok());
+    Scheduler sched(trace->model, policy, 8);
+    LoweringSink sink(p);
+    Status s = ReplaySteps(*trace, 2, sched, sink);
+    if (!s.ok()) {
+      // Traces built to fail (a missing plane, a divergence) fail in the scheduler first.
+      EXPECT_EQ(s.code(), StatusCode::kStepFailed) << s.ToString();
+      continue;
+    }
+    EXPECT_GT(sink.commands, 0);
+    EXPECT_EQ(p.protective_waits(), 0) << (p.warnings().empty() ? "" : p.warnings().front());
+    EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kUnshardedParams)], 0u);
+    EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kUnshardedGrads)], 0u);
+    ASSERT_EQ(p.step_end_slots().size(), 2u);
+    EXPECT_EQ(p.step_end_slots()[0].size(), unified ? 2u : 3u);
+  }
+}
+
+std::string TraceTestName(const ::testing::TestParamInfo<std::string>& p) {
+  return p.param.substr(0, p.param.size() - 5);  // without ".json"
+}
+
+INSTANTIATE_TEST_SUITE_P(All, SampleTraces,
+                         ::testing::Values("gpt_small.json", "divergent_step.json",
+                                           "mxfp8_inside_recompute.json", "mxfp8_reentrant.json",
+                                           "no_backward_unit.json", "reentrant_recompute.json",
+                                           "reversed_registration.json", "shared_layer.json",
+                                           "two_microbatches.json"),
+                         TraceTestName);
+
+}  // namespace
+}  // namespace fsdplab::cuda
