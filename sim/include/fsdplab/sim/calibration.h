@@ -19,7 +19,9 @@
 // into k segments (each of at least `min_points` sizes) with the smallest maximum relative
 // error, then, among partitions within that maximum, the one with the smallest sum of squared
 // relative errors. The number of segments is the smallest k <= max_segments whose maximum error
-// is within `tolerance_pct` points of the best with max_segments. Between two segments the
+// and root-mean-square error are both within `tolerance_pct` points of the best any k reaches
+// (so a noisy small-size row that caps the maximum does not stop the large sizes from getting
+// their own lines). Between two segments the
 // boundary is where their lines cross when that lies between the two measured sizes (so the
 // model is continuous), else their geometric mean.
 //
@@ -136,7 +138,8 @@ CollectiveFit EvaluateFit(CollectiveKind collective, TierKind tier, int world_si
 StatusOr<TierKind> InferTier(const NcclTestsResult& result, std::optional<TierKind> flag,
                              int gpus_per_node);
 
-// Fits several outputs of the same collective, tier and world size together.
+// Fits several outputs of the same collective, tier and world size together (repeated runs on
+// one cluster: their points are pooled, repeated sizes averaged).
 StatusOr<CollectiveFit> FitNcclTests(const std::vector<const NcclTestsResult*>& results,
                                      TierKind tier, const FitOptions& options);
 StatusOr<CollectiveFit> FitNcclTests(const NcclTestsResult& result, TierKind tier,
