@@ -141,7 +141,8 @@ int RunSweep(const Argv& argv) {
   fmt::print(
       "{} policies simulated on {} ({} step(s) each; times are the mean of the steps after "
       "the first)\ncluster: {}\n\n",
-      result.rows.size(), trace.meta.source, base.steps, sim::DescribeCluster(base.cluster));
+      result.rows.size(), args.positionals().front(), base.steps,
+      sim::DescribeCluster(base.cluster));
   print_row(headers);
   for (const auto& row : table) print_row(row);
 
