@@ -121,8 +121,28 @@ Json CategoriesJson(const std::array<Bytes, kNumMemoryCategories>& bytes) {
 
 }  // namespace
 
+namespace {
+
+// The ops of the lowest rank, for per-op comparison: computes and collectives, in time order.
+std::vector<OpReport> OpsOfFirstRank(const Timeline& timeline) {
+  int first = -1;
+  for (const TimelineOp& op : timeline.ops) first = first < 0 ? op.rank : std::min(first, op.rank);
+  std::vector<OpReport> out;
+  for (const TimelineOp& op : timeline.ops) {
+    if (op.rank != first || (op.kind != OpKind::kCompute && !IsCollective(op.kind))) continue;
+    out.push_back(OpReport{op.kind, op.unit, op.phase, op.reason, op.step, op.microbatch, op.event,
+                           op.start_us, op.end_us - op.start_us, op.bytes});
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const OpReport& a, const OpReport& b) { return a.start_us < b.start_us; });
+  return out;
+}
+
+}  // namespace
+
 Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
   Report r;
+  r.ops = OpsOfFirstRank(timeline);
   r.source = in.source.empty() ? timeline.source : in.source;
   r.measured = r.source.rfind("live", 0) == 0;
   r.policy_json = in.policy ? PolicyToJson(*in.policy) : "{}";
@@ -325,6 +345,19 @@ std::string ReportToJson(const Report& r) {
                          {"exposed_us", u.exposed_us}});
   }
   doc["units"] = units;
+  Json ops = Json::array();
+  for (const OpReport& op : r.ops) {
+    Json unit = nullptr;
+    if (op.unit >= 0 && static_cast<std::size_t>(op.unit) < r.unit_names.size()) {
+      unit = r.unit_names[static_cast<std::size_t>(op.unit)];
+    }
+    Json j{{"kind", OpKindName(op.kind)}, {"unit", unit},          {"phase", PhaseName(op.phase)},
+           {"step", op.step},             {"microbatch", op.microbatch}, {"event", op.event},
+           {"start_us", op.start_us},     {"dur_us", op.dur_us},   {"bytes", op.bytes}};
+    if (op.kind == OpKind::kAllGather) j["reason"] = GatherReasonName(op.reason);
+    ops.push_back(std::move(j));
+  }
+  doc["ops"] = std::move(ops);
   const ReportSummary& m = r.summary;
   doc["summary"] = Json{{"step_time_us", m.step_time_us},
                         {"compute_us", m.compute_us},
@@ -390,8 +423,8 @@ std::string ReportToText(const Report& r) {
   line(fmt::format("Overlap:          {} of {} collectives overlapped compute ({:.0f}%)",
                    m.overlapped, m.collectives, 100.0 * m.overlap_ratio));
   line(
-      fmt::format("Lower bound:      {} (no schedule beats the larger of the compute and the "
-                  "busiest communication stream{})",
+      fmt::format("Lower bound:      {} (no schedule beats the largest of the compute, the "
+                  "busiest communication stream and what a memory cap forces{})",
                   FormatUs(m.lower_bound_us),
                   m.step_time_us > 0 && m.lower_bound_us > 0
                       ? fmt::format("; this one is {:.2f}x it", m.step_time_us / m.lower_bound_us)

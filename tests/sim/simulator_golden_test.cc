@@ -158,3 +158,24 @@ TEST(SimulatorGolden, LaunchCostDelaysTheFirstGather) {
 
 }  // namespace
 }  // namespace fsdplab::sim
+
+namespace fsdplab::sim {
+namespace {
+
+// Contention 1.0: compute runs at half speed while a collective is in progress beside it. In
+// step 1 three collectives overlap compute (b's forward gather, a's backward gather, b's
+// reduce-scatter: 200 us each), so the step can only get longer; without overlap nothing
+// changes.
+TEST(SimulatorGolden, ContentionSlowsOverlappedCompute) {
+  Trace trace = testing::ThreeUnitTrace();
+  SimOptions opt = GoldenOptions();
+  opt.contention = 1.0;
+  SimRun run = Simulate2(trace, opt);
+  ASSERT_EQ(run.report.steps.size(), 2u);
+  EXPECT_GT(run.report.steps[1].time_us, 6700);
+  // Each of the three overlaps costs at most its 200 us (compute advances 100 us in 200 us).
+  EXPECT_LE(run.report.steps[1].time_us, 6700 + 3 * 200);
+}
+
+}  // namespace
+}  // namespace fsdplab::sim

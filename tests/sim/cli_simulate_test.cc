@@ -1,0 +1,61 @@
+// `fsdplab simulate` end to end through the binary: exit codes, report and timeline files.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace {
+
+int RunCli(const std::string& args) {
+  std::string cmd = std::string(FSDPLAB_BIN) + " " + args + " > /dev/null 2>&1";
+  int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return nlohmann::json::parse(ss.str());
+}
+
+std::string Tmp(const std::string& name) {
+  return (::testing::TempDir().empty() ? std::string("/tmp/") : ::testing::TempDir()) + name;
+}
+
+TEST(CliSimulate, WritesReportAndTimeline) {
+  std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json";
+  std::string rep = Tmp("sim_cli_report.json");
+  std::string tl = Tmp("sim_cli_timeline.json");
+  ASSERT_EQ(RunCli("simulate " + trace + " -o " + rep + " --timeline " + tl), 0);
+  nlohmann::json r = ReadJson(rep);
+  EXPECT_EQ(r["format"], "fsdplab.report");
+  EXPECT_EQ(r["steps"].size(), 2u);
+  EXPECT_EQ(r["cluster"]["defaults_used"], true);
+  nlohmann::json t = ReadJson(tl);
+  EXPECT_FALSE(t["traceEvents"].empty());
+}
+
+// A step that would fail: exit 3, and the report is still written with the error.
+TEST(CliSimulate, FailingStepExitsThreeWithTheReport) {
+  std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/mxfp8_inside_recompute.json";
+  std::string rep = Tmp("sim_cli_fail.json");
+  EXPECT_EQ(RunCli("simulate " + trace + " -o " + rep), 3);
+  nlohmann::json r = ReadJson(rep);
+  ASSERT_FALSE(r["errors"].empty());
+  EXPECT_NE(r["errors"][0].get<std::string>().find("rowwise"), std::string::npos);
+  EXPECT_EQ(RunCli("simulate " + trace + " --unshard-all-planes-in-backward all"), 0);
+}
+
+TEST(CliSimulate, BadInputAndUsage) {
+  EXPECT_EQ(RunCli("simulate /nonexistent/trace.json"), 2);
+  EXPECT_EQ(RunCli("simulate"), 1);
+  std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json";
+  EXPECT_EQ(RunCli("simulate " + trace + " --straggler nonsense"), 1);
+}
+
+}  // namespace
