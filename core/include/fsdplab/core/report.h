@@ -56,6 +56,22 @@ struct UnitReport final {
   TimeUs exposed_us = 0;  // gather time not hidden by compute
 };
 
+// One op of the lowest-numbered rank in the timeline (computes and collectives), so that
+// `fsdplab compare` can match a predicted op with its measured counterpart. Added for compare;
+// serialised as "ops" in the JSON.
+struct OpReport final {
+  OpKind kind = OpKind::kCompute;
+  UnitId unit = kNoUnit;
+  Phase phase = Phase::kForward;
+  GatherReason reason = GatherReason::kDemand;
+  int step = 0;
+  int microbatch = 0;
+  int event = -1;
+  TimeUs start_us = 0;
+  TimeUs dur_us = 0;
+  Bytes bytes = 0;
+};
+
 struct ReportSummary final {
   TimeUs step_time_us = 0;     // mean over steps after the first (the only step if one)
   TimeUs exposed_comm_us = 0;  // mean, same steps
@@ -91,6 +107,7 @@ struct Report final {
   std::string order_text;
   std::vector<StepReport> steps;
   std::vector<UnitReport> units;
+  std::vector<OpReport> ops;
   ReportSummary summary;
   std::vector<std::string> errors;
   std::vector<std::string> warnings;
