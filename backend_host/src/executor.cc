@@ -239,6 +239,29 @@ void AddWeightGradients(const ModelData& data, ComputeMode mode, std::int64_t to
   }
 }
 
+GradBuffers TimedGradPattern(const ModelData& data, std::uint64_t seed, int rank, UnitId unit) {
+  GradBuffers grads = NewGradBuffers(data, unit);
+  AddWeightGradients(data, ComputeMode::kTimed, 1, seed, rank, CommandOrigin{0, 0, -1}, unit,
+                     grads);
+  return grads;
+}
+
+void AccumulateGrads(const ModelData& data, UnitId unit, const GradBuffers& add, bool fresh,
+                     GradBuffers& into) {
+  const std::vector<GroupLayout>& groups = data.groups(unit);
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (fresh) {
+      std::memcpy(into[g].data(), add[g].data(), into[g].size());
+      continue;
+    }
+    const DType d = groups[g].reduce_dtype;
+    for (std::size_t i = 0; i < groups[g].numel; ++i) {
+      StoreElement(d, into[g].data(), i,
+                   LoadElement(d, into[g].data(), i) + LoadElement(d, add[g].data(), i));
+    }
+  }
+}
+
 // ---- HostExecutor ----
 
 HostExecutor::HostExecutor(const Model& model, const ModelData& data, const Policy& policy,
@@ -265,6 +288,8 @@ HostExecutor::HostExecutor(const Model& model, const ModelData& data, const Poli
   reduced_.resize(units);
   params_.resize(units);
   shards_.resize(units);
+  grad_free_.resize(units);
+  grad_pattern_.resize(units);
   const bool replicated = policy.sharding == Sharding::kNoShard;
   Bytes sharded_params = 0;
   Bytes sharded_grads = 0;
@@ -273,6 +298,9 @@ HostExecutor::HostExecutor(const Model& model, const ModelData& data, const Poli
     const std::vector<GroupLayout>& groups = data.groups(u);
     params_[uu].resize(groups.size());
     shards_[uu].resize(groups.size());
+    if (config.compute == ComputeMode::kTimed && config.check && !groups.empty()) {
+      grad_pattern_[uu] = TimedGradPattern(data, config.seed, rank, u);
+    }
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const GroupLayout& gl = groups[g];
       reduced_[uu].emplace_back(replicated ? gl.numel : gl.grad_shard_elements, 0.0f);
@@ -643,13 +671,19 @@ Status HostExecutor::RunCompute(const ComputeCmd& cmd, const CommandOrigin& orig
          cmd.unit);
 
   std::shared_ptr<GradBuffers> grads;
+  bool fresh = false;
   if (cmd.phase == Phase::kBackward && cmd.unit != kNoUnit && model_.unit(cmd.unit).has_params()) {
-    bool fresh = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto& slot = grads_[{cmd.unit, grad_gen}];
       if (!slot) {
-        slot = std::make_shared<GradBuffers>(NewGradBuffers(data_, cmd.unit));
+        auto& reusable = grad_free_[static_cast<std::size_t>(cmd.unit)];
+        if (!reusable.empty()) {
+          slot = std::move(reusable.back());
+          reusable.pop_back();
+        } else {
+          slot = std::make_shared<GradBuffers>(NewGradBuffers(data_, cmd.unit));
+        }
         fresh = true;
       }
       grads = slot;
@@ -667,19 +701,24 @@ Status HostExecutor::RunCompute(const ComputeCmd& cmd, const CommandOrigin& orig
                        std::chrono::duration<double, std::micro>(cmd.us * config_.compute_scale));
     // The emulated kernel writes its gradients; only when they are checked does that cost CPU.
     if (grads && config_.check) {
-      AddWeightGradients(data_, ComputeMode::kTimed, config_.gemm_tokens, config_.seed, rank_,
-                         origin, cmd.unit, *grads);
+      AccumulateGrads(data_, cmd.unit, grad_pattern_[static_cast<std::size_t>(cmd.unit)], fresh,
+                      *grads);
     }
-    if (Clock::now() > deadline) ++stats_.overruns;
-    std::this_thread::sleep_until(deadline);
-    const Clock::time_point end_tp = Clock::now();
-    const TimeUs overshoot = std::chrono::duration<double, std::micro>(end_tp - deadline).count();
-    ++stats_.timed_computes;
-    stats_.overshoot_sum_us += overshoot;
-    stats_.overshoot_max_us = std::max(stats_.overshoot_max_us, overshoot);
+    Clock::time_point end_tp = Clock::now();
+    if (end_tp < deadline) {
+      std::this_thread::sleep_until(deadline);
+      end_tp = Clock::now();
+      const TimeUs overshoot = std::chrono::duration<double, std::micro>(end_tp - deadline).count();
+      ++stats_.timed_computes;
+      stats_.overshoot_sum_us += overshoot;
+      stats_.overshoot_max_us = std::max(stats_.overshoot_max_us, overshoot);
+    } else {
+      ++stats_.overruns;
+      stats_.overrun_sum_us += std::chrono::duration<double, std::micro>(end_tp - deadline).count();
+    }
     op.end_us = control_.ToUs(end_tp);
   } else {
-    ComputeGemms(cmd, origin, weights, grads.get());
+    ComputeGemms(cmd, origin, weights, grads.get(), fresh);
     op.end_us = control_.NowUs();
   }
   Memory(MemoryCategory::kActivations, -static_cast<std::int64_t>(cmd.freed_bytes), origin.step,
@@ -690,7 +729,7 @@ Status HostExecutor::RunCompute(const ComputeCmd& cmd, const CommandOrigin& orig
 
 void HostExecutor::ComputeGemms(const ComputeCmd& cmd, const CommandOrigin& origin,
                                 const std::vector<std::pair<int, PlaneBuffer>>& weights,
-                                GradBuffers* grads) {
+                                GradBuffers* grads, bool fresh_grads) {
   const std::vector<GroupLayout>& groups = data_.groups(cmd.unit);
   const std::int64_t tokens = config_.gemm_tokens;
   const auto t = static_cast<std::size_t>(tokens);
@@ -722,6 +761,9 @@ void HostExecutor::ComputeGemms(const ComputeCmd& cmd, const CommandOrigin& orig
     }
   }
   if (grads != nullptr) {
+    if (fresh_grads) {
+      for (std::vector<std::byte>& b : *grads) std::fill(b.begin(), b.end(), std::byte{0});
+    }
     AddWeightGradients(data_, ComputeMode::kGemm, tokens, config_.seed, rank_, origin, cmd.unit,
                        *grads);
   }
@@ -743,7 +785,7 @@ Status HostExecutor::RunReduce(const ReduceScatterCmd& cmd, const CommandOrigin&
   const bool counted = grads != nullptr;
   if (!grads) grads = std::make_shared<GradBuffers>(NewGradBuffers(data_, cmd.unit));
   const bool all_reduce = cmd.kind == CollectiveKind::kAllReduce;
-  std::vector<std::vector<std::byte>> outs;
+  std::vector<PlaneBuffer> outs;
   std::vector<Segment> segments;
   Bytes out_bytes = 0;
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -751,13 +793,13 @@ Status HostExecutor::RunReduce(const ReduceScatterCmd& cmd, const CommandOrigin&
     const std::size_t n = all_reduce
                               ? gl.grad_shard_elements * static_cast<std::size_t>(world_size_)
                               : gl.grad_shard_elements;
-    outs.emplace_back(n * gl.grad_element_size);
+    outs.push_back(pool_.Get(n * gl.grad_element_size));
     out_bytes += n * gl.grad_element_size;
   }
   for (std::size_t g = 0; g < groups.size(); ++g) {
     Segment seg;
     seg.input = (*grads)[g].data();
-    seg.output = outs[g].data();
+    seg.output = outs[g]->data();
     seg.dtype = groups[g].reduce_dtype;
     seg.element_size = groups[g].grad_element_size;
     seg.shard_elements = groups[g].grad_shard_elements;
@@ -777,8 +819,12 @@ Status HostExecutor::RunReduce(const ReduceScatterCmd& cmd, const CommandOrigin&
     const GroupLayout& gl = groups[g];
     std::vector<float>& acc = reduced[g];
     for (std::size_t i = 0; i < acc.size(); ++i) {
-      acc[i] += LoadElement(gl.reduce_dtype, outs[g].data(), i);
+      acc[i] += LoadElement(gl.reduce_dtype, outs[g]->data(), i);
     }
+  }
+  if (counted) {
+    std::lock_guard<std::mutex> lock(mu_);
+    grad_free_[static_cast<std::size_t>(cmd.unit)].push_back(std::move(grads));
   }
   if (counted) {
     Memory(MemoryCategory::kUnshardedGrads, -static_cast<std::int64_t>(data_.GradBytes(cmd.unit)),

@@ -216,6 +216,27 @@ void StreamWorker::Loop() {
   }
 }
 
+// ---- BufferPool ----
+
+BufferPool::Buffer BufferPool::Get(std::size_t bytes) {
+  std::unique_ptr<std::vector<std::byte>> buffer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(bytes);
+    if (it != free_.end()) {
+      buffer = std::move(it->second);
+      free_.erase(it);
+    }
+  }
+  if (!buffer) buffer = std::make_unique<std::vector<std::byte>>(bytes);
+  return Buffer(buffer.release(), [this](std::vector<std::byte>* b) { Put(b); });
+}
+
+void BufferPool::Put(std::vector<std::byte>* buffer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.emplace(buffer->size(), std::unique_ptr<std::vector<std::byte>>(buffer));
+}
+
 // ---- Communicator ----
 
 std::string CollectiveDesc::Describe() const {

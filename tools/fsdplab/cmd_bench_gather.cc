@@ -1,13 +1,240 @@
-// PLACEHOLDER: replaced by the component that implements this command.
+// fsdplab bench-gather: all-gather / reduce-scatter bandwidth with and without an overlapped GEMM,
+// with nccl-tests' flags and columns.
+//
+//   fsdplab bench-gather --backend host -b 1M -e 64M -f 2 -n 20 -w 5 --world-size 2
+//   fsdplab bench-gather --backend host --nccl-out ag.txt && fsdplab calibrate ag.txt -o c.json
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
+#include "cli_common.h"
 #include "commands.h"
+#include "fsdplab/core/file_util.h"
+#include "fsdplab/core/live.h"
+#include "fsdplab/host/live.h"
+#ifdef FSDPLAB_HAVE_CUDA
+#include "fsdplab/cuda/live.h"
+#endif
 
 namespace fsdplab::cli {
+namespace {
 
-int RunBenchGather(const Argv& /*argv*/) {
-  fmt::print(stderr, "fsdplab: this command is not built yet\n");
-  return 5;
+constexpr std::string_view kUsage =
+    "fsdplab bench-gather [--backend host|cuda] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] "
+    "[-w WARMUP] [-c 0|1] [--op all_gather|reduce_scatter] [-d TYPE] [--world-size N] "
+    "[--gemm-n N] [--json] [-J FILE] [--nccl-out FILE]";
+constexpr std::string_view kDescription =
+    "Times the collective alone (out of place and in place), a GEMM alone, and both launched\n"
+    "together on every rank, for message sizes MIN, MIN*F, ... up to MAX. Columns as nccl-tests:\n"
+    "size, count, type, redop, root, time, algbw = size / time, busbw = algbw x (n-1)/n, #wrong\n"
+    "(elements that differ from an independently computed expected value), then the overlap:\n"
+    "the collective and the GEMM alone and together, overlap efficiency = (alone sum -\n"
+    "together) / the shorter of the two (1 = the shorter one is hidden completely, 0 = no\n"
+    "overlap), and the GEMM's slowdown under overlap. --nccl-out writes the nccl-tests text\n"
+    "format that `fsdplab calibrate` reads; -J writes JSON beside the table.";
+
+std::string NcclName(const std::string& op) { return op + "_perf"; }
+
+std::string Table(const GatherBenchOptions& o, const std::vector<GatherBenchRow>& rows,
+                  const std::string& backend) {
+  std::string t = fmt::format(
+      "# fsdplab bench-gather: {} on the {} backend, {} ranks, warmup iters: {} iters: {} "
+      "validation: {}\n#\n",
+      o.op, backend, o.world_size, o.warmup, o.iters, o.check ? 1 : 0);
+  t += fmt::format(
+      "# {:>10} {:>13} {:>9} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6}  {:>9} {:>9} {:>9} "
+      "{:>9} {:>9} {:>6} {:>8}\n",
+      "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "coll", "gemm",
+      "together", "coll_ovl", "gemm_ovl", "eff", "slowdown");
+  t += fmt::format(
+      "# {:>10} {:>13} {:>9} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6}  {:>9} {:>9} {:>9} "
+      "{:>9} {:>9} {:>6} {:>8}\n",
+      "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)",
+      "(us)", "(us)", "", "");
+  const std::string redop = o.op == "all_gather" ? "none" : "sum";
+  for (const GatherBenchRow& r : rows) {
+    t += fmt::format(
+        "  {:>10} {:>13} {:>9} {:>6} {:>5} {:>9.2f} {:>7.2f} {:>7.2f} {:>6}  {:>9.2f} {:>9.2f} "
+        "{:>9.2f} {:>9.2f} {:>9.2f} {:>6.2f} {:>7.1f}%\n",
+        r.size_bytes, r.count, r.type, redop, -1, r.time_us, r.algbw_GBps, r.busbw_GBps, r.wrong,
+        r.time_us, r.gemm_alone_us, r.together_us, r.collective_under_overlap_us,
+        r.gemm_under_overlap_us, r.overlap_efficiency, 100 * r.compute_slowdown);
+  }
+  double bus = 0;
+  for (const GatherBenchRow& r : rows) bus += r.busbw_GBps;
+  t += fmt::format("# Avg bus bandwidth    : {:.3f}\n", rows.empty() ? 0 : bus / rows.size());
+  return t;
+}
+
+// The nccl-tests text format (modern, 2.17-style), which `fsdplab calibrate` parses.
+std::string NcclTestsText(const GatherBenchOptions& o, const std::vector<GatherBenchRow>& rows,
+                          const std::string& backend) {
+  char host[256] = "localhost";
+  gethostname(host, sizeof(host) - 1);
+  std::string t = fmt::format("# fsdplab bench-gather --backend {} (nccl-tests format)\n", backend);
+  t += fmt::format("# Collective test starting: {}\n", NcclName(o.op));
+  t += fmt::format(
+      "# nThread 1 nGpus {} minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} "
+      "agg iters: 1 validation: {} graph: 0\n#\n# Using devices\n",
+      o.world_size, o.min_bytes, o.max_bytes, o.step_factor, o.warmup, o.iters, o.check ? 1 : 0);
+  for (int r = 0; r < o.world_size; ++r) {
+    t += fmt::format("#  Rank {:>2} Group  0 Pid {:>7} on {} device {:>2} [0x00] {} rank thread\n",
+                     r, getpid(), host, r, backend);
+  }
+  t += "#\n";
+  t += "#                                                              out-of-place               "
+       "        in-place          \n";
+  t += "#       size         count      type   redop    root     time   algbw   busbw  #wrong     "
+       "time   algbw   busbw  #wrong \n";
+  t += "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             "
+       "(us)  (GB/s)  (GB/s)         \n";
+  const std::string redop = o.op == "all_gather" ? "none" : "sum";
+  double bus = 0;
+  for (const GatherBenchRow& r : rows) {
+    t += fmt::format(
+        "{:>12} {:>13} {:>9} {:>7} {:>7} {:>8.2f} {:>7.2f} {:>7.2f} {:>7} {:>8.2f} "
+        "{:>7.2f} {:>7.2f} {:>7}\n",
+        r.size_bytes, r.count, r.type, redop, -1, r.time_us, r.algbw_GBps, r.busbw_GBps, r.wrong,
+        r.inplace_time_us, r.inplace_algbw_GBps, r.inplace_busbw_GBps, r.inplace_wrong);
+    bus += r.busbw_GBps;
+  }
+  std::uint64_t wrong = 0;
+  for (const GatherBenchRow& r : rows) wrong += r.wrong + r.inplace_wrong;
+  t += fmt::format("# Out of bounds values : {} {}\n", wrong, wrong == 0 ? "OK" : "FAILED");
+  t += fmt::format("# Avg bus bandwidth    : {:.3f} \n#\n", rows.empty() ? 0 : bus / rows.size());
+  t += fmt::format("# Collective test concluded: {}\n#\n", NcclName(o.op));
+  return t;
+}
+
+std::string Json(const GatherBenchOptions& o, const std::vector<GatherBenchRow>& rows,
+                 const std::string& backend) {
+  nlohmann::ordered_json doc;
+  doc["format"] = "fsdplab.bench_gather";
+  doc["version"] = 1;
+  doc["backend"] = backend;
+  doc["op"] = o.op;
+  doc["world_size"] = o.world_size;
+  doc["dtype"] = o.dtype;
+  doc["warmup"] = o.warmup;
+  doc["iters"] = o.iters;
+  doc["check"] = o.check;
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const GatherBenchRow& r : rows) {
+    list.push_back({{"size_bytes", r.size_bytes},
+                    {"count", r.count},
+                    {"type", r.type},
+                    {"time_us", r.time_us},
+                    {"algbw_GBps", r.algbw_GBps},
+                    {"busbw_GBps", r.busbw_GBps},
+                    {"wrong", r.wrong},
+                    {"inplace_time_us", r.inplace_time_us},
+                    {"inplace_algbw_GBps", r.inplace_algbw_GBps},
+                    {"inplace_busbw_GBps", r.inplace_busbw_GBps},
+                    {"inplace_wrong", r.inplace_wrong},
+                    {"gemm_alone_us", r.gemm_alone_us},
+                    {"together_us", r.together_us},
+                    {"collective_under_overlap_us", r.collective_under_overlap_us},
+                    {"gemm_under_overlap_us", r.gemm_under_overlap_us},
+                    {"overlap_efficiency", r.overlap_efficiency},
+                    {"compute_slowdown", r.compute_slowdown}});
+  }
+  doc["rows"] = std::move(list);
+  return doc.dump(2) + "\n";
+}
+
+Status Run(const Args& args) {
+  if (!args.positionals().empty()) {
+    return UsageError(fmt::format("unexpected argument '{}'", args.positionals().front()));
+  }
+  GatherBenchOptions o;
+  const std::string backend = args.Get("--backend").value_or("host");
+  if (auto v = args.Get("-b")) {
+    FSDP_ASSIGN_OR_RETURN(o.min_bytes, ParseSize(*v, "-b"));
+  }
+  if (auto v = args.Get("-e")) {
+    FSDP_ASSIGN_OR_RETURN(o.max_bytes, ParseSize(*v, "-e"));
+  } else if (args.Get("-b")) {
+    o.max_bytes = o.min_bytes;
+  }
+  if (auto v = args.Get("-f")) {
+    FSDP_ASSIGN_OR_RETURN(o.step_factor, ParseSize(*v, "-f"));
+  }
+  auto int_flag = [&](std::string_view flag, int& out, int lo, int hi) -> Status {
+    if (auto v = args.Get(flag)) {
+      FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, flag));
+      if (n < lo || n > hi)
+        return UsageError(fmt::format("{}: {} is outside {}..{}", flag, n, lo, hi));
+      out = static_cast<int>(n);
+    }
+    return Status::Ok();
+  };
+  FSDP_RETURN_IF_ERROR(int_flag("-n", o.iters, 1, 1000000));
+  FSDP_RETURN_IF_ERROR(int_flag("-w", o.warmup, 0, 1000000));
+  int check = 1;
+  FSDP_RETURN_IF_ERROR(int_flag("-c", check, 0, 1));
+  o.check = check == 1;
+  FSDP_RETURN_IF_ERROR(int_flag("--world-size", o.world_size, 1, 256));
+  if (auto v = args.Get("--op")) o.op = *v;
+  if (auto v = args.Get("-d")) o.dtype = *v;
+  if (auto v = args.Get("--gemm-n")) {
+    FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--gemm-n"));
+    if (n < 0 || n > 16384) return UsageError("--gemm-n: must be in 0..16384");
+    o.gemm_n = static_cast<std::uint64_t>(n);
+  }
+  StatusOr<std::vector<GatherBenchRow>> rows = [&]() -> StatusOr<std::vector<GatherBenchRow>> {
+    if (backend == "host") return host::RunGatherBench(o);
+    if (backend == "cuda") {
+#ifdef FSDPLAB_HAVE_CUDA
+      return fsdplab::cuda::RunGatherBench(o);
+#else
+      return Unavailable(
+          "this build has no CUDA backend (configure with nvcc present and "
+          "-DFSDPLAB_ENABLE_CUDA=ON); use --backend host");
+#endif
+    }
+    return UsageError(fmt::format("--backend: expected host or cuda, got '{}'", backend));
+  }();
+  if (!rows.ok()) return rows.status();
+  const std::string json = Json(o, *rows, backend);
+  if (auto file = args.Get("-J")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));
+  if (auto file = args.Get("--nccl-out")) {
+    FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, NcclTestsText(o, *rows, backend)));
+  }
+  fmt::print("{}", args.Has("--json") ? json : Table(o, *rows, backend));
+  std::uint64_t wrong = 0;
+  for (const GatherBenchRow& r : *rows) wrong += r.wrong + r.inplace_wrong;
+  if (wrong > 0)
+    return InternalError(fmt::format("{} elements differ from the expected values", wrong));
+  return Status::Ok();
+}
+
+}  // namespace
+
+int RunBenchGather(const Argv& argv) {
+  Args args(argv);
+  args.Declare("--backend", ArgKind::kValue, "host (default) or cuda", "NAME");
+  args.Declare("-b", ArgKind::kValue, "smallest message, bytes (suffixes K M G; default 32M)",
+               "SIZE");
+  args.Declare("-e", ArgKind::kValue, "largest message, bytes (default: -b)", "SIZE");
+  args.Declare("-f", ArgKind::kValue, "multiply the size by F between rows (default 2)", "F");
+  args.Declare("-n", ArgKind::kValue, "timed iterations per size (default 20)", "N");
+  args.Declare("-w", ArgKind::kValue, "warm-up iterations per size (default 5)", "N");
+  args.Declare("-c", ArgKind::kValue, "check the results: 1 (default) or 0", "0|1");
+  args.Declare("--op", ArgKind::kValue, "all_gather (default) or reduce_scatter", "OP");
+  args.Declare("-d", ArgKind::kValue, "element type: bf16 (default), fp16 or fp32", "TYPE");
+  args.Declare("--world-size", ArgKind::kValue, "ranks (default 2)", "N");
+  args.Declare("--gemm-n", ArgKind::kValue,
+               "overlapped GEMM size n (n x n x n); 0 (default) sizes it to match the collective",
+               "N");
+  args.Declare("--json", ArgKind::kSwitch, "print JSON instead of the table");
+  args.Declare("-J", ArgKind::kValue, "also write the JSON to FILE", "FILE");
+  args.Declare("--nccl-out", ArgKind::kValue,
+               "also write the nccl-tests text format (for `fsdplab calibrate`) to FILE", "FILE");
+  if (Status s = args.Parse(); !s.ok()) return Fail("bench-gather", s);
+  if (args.help()) return PrintHelp(kUsage, kDescription, args);
+  if (Status s = Run(args); !s.ok()) return Fail("bench-gather", s);
+  return 0;
 }
 
 }  // namespace fsdplab::cli

@@ -104,6 +104,15 @@ void AddWeightGradients(const ModelData& data, ComputeMode mode, std::int64_t to
                         std::uint64_t seed, int rank, const CommandOrigin& origin, UnitId unit,
                         GradBuffers& grads);
 
+// Emulated compute writes fixed gradients: the values AddWeightGradients gives for this rank with
+// a constant origin (the same every step and microbatch), computed once.
+GradBuffers TimedGradPattern(const ModelData& data, std::uint64_t seed, int rank, UnitId unit);
+// How a compute's gradients join the unit's unsharded gradient buffer: the first compute after a
+// reduce-scatter copies them, later ones add element by element in the reduce dtype. The executor
+// and the reference both use it, so they round alike.
+void AccumulateGrads(const ModelData& data, UnitId unit, const GradBuffers& add, bool fresh,
+                     GradBuffers& into);
+
 struct ExecutorConfig final {
   ComputeMode compute = ComputeMode::kTimed;
   double compute_scale = 1.0;
@@ -128,11 +137,12 @@ struct ExecutorStats final {
   std::uint64_t gathered_bytes_checked = 0;
   std::uint64_t gathered_bytes_wrong = 0;
   std::uint64_t first_wrong_unit = 0;
-  int timed_computes = 0;
-  TimeUs overshoot_sum_us = 0;  // sleep past the deadline, summed
+  int timed_computes = 0;       // emulated computes that slept to their deadline
+  TimeUs overshoot_sum_us = 0;  // how far past the deadline they woke, summed
   TimeUs overshoot_max_us = 0;
-  int overruns = 0;     // emulated computes whose own work took longer than their duration
-  double checksum = 0;  // folds the GEMM outputs so no work is optimised away
+  int overruns = 0;           // emulated computes whose own work outlasted their duration
+  TimeUs overrun_sum_us = 0;  // by how much, summed
+  double checksum = 0;        // folds the GEMM outputs so no work is optimised away
 };
 
 class HostExecutor final : public CommandSink {
@@ -182,7 +192,8 @@ class HostExecutor final : public CommandSink {
                     bool inject);
   Status RunReduce(const ReduceScatterCmd& cmd, const CommandOrigin& origin, std::uint64_t gen);
   void ComputeGemms(const ComputeCmd& cmd, const CommandOrigin& origin,
-                    const std::vector<std::pair<int, PlaneBuffer>>& weights, GradBuffers* grads);
+                    const std::vector<std::pair<int, PlaneBuffer>>& weights, GradBuffers* grads,
+                    bool fresh_grads);
   Status InjectedFault(const OpContext& ctx);
 
   const Model& model_;
@@ -218,10 +229,15 @@ class HostExecutor final : public CommandSink {
   // This rank's shards of every plane: [unit][group][plane]. Read-only after construction.
   std::vector<std::vector<std::array<std::vector<std::byte>, 2>>> shards_;
 
-  // Shared between the streams.
+  // Per unit: the emulated gradients of this rank (timed compute with checks).
+  std::vector<GradBuffers> grad_pattern_;
+
+  // Shared between the streams. The pool is declared before every buffer it hands out.
   std::atomic<std::int64_t> next_op_id_{1};
+  BufferPool pool_;
   std::mutex mu_;
-  std::vector<std::vector<std::array<PlaneBuffer, 2>>> params_;  // [unit][group][plane]
+  std::vector<std::vector<std::shared_ptr<GradBuffers>>> grad_free_;  // [unit]: reusable
+  std::vector<std::vector<std::array<PlaneBuffer, 2>>> params_;       // [unit][group][plane]
   std::map<std::pair<UnitId, std::uint64_t>, std::shared_ptr<GradBuffers>> grads_;
   std::array<Bytes, kNumMemoryCategories> memory_{};
   std::vector<MemorySample> samples_;

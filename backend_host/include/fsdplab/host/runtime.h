@@ -22,6 +22,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -130,6 +131,24 @@ class StreamWorker final {
   bool closed_ = false;
   bool low_timer_slack_ = false;
   std::thread thread_;
+};
+
+// Reuses byte buffers by size, as a caching allocator does: a large host allocation is otherwise
+// handed back to the OS when freed and page-faulted in again on every use, which would make the
+// host's "device" memory several times slower than memcpy. Contents of a reused buffer are
+// whatever its last user left. The pool must outlive every buffer it handed out.
+class BufferPool final {
+ public:
+  using Buffer = std::shared_ptr<std::vector<std::byte>>;
+  BufferPool() = default;
+  BufferPool(const BufferPool&) = delete;
+  BufferPool& operator=(const BufferPool&) = delete;
+  Buffer Get(std::size_t bytes);
+
+ private:
+  void Put(std::vector<std::byte>* buffer);
+  std::mutex mu_;
+  std::multimap<std::size_t, std::unique_ptr<std::vector<std::byte>>> free_;
 };
 
 // The description every rank gives of a collective call; all ranks must agree.

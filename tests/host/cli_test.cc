@@ -1,0 +1,143 @@
+// The commands on the host backend, run as a user would: run, record -> validate -> simulate,
+// compare, bench-gather -> calibrate.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "fsdplab/core/file_util.h"
+#include "fsdplab/core/trace.h"
+#include "host_test_util.h"
+
+namespace fsdplab::host {
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr
+};
+
+Result Fsdplab(const std::string& args) {
+  const std::string cmd = std::string(FSDPLAB_BIN) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  std::size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("fsdplab_host_cli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    trace_ = (dir_ / "tiny.json").string();
+    ASSERT_TRUE(WriteTraceFile(testing::TinyTrace(testing::TinySpec{}), trace_).ok());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::filesystem::path dir_;
+  std::string trace_;
+};
+
+TEST_F(CliTest, RunPrintsAMeasuredReport) {
+  Result r = Fsdplab("run --backend host " + trace_ + " --world-size 2 --steps 3 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  nlohmann::json doc = nlohmann::json::parse(r.out);
+  EXPECT_EQ(doc["format"], "fsdplab.report");
+  EXPECT_EQ(doc["source"], "live-host");
+  EXPECT_EQ(doc["measured"], true);
+  ASSERT_EQ(doc["steps"].size(), 3u);
+  // Each step: 4 reduce-scatters (3 layers and the root).
+  EXPECT_EQ(doc["steps"][1]["reduce_scatter"]["count"], 4);
+  EXPECT_GT(doc["summary"]["step_time_us"].get<double>(), 0.0);
+  EXPECT_TRUE(doc["errors"].empty());
+  EXPECT_FALSE(doc["ops"].empty());
+}
+
+TEST_F(CliTest, RecordThenValidateThenSimulate) {
+  const std::string rec = Path("recorded.json");
+  Result r = Fsdplab("record --backend host " + trace_ + " --world-size 2 --steps 2 -o " + rec);
+  ASSERT_EQ(r.code, 0) << r.out;
+  Result v = Fsdplab("validate " + rec);
+  EXPECT_EQ(v.code, 0) << v.out;
+  Result s = Fsdplab("simulate " + rec + " --world-size 2 --json");
+  ASSERT_EQ(s.code, 0) << s.out;
+  nlohmann::json doc = nlohmann::json::parse(s.out);
+  EXPECT_EQ(doc["steps"].size(), 2u);
+}
+
+TEST_F(CliTest, FailuresGiveExitStatusThreeAndNameTheRank) {
+  Result r = Fsdplab("run " + trace_ + " --fail-rank 1 --fail-op compute");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("rank 1, step 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("injected fault"), std::string::npos) << r.out;
+  Result bad = Fsdplab("run " + trace_ + " --backend tpu");
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  Result none = Fsdplab("run --world-size 2");
+  EXPECT_EQ(none.code, 1) << none.out;
+}
+
+TEST_F(CliTest, CompareMatchesStepsAndOps) {
+  const std::string sim = Path("sim.json");
+  const std::string live = Path("live.json");
+  ASSERT_EQ(Fsdplab("simulate " + trace_ + " --world-size 2 --steps 2 -o " + sim).code, 0);
+  ASSERT_EQ(Fsdplab("run " + trace_ + " --world-size 2 --steps 2 --no-check -o " + live).code, 0);
+  Result c = Fsdplab("compare " + sim + " " + live + " --json");
+  ASSERT_EQ(c.code, 0) << c.out;
+  nlohmann::json doc = nlohmann::json::parse(c.out);
+  EXPECT_EQ(doc["steps"].size(), 2u);
+  EXPECT_FALSE(doc["ops"].empty());
+  EXPECT_EQ(doc["verdict"].get<std::string>().rfind("verdict: ", 0), 0u);
+  // Comparing a report with itself: every error is zero and the verdict is good.
+  Result same = Fsdplab("compare " + live + " " + live + " --json");
+  ASSERT_EQ(same.code, 0) << same.out;
+  nlohmann::json s = nlohmann::json::parse(same.out);
+  EXPECT_EQ(s["summary"]["step_time_error_pct"], 0.0);
+  EXPECT_EQ(s["summary"]["within_threshold"], true);
+  for (const auto& op : s["ops"]) EXPECT_EQ(op["error_pct"], 0.0);
+  Result bad = Fsdplab("compare " + trace_ + " " + live);
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("fsdplab.report"), std::string::npos) << bad.out;
+}
+
+TEST_F(CliTest, BenchGatherFeedsCalibrate) {
+  const std::string nccl = Path("ag.txt");
+  const std::string json = Path("ag.json");
+  Result b = Fsdplab(
+      "bench-gather --backend host -b 64K -e 256K -f 2 -n 3 -w 1 --world-size 2 "
+      "--nccl-out " +
+      nccl + " -J " + json);
+  ASSERT_EQ(b.code, 0) << b.out;
+  StatusOr<std::string> text = ReadFile(json);
+  ASSERT_TRUE(text.ok());
+  nlohmann::json doc = nlohmann::json::parse(*text);
+  ASSERT_EQ(doc["rows"].size(), 3u);  // 64K, 128K, 256K
+  EXPECT_EQ(doc["rows"][0]["size_bytes"], 65536);
+  EXPECT_EQ(doc["rows"][0]["count"], 32768);  // bf16: 2 bytes each
+  for (const auto& row : doc["rows"]) {
+    EXPECT_EQ(row["wrong"], 0);
+    EXPECT_EQ(row["inplace_wrong"], 0);
+    // busbw = algbw * (n - 1) / n = algbw / 2 for 2 ranks.
+    EXPECT_DOUBLE_EQ(row["busbw_GBps"].get<double>(), row["algbw_GBps"].get<double>() / 2);
+  }
+  Result rs = Fsdplab("bench-gather -b 64K -n 2 -w 0 --op reduce_scatter --world-size 3 --json");
+  ASSERT_EQ(rs.code, 0) << rs.out;
+  EXPECT_EQ(nlohmann::json::parse(rs.out)["rows"][0]["wrong"], 0);
+  Result cal = Fsdplab("calibrate " + nccl + " -o " + Path("cluster.json"));
+  EXPECT_EQ(cal.code, 0) << cal.out;
+}
+
+}  // namespace
+}  // namespace fsdplab::host

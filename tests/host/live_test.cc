@@ -1,0 +1,344 @@
+// The host executor end to end: exactness against the reference for each policy, the recorded
+// order's effect, faults, and the record -> validate -> simulate round trip.
+#include "fsdplab/host/live.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+#include "fsdplab/core/policy.h"
+#include "fsdplab/core/trace.h"
+#include "fsdplab/host/executor.h"
+#include "host_test_util.h"
+
+namespace fsdplab::host {
+namespace {
+
+using testing::TinySpec;
+using testing::TinyTrace;
+
+Policy MakePolicy(std::initializer_list<std::pair<std::string_view, std::string_view>> keys) {
+  Policy p;
+  for (const auto& [k, v] : keys) {
+    Status s = ApplyPolicyKey(k, v, p);
+    EXPECT_TRUE(s.ok()) << k << "=" << v << ": " << s.message();
+  }
+  return p;
+}
+
+LiveOptions Options(Policy policy, int world = 2, int steps = 2) {
+  LiveOptions o;
+  o.world_size = world;
+  o.steps = steps;
+  o.policy = std::move(policy);
+  o.timeout_us = 10e6;
+  return o;
+}
+
+// A run whose every gathered byte and reduced gradient element matches the reference.
+void ExpectExact(const Trace& trace, const LiveOptions& o) {
+  StatusOr<LiveResult> r = RunLiveSteps(trace, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const LiveCheck& c = r->check;
+  EXPECT_EQ(c.tolerance, "exact");
+  if (o.policy.sharding != Sharding::kNoShard) {
+    EXPECT_GT(c.gathered_bytes_checked, 0u);
+  }
+  EXPECT_EQ(c.gathered_bytes_wrong, 0u);
+  EXPECT_GT(c.grad_elements_checked, 0u);
+  EXPECT_EQ(c.grad_elements_wrong, 0u) << "max abs error " << c.grad_max_abs_error;
+}
+
+struct PolicyCase {
+  std::string name;
+  TinySpec spec;
+  std::vector<std::pair<std::string_view, std::string_view>> keys;
+  ComputeMode compute = ComputeMode::kTimed;
+  int world = 2;
+};
+
+class ExactnessTest : public ::testing::TestWithParam<PolicyCase> {};
+
+TEST_P(ExactnessTest, GatheredParamsAndReducedGradsMatchTheReference) {
+  const PolicyCase& c = GetParam();
+  Policy p;
+  for (const auto& [k, v] : c.keys) ASSERT_TRUE(ApplyPolicyKey(k, v, p).ok()) << k;
+  LiveOptions o = Options(p, c.world, 2);
+  o.compute = c.compute;
+  ExpectExact(TinyTrace(c.spec), o);
+}
+
+TinySpec Spec(DType d = DType::kBf16, RecomputeKind r = RecomputeKind::kNone, int mbs = 1) {
+  TinySpec s;
+  s.dtype = d;
+  s.recompute = r;
+  s.microbatches = mbs;
+  return s;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, ExactnessTest,
+    ::testing::Values(
+        PolicyCase{"defaults", Spec(), {}}, PolicyCase{"gemm", Spec(), {}, ComputeMode::kGemm},
+        PolicyCase{"recorded_order", Spec(), {{"order", "recorded"}}},
+        PolicyCase{"no_prefetch", Spec(), {{"forward_prefetch", "0"}, {"backward_prefetch", "0"}}},
+        PolicyCase{
+            "budget_two_units", Spec(), {{"forward_prefetch", "2"}, {"backward_prefetch", "2"}}},
+        PolicyCase{"budget_elements", Spec(), {{"forward_prefetch", "elements:3000"}}},
+        PolicyCase{"budget_bytes", Spec(), {{"backward_prefetch", "bytes:8K"}}},
+        PolicyCase{"no_first_unit", Spec(), {{"prefetch_first_unit", "false"}}},
+        PolicyCase{
+            "microbatches", Spec(DType::kBf16, RecomputeKind::kNone, 2), {{"order", "recorded"}}},
+        PolicyCase{"reentrant", Spec(DType::kBf16, RecomputeKind::kReentrant), {}},
+        PolicyCase{"mxfp8_gemm", Spec(DType::kMxfp8), {}, ComputeMode::kGemm},
+        PolicyCase{"mxfp8_inside_all_planes",
+                   Spec(DType::kMxfp8, RecomputeKind::kInside),
+                   {{"unshard_all_planes_in_backward", "all"}},
+                   ComputeMode::kGemm},
+        PolicyCase{"mxfp8_reentrant_aware",
+                   Spec(DType::kMxfp8, RecomputeKind::kReentrant),
+                   {{"order", "recorded"}, {"recompute_aware", "true"}},
+                   ComputeMode::kGemm},
+        PolicyCase{"zero2", Spec(), {{"sharding", "zero2"}}},
+        PolicyCase{"no_shard", Spec(), {{"sharding", "no_shard"}}},
+        PolicyCase{"unified_stream", Spec(), {{"unified_comm_stream", "true"}}},
+        PolicyCase{
+            "fp32_reduce_three_ranks", Spec(), {{"reduce_dtype", "fp32"}}, ComputeMode::kGemm, 3},
+        PolicyCase{"fp16_params", Spec(DType::kFp16), {}, ComputeMode::kGemm}),
+    [](const ::testing::TestParamInfo<PolicyCase>& param) { return param.param.name; });
+
+// Counts rank 0's gathers of `step` by reason.
+int Gathers(const Timeline& tl, int step, GatherReason reason) {
+  int n = 0;
+  for (const TimelineOp& op : tl.ops) {
+    if (op.rank == 0 && op.step == step && op.kind == OpKind::kAllGather && op.reason == reason)
+      ++n;
+  }
+  return n;
+}
+
+TEST(LiveTest, RecordedOrderFixesPrefetchesOfReversedRegistration) {
+  TinySpec spec;
+  spec.reversed_registration = true;
+  const Trace trace = TinyTrace(spec);
+  StatusOr<LiveResult> reg = RunLiveSteps(trace, Options(Policy{}));
+  StatusOr<LiveResult> rec = RunLiveSteps(trace, Options(MakePolicy({{"order", "recorded"}})));
+  ASSERT_TRUE(reg.ok()) << reg.status().message();
+  ASSERT_TRUE(rec.ok()) << rec.status().message();
+  // Step 1, layers registered 2, 1, 0 but run 0, 1, 2. Registration order prefetches along
+  // model -> 2 -> 1 -> 0: in forward nothing prefetches layers.0 (the root prefetches layers.2) and
+  // layers.0, last in that order, prefetches nothing, so layers.0 and layers.1 are gathered on
+  // demand: at least 2 demand gathers. The recorded order (from step 0) is the execution order,
+  // so every layer is prefetched by the unit before it: no demand gather at all.
+  EXPECT_GE(Gathers(reg->timeline, 1, GatherReason::kDemand), 2);
+  EXPECT_EQ(Gathers(rec->timeline, 1, GatherReason::kDemand), 0);
+  EXPECT_GT(Gathers(rec->timeline, 1, GatherReason::kPrefetch), 0);
+  ASSERT_EQ(rec->order.forward().size(), 4u);
+  EXPECT_EQ(trace.model.NameOf(rec->order.forward()[1].unit), "model.layers.0");
+}
+
+TEST(LiveTest, TimelineHasEveryStreamOfEveryRankAndMemory) {
+  StatusOr<LiveResult> r = RunLiveSteps(TinyTrace(TinySpec{}), Options(Policy{}, 3, 2));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const Timeline& tl = r->timeline;
+  EXPECT_EQ(tl.source, "live-host");
+  EXPECT_EQ(tl.world_size, 3);
+  for (int rank = 0; rank < 3; ++rank) {
+    int compute = 0, gathers = 0, reduces = 0;
+    for (const TimelineOp& op : tl.ops) {
+      if (op.rank != rank) continue;
+      EXPECT_LE(op.start_us, op.end_us);
+      compute += op.kind == OpKind::kCompute;
+      gathers += op.kind == OpKind::kAllGather;
+      reduces += op.kind == OpKind::kReduceScatter && op.track == Track::kReduceScatter;
+    }
+    // Per step: 1 + 3 + 1 + 1 + 3 + 1 = 10 computes (root, layers, loss, root backward, layers,
+    // root backward); 4 reduce-scatters (3 layers + root); 2 steps.
+    EXPECT_EQ(compute, 20);
+    EXPECT_EQ(reduces, 8);
+    EXPECT_GT(gathers, 0);
+  }
+  // Unsharded parameters come and go: some sample has them, and the last has none left but the
+  // root's after its backward released it.
+  bool gathered = false;
+  for (const MemorySample& m : tl.memory) {
+    gathered = gathered || m.bytes[static_cast<int>(MemoryCategory::kUnshardedParams)] > 0;
+  }
+  EXPECT_TRUE(gathered);
+  // Rank 0's timed computes sleep at least their durations: a layer forward is 200 us.
+  for (const TimelineOp& op : tl.ops) {
+    if (op.kind == OpKind::kCompute && op.unit == 1 && op.phase == Phase::kForward) {
+      EXPECT_GE(op.end_us - op.start_us, 199.0);
+    }
+  }
+}
+
+TEST(LiveTest, UnifiedStreamPutsReduceScattersOnTheGatherTrack) {
+  StatusOr<LiveResult> r =
+      RunLiveSteps(TinyTrace(TinySpec{}), Options(MakePolicy({{"unified_comm_stream", "true"}})));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  int reduces = 0;
+  for (const TimelineOp& op : r->timeline.ops) {
+    EXPECT_NE(op.track, Track::kReduceScatter);
+    if (op.kind == OpKind::kReduceScatter) {
+      ++reduces;
+      EXPECT_EQ(op.track, Track::kAllGather);
+    }
+  }
+  EXPECT_EQ(reduces, 2 * 2 * 4);  // 2 ranks x 2 steps x 4 units
+}
+
+TEST(LiveTest, InsideRecomputeWithoutRowwisePlaneFails) {
+  const Trace trace = TinyTrace(Spec(DType::kMxfp8, RecomputeKind::kInside));
+  LiveOptions o = Options(Policy{});
+  o.compute = ComputeMode::kGemm;
+  StatusOr<LiveResult> r = RunLiveSteps(trace, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kStepFailed);
+  EXPECT_NE(r.status().message().find("missing rowwise plane"), std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("model.layers.2"), std::string::npos);
+}
+
+// The executor's own check, without the scheduler: a compute that needs the rowwise plane of a
+// unit whose gather moved only the columnwise plane fails like the real system.
+TEST(LiveTest, ExecutorRefusesAComputeOnAPlaneNotGathered) {
+  const Trace trace = TinyTrace(Spec(DType::kMxfp8));
+  const Policy policy;
+  StatusOr<ModelData> data = ModelData::Create(trace.model, policy, 1, 1);
+  ASSERT_TRUE(data.ok());
+  RunControl control(5e6, 1);
+  Communicator ag(control, 1, "all_gather");
+  Communicator rs(control, 1, "reduce_scatter");
+  ExecutorConfig config;
+  config.compute = ComputeMode::kGemm;
+  HostExecutor ex(trace.model, *data, policy, config, control, ag, rs, 0);
+  ex.Start();
+  const UnitId layer = *trace.model.Find("model.layers.0");
+  // Group 0 holds the bf16 norm, group 1 the mxfp8 projections (groups follow first appearance).
+  GatherCmd g;
+  g.unit = layer;
+  g.phase = Phase::kBackward;
+  for (int grp = 0; grp < 2; ++grp) {
+    PlanePiece piece;
+    piece.group = grp;
+    piece.planes = trace.model.unit(layer).groups()[grp].multi_plane() ? PlaneSet::Columnwise()
+                                                                       : PlaneSet::Rowwise();
+    g.pieces.push_back(piece);
+  }
+  ComputeCmd c;
+  c.unit = layer;
+  c.phase = Phase::kRecompute;
+  c.needs = PlaneSet::Rowwise();
+  CommandOrigin origin{0, 0, 5};
+  ASSERT_TRUE(ex.Execute(Command{origin, g}).ok());
+  ASSERT_TRUE(ex.Execute(Command{origin, WaitGatherCmd{layer}}).ok());
+  ASSERT_TRUE(ex.Execute(Command{origin, c}).ok());
+  const Status s = ex.Finish(OpContext{0, 0, 0, "model.layers.0", "finish"});
+  EXPECT_FALSE(s.ok());
+  const Status root = control.root_cause();
+  EXPECT_EQ(root.code(), StatusCode::kStepFailed);
+  EXPECT_NE(root.message().find("missing rowwise plane"), std::string::npos) << root.message();
+  EXPECT_NE(root.message().find("fc1.weight"), std::string::npos) << root.message();
+}
+
+TEST(LiveTest, ARankThatThrowsAbortsEveryRankWithItsPosition) {
+  LiveOptions o = Options(Policy{}, 3, 2);
+  o.fail_rank = 1;
+  o.fail_op = "compute";
+  o.fail_step = 1;
+  o.fail_unit = "model.layers.1";
+  StatusOr<LiveResult> r = RunLiveSteps(TinyTrace(TinySpec{}), o);
+  ASSERT_FALSE(r.ok());
+  const std::string m = r.status().message();
+  EXPECT_EQ(r.status().code(), StatusCode::kStepFailed);
+  // The root cause first: the rank, step, unit and op, then every rank's stopping point.
+  EXPECT_EQ(m.rfind("rank 1, step 1, microbatch 0, unit 'model.layers.1', op compute forward: "
+                    "exception in compute: injected fault",
+                    0),
+            0u)
+      << m;
+  EXPECT_NE(m.find("\n  rank 0, "), std::string::npos) << m;
+  EXPECT_NE(m.find("\n  rank 2, "), std::string::npos) << m;
+  EXPECT_NE(m.find("aborted because rank 1 failed"), std::string::npos) << m;
+}
+
+TEST(LiveTest, MismatchedCollectivesAreDetected) {
+  LiveOptions o = Options(Policy{});
+  o.fail_rank = 0;
+  o.fail_op = "mismatch";
+  StatusOr<LiveResult> r = RunLiveSteps(TinyTrace(TinySpec{}), o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDeadlock);
+  EXPECT_NE(r.status().message().find("mismatched collectives"), std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("rank 0 called reduce_scatter of 'model'"), std::string::npos)
+      << r.status().message();
+}
+
+TEST(LiveTest, AHungRankMakesTheOthersTimeOutInBoundedTime) {
+  LiveOptions o = Options(Policy{});
+  o.fail_rank = 1;
+  o.fail_op = "hang";
+  o.fail_unit = "model.layers.0";
+  o.timeout_us = 200e3;  // 0.2 s
+  const auto t0 = std::chrono::steady_clock::now();
+  StatusOr<LiveResult> r = RunLiveSteps(TinyTrace(TinySpec{}), o);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kTimeout) << r.status().message();
+  EXPECT_NE(r.status().message().find("timed out after 0.2 s"), std::string::npos)
+      << r.status().message();
+  // Every rank is named with where it stopped (rank 1 in its hung compute or a wait behind it).
+  EXPECT_NE(r.status().message().find("\n  rank 0, "), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("\n  rank 1, "), std::string::npos) << r.status().message();
+  EXPECT_LT(seconds, 5.0);  // a hang would run to the test's own timeout
+}
+
+TEST(LiveTest, BadOptionsAreUsageErrors) {
+  const Trace trace = TinyTrace(TinySpec{});
+  LiveOptions o = Options(Policy{});
+  o.world_size = 0;
+  EXPECT_EQ(RunLiveSteps(trace, o).status().code(), StatusCode::kUsage);
+  o = Options(Policy{});
+  o.fail_rank = 5;
+  EXPECT_EQ(RunLiveSteps(trace, o).status().code(), StatusCode::kUsage);
+  o = Options(Policy{});
+  o.fail_rank = 0;
+  o.fail_unit = "nope";
+  EXPECT_EQ(RunLiveSteps(trace, o).status().code(), StatusCode::kInvalidInput);
+}
+
+TEST(LiveTest, RecordedTraceRoundTripsThroughTheReader) {
+  const Trace trace = TinyTrace(TinySpec{});
+  StatusOr<LiveResult> r = RunLiveSteps(trace, Options(Policy{}));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->recorded.size(), 2u);
+  const Trace& rec = r->recorded[0];
+  EXPECT_EQ(rec.meta.source, "live-host");
+  EXPECT_EQ(rec.meta.world_size, 2);
+  ASSERT_EQ(rec.steps.size(), 2u);
+  int computes = 0, collectives = 0;
+  for (const Event& e : rec.steps[1].microbatches[0].events) {
+    if (e.op == Op::kCompute) {
+      ++computes;
+      EXPECT_TRUE(e.ts_us.has_value());
+      EXPECT_GE(e.us, 19.0);  // the shortest compute (the loss) is 20 us: measured, not copied
+    }
+    if (e.op == Op::kCollective) {
+      ++collectives;
+      EXPECT_LE(e.start_us, e.end_us);
+    }
+  }
+  EXPECT_EQ(computes, 10);
+  EXPECT_GE(collectives, 4 + 4);  // 4 reduce-scatters and at least the 4 units' gathers
+  StatusOr<Trace> back = ParseTrace(WriteTrace(rec));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_TRUE(SameTrace(*back, rec));
+  EXPECT_TRUE(CheckTraceEvents(*back).empty());
+}
+
+}  // namespace
+}  // namespace fsdplab::host

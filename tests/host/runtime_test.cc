@@ -1,0 +1,154 @@
+#include "fsdplab/host/runtime.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace fsdplab::host {
+namespace {
+
+TEST(StreamWorkerTest, RunsTasksInOrderAndWaitsOnThem) {
+  RunControl control(5e6);
+  StreamWorker stream(control, 0, "compute");
+  stream.Start();
+  std::vector<int> seen;
+  for (int i = 0; i < 5; ++i) {
+    stream.Enqueue([&seen, i] {
+      seen.push_back(i);
+      return Status::Ok();
+    });
+  }
+  EXPECT_EQ(stream.issued(), 5u);
+  ASSERT_TRUE(stream.WaitReached(5, OpContext{}).ok());
+  stream.Close();
+  stream.Join();
+  EXPECT_EQ(seen, (std::vector<int>{0, 1, 2, 3, 4}));
+}
+
+TEST(StreamWorkerTest, AWaitThatNeverCompletesTimesOutNamingWhere) {
+  RunControl control(/*timeout_us=*/50e3);  // 50 ms
+  StreamWorker stream(control, 1, "all_gather");
+  stream.Start();
+  OpContext ctx{1, 3, 0, "model.layers.2", "wait for its all_gather"};
+  const Status s = stream.WaitReached(1, ctx);  // nothing was issued: it can never complete
+  EXPECT_EQ(s.code(), StatusCode::kTimeout);
+  EXPECT_NE(s.message().find("rank 1, step 3"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("model.layers.2"), std::string::npos);
+}
+
+TEST(StreamWorkerTest, AFailedTaskAbortsAndWakesWaiters) {
+  RunControl control(10e6);
+  StreamWorker failing(control, 0, "compute");
+  StreamWorker other(control, 1, "compute");
+  failing.Start();
+  other.Start();
+  // `other` waits on a task of `failing` that comes after the failure: only the abort ends it.
+  failing.Enqueue([] { return StepFailed("rank 0: boom"); });
+  failing.Enqueue([] { return Status::Ok(); });
+  const Status s = failing.WaitReached(2, OpContext{1, 0, 0, "u", "wait"});
+  EXPECT_EQ(s.code(), StatusCode::kStepFailed);
+  EXPECT_NE(s.message().find("aborted because rank 0 failed"), std::string::npos) << s.message();
+  EXPECT_EQ(control.root_rank(), 0);
+  EXPECT_EQ(control.root_cause().message(), "rank 0: boom");
+}
+
+// Runs `body(rank)` on one thread per rank.
+template <typename F>
+void OnRanks(int n, F body) {
+  std::vector<std::thread> t;
+  for (int r = 0; r < n; ++r) t.emplace_back([&, r] { body(r); });
+  for (auto& th : t) th.join();
+}
+
+TEST(CommunicatorTest, AllGatherPlacesEachShardAtItsRank) {
+  RunControl control(5e6, 3);
+  Communicator comm(control, 3, "all_gather");
+  // Rank r's shard is two bytes {10r, 10r + 1}; every output must be 0 1 10 11 20 21.
+  std::vector<std::vector<std::byte>> in(3), out(3, std::vector<std::byte>(6));
+  for (int r = 0; r < 3; ++r) in[r] = {std::byte(10 * r), std::byte(10 * r + 1)};
+  std::vector<Status> st(3);
+  OnRanks(3, [&](int r) {
+    CollectiveDesc d{CollectiveKind::kAllGather, 0, "u", 6};
+    Segment seg{in[r].data(), out[r].data(), DType::kBf16, 1, 2};
+    st[r] =
+        comm.Call(r, d, std::span<const Segment>(&seg, 1), OpContext{r, 0, 0, "u", "op"}).status();
+  });
+  const std::vector<std::byte> want = {std::byte(0),  std::byte(1),  std::byte(10),
+                                       std::byte(11), std::byte(20), std::byte(21)};
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(st[r].ok()) << st[r].message();
+    EXPECT_EQ(out[r], want);
+  }
+}
+
+TEST(CommunicatorTest, ReduceScatterSumsTheRanksShard) {
+  RunControl control(5e6, 2);
+  Communicator comm(control, 2, "reduce_scatter");
+  // Two fp32 elements per shard. Rank 0 input {1, 2, 3, 4}, rank 1 input {10, 20, 30, 40}:
+  // rank 0 keeps {11, 22}, rank 1 keeps {33, 44}.
+  std::vector<std::vector<float>> in = {{1, 2, 3, 4}, {10, 20, 30, 40}};
+  std::vector<std::vector<float>> out(2, std::vector<float>(2));
+  OnRanks(2, [&](int r) {
+    CollectiveDesc d{CollectiveKind::kReduceScatter, 0, "u", 16};
+    Segment seg{reinterpret_cast<const std::byte*>(in[r].data()),
+                reinterpret_cast<std::byte*>(out[r].data()), DType::kFp32, 4, 2};
+    ASSERT_TRUE(
+        comm.Call(r, d, std::span<const Segment>(&seg, 1), OpContext{r, 0, 0, "u", "op"}).ok());
+  });
+  EXPECT_EQ(out[0], (std::vector<float>{11, 22}));
+  EXPECT_EQ(out[1], (std::vector<float>{33, 44}));
+}
+
+TEST(CommunicatorTest, RanksCallingDifferentCollectivesAreDetectedNotHung) {
+  RunControl control(5e6, 2);
+  Communicator comm(control, 2, "all_gather");
+  std::vector<std::byte> in(4), out(8);
+  std::vector<Status> st(2);
+  OnRanks(2, [&](int r) {
+    CollectiveDesc d{r == 0 ? CollectiveKind::kAllGather : CollectiveKind::kReduceScatter,
+                     static_cast<UnitId>(r), r == 0 ? "a" : "b", 8};
+    Segment seg{in.data(), out.data(), DType::kBf16, 1, 4};
+    st[r] =
+        comm.Call(r, d, std::span<const Segment>(&seg, 1), OpContext{r, 2, 0, "x", "op"}).status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(st[r].code(), StatusCode::kDeadlock);
+    EXPECT_NE(st[r].message().find("mismatched collectives"), std::string::npos) << st[r].message();
+    EXPECT_NE(st[r].message().find("rank 1 called reduce_scatter of 'b'"), std::string::npos);
+  }
+}
+
+TEST(CommunicatorTest, ARankThatNeverJoinsTimesOutNamingIt) {
+  RunControl control(/*timeout_us=*/60e3, 3);
+  Communicator comm(control, 3, "all_gather");
+  std::vector<std::byte> in(2), out(6);
+  std::vector<Status> st(2);
+  OnRanks(2, [&](int r) {  // rank 2 never calls
+    CollectiveDesc d{CollectiveKind::kAllGather, 0, "model", 6};
+    Segment seg{in.data(), out.data(), DType::kBf16, 1, 2};
+    st[r] = comm.Call(r, d, std::span<const Segment>(&seg, 1), OpContext{r, 0, 0, "model", "ag"})
+                .status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(st[r].code(), StatusCode::kTimeout);
+    EXPECT_NE(st[r].message().find("waiting for rank(s) 2"), std::string::npos) << st[r].message();
+  }
+}
+
+TEST(BufferPoolTest, ReusesAFreedBufferOfTheSameSize) {
+  BufferPool pool;
+  const std::byte* first = nullptr;
+  {
+    BufferPool::Buffer a = pool.Get(1024);
+    first = a->data();
+  }
+  BufferPool::Buffer b = pool.Get(1024);
+  EXPECT_EQ(b->data(), first);
+  BufferPool::Buffer c = pool.Get(1024);  // the only free one is taken: a new buffer
+  EXPECT_NE(c->data(), first);
+}
+
+}  // namespace
+}  // namespace fsdplab::host
