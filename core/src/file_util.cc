@@ -79,10 +79,6 @@ Status WriteFileAtomic(const std::string& path, std::string_view contents) {
   }
   if (path.empty()) return InvalidInput("output path is empty");
   std::filesystem::path target(path);
-  std::error_code ec;
-  if (std::filesystem::is_directory(target, ec)) {
-    return InvalidInput(fmt::format("{}: is a directory, not a file", path));
-  }
   std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {

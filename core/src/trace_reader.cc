@@ -214,10 +214,16 @@ class Reader final {
   void Run();
 
   std::vector<Status> TakeProblems() {
-    // A wrong format or version explains everything else: put it first.
-    std::stable_partition(problems_.begin(), problems_.end(), [](const Status& s) {
-      return s.message().rfind("format:", 0) == 0 || s.message().rfind("version:", 0) == 0;
-    });
+    // A wrong format or version explains everything else, and a broken unit list explains the
+    // events that name its units: those come first, each group in document order.
+    auto rank = [](const Status& st) {
+      const std::string& m = st.message();
+      if (m.rfind("format:", 0) == 0 || m.rfind("version:", 0) == 0) return 0;
+      if (m.rfind("units", 0) == 0 || m.rfind("meta", 0) == 0) return 1;
+      return 2;
+    };
+    std::stable_sort(problems_.begin(), problems_.end(),
+                     [&](const Status& a, const Status& b) { return rank(a) < rank(b); });
     if (overflow_ > 0) {
       problems_.push_back(
           InvalidInput(fmt::format("... and {} more problems not listed", overflow_)));
@@ -243,6 +249,8 @@ class Reader final {
   }
   // Records that the document is not readable JSON where the walk stopped.
   R Fatal(simdjson::error_code err, const std::string& where);
+  // Reports a root that is not an object: valid JSON of another type, or not JSON at all.
+  void RootNotObject(od::document& doc, simdjson::error_code err);
   // Walks one document: the whole trace, or (`steps_only`) a deferred "steps" array.
   void Walk(std::string_view text, std::size_t base, bool steps_only);
 
@@ -282,6 +290,7 @@ class Reader final {
   std::optional<std::int64_t> version_;
   bool fatal_ = false;
   bool format_seen_ = false;
+  bool units_seen_ = false;
   bool version_seen_ = false;
   std::size_t deferred_offset_ = 0;
   std::vector<Status> problems_;
@@ -304,8 +313,71 @@ bool Recoverable(simdjson::error_code err) {
          err == simdjson::NUMBER_OUT_OF_RANGE;
 }
 
+void Reader::RootNotObject(od::document& doc, simdjson::error_code err) {
+  if (err != simdjson::INCORRECT_TYPE) {
+    Fatal(err, "");
+    return;
+  }
+  // Either valid JSON that is not an object, or not JSON at all (on-demand guesses a scalar's
+  // type from its first byte: "this" looks like a boolean until it is read).
+  od::json_type t;
+  if (auto e = doc.type().get(t)) {
+    Fatal(e, "");
+    return;
+  }
+  std::string_view what;
+  bool readable = false;
+  switch (t) {
+    case od::json_type::array:
+      what = "an array";
+      readable = true;
+      break;
+    case od::json_type::number: {
+      double d = 0;
+      readable = !doc.get_double().get(d);
+      what = "a number";
+      break;
+    }
+    case od::json_type::string: {
+      std::string_view sv;
+      readable = !doc.get_string().get(sv);
+      what = "a string";
+      break;
+    }
+    case od::json_type::boolean: {
+      bool b = false;
+      readable = !doc.get_bool().get(b);
+      what = "a boolean";
+      break;
+    }
+    case od::json_type::null: {
+      bool n = false;
+      readable = !doc.is_null().get(n) && n;
+      what = "null";
+      break;
+    }
+    case od::json_type::object: break;
+  }
+  fatal_ = true;
+  if (readable) {
+    Add(
+        fmt::format("a trace is a JSON object ({{\"format\": \"fsdplab.trace\", ...}}), but "
+                    "this document is {}",
+                    what));
+  } else {
+    std::size_t first = text_.find_first_not_of(" \t\r\n");
+    auto [line, col] = LineColumn(text_, first);
+    Add(fmt::format("not valid JSON at line {}, column {} (byte {}): unexpected '{}'", line, col,
+                    first, text_.substr(first, 1)));
+  }
+}
+
 R Reader::Fatal(simdjson::error_code err, const std::string& where) {
   fatal_ = true;
+  if (err == simdjson::EMPTY) {
+    Add("not valid JSON: the document is empty");
+    return R::kFatal;
+  }
   std::string loc;
   const char* p = nullptr;
   if (doc_ != nullptr && !doc_->current_location().get(p) && p != nullptr) {
@@ -313,7 +385,7 @@ R Reader::Fatal(simdjson::error_code err, const std::string& where) {
     auto [line, col] = LineColumn(text_, offset);
     loc = fmt::format(" at line {}, column {} (byte {})", line, col, offset);
   } else if (err == simdjson::TAPE_ERROR || err == simdjson::INCOMPLETE_ARRAY_OR_OBJECT ||
-             err == simdjson::UNCLOSED_STRING || err == simdjson::EMPTY) {
+             err == simdjson::UNCLOSED_STRING) {
     loc = fmt::format(" at the end of the input (byte {}), which looks truncated", text_.size());
   }
   Add(fmt::format("{}not valid JSON{}: {}", where.empty() ? "" : where + ": ", loc,
@@ -920,13 +992,7 @@ void Reader::Walk(std::string_view text, std::size_t base, bool steps_only) {
   }
   od::object root;
   if (auto err = doc.get_object().get(root)) {
-    if (err == simdjson::INCORRECT_TYPE) {
-      fatal_ = true;
-      Add("a trace is a JSON object ({\"format\": \"fsdplab.trace\", ...}), but this document is "
-          "not an object");
-    } else {
-      Fatal(err, "");
-    }
+    RootNotObject(doc, err);
     doc_ = nullptr;
     return;
   }
@@ -947,7 +1013,10 @@ void Reader::Walk(std::string_view text, std::size_t base, bool steps_only) {
       return x;
     }
     if (key == "meta") return ParseMeta(v);
-    if (key == "units") return ParseUnits(v);
+    if (key == "units") {
+      units_seen_ = true;
+      return ParseUnits(v);
+    }
     if (key == "steps") {
       have_steps_ = true;
       if (have_units_) return ParseSteps(v);
@@ -989,7 +1058,7 @@ void Reader::Run() {
     Add(fmt::format("version: invalid version {} (this reader reads version {})", *version_,
                     kVersion));
   }
-  if (!have_units_) Add("units: missing");
+  if (!units_seen_) Add("units: missing");
   if (!have_steps_) Add("steps: missing");
   if (have_units_ && !deferred_steps_.empty()) Walk(deferred_steps_, deferred_offset_, true);
   for (UnitRaw& u : units_) {

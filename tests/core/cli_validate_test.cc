@@ -1,1 +1,231 @@
+// `fsdplab validate` end to end (the built binary), and the policy flags shared by every command
+// (cli_common, linked into this test).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "args.h"
+#include "cli_common.h"
+#include "fsdplab/core/file_util.h"
+
+namespace fsdplab {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kBad = std::string(FSDPLAB_TEST_DATA_DIR) + "/traces_bad/";
+
+struct CmdResult {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+CmdResult Fsdplab(const std::string& args) {
+  CmdResult r;
+  std::string cmd = std::string(FSDPLAB_BIN) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
+  int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// A valid trace: root + one layer, one microbatch, 9 events.
+std::string WriteValidTrace() {
+  std::string path =
+      (fs::temp_directory_path() / ("fsdplab_cli_valid_" + std::to_string(::getpid()) + ".json"))
+          .string();
+  EXPECT_TRUE(WriteFileAtomic(path, R"({"format": "fsdplab.trace", "version": 1,
+    "units": [{"name": "m", "parent": null, "params": []},
+              {"name": "m.l0", "parent": "m", "params": [{"name": "w", "dtype": "bf16", "numel": 64}]}],
+    "steps": [{"microbatches": [{"events": [
+      {"op": "pre_forward", "unit": "m"}, {"op": "pre_forward", "unit": "m.l0"},
+      {"op": "compute", "unit": "m.l0", "phase": "forward", "us": 5},
+      {"op": "post_forward", "unit": "m.l0"}, {"op": "post_forward", "unit": "m"},
+      {"op": "pre_backward", "unit": "m.l0"},
+      {"op": "compute", "unit": "m.l0", "phase": "backward", "us": 9},
+      {"op": "post_backward", "unit": "m.l0"}, {"op": "backward_end"}]}]}]})")
+                  .ok());
+  return path;
+}
+
+TEST(CliValidate, ValidTraceSaysWhatItHolds) {
+  std::string path = WriteValidTrace();
+  CmdResult r = Fsdplab("validate " + path);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, path + ": valid (2 units, 1 steps, 9 events)\n");
+  fs::remove(path);
+}
+
+TEST(CliValidate, ListsEveryProblemAndExitsTwo) {
+  CmdResult r = Fsdplab("validate " + kBad + "several_problems.json");
+  EXPECT_EQ(r.code, 2) << r.out;
+  const std::string f = kBad + "several_problems.json: ";
+  EXPECT_NE(r.out.find(f + "steps[0].microbatches[0].events[1].us: negative duration -10"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(f + "steps[0].microbatches[0].events[2].phase: unknown phase 'sideways'"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(f + "steps[0].microbatches[0].events[3].unit: unknown unit 'nobody'"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(f + "invalid (3 problems)"), std::string::npos) << r.out;
+}
+
+TEST(CliValidate, EachBadSampleIsRejectedForItsReason) {
+  struct Case {
+    const char* file;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {"unknown_unit.json",
+       "steps[0].microbatches[0].events[1].unit: unknown unit 'model.layers.9'"},
+      {"post_without_pre.json",
+       "steps[0].microbatches[0].events[3].op: post_backward of 'model.layers.0' without an open "
+       "pre_backward"},
+      {"newer_version.json", "version: version 7 is newer than this reader"},
+      {"parent_cycle.json", "units[0].parent: parent cycle 'model' -> 'model.layers.0' -> 'model'"},
+      {"truncated.json", "not valid JSON"},
+  };
+  for (const Case& c : cases) {
+    CmdResult r = Fsdplab("validate " + kBad + c.file);
+    EXPECT_EQ(r.code, 2) << c.file << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.expected), std::string::npos) << c.file << "\n" << r.out;
+  }
+}
+
+TEST(CliValidate, JsonOutputAndSeveralFiles) {
+  std::string good = WriteValidTrace();
+  CmdResult r = Fsdplab("validate --json " + good + " " + kBad + "unknown_unit.json");
+  EXPECT_EQ(r.code, 2) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["files"].size(), 2u);
+  EXPECT_EQ(j["files"][0]["valid"], true);
+  EXPECT_EQ(j["files"][0]["events"], 9);
+  EXPECT_EQ(j["files"][1]["valid"], false);
+  EXPECT_EQ(j["files"][1]["problems"][0],
+            "steps[0].microbatches[0].events[1].unit: unknown unit 'model.layers.9'");
+  fs::remove(good);
+}
+
+TEST(CliValidate, UsageErrorsExitOne) {
+  CmdResult none = Fsdplab("validate");
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.out.find("fsdplab validate: expected at least one TRACE file"), std::string::npos)
+      << none.out;
+  CmdResult flag = Fsdplab("validate --bogus x.json");
+  EXPECT_EQ(flag.code, 1);
+  EXPECT_NE(flag.out.find("unknown option '--bogus'"), std::string::npos) << flag.out;
+  CmdResult help = Fsdplab("validate --help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("usage: fsdplab validate TRACE..."), std::string::npos) << help.out;
+}
+
+TEST(CliValidate, MissingFileIsInvalidInput) {
+  CmdResult r = Fsdplab("validate /nonexistent/t.json");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "/nonexistent/t.json: no such file\n/nonexistent/t.json: invalid (1 problem)\n");
+}
+
+// --- policy flags ---
+
+Model Layers() {
+  ModelBuilder b;
+  b.AddUnit("model", std::nullopt, {});
+  b.AddUnit("model.layers.0", "model", {});
+  b.AddUnit("model.layers.1", "model", {});
+  return std::move(b).Build().value();
+}
+
+cli::Args Parsed(std::vector<std::string> argv) {
+  cli::Args args(std::move(argv));
+  cli::DeclarePolicyFlags(args);
+  Status s = args.Parse();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return args;
+}
+
+TEST(PolicyFlags, FlagsOverrideTheFileInCommandLineOrder) {
+  std::string file =
+      (fs::temp_directory_path() / ("fsdplab_policy_" + std::to_string(::getpid()) + ".json"))
+          .string();
+  ASSERT_TRUE(WriteFileAtomic(file, R"({"forward_prefetch": 2, "sharding": "zero2",
+                                       "order": "recorded"})")
+                  .ok());
+  cli::Args args = Parsed({"--forward-prefetch", "3", "--policy", file, "--backward-prefetch",
+                           "elements:1M", "--forward-prefetch", "bytes:8M"});
+  StatusOr<Policy> p = cli::PolicyFromArgs(args, Layers());
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  // The file applies first whatever its position; then the flags in order: the last wins.
+  EXPECT_EQ(p->forward_prefetch.kind, Budget::Kind::kBytes);
+  EXPECT_EQ(p->forward_prefetch.value, 8ull << 20);
+  EXPECT_EQ(p->backward_prefetch.value, 1'000'000u);
+  EXPECT_EQ(p->sharding, Sharding::kZero2);       // from the file
+  EXPECT_EQ(p->order, PrefetchOrder::kRecorded);  // from the file
+  EXPECT_TRUE(p->prefetch_first_unit);            // default
+  fs::remove(file);
+}
+
+TEST(PolicyFlags, BadValuesAreUsageErrorsNamingTheFlag) {
+  cli::Args args = Parsed({"--sharding", "zero9"});
+  StatusOr<Policy> p = cli::PolicyFromArgs(args, Layers());
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kUsage);
+  EXPECT_EQ(p.status().message(),
+            "--sharding: sharding: 'zero9' is not valid (expected zero3, zero2 or no_shard)");
+  cli::Args unknown_unit = Parsed({"--unshard-all-planes-in-backward", "model.layers.7"});
+  StatusOr<Policy> q = cli::PolicyFromArgs(unknown_unit, Layers());
+  ASSERT_FALSE(q.ok());
+  EXPECT_NE(q.status().message().find("unknown unit 'model.layers.7'"), std::string::npos);
+  cli::Args missing = Parsed({"--policy", "/nonexistent/policy.json"});
+  EXPECT_EQ(cli::PolicyFromArgs(missing, Layers()).status().code(), StatusCode::kNotFound);
+}
+
+TEST(PolicyFlags, GridIsEveryValidCombination) {
+  cli::Args args = Parsed({"--forward-prefetch", "0,1,2", "--order", "registration,recorded",
+                           "--recompute-aware", "false,true", "--sharding", "zero2"});
+  std::vector<std::string> varied;
+  StatusOr<std::vector<Policy>> grid = cli::PolicyGridFromArgs(args, Layers(), &varied);
+  ASSERT_TRUE(grid.ok()) << grid.status().ToString();
+  // 3 budgets x 2 orders x 2 switches = 12, less the 3 with recompute_aware under registration.
+  ASSERT_EQ(grid->size(), 9u);
+  EXPECT_EQ(varied, (std::vector<std::string>{"forward_prefetch", "order", "recompute_aware"}));
+  // The last flag varies fastest: first (0, registration, false), then (0, recorded, false).
+  EXPECT_EQ((*grid)[0].forward_prefetch.value, 0u);
+  EXPECT_EQ((*grid)[0].order, PrefetchOrder::kRegistration);
+  EXPECT_FALSE((*grid)[0].recompute_aware);
+  EXPECT_EQ((*grid)[1].order, PrefetchOrder::kRecorded);
+  EXPECT_FALSE((*grid)[1].recompute_aware);
+  EXPECT_TRUE((*grid)[2].recompute_aware);
+  for (const Policy& p : *grid) EXPECT_EQ(p.sharding, Sharding::kZero2);
+}
+
+TEST(PolicyFlags, GridUnitListsUseSemicolons) {
+  cli::Args args =
+      Parsed({"--unshard-all-planes-in-backward", "model.layers.0,model.layers.1;all;none"});
+  std::vector<std::string> varied;
+  StatusOr<std::vector<Policy>> grid = cli::PolicyGridFromArgs(args, Layers(), &varied);
+  ASSERT_TRUE(grid.ok()) << grid.status().ToString();
+  ASSERT_EQ(grid->size(), 3u);
+  EXPECT_EQ((*grid)[0].unshard_all_planes_in_backward.names.size(), 2u);
+  EXPECT_TRUE((*grid)[1].unshard_all_planes_in_backward.all);
+  EXPECT_TRUE((*grid)[2].unshard_all_planes_in_backward.empty());
+  cli::Args bad = Parsed({"--forward-prefetch", "1,lots"});
+  StatusOr<std::vector<Policy>> g2 = cli::PolicyGridFromArgs(bad, Layers(), &varied);
+  ASSERT_FALSE(g2.ok());
+  EXPECT_NE(g2.status().message().find("'lots' is not a budget"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fsdplab
