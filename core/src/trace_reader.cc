@@ -54,13 +54,27 @@ std::string_view OpName(Op op) {
 }
 
 std::optional<Op> ParseOp(std::string_view name) {
-  if (name == "pre_forward") return Op::kPreForward;
-  if (name == "post_forward") return Op::kPostForward;
-  if (name == "pre_backward") return Op::kPreBackward;
-  if (name == "post_backward") return Op::kPostBackward;
-  if (name == "compute") return Op::kCompute;
-  if (name == "backward_end") return Op::kBackwardEnd;
-  if (name == "collective") return Op::kCollective;
+  // On the read path of every event: dispatch on the length first.
+  switch (name.size()) {
+    case 7:
+      if (name == "compute") return Op::kCompute;
+      break;
+    case 10:
+      if (name == "collective") return Op::kCollective;
+      break;
+    case 11:
+      if (name == "pre_forward") return Op::kPreForward;
+      break;
+    case 12:
+      if (name == "post_forward") return Op::kPostForward;
+      if (name == "pre_backward") return Op::kPreBackward;
+      if (name == "backward_end") return Op::kBackwardEnd;
+      break;
+    case 13:
+      if (name == "post_backward") return Op::kPostBackward;
+      break;
+    default: break;
+  }
   return std::nullopt;
 }
 
@@ -203,6 +217,50 @@ std::pair<std::size_t, std::size_t> LineColumn(std::string_view text, std::size_
   return {line, col};
 }
 
+enum class EventKey {
+  kOp,
+  kUnit,
+  kPhase,
+  kUs,
+  kTsUs,
+  kSavedBytes,
+  kBytes,
+  kKind,
+  kStartUs,
+  kEndUs,
+  kUnknown
+};
+
+// The keys of an event, dispatched on length first (this runs for every field of every event).
+EventKey EventKeyOf(std::string_view key) {
+  switch (key.size()) {
+    case 2:
+      if (key == "op") return EventKey::kOp;
+      if (key == "us") return EventKey::kUs;
+      break;
+    case 4:
+      if (key == "unit") return EventKey::kUnit;
+      if (key == "kind") return EventKey::kKind;
+      break;
+    case 5:
+      if (key == "phase") return EventKey::kPhase;
+      if (key == "ts_us") return EventKey::kTsUs;
+      if (key == "bytes") return EventKey::kBytes;
+      break;
+    case 6:
+      if (key == "end_us") return EventKey::kEndUs;
+      break;
+    case 8:
+      if (key == "start_us") return EventKey::kStartUs;
+      break;
+    case 11:
+      if (key == "saved_bytes") return EventKey::kSavedBytes;
+      break;
+    default: break;
+  }
+  return EventKey::kUnknown;
+}
+
 // The outcome of reading one value: fine, a problem already recorded (keep going), or the JSON
 // itself is unreadable (stop).
 enum class R { kOk, kBad, kFatal };
@@ -282,6 +340,7 @@ class Reader final {
   std::string_view text_;
   od::document* doc_ = nullptr;      // the document being walked (for error locations)
   const char* buf_begin_ = nullptr;  // start of its padded copy
+  const char* buf_end_ = nullptr;    // end of the document in that copy
   std::size_t base_ = 0;             // offset of that document within text_
   std::string_view deferred_steps_;  // "steps" seen before "units": walked afterwards
   bool have_units_ = false;
@@ -289,6 +348,7 @@ class Reader final {
   std::optional<std::string> format_;
   std::optional<std::int64_t> version_;
   bool fatal_ = false;
+  std::size_t last_event_count_ = 0;
   bool format_seen_ = false;
   bool units_seen_ = false;
   bool version_seen_ = false;
@@ -393,8 +453,25 @@ R Reader::Fatal(simdjson::error_code err, const std::string& where) {
   return R::kFatal;
 }
 
+// The text of a string that holds no escape, straight from the document, or nullopt.
+std::optional<std::string_view> PlainString(const char* p, const char* end) {
+  const char* q = p;
+  while (q < end && *q != '"' && *q != '\\') ++q;
+  if (q < end && *q == '"') return std::string_view(p, static_cast<std::size_t>(q - p));
+  return std::nullopt;
+}
+
 template <typename Where>
 R Reader::Str(od::value& v, std::string_view& out, Where&& where) {
+  // Most strings (ops, unit names) have no escapes: view them in place instead of unescaping a
+  // copy into the parser's buffer. The view lives as long as the walk.
+  std::string_view tok = v.raw_json_token();
+  if (!tok.empty() && tok.front() == '"') {
+    if (auto plain = PlainString(tok.data() + 1, tok.data() + tok.size())) {
+      out = *plain;
+      return R::kOk;
+    }
+  }
   auto err = v.get_string().get(out);
   if (!err) return R::kOk;
   if (err == simdjson::INCORRECT_TYPE) {
@@ -479,8 +556,15 @@ R Reader::Fields(od::object& obj, Where&& where, Fn&& fn) {
   for (auto fr : obj) {
     od::field f;
     if (auto err = std::move(fr).get(f)) return Fatal(err, where());
+    // Keys are read in place unless they hold an escape. The raw key is inside a string that
+    // stage 1 saw closed, so the scan stops at its closing quote.
     std::string_view key;
-    if (auto err = f.unescaped_key().get(key)) return Fatal(err, where());
+    const char* raw = reinterpret_cast<const char*>(f.key().raw());
+    if (auto plain = PlainString(raw, buf_end_)) {
+      key = *plain;
+    } else if (auto err = f.unescaped_key().get(key)) {
+      return Fatal(err, where());
+    }
     R r = fn(key, f.value());
     if (r == R::kFatal) return r;
     bad = bad || r == R::kBad;
@@ -745,52 +829,68 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
   r = Fields(obj, where, [&](std::string_view key, od::value& fv) -> R {
     auto fwhere = [&] { return fmt::format("{}.{}", where(), key); };
     R x = R::kOk;
-    if (key == "op") {
-      x = Str(fv, op_text, fwhere);
-      has_op = x == R::kOk;
-    } else if (key == "unit") {
-      has_unit = true;
-      od::json_type t;
-      if (auto err = fv.type().get(t)) return Fatal(err, fwhere());
-      if (t == od::json_type::null) {
-        unit_null = true;
-      } else {
-        x = Str(fv, unit_text, fwhere);
-        unit_bad = x != R::kOk;
+    switch (EventKeyOf(key)) {
+      case EventKey::kOp:
+        x = Str(fv, op_text, fwhere);
+        has_op = x == R::kOk;
+        break;
+      case EventKey::kUnit: {
+        has_unit = true;
+        od::json_type t;
+        if (auto err = fv.type().get(t)) return Fatal(err, fwhere());
+        if (t == od::json_type::null) {
+          unit_null = true;
+        } else {
+          x = Str(fv, unit_text, fwhere);
+          unit_bad = x != R::kOk;
+        }
+        break;
       }
-    } else if (key == "phase") {
-      x = Str(fv, phase_text, fwhere);
-      has_phase = true;
-      phase_read = x == R::kOk;
-    } else if (key == "us") {
-      x = Double(fv, out.us, fwhere);
-      has_us = true;
-    } else if (key == "ts_us") {
-      double ts = 0;
-      x = Double(fv, ts, fwhere);
-      if (x == R::kOk) out.ts_us = ts;
-    } else if (key == "saved_bytes" || key == "bytes") {
-      std::int64_t n = 0;
-      x = Int(fv, n, fwhere);
-      (key == "bytes" ? has_bytes : has_saved) = true;
-      if (x == R::kOk && n < 0) {
-        Add(fmt::format("{}: negative size {}", fwhere(), n));
+      case EventKey::kPhase:
+        x = Str(fv, phase_text, fwhere);
+        has_phase = true;
+        phase_read = x == R::kOk;
+        break;
+      case EventKey::kUs:
+        x = Double(fv, out.us, fwhere);
+        has_us = true;
+        break;
+      case EventKey::kTsUs: {
+        double ts = 0;
+        x = Double(fv, ts, fwhere);
+        if (x == R::kOk) out.ts_us = ts;
+        break;
+      }
+      case EventKey::kSavedBytes:
+      case EventKey::kBytes: {
+        const bool is_bytes = EventKeyOf(key) == EventKey::kBytes;
+        std::int64_t n = 0;
+        x = Int(fv, n, fwhere);
+        (is_bytes ? has_bytes : has_saved) = true;
+        if (x == R::kOk && n < 0) {
+          Add(fmt::format("{}: negative size {}", fwhere(), n));
+          x = R::kBad;
+        }
+        if (x == R::kOk) (is_bytes ? out.bytes : out.saved_bytes) = static_cast<Bytes>(n);
+        break;
+      }
+      case EventKey::kKind:
+        x = Str(fv, kind_text, fwhere);
+        has_kind = true;
+        kind_read = x == R::kOk;
+        break;
+      case EventKey::kStartUs:
+        x = Double(fv, out.start_us, fwhere);
+        has_start = true;
+        break;
+      case EventKey::kEndUs:
+        x = Double(fv, out.end_us, fwhere);
+        has_end = true;
+        break;
+      case EventKey::kUnknown:
+        Add(fmt::format("{}: unknown key '{}'", where(), key));
         x = R::kBad;
-      }
-      if (x == R::kOk) (key == "bytes" ? out.bytes : out.saved_bytes) = static_cast<Bytes>(n);
-    } else if (key == "kind") {
-      x = Str(fv, kind_text, fwhere);
-      has_kind = true;
-      kind_read = x == R::kOk;
-    } else if (key == "start_us") {
-      x = Double(fv, out.start_us, fwhere);
-      has_start = true;
-    } else if (key == "end_us") {
-      x = Double(fv, out.end_us, fwhere);
-      has_end = true;
-    } else {
-      Add(fmt::format("{}: unknown key '{}'", where(), key));
-      x = R::kBad;
+        break;
     }
     return x;
   });
@@ -948,10 +1048,13 @@ R Reader::ParseSteps(od::value& v) {
           R q = Arr(ev, events, ewhere);
           if (q != R::kOk) return q;
           std::vector<Event>& list = mb_list.back().events;
-          return Items(events, ewhere, [&](std::size_t e, od::value& evv) -> R {
+          list.reserve(last_event_count_);  // microbatches of one trace are alike
+          R items = Items(events, ewhere, [&](std::size_t e, od::value& evv) -> R {
             list.emplace_back();
             return ParseEvent(evv, s, m, e, list.back());
           });
+          last_event_count_ = list.size();
+          return items;
         });
         if (z != R::kFatal && !has_events) {
           Add(fmt::format("{}.events: missing", mwhere()));
@@ -973,6 +1076,7 @@ void Reader::Walk(std::string_view text, std::size_t base, bool steps_only) {
   od::parser parser;
   od::document doc;
   buf_begin_ = padded.data();
+  buf_end_ = padded.data() + padded.size();
   base_ = base;
   doc_ = nullptr;
   if (auto err = parser.iterate(padded).get(doc)) {
