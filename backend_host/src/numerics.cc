@@ -193,21 +193,60 @@ void FillScales(std::uint64_t seed, std::span<std::byte> out) {
   for (std::byte& b : out) b = static_cast<std::byte>(124 + NextRandom(state) % 4);
 }
 
-void ReduceElements(DType dtype, std::span<const std::byte* const> inputs, std::size_t first,
-                    std::size_t count, std::byte* out) {
+namespace {
+
+// Typed element access, inlined into the reduction loops so they vectorise.
+template <DType D>
+inline float LoadTyped(const std::byte* data, std::size_t i) {
+  if constexpr (D == DType::kFp32) {
+    return LoadRaw<float>(data + 4 * i);
+  } else if constexpr (D == DType::kBf16) {
+    return Bf16ToFloat(LoadRaw<std::uint16_t>(data + 2 * i));
+  } else {
+    return Fp16ToFloat(LoadRaw<std::uint16_t>(data + 2 * i));
+  }
+}
+
+template <DType D>
+inline void StoreTyped(std::byte* data, std::size_t i, float value) {
+  if constexpr (D == DType::kFp32) {
+    StoreRaw<float>(data + 4 * i, value);
+  } else if constexpr (D == DType::kBf16) {
+    StoreRaw<std::uint16_t>(data + 2 * i, FloatToBf16(value));
+  } else {
+    StoreRaw<std::uint16_t>(data + 2 * i, FloatToFp16(value));
+  }
+}
+
+template <DType D>
+void ReduceTyped(std::span<const std::byte* const> inputs, std::size_t first, std::size_t count,
+                 std::byte* out) {
   constexpr std::size_t kChunk = 1024;
   std::array<float, kChunk> acc;
   for (std::size_t base = 0; base < count; base += kChunk) {
     const std::size_t n = std::min(kChunk, count - base);
-    for (std::size_t r = 0; r < inputs.size(); ++r) {
+    const std::byte* in0 = inputs[0];
+    for (std::size_t i = 0; i < n; ++i) acc[i] = LoadTyped<D>(in0, first + base + i);
+    for (std::size_t r = 1; r < inputs.size(); ++r) {
       const std::byte* in = inputs[r];
-      if (r == 0) {
-        for (std::size_t i = 0; i < n; ++i) acc[i] = LoadElement(dtype, in, first + base + i);
-      } else {
-        for (std::size_t i = 0; i < n; ++i) acc[i] += LoadElement(dtype, in, first + base + i);
-      }
+      for (std::size_t i = 0; i < n; ++i) acc[i] += LoadTyped<D>(in, first + base + i);
     }
-    for (std::size_t i = 0; i < n; ++i) StoreElement(dtype, out, base + i, acc[i]);
+    for (std::size_t i = 0; i < n; ++i) StoreTyped<D>(out, base + i, acc[i]);
+  }
+}
+
+}  // namespace
+
+void ReduceElements(DType dtype, std::span<const std::byte* const> inputs, std::size_t first,
+                    std::size_t count, std::byte* out) {
+  if (inputs.empty()) return;
+  switch (dtype) {
+    case DType::kFp32: ReduceTyped<DType::kFp32>(inputs, first, count, out); return;
+    case DType::kFp16: ReduceTyped<DType::kFp16>(inputs, first, count, out); return;
+    case DType::kBf16:
+    case DType::kMxfp8:  // never a reduce dtype (ReduceDType gives bf16)
+      ReduceTyped<DType::kBf16>(inputs, first, count, out);
+      return;
   }
 }
 
