@@ -814,8 +814,10 @@ Status HostExecutor::RunReduce(const ReduceScatterCmd& cmd, const CommandOrigin&
   desc.bytes = cmd.bytes;
   StatusOr<CollectiveTimes> times = rs_comm_.Call(rank_, desc, segments, ctx);
   if (!times.ok()) return times.status();
+  // The fp32 accumulation of the reduced shards only feeds the check: without it the stream
+  // goes straight on to its next collective, as a device stream would.
   auto& reduced = reduced_[static_cast<std::size_t>(cmd.unit)];
-  for (std::size_t g = 0; g < groups.size(); ++g) {
+  for (std::size_t g = 0; g < groups.size() && config_.check; ++g) {
     const GroupLayout& gl = groups[g];
     std::vector<float>& acc = reduced[g];
     for (std::size_t i = 0; i < acc.size(); ++i) {
