@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -182,11 +183,20 @@ Status Run(const Args& args) {
     if (n < 0 || n > 16384) return UsageError("--gemm-n: must be in 0..16384");
     o.gemm_n = static_cast<std::uint64_t>(n);
   }
+  std::optional<int> emulate;
+  if (args.Get("--emulate-world-size")) {
+    int w = 0;
+    FSDP_RETURN_IF_ERROR(int_flag("--emulate-world-size", w, 1, 1 << 16));
+    emulate = w;
+  }
   StatusOr<std::vector<GatherBenchRow>> rows = [&]() -> StatusOr<std::vector<GatherBenchRow>> {
-    if (backend == "host") return host::RunGatherBench(o);
+    if (backend == "host") {
+      if (emulate) return UsageError("--emulate-world-size is for --backend cuda on one GPU");
+      return host::RunGatherBench(o);
+    }
     if (backend == "cuda") {
 #ifdef FSDPLAB_HAVE_CUDA
-      return fsdplab::cuda::RunGatherBench(o);
+      return fsdplab::cuda::RunGatherBench(o, emulate);
 #else
       return Unavailable(
           "this build has no CUDA backend (configure with nvcc present and "
@@ -227,6 +237,10 @@ int RunBenchGather(const Argv& argv) {
   args.Declare("--gemm-n", ArgKind::kValue,
                "overlapped GEMM size n (n x n x n); 0 (default) sizes it to match the collective",
                "N");
+  args.Declare("--emulate-world-size", ArgKind::kValue,
+               "cuda on one GPU: each collective becomes a device copy of what a rank of a "
+               "W-rank ring receives",
+               "W");
   args.Declare("--json", ArgKind::kSwitch, "print JSON instead of the table");
   args.Declare("-J", ArgKind::kValue, "also write the JSON to FILE", "FILE");
   args.Declare("--nccl-out", ArgKind::kValue,

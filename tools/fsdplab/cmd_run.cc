@@ -71,6 +71,10 @@ void DeclareLiveFlags(Args& args, bool record) {
                "multiply the trace's compute durations by F (timed compute; default 1)", "F");
   args.Declare("--gemm-tokens", ArgKind::kValue,
                "rows of the activations in --compute gemm (default 16)", "N");
+  args.Declare("--emulate-world-size", ArgKind::kValue,
+               "cuda on one GPU: replace each collective by a device copy of the bytes a rank "
+               "receives in a W-rank ring (the report says so)",
+               "W");
   args.Declare("--timeout", ArgKind::kValue,
                "seconds any wait may last before the run is aborted (default 30)", "SECONDS");
   args.Declare("--seed", ArgKind::kValue, "seed of parameters and inputs (default 2026)", "N");
@@ -179,6 +183,11 @@ StatusOr<LiveOptions> LiveOptionsFromArgs(const Args& args, const Trace& trace) 
     if (!(seconds > 0) || !std::isfinite(seconds)) return UsageError("--timeout: must be positive");
     o.timeout_us = seconds * 1e6;
   }
+  if (args.Get("--emulate-world-size")) {
+    int w = 0;
+    FSDP_RETURN_IF_ERROR(IntFlag(args, "--emulate-world-size", w, 1, 1 << 16));
+    o.emulate_world_size = w;
+  }
   std::int64_t seed = static_cast<std::int64_t>(o.seed);
   FSDP_RETURN_IF_ERROR(IntFlag(args, "--seed", seed, 0, INT64_MAX));
   o.seed = static_cast<std::uint64_t>(seed);
@@ -198,7 +207,12 @@ StatusOr<LiveOptions> LiveOptionsFromArgs(const Args& args, const Trace& trace) 
 
 StatusOr<LiveResult> RunOnBackend(const std::string& backend, const Trace& trace,
                                   const LiveOptions& options) {
-  if (backend == "host") return host::RunLiveSteps(trace, options);
+  if (backend == "host") {
+    if (options.emulate_world_size) {
+      return UsageError("--emulate-world-size is for --backend cuda on one GPU");
+    }
+    return host::RunLiveSteps(trace, options);
+  }
   if (backend == "cuda") {
 #ifdef FSDPLAB_HAVE_CUDA
     return fsdplab::cuda::RunLiveSteps(trace, options);
