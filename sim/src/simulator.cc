@@ -281,6 +281,7 @@ struct ComputeDoneEv {
 struct CollectiveDoneEv {
   std::int32_t stream;
   std::uint32_t seq;
+  std::uint32_t version;  // stale when the collective was repriced since
 };
 using SimEvent = std::variant<HostIssueEv, ComputeDoneEv, CollectiveDoneEv>;
 
@@ -674,10 +675,44 @@ class Engine {
         }
       }
     }
-    queue_.Push(now + cost, CollectiveDoneEv{s, op.coll_seq});
+    StartCollectiveClock(s, op.coll_seq, cost, now);
+  }
+
+  // Communication contention: collectives of one group run on the all-gather and the
+  // reduce-scatter streams at once; while both are in progress each runs (1 + comm_contention)
+  // times slower (they share links, copy engines and cores). Every rank takes part in every
+  // collective, so the overlap is the same on every rank and one clock per stream suffices.
+  void StartCollectiveClock(int s, std::uint32_t seq, TimeUs cost, TimeUs now) {
+    CollClock& c = coll_clock_[Idx(s)];
+    c.active = true;
+    c.seq = seq;
+    c.remaining = cost;
+    c.rate = 0;  // forces a (re)schedule below
+    c.last = now;
+    RepriceCollectives(now);
+  }
+
+  void RepriceCollectives(TimeUs now) {
+    int active = 0;
+    for (const CollClock& c : coll_clock_) active += c.active ? 1 : 0;
+    const double rate = active >= 2 ? 1.0 / (1.0 + opt_.comm_contention) : 1.0;
+    for (std::size_t s = 0; s < coll_clock_.size(); ++s) {
+      CollClock& c = coll_clock_[s];
+      if (!c.active || c.rate == rate) continue;
+      if (c.rate > 0) c.remaining = std::max(0.0, c.remaining - (now - c.last) * c.rate);
+      c.last = now;
+      c.rate = rate;
+      ++c.version;
+      queue_.Push(now + c.remaining / rate,
+                  CollectiveDoneEv{static_cast<std::int32_t>(s), c.seq, c.version});
+    }
   }
 
   void OnCollectiveDone(TimeUs now, const CollectiveDoneEv& e) {
+    CollClock& clock = coll_clock_[Idx(e.stream)];
+    if (!clock.active || e.version != clock.version) return;  // repriced
+    clock.active = false;
+    RepriceCollectives(now);
     last_time_ = std::max(last_time_, now);
     int s = e.stream;
     for (RankState& q : ranks_) {
@@ -879,6 +914,15 @@ class Engine {
   std::vector<RankState> ranks_;
   EventQueue<SimEvent> queue_;
   std::array<std::vector<PendingCollective>, kNumStreams> pending_;
+  struct CollClock {
+    bool active = false;
+    std::uint32_t seq = 0;
+    std::uint32_t version = 0;
+    double remaining = 0;  // solo microseconds left
+    double rate = 0;
+    TimeUs last = 0;
+  };
+  std::array<CollClock, kNumStreams> coll_clock_{};
   Timeline* timeline_ = nullptr;
   std::int64_t next_op_id_ = 0;
   Status failure_;
@@ -973,6 +1017,9 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
   }
   if (options.contention < 0 || !std::isfinite(options.contention)) {
     return UsageError("--contention: must be a finite number >= 0");
+  }
+  if (options.comm_contention < 0 || !std::isfinite(options.comm_contention)) {
+    return UsageError("--comm-contention: must be a finite number >= 0");
   }
   const Trace& first = *traces.front();
   int world = one_trace ? options.cluster.world_size : static_cast<int>(traces.size());

@@ -177,5 +177,27 @@ TEST(SimulatorGolden, ContentionSlowsOverlappedCompute) {
   EXPECT_LE(run.report.steps[1].time_us, 6700 + 3 * 200);
 }
 
+// Communication contention 1.0: collectives in progress on the all-gather and the
+// reduce-scatter streams at once each run at half speed. In the golden run only one pair
+// overlaps: step 1's first-unit gather of model (100 us alone) and step 0's reduce-scatter of a
+// (200 us alone) both start at 6500. At half speed the gather ends at 6700 (100 solo-us done);
+// the reduce-scatter has done 100 of its 200 solo-us by then and runs alone to 6800; model's
+// reduce-scatter follows 6800-6900, so step 0 ends at 6900: time 6900, exposed [0,300] +
+// [2300,2500] + [6500,6900] = 900 us. Step 1 starts after step 0's compute (6900) and has no
+// overlapping pair: 6700 us long, 700 us exposed, as without contention.
+TEST(SimulatorGolden, CommContentionSlowsConcurrentCollectives) {
+  Trace trace = testing::ThreeUnitTrace();
+  SimOptions opt = GoldenOptions();
+  opt.comm_contention = 1.0;
+  SimRun run = Simulate2(trace, opt);
+  ASSERT_TRUE(run.result.status.ok()) << run.result.status.ToString();
+  ASSERT_EQ(run.report.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(run.report.steps[0].time_us, 6900);
+  EXPECT_DOUBLE_EQ(run.report.steps[0].exposed_comm_us, 900);
+  EXPECT_DOUBLE_EQ(run.report.steps[1].start_us, 6900);
+  EXPECT_DOUBLE_EQ(run.report.steps[1].time_us, 6700);
+  EXPECT_DOUBLE_EQ(run.report.steps[1].exposed_comm_us, 700);
+}
+
 }  // namespace
 }  // namespace fsdplab::sim

@@ -91,6 +91,10 @@ void DeclareEngineFlags(Args& args) {
   args.Declare("--contention", ArgKind::kValue,
                "compute runs (1+F) times slower while a collective runs beside it (default 0)",
                "F");
+  args.Declare("--comm-contention", ArgKind::kValue,
+               "collectives in progress on the all-gather and reduce-scatter streams at once each "
+               "run (1+F) times slower: 0 (default) independent, 1 one shared resource",
+               "F");
   args.Declare("--straggler", ArgKind::kRepeated,
                "RANK:FACTOR: that rank's compute takes FACTOR times longer (repeatable)", "RANK:F");
   args.Declare("--memory-cap", ArgKind::kValue,
@@ -112,6 +116,10 @@ Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& o) {
   if (std::optional<std::string> v = args.Get("--contention")) {
     FSDP_ASSIGN_OR_RETURN(o.contention, ParseDouble(*v, "--contention"));
     if (o.contention < 0) return UsageError("--contention: must be >= 0");
+  }
+  if (std::optional<std::string> v = args.Get("--comm-contention")) {
+    FSDP_ASSIGN_OR_RETURN(o.comm_contention, ParseDouble(*v, "--comm-contention"));
+    if (o.comm_contention < 0) return UsageError("--comm-contention: must be >= 0");
   }
   for (const std::string& v : args.GetAll("--straggler")) {
     FSDP_ASSIGN_OR_RETURN(sim::Straggler s, sim::ParseStraggler(v));

@@ -19,7 +19,7 @@ void DeclareClusterFlags(Args& args);
 // it comes from `trace_world_size` (the trace's meta), if that is above 1.
 StatusOr<sim::Cluster> ClusterFromArgs(const Args& args, int trace_world_size);
 
-// --steps, --launch-us, --contention, --straggler (repeated), --memory-cap.
+// --steps, --launch-us, --contention, --comm-contention, --straggler (repeated), --memory-cap.
 void DeclareEngineFlags(Args& args);
 // Fills everything of SimOptions but the policy and the cluster.
 Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& options);

@@ -23,6 +23,8 @@
 //   through a wait-for graph (never a hang);
 // - compute durations: ComputeCmd.us x compute_scale x the rank's straggler factor, run
 //   (1 + contention) times slower while a collective is in progress on the rank;
+// - collectives in progress on both communication streams at once each run (1 + comm_contention)
+//   times slower (shared links and cores);
 // - memory: sharded parameters from the start; unsharded parameters from the gather's start
 //   on its stream to its Release on the stream (the host reserves the buffer against the cap
 //   when it issues the Gather: were the buffer counted from the issue, a host that runs ahead
@@ -70,6 +72,9 @@ struct SimOptions final {
   int steps = 0;            // 0: the trace's steps
   TimeUs launch_us = 2.0;   // host launch cost per issued command
   double contention = 0.0;  // compute slowdown factor while a collective runs on the rank
+  // Collectives running at once on the all-gather and the reduce-scatter streams each run
+  // (1 + comm_contention) times slower: 0 = independent links, 1 = one shared resource.
+  double comm_contention = 0.0;
   std::vector<Straggler> stragglers;
   std::optional<Bytes> memory_cap;
   bool record_host_ops = true;       // one kHostIssue op per issued command in the timeline
