@@ -342,9 +342,12 @@ HostExecutor::~HostExecutor() {
 }
 
 void HostExecutor::Start() {
+  // With an emulated device the compute thread sleeps to deadlines: the communication threads,
+  // which copy and sum on the same cores, yield to it so its kernels end on time.
+  const int comm_nice = config_.compute == ComputeMode::kTimed ? 5 : 0;
   compute_->Start(/*low_timer_slack=*/true);
-  all_gather_->Start();
-  if (reduce_scatter_) reduce_scatter_->Start();
+  all_gather_->Start(/*low_timer_slack=*/false, comm_nice);
+  if (reduce_scatter_) reduce_scatter_->Start(/*low_timer_slack=*/false, comm_nice);
 }
 
 OpContext HostExecutor::Context(const CommandOrigin& origin, UnitId unit, std::string op) const {

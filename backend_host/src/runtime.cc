@@ -10,6 +10,9 @@
 
 #ifdef __linux__
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace fsdplab::host {
@@ -113,8 +116,9 @@ StreamWorker::~StreamWorker() {
   Join();
 }
 
-void StreamWorker::Start(bool low_timer_slack) {
+void StreamWorker::Start(bool low_timer_slack, int nice) {
   low_timer_slack_ = low_timer_slack;
+  nice_ = nice;
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -188,6 +192,11 @@ void StreamWorker::Loop() {
   // 1 ns of timer slack instead of the default 50 us: an emulated kernel ends close to its
   // deadline. What overshoot remains is measured and reported by the executor.
   if (low_timer_slack_) prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  // Per-thread niceness (Linux applies setpriority to the calling thread's id). Raising it needs
+  // no privilege; failure only costs timing precision, so it is ignored.
+  if (nice_ > 0) {
+    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice_);
+  }
 #endif
   for (;;) {
     Task task;

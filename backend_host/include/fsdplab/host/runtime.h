@@ -101,7 +101,9 @@ class StreamWorker final {
   StreamWorker& operator=(const StreamWorker&) = delete;
 
   // `low_timer_slack`: ask the kernel for precise sleeps on this thread (emulated compute).
-  void Start(bool low_timer_slack = false);
+  // `nice`: raise this thread's niceness (communication threads, so that the emulated device's
+  // compute thread is not delayed behind the copies and sums that share its cores).
+  void Start(bool low_timer_slack = false, int nice = 0);
   // Appends a task; returns its sequence number (1 for the first).
   std::uint64_t Enqueue(Task task);
   std::uint64_t issued() const;
@@ -130,6 +132,7 @@ class StreamWorker final {
   std::uint64_t completed_ = 0;
   bool closed_ = false;
   bool low_timer_slack_ = false;
+  int nice_ = 0;
   std::thread thread_;
 };
 
