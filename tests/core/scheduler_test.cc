@@ -104,9 +104,8 @@ Status RunStep(Scheduler& s, int step, const std::vector<std::vector<Event>>& pa
   FSDP_RETURN_IF_ERROR(s.StepBegin(step, log));
   for (std::size_t m = 0; m < passes.size(); ++m) {
     for (std::size_t e = 0; e < passes[m].size(); ++e) {
-      FSDP_RETURN_IF_ERROR(s.OnEvent(passes[m][e],
-                                     CommandOrigin{step, static_cast<int>(m), static_cast<int>(e)},
-                                     log));
+      FSDP_RETURN_IF_ERROR(s.OnEvent(
+          passes[m][e], CommandOrigin{step, static_cast<int>(m), static_cast<int>(e)}, log));
     }
   }
   return s.StepEnd(log);
@@ -157,11 +156,8 @@ std::vector<UnitDef> ThreeLayers() {
 TEST(RegistrationOrder, PreOrderForwardAndReversedBackward) {
   // Two roots; r1 has children a (with child a1) and b. Forward: pre-order, roots in order:
   // r1 a a1 b r2. Backward: roots reversed, children reversed, parent first: r2 r1 b a a1.
-  Model m = MakeModel({{"r1", std::nullopt},
-                       {"a", "r1"},
-                       {"a1", "a"},
-                       {"b", "r1"},
-                       {"r2", std::nullopt}});
+  Model m = MakeModel(
+      {{"r1", std::nullopt}, {"a", "r1"}, {"a1", "a"}, {"b", "r1"}, {"r2", std::nullopt}});
   ExecutionOrder o = ExecutionOrder::Registration(m);
   EXPECT_EQ(Names(o.forward(), m), (std::vector<std::string>{"r1", "a", "a1", "b", "r2"}));
   EXPECT_EQ(Names(o.backward(), m), (std::vector<std::string>{"r2", "r1", "b", "a", "a1"}));
@@ -364,7 +360,9 @@ TEST(RecordedOrder, RerecordDropsPrefetchesAndRecordsThePass) {
   }
   EXPECT_TRUE(dropped);
   for (const GatherSeen& g : Gathers(log, m)) {
-    if (g.event >= 4) EXPECT_EQ(g.reason, GatherReason::kDemand) << g.unit << " " << g.event;
+    if (g.event >= 4) {
+      EXPECT_EQ(g.reason, GatherReason::kDemand) << g.unit << " " << g.event;
+    }
   }
   // The diverged pass is the new order, and step 2 follows it without divergence.
   EXPECT_EQ(Names(s.order().forward(), m), (std::vector<std::string>{"root", "L0", "L2", "L1"}));
@@ -457,17 +455,15 @@ TEST(Budget, ElementsKeepAddingWhileBelowBudget) {
 TEST(Budget, BytesCountGatheredBytes) {
   // bf16: L0 200 B, L1 400 B, L2 600 B. bytes:200: L0 only (200 >= 200). bytes:201: L0, L1.
   EXPECT_EQ(PrefetchedAtRoot({Budget::Kind::kBytes, 200}), (std::vector<std::string>{"L0"}));
-  EXPECT_EQ(PrefetchedAtRoot({Budget::Kind::kBytes, 201}),
-            (std::vector<std::string>{"L0", "L1"}));
+  EXPECT_EQ(PrefetchedAtRoot({Budget::Kind::kBytes, 201}), (std::vector<std::string>{"L0", "L1"}));
 }
 
 // ---- §2.2 MXFP8 planes -----------------------------------------------------------------------
 
 // root (bf16) with MXFP8 layers L0, L1 ([64, 64] weights); registration order; budget 1.
 struct MxRun {
-  Model m = MakeModel({{"root", std::nullopt, 64},
-                       {"L0", "root", 4096, true},
-                       {"L1", "root", 4096, true}});
+  Model m = MakeModel(
+      {{"root", std::nullopt, 64}, {"L0", "root", 4096, true}, {"L1", "root", 4096, true}});
 };
 
 std::vector<Event> MxPass(const Model& m, bool inside_recompute_in_L1) {
@@ -674,20 +670,32 @@ TEST(StreamProtocol, FullCommandStreamOfOneLayer) {
   std::vector<std::string> got;
   for (const Command& c : log.commands()) got.push_back(Kind(c, m));
   const std::vector<std::string> want = {
-      "G:root",                     // first-unit prefetch, before the forward
-      "SW:all_gather<compute",      // root pre_forward: AG waits for compute
-      "W:root", "G:L0",             // root already in flight: wait; prefetch L0
-      "W:L0", "C:L0",               // L0 pre_forward: gathered already; compute
-      "SW:all_gather<compute", "R:L0",  // L0 post_forward: reshard after its compute
+      "G:root",                 // first-unit prefetch, before the forward
+      "SW:all_gather<compute",  // root pre_forward: AG waits for compute
+      "W:root",
+      "G:L0",  // root already in flight: wait; prefetch L0
+      "W:L0",
+      "C:L0",  // L0 pre_forward: gathered already; compute
+      "SW:all_gather<compute",
+      "R:L0",                       // L0 post_forward: reshard after its compute
       "C:root",                     // root forward compute; root keeps its parameters
       "SW:reduce_scatter<compute",  // root pre_backward: RS waits for compute
-      "W:root", "G:L0",             // root present; prefetch L0's backward
-      "W:L0", "C:L0",               // L0 backward
-      "SW:all_gather<compute", "R:L0", "SW:reduce_scatter<compute", "RS:L0",  // post_backward
+      "W:root",
+      "G:L0",  // root present; prefetch L0's backward
+      "W:L0",
+      "C:L0",  // L0 backward
+      "SW:all_gather<compute",
+      "R:L0",
+      "SW:reduce_scatter<compute",
+      "RS:L0",  // post_backward
       "C:root",
-      "SW:all_gather<compute", "R:root", "SW:reduce_scatter<compute", "RS:root",
+      "SW:all_gather<compute",
+      "R:root",
+      "SW:reduce_scatter<compute",
+      "RS:root",
       "SW:compute<reduce_scatter",  // backward_end: compute waits for every reduce-scatter
-      "PASS", "STEP"};
+      "PASS",
+      "STEP"};
   EXPECT_EQ(got, want);
 }
 
