@@ -124,16 +124,16 @@ std::uint64_t PatternKey(std::uint64_t seed, int unit, int group, int plane) {
 cudaError_t FillPattern(void* dst, Bytes bytes, Bytes offset, std::uint64_t key,
                         cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
-  FillPatternKernel<<<Blocks(bytes), kThreads, 0, stream>>>(static_cast<unsigned char*>(dst),
-                                                            bytes, offset, key);
+  FillPatternKernel<<<Blocks(bytes), kThreads, 0, stream>>>(static_cast<unsigned char*>(dst), bytes,
+                                                            offset, key);
   return cudaGetLastError();
 }
 
-cudaError_t CheckPattern(const void* src, Bytes bytes, std::uint64_t key,
-                         unsigned long long* wrong, cudaStream_t stream) {
+cudaError_t CheckPattern(const void* src, Bytes bytes, std::uint64_t key, unsigned long long* wrong,
+                         cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
-  CheckPatternKernel<<<Blocks(bytes), kThreads, 0, stream>>>(
-      static_cast<const unsigned char*>(src), bytes, key, wrong);
+  CheckPatternKernel<<<Blocks(bytes), kThreads, 0, stream>>>(static_cast<const unsigned char*>(src),
+                                                             bytes, key, wrong);
   return cudaGetLastError();
 }
 
@@ -142,12 +142,12 @@ cudaError_t FillGrad(void* dst, DType dtype, Elements count, std::uint64_t key, 
   if (count == 0) return cudaSuccess;
   switch (dtype) {
     case DType::kFp32:
-      FillGradKernel<<<Blocks(count), kThreads, 0, stream>>>(static_cast<float*>(dst), count,
-                                                             key, rank);
+      FillGradKernel<<<Blocks(count), kThreads, 0, stream>>>(static_cast<float*>(dst), count, key,
+                                                             rank);
       break;
     case DType::kFp16:
-      FillGradKernel<<<Blocks(count), kThreads, 0, stream>>>(static_cast<__half*>(dst), count,
-                                                             key, rank);
+      FillGradKernel<<<Blocks(count), kThreads, 0, stream>>>(static_cast<__half*>(dst), count, key,
+                                                             rank);
       break;
     default:
       FillGradKernel<<<Blocks(count), kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(dst),
@@ -164,14 +164,14 @@ cudaError_t CheckReduced(const void* src, DType dtype, Elements count, Elements 
   if (count == 0) return cudaSuccess;
   switch (dtype) {
     case DType::kFp32:
-      CheckReducedKernel<<<Blocks(count), kThreads, 0, stream>>>(
-          static_cast<const float*>(src), count, offset, valid, key, world_size, wrong,
-          max_err_bits);
+      CheckReducedKernel<<<Blocks(count), kThreads, 0, stream>>>(static_cast<const float*>(src),
+                                                                 count, offset, valid, key,
+                                                                 world_size, wrong, max_err_bits);
       break;
     case DType::kFp16:
-      CheckReducedKernel<<<Blocks(count), kThreads, 0, stream>>>(
-          static_cast<const __half*>(src), count, offset, valid, key, world_size, wrong,
-          max_err_bits);
+      CheckReducedKernel<<<Blocks(count), kThreads, 0, stream>>>(static_cast<const __half*>(src),
+                                                                 count, offset, valid, key,
+                                                                 world_size, wrong, max_err_bits);
       break;
     default:
       CheckReducedKernel<<<Blocks(count), kThreads, 0, stream>>>(

@@ -65,10 +65,10 @@ std::string DescribeCommand(const Command& command, const Model& model) {
           if (c.inside_recompute) extra += " inside-recompute";
           if (c.saved_bytes > 0) extra += fmt::format(" saves {}", HumanBytes(c.saved_bytes));
           if (c.freed_bytes > 0) extra += fmt::format(" frees {}", HumanBytes(c.freed_bytes));
-          return fmt::format("compute      {} {} {} us{}",
-                             c.unit == kNoUnit ? std::string("(no unit)")
-                                               : std::string(model.NameOf(c.unit)),
-                             PhaseName(c.phase), c.us, extra);
+          return fmt::format(
+              "compute      {} {} {} us{}",
+              c.unit == kNoUnit ? std::string("(no unit)") : std::string(model.NameOf(c.unit)),
+              PhaseName(c.phase), c.us, extra);
         } else if constexpr (std::is_same_v<T, StreamWaitCmd>) {
           return fmt::format("stream-wait  {} waits for {}", StreamName(c.waiter),
                              StreamName(c.signaler));
@@ -77,10 +77,9 @@ std::string DescribeCommand(const Command& command, const Model& model) {
                              PiecePlanes(c.pieces, model.unit(c.unit)), HumanBytes(c.bytes),
                              c.dropped_prefetch ? " (dropped prefetch)" : "");
         } else if constexpr (std::is_same_v<T, ReduceScatterCmd>) {
-          return fmt::format("{} {} {}",
-                             c.kind == CollectiveKind::kAllReduce ? "all-reduce  "
-                                                                  : "reduce-scatter",
-                             model.NameOf(c.unit), HumanBytes(c.bytes));
+          return fmt::format(
+              "{} {} {}", c.kind == CollectiveKind::kAllReduce ? "all-reduce  " : "reduce-scatter",
+              model.NameOf(c.unit), HumanBytes(c.bytes));
         } else if constexpr (std::is_same_v<T, PassEndCmd>) {
           return c.freed_bytes > 0
                      ? fmt::format("pass-end     (frees {})", HumanBytes(c.freed_bytes))

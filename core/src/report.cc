@@ -351,9 +351,15 @@ std::string ReportToJson(const Report& r) {
     if (op.unit >= 0 && static_cast<std::size_t>(op.unit) < r.unit_names.size()) {
       unit = r.unit_names[static_cast<std::size_t>(op.unit)];
     }
-    Json j{{"kind", OpKindName(op.kind)}, {"unit", unit},          {"phase", PhaseName(op.phase)},
-           {"step", op.step},             {"microbatch", op.microbatch}, {"event", op.event},
-           {"start_us", op.start_us},     {"dur_us", op.dur_us},   {"bytes", op.bytes}};
+    Json j{{"kind", OpKindName(op.kind)},
+           {"unit", unit},
+           {"phase", PhaseName(op.phase)},
+           {"step", op.step},
+           {"microbatch", op.microbatch},
+           {"event", op.event},
+           {"start_us", op.start_us},
+           {"dur_us", op.dur_us},
+           {"bytes", op.bytes}};
     if (op.kind == OpKind::kAllGather) j["reason"] = GatherReasonName(op.reason);
     ops.push_back(std::move(j));
   }

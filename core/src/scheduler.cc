@@ -91,8 +91,8 @@ class Scheduler::Impl {
     rt.prefetched_unused = false;
     FSDP_RETURN_IF_ERROR(DemandGather(u, Phase::kForward, origin, sink));
     if (position >= 0) {
-      FSDP_RETURN_IF_ERROR(Prefetch(forward_seq(), position + 1, policy_.forward_prefetch, origin,
-                                    sink));
+      FSDP_RETURN_IF_ERROR(
+          Prefetch(forward_seq(), position + 1, policy_.forward_prefetch, origin, sink));
     }
     return Status::Ok();
   }
@@ -140,8 +140,8 @@ class Scheduler::Impl {
     rt.prefetched_unused = false;
     FSDP_RETURN_IF_ERROR(DemandGather(u, Phase::kBackward, origin, sink));
     if (position >= 0) {
-      FSDP_RETURN_IF_ERROR(Prefetch(backward_seq(), position + 1, policy_.backward_prefetch,
-                                    origin, sink));
+      FSDP_RETURN_IF_ERROR(
+          Prefetch(backward_seq(), position + 1, policy_.backward_prefetch, origin, sink));
     }
     return Status::Ok();
   }
@@ -175,8 +175,8 @@ class Scheduler::Impl {
   Status Compute(UnitId u, Phase phase, TimeUs us, Bytes saved, const CommandOrigin& origin,
                  CommandSink& sink) {
     if (!(us >= 0)) {
-      return InvalidInput(fmt::format("{}: compute duration {} us is negative or not a number",
-                                      Where(origin), us));
+      return InvalidInput(
+          fmt::format("{}: compute duration {} us is negative or not a number", Where(origin), us));
     }
     BeginPassIfNeeded(origin);
     ComputeCmd cmd;
@@ -228,8 +228,8 @@ class Scheduler::Impl {
     // are resharded now.
     for (const Unit& unit : model_.units()) {
       if (HoldsWeights(unit.id()) && sharded()) {
-        FSDP_RETURN_IF_ERROR(ReleaseUnit(unit.id(), rt_of(unit.id()).prefetched_unused, origin,
-                                         sink));
+        FSDP_RETURN_IF_ERROR(
+            ReleaseUnit(unit.id(), rt_of(unit.id()).prefetched_unused, origin, sink));
       }
     }
     if (!recording_ && uses_recorded() && bwd_cursor_ < recorded_.backward().size()) {
@@ -259,8 +259,8 @@ class Scheduler::Impl {
   Status StepEnd(CommandSink& sink) {
     const CommandOrigin origin{step_, microbatch_, -1};
     if (pass_active_) {
-      return InvalidInput(fmt::format(
-          "step {}, microbatch {}: the step ended without backward_end", step_, microbatch_));
+      return InvalidInput(fmt::format("step {}, microbatch {}: the step ended without backward_end",
+                                      step_, microbatch_));
     }
     return Emit(StepEndCmd{}, origin, sink);
   }
@@ -358,8 +358,7 @@ class Scheduler::Impl {
   bool HoldsWeights(UnitId u) const {
     const UnitRt& rt = rt_of(u);
     if (!model_.unit(u).has_params()) return rt.state == UnitState::kBackward;
-    return std::any_of(rt.present.begin(), rt.present.end(),
-                       [](PlaneSet p) { return !p.empty(); });
+    return std::any_of(rt.present.begin(), rt.present.end(), [](PlaneSet p) { return !p.empty(); });
   }
 
   bool ReshardsAfterForward(UnitId u) const {
@@ -475,8 +474,8 @@ class Scheduler::Impl {
   Status CheckForwardComplete(UnitId u, const CommandOrigin& origin, CommandSink& sink) {
     if (!uses_recorded() || recording_) return Status::Ok();
     if (fwd_cursor_ >= recorded_.forward().size()) return Status::Ok();
-    return OnDivergence(false, static_cast<int>(fwd_cursor_),
-                        recorded_.forward()[fwd_cursor_].unit, u, origin, sink, "pre_backward of ");
+    return OnDivergence(false, static_cast<int>(fwd_cursor_), recorded_.forward()[fwd_cursor_].unit,
+                        u, origin, sink, "pre_backward of ");
   }
 
   Status OnDivergence(bool backward, int position, UnitId expected, UnitId seen,
@@ -489,13 +488,13 @@ class Scheduler::Impl {
     d.position = position;
     d.expected = expected;
     d.seen = seen;
-    d.message = fmt::format(
-        "{}: the pass left the recorded {} order at position {}: expected {}, saw {}",
-        Where(origin), backward ? "backward" : "forward", position,
-        expected == kNoUnit ? std::string("the end of the order")
-                            : fmt::format("'{}'", model_.NameOf(expected)),
-        seen == kNoUnit ? std::string("the end of the pass")
-                        : fmt::format("{}'{}'", seen_prefix, model_.NameOf(seen)));
+    d.message =
+        fmt::format("{}: the pass left the recorded {} order at position {}: expected {}, saw {}",
+                    Where(origin), backward ? "backward" : "forward", position,
+                    expected == kNoUnit ? std::string("the end of the order")
+                                        : fmt::format("'{}'", model_.NameOf(expected)),
+                    seen == kNoUnit ? std::string("the end of the pass")
+                                    : fmt::format("{}'{}'", seen_prefix, model_.NameOf(seen)));
     divergences_.push_back(d);
     if (policy_.on_divergence == OnDivergence::kError) return StepFailed(d.message);
     // Rerecord: drop the speculative prefetches, gather on demand for the rest of the pass and
@@ -518,8 +517,7 @@ class Scheduler::Impl {
   Status PreRecompute(UnitId u, const CommandOrigin& origin, CommandSink& sink) {
     UnitRt& rt = rt_of(u);
     if (rt.state == UnitState::kForward || rt.recomputing) {
-      return IllegalTransition(u, rt.state, UnitState::kForward, "pre_forward (recompute)",
-                               origin);
+      return IllegalTransition(u, rt.state, UnitState::kForward, "pre_forward (recompute)", origin);
     }
     int position = -1;
     if (recompute_aware()) {
@@ -551,8 +549,8 @@ class Scheduler::Impl {
             "{}: missing rowwise plane: the recomputation inside unit '{}' needs the rowwise "
             "plane of parameter '{}' ({}), but the backward unshard gathered only {}; set "
             "unshard_all_planes_in_backward for '{}'",
-            Where(origin), unit.name(), param.name, DTypeName(group.dtype),
-            rt.present[g].Name(), unit.name()));
+            Where(origin), unit.name(), param.name, DTypeName(group.dtype), rt.present[g].Name(),
+            unit.name()));
       }
       return StepFailed(fmt::format(
           "{}: {} compute of unit '{}' needs the {} plane of parameter '{}' ({}), which is not "
@@ -648,8 +646,8 @@ Status Scheduler::PostBackward(UnitId unit, const CommandOrigin& origin, Command
 }
 Status Scheduler::Compute(UnitId unit, Phase phase, TimeUs us, Bytes saved_bytes,
                           const CommandOrigin& origin, CommandSink& sink) {
-  return AbortOnError(
-      *this, [&] { return impl_->Compute(unit, phase, us, saved_bytes, origin, sink); });
+  return AbortOnError(*this,
+                      [&] { return impl_->Compute(unit, phase, us, saved_bytes, origin, sink); });
 }
 Status Scheduler::BackwardEnd(const CommandOrigin& origin, CommandSink& sink) {
   return AbortOnError(*this, [&] { return impl_->BackwardEnd(origin, sink); });

@@ -2,6 +2,7 @@
 #include "fsdplab/core/execution_order.h"
 
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
 namespace fsdplab {

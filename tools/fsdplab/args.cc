@@ -2,10 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <cctype>
 #include <cstdlib>
 
 namespace fsdplab::cli {
@@ -86,7 +86,8 @@ std::string Args::FlagHelp() const {
   std::string out;
   for (const Spec& s : specs_) {
     std::string left = s.name;
-    if (s.kind != ArgKind::kSwitch) left += " " + (s.metavar.empty() ? std::string("VALUE") : s.metavar);
+    if (s.kind != ArgKind::kSwitch)
+      left += " " + (s.metavar.empty() ? std::string("VALUE") : s.metavar);
     out += fmt::format("  {:<34} {}\n", left, s.help);
   }
   return out;
@@ -98,10 +99,14 @@ StatusOr<std::uint64_t> ParseSize(std::string_view text, std::string_view flag) 
   double mult = 1;
   char last = s.back();
   switch (last) {
-    case 'K': case 'k': mult = 1024.0; break;
-    case 'M': case 'm': mult = 1024.0 * 1024; break;
-    case 'G': case 'g': mult = 1024.0 * 1024 * 1024; break;
-    case 'T': case 't': mult = 1024.0 * 1024 * 1024 * 1024; break;
+    case 'K':
+    case 'k': mult = 1024.0; break;
+    case 'M':
+    case 'm': mult = 1024.0 * 1024; break;
+    case 'G':
+    case 'g': mult = 1024.0 * 1024 * 1024; break;
+    case 'T':
+    case 't': mult = 1024.0 * 1024 * 1024 * 1024; break;
     default: break;
   }
   if (mult != 1) s.pop_back();
@@ -109,8 +114,8 @@ StatusOr<std::uint64_t> ParseSize(std::string_view text, std::string_view flag) 
   errno = 0;
   double v = std::strtod(s.c_str(), &end);
   if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(v) || v < 0) {
-    return UsageError(fmt::format("{}: '{}' is not a size (examples: 4096, 128K, 64M, 1G)", flag,
-                                  text));
+    return UsageError(
+        fmt::format("{}: '{}' is not a size (examples: 4096, 128K, 64M, 1G)", flag, text));
   }
   return static_cast<std::uint64_t>(std::llround(v * mult));
 }

@@ -84,8 +84,7 @@ int RunSchedule(const Argv& argv) {
   constexpr std::string_view kCmd = "schedule";
   Args args(argv);
   args.Declare("--steps", ArgKind::kValue, "steps to schedule (default: the trace's)", "N");
-  args.Declare("--world-size", ArgKind::kValue, "data-parallel ranks (default: the trace's)",
-               "W");
+  args.Declare("--world-size", ArgKind::kValue, "data-parallel ranks (default: the trace's)", "W");
   args.Declare("--json", ArgKind::kSwitch, "print the commands as JSON");
   args.Declare("-o", ArgKind::kValue, "write the output to FILE instead of stdout", "FILE");
   DeclarePolicyFlags(args);

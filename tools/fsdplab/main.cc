@@ -33,17 +33,17 @@ constexpr Subcommand kSubcommands[] = {
     {"calibrate", "fit the collective cost model to nccl-tests output; write a cluster file",
      fsdplab::cli::RunCalibrate},
     {"validate", "check a trace; list every problem", fsdplab::cli::RunValidate},
-    {"order", "print the forward and backward execution orders of a trace",
-     fsdplab::cli::RunOrder},
+    {"order", "print the forward and backward execution orders of a trace", fsdplab::cli::RunOrder},
     {"schedule", "print the scheduler's command stream for each step", fsdplab::cli::RunSchedule},
     {"synth", "generate the trace of a GPT/Llama-like model", fsdplab::cli::RunSynth},
 };
 
 void PrintUsage(std::FILE* out) {
-  fmt::print(out,
-             "usage: fsdplab <command> [options]\n\n"
-             "FSDP / ZeRO-3 parameter all-gather schedules: record, simulate, run live, compare.\n\n"
-             "commands:\n");
+  fmt::print(
+      out,
+      "usage: fsdplab <command> [options]\n\n"
+      "FSDP / ZeRO-3 parameter all-gather schedules: record, simulate, run live, compare.\n\n"
+      "commands:\n");
   for (const Subcommand& s : kSubcommands) fmt::print(out, "  {:<13} {}\n", s.name, s.summary);
   fmt::print(out, "\n'fsdplab <command> --help' describes a command's options.\n");
 }

@@ -46,9 +46,9 @@ struct CommandOrigin final {
 
 // One plane set of one parameter group moved by a gather or freed by a release.
 struct PlanePiece final {
-  int group = 0;        // index into Unit::groups()
-  PlaneSet planes;      // for a single-plane group: Rowwise()
-  Bytes bytes = 0;      // unsharded bytes (the all-gather output on one rank)
+  int group = 0;          // index into Unit::groups()
+  PlaneSet planes;        // for a single-plane group: Rowwise()
+  Bytes bytes = 0;        // unsharded bytes (the all-gather output on one rank)
   Bytes shard_bytes = 0;  // bytes this rank contributes
   friend bool operator==(const PlanePiece&, const PlanePiece&) = default;
 };
@@ -95,8 +95,8 @@ struct ReleaseCmd final {
 struct ReduceScatterCmd final {
   UnitId unit = kNoUnit;
   CollectiveKind kind = CollectiveKind::kReduceScatter;  // kAllReduce when not sharded
-  Bytes bytes = 0;        // unsharded gradient bytes (reduce dtype)
-  Bytes shard_bytes = 0;  // the shard this rank keeps
+  Bytes bytes = 0;                                       // unsharded gradient bytes (reduce dtype)
+  Bytes shard_bytes = 0;                                 // the shard this rank keeps
   friend bool operator==(const ReduceScatterCmd&, const ReduceScatterCmd&) = default;
 };
 

@@ -31,16 +31,16 @@ struct LiveOptions final {
   Policy policy;
   ComputeMode compute = ComputeMode::kTimed;
   double compute_scale = 1.0;
-  TimeUs timeout_us = 30e6;            // every wait gives up after this long
+  TimeUs timeout_us = 30e6;               // every wait gives up after this long
   std::optional<int> emulate_world_size;  // CUDA on one GPU: collectives as local copies
-  std::uint64_t seed = 2026;           // parameters and inputs are seeded, deterministic
-  bool check = true;                   // verify gathered params and reduced grads
+  std::uint64_t seed = 2026;              // parameters and inputs are seeded, deterministic
+  bool check = true;                      // verify gathered params and reduced grads
   // Fault injection for tests: make this rank fail at (step, unit, op), or call a mismatched
   // collective.
   std::optional<int> fail_rank;
-  std::string fail_op;                  // "compute" | "mismatch" | "hang"
+  std::string fail_op;  // "compute" | "mismatch" | "hang"
   int fail_step = 0;
-  std::string fail_unit;                // empty: the first unit with parameters
+  std::string fail_unit;  // empty: the first unit with parameters
   // Rows of the activations in `--compute gemm` (tokens per microbatch): forward y = x W^T with
   // x of [gemm_tokens, in]. Added by the host backend; a backend may ignore it.
   std::int64_t gemm_tokens = 16;
@@ -56,37 +56,37 @@ struct LiveCheck final {
 };
 
 struct LiveResult final {
-  Timeline timeline;              // source "live-host" or "live-cuda", every rank
-  ExecutionOrder order;           // the order prefetches followed at the end
-  std::vector<Trace> recorded;    // one trace per rank (for `fsdplab record`)
+  Timeline timeline;            // source "live-host" or "live-cuda", every rank
+  ExecutionOrder order;         // the order prefetches followed at the end
+  std::vector<Trace> recorded;  // one trace per rank (for `fsdplab record`)
   LiveCheck check;
-  std::vector<std::string> notes; // e.g. "compute: bf16 GEMMs (no FP8 on this device)"
+  std::vector<std::string> notes;  // e.g. "compute: bf16 GEMMs (no FP8 on this device)"
 };
 
 // nccl-tests-style gather benchmark (bench-gather).
 struct GatherBenchOptions final {
-  std::uint64_t min_bytes = 32ull << 20;   // -b
-  std::uint64_t max_bytes = 32ull << 20;   // -e
-  std::uint64_t step_factor = 2;           // -f (multiplicative)
-  int iters = 20;                           // -n
-  int warmup = 5;                           // -w
-  bool check = true;                        // -c
+  std::uint64_t min_bytes = 32ull << 20;  // -b
+  std::uint64_t max_bytes = 32ull << 20;  // -e
+  std::uint64_t step_factor = 2;          // -f (multiplicative)
+  int iters = 20;                         // -n
+  int warmup = 5;                         // -w
+  bool check = true;                      // -c
   int world_size = 2;
-  std::string op = "all_gather";           // all_gather | reduce_scatter
+  std::string op = "all_gather";  // all_gather | reduce_scatter
   std::string dtype = "bf16";
-  std::uint64_t gemm_n = 0;                // overlapped GEMM size (0: chosen to match the gather)
+  std::uint64_t gemm_n = 0;  // overlapped GEMM size (0: chosen to match the gather)
 };
 
 struct GatherBenchRow final {
   std::uint64_t size_bytes = 0;
   std::uint64_t count = 0;
   std::string type;
-  TimeUs time_us = 0;          // collective alone
+  TimeUs time_us = 0;  // collective alone
   double algbw_GBps = 0;
   double busbw_GBps = 0;
   std::uint64_t wrong = 0;
   TimeUs gemm_alone_us = 0;
-  TimeUs together_us = 0;      // collective and GEMM launched together
+  TimeUs together_us = 0;  // collective and GEMM launched together
   TimeUs collective_under_overlap_us = 0;
   TimeUs gemm_under_overlap_us = 0;
   double overlap_efficiency = 0;  // (alone sum - together) / min(collective, gemm): 1 = perfect

@@ -28,8 +28,8 @@ namespace fsdplab {
 
 enum class DType : std::uint8_t { kFp32, kBf16, kFp16, kMxfp8 };
 
-std::string_view DTypeName(DType dtype);                  // "fp32", "bf16", "fp16", "mxfp8"
-std::optional<DType> ParseDType(std::string_view name);   // inverse of DTypeName
+std::string_view DTypeName(DType dtype);                 // "fp32", "bf16", "fp16", "mxfp8"
+std::optional<DType> ParseDType(std::string_view name);  // inverse of DTypeName
 // Bytes per element of the data (1 for mxfp8; scales are counted separately).
 Bytes DTypeElementBytes(DType dtype);
 
@@ -66,8 +66,8 @@ class PlaneSet final {
 struct ParamSpec final {
   std::string name;
   DType dtype = DType::kBf16;
-  std::vector<std::int64_t> shape;   // empty when given by numel
-  std::optional<Elements> numel;     // set when the trace gave numel instead of shape
+  std::vector<std::int64_t> shape;  // empty when given by numel
+  std::optional<Elements> numel;    // set when the trace gave numel instead of shape
 
   Elements Numel() const;
   // Bytes of one plane of this parameter (unsharded). For single-plane dtypes both planes
@@ -80,7 +80,7 @@ struct ParamSpec final {
 // The parameters of one unit that share a dtype: one flat buffer per plane, sharded over ranks.
 struct ParamGroup final {
   DType dtype = DType::kBf16;
-  std::vector<int> params;     // indices into Unit::params()
+  std::vector<int> params;  // indices into Unit::params()
   Elements numel = 0;
   Bytes rowwise_bytes = 0;     // unsharded bytes of the rowwise plane (or of the only plane)
   Bytes columnwise_bytes = 0;  // unsharded bytes of the columnwise plane (mxfp8 only, else 0)
@@ -92,9 +92,7 @@ struct ParamGroup final {
   // buffer is padded to a multiple of the world size, as FSDP pads.
   Bytes ShardBytes(PlaneSet planes, int world_size) const;
   // The planes that exist for this group (Rowwise for a single-plane group).
-  PlaneSet ExistingPlanes() const {
-    return multi_plane() ? PlaneSet::Both() : PlaneSet::Rowwise();
-  }
+  PlaneSet ExistingPlanes() const { return multi_plane() ? PlaneSet::Both() : PlaneSet::Rowwise(); }
   // The planes a compute of this phase reads.
 };
 

@@ -80,11 +80,11 @@ Status ApplyPolicyJson(std::string_view json_text, Policy& policy);
 // order.
 Status ValidatePolicy(const Policy& policy, const Model& model);
 
-std::string PolicyToJson(const Policy& policy);         // one JSON object
+std::string PolicyToJson(const Policy& policy);                          // one JSON object
 std::string PolicyKeyValue(const Policy& policy, std::string_view key);  // text form of one key
 std::string_view PrefetchOrderName(PrefetchOrder order);  // "registration" | "recorded"
-std::string_view ShardingName(Sharding sharding);          // "zero3" | "zero2" | "no_shard"
-std::string_view OnDivergenceName(OnDivergence on);        // "error" | "rerecord"
+std::string_view ShardingName(Sharding sharding);         // "zero3" | "zero2" | "no_shard"
+std::string_view OnDivergenceName(OnDivergence on);       // "error" | "rerecord"
 
 // The gradient dtype a group is reduced in under `policy`.
 DType ReduceDType(const Policy& policy, DType param_dtype);

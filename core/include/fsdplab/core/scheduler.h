@@ -40,8 +40,8 @@ std::string_view UnitStateName(UnitState state);  // "RESTING", "FORWARD", "BACK
 struct Divergence final {
   int step = 0;
   int microbatch = 0;
-  bool backward = false;  // which order
-  int position = 0;       // index in that order
+  bool backward = false;      // which order
+  int position = 0;           // index in that order
   UnitId expected = kNoUnit;  // kNoUnit: the order had ended
   UnitId seen = kNoUnit;      // kNoUnit: the pass ended early
   std::string message;        // full human-readable description

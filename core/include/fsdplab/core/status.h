@@ -1,8 +1,8 @@
 // Errors as values.
 //
 // Library code never exits and never lets an exception escape: every fallible function returns a
-// `Status` or a `StatusOr<T>`. The command-line layer turns a status into a message on stderr and an
-// exit code (see `ExitCode`).
+// `Status` or a `StatusOr<T>`. The command-line layer turns a status into a message on stderr and
+// an exit code (see `ExitCode`).
 //
 //   StatusOr<Trace> trace = ReadTraceFile("t.json");
 //   if (!trace.ok()) return trace.status();
@@ -20,14 +20,14 @@ namespace fsdplab {
 
 enum class StatusCode {
   kOk = 0,
-  kUsage,          // bad command-line usage or impossible option values (exit 1)
-  kInvalidInput,   // malformed or inconsistent input: traces, policies, cluster files (exit 2)
-  kNotFound,       // a file or a named thing that does not exist (exit 2)
-  kStepFailed,     // the step itself would fail: missing plane, divergence, out of memory (exit 3)
-  kDeadlock,       // ranks wait on each other forever (exit 3)
-  kTimeout,        // a live wait ran past its limit (exit 3)
-  kUnavailable,    // a resource is not present, e.g. no GPU (exit 4)
-  kInternal,       // a bug or an unexpected system failure (exit 5)
+  kUsage,         // bad command-line usage or impossible option values (exit 1)
+  kInvalidInput,  // malformed or inconsistent input: traces, policies, cluster files (exit 2)
+  kNotFound,      // a file or a named thing that does not exist (exit 2)
+  kStepFailed,    // the step itself would fail: missing plane, divergence, out of memory (exit 3)
+  kDeadlock,      // ranks wait on each other forever (exit 3)
+  kTimeout,       // a live wait ran past its limit (exit 3)
+  kUnavailable,   // a resource is not present, e.g. no GPU (exit 4)
+  kInternal,      // a bug or an unexpected system failure (exit 5)
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -84,7 +84,7 @@ int ExitCode(const Status& status);
 template <typename T>
 class [[nodiscard]] StatusOr final {
  public:
-  StatusOr(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  StatusOr(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   StatusOr(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!std::get<Status>(v_).ok() && "StatusOr built from an ok Status");
   }
@@ -110,10 +110,10 @@ class [[nodiscard]] StatusOr final {
 #define FSDP_STATUS_CONCAT_INNER_(a, b) a##b
 #define FSDP_STATUS_CONCAT_(a, b) FSDP_STATUS_CONCAT_INNER_(a, b)
 
-#define FSDP_RETURN_IF_ERROR(expr)                       \
-  do {                                                   \
-    ::fsdplab::Status fsdp_status_ = (expr);             \
-    if (!fsdp_status_.ok()) return fsdp_status_;         \
+#define FSDP_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::fsdplab::Status fsdp_status_ = (expr);     \
+    if (!fsdp_status_.ok()) return fsdp_status_; \
   } while (false)
 
 #define FSDP_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \

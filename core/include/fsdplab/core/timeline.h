@@ -25,9 +25,9 @@ enum class OpKind : std::uint8_t {
   kAllGather,
   kReduceScatter,
   kAllReduce,
-  kRelease,   // freeing an unsharded buffer (instantaneous, on the all-gather track)
-  kHostIssue, // the host issuing a command (launch cost)
-  kHostBlock, // the host blocked (memory cap, synchronisation)
+  kRelease,    // freeing an unsharded buffer (instantaneous, on the all-gather track)
+  kHostIssue,  // the host issuing a command (launch cost)
+  kHostBlock,  // the host blocked (memory cap, synchronisation)
 };
 std::string_view OpKindName(OpKind kind);
 bool IsCollective(OpKind kind);
@@ -40,8 +40,8 @@ struct TimelineOp final {
   UnitId unit = kNoUnit;
   Phase phase = Phase::kForward;
   GatherReason reason = GatherReason::kDemand;  // gathers only
-  PlaneSet planes;                               // gathers and releases
-  Bytes bytes = 0;                               // collectives: bytes moved (unsharded size)
+  PlaneSet planes;                              // gathers and releases
+  Bytes bytes = 0;                              // collectives: bytes moved (unsharded size)
   int step = 0;
   int microbatch = 0;
   int event = -1;  // trace event index, -1 if none
@@ -79,7 +79,7 @@ struct Timeline final {
   std::vector<MemorySample> memory;  // one sample per change, in time order per rank
   std::vector<std::string> errors;
   std::vector<std::string> warnings;
-  std::vector<std::string> notes;    // e.g. "collectives emulated as copies"
+  std::vector<std::string> notes;  // e.g. "collectives emulated as copies"
 };
 
 }  // namespace fsdplab

@@ -6,10 +6,10 @@
 
 namespace fsdplab {
 
-using TimeUs = double;          // microseconds (virtual or measured)
-using Bytes = std::uint64_t;    // a size in bytes
-using Elements = std::uint64_t; // a count of tensor elements
-using UnitId = std::int32_t;    // index of a unit in registration order
+using TimeUs = double;           // microseconds (virtual or measured)
+using Bytes = std::uint64_t;     // a size in bytes
+using Elements = std::uint64_t;  // a count of tensor elements
+using UnitId = std::int32_t;     // index of a unit in registration order
 inline constexpr UnitId kNoUnit = -1;
 
 }  // namespace fsdplab
