@@ -198,9 +198,7 @@ Status Run(const Args& args) {
 #ifdef FSDPLAB_HAVE_CUDA
       return fsdplab::cuda::RunGatherBench(o, emulate);
 #else
-      return Unavailable(
-          "this build has no CUDA backend (configure with nvcc present and "
-          "-DFSDPLAB_ENABLE_CUDA=ON); use --backend host");
+      return NoCudaBackend();
 #endif
     }
     return UsageError(fmt::format("--backend: expected host or cuda, got '{}'", backend));

@@ -217,9 +217,7 @@ StatusOr<LiveResult> RunOnBackend(const std::string& backend, const Trace& trace
 #ifdef FSDPLAB_HAVE_CUDA
     return fsdplab::cuda::RunLiveSteps(trace, options);
 #else
-    return Unavailable(
-        "this build has no CUDA backend (configure with nvcc present and "
-        "-DFSDPLAB_ENABLE_CUDA=ON); use --backend host");
+    return NoCudaBackend();
 #endif
   }
   return UsageError(fmt::format("--backend: expected host or cuda, got '{}'", backend));
