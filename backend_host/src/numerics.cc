@@ -195,44 +195,78 @@ void FillScales(std::uint64_t seed, std::span<std::byte> out) {
 
 namespace {
 
-// Typed element access, inlined into the reduction loops so they vectorise.
+// The reduction works on chunks copied into typed local arrays (memcpy keeps the byte buffers
+// free of aliasing questions), so that the decode, add and encode loops are plain loops over
+// uint16_t/float arrays the compiler vectorises. bf16 decode is a shift and its encode a
+// branch-free round-to-nearest-even with a select for NaN; fp16 keeps the scalar codec.
 template <DType D>
-inline float LoadTyped(const std::byte* data, std::size_t i) {
-  if constexpr (D == DType::kFp32) {
-    return LoadRaw<float>(data + 4 * i);
-  } else if constexpr (D == DType::kBf16) {
-    return Bf16ToFloat(LoadRaw<std::uint16_t>(data + 2 * i));
-  } else {
-    return Fp16ToFloat(LoadRaw<std::uint16_t>(data + 2 * i));
-  }
-}
+struct Codec;
 
-template <DType D>
-inline void StoreTyped(std::byte* data, std::size_t i, float value) {
-  if constexpr (D == DType::kFp32) {
-    StoreRaw<float>(data + 4 * i, value);
-  } else if constexpr (D == DType::kBf16) {
-    StoreRaw<std::uint16_t>(data + 2 * i, FloatToBf16(value));
-  } else {
-    StoreRaw<std::uint16_t>(data + 2 * i, FloatToFp16(value));
+template <>
+struct Codec<DType::kFp32> {
+  using Raw = float;
+  static float Decode(float v) { return v; }
+  static float Encode(float v) { return v; }
+};
+
+template <>
+struct Codec<DType::kBf16> {
+  using Raw = std::uint16_t;
+  static float Decode(std::uint16_t bits) {
+    return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
   }
-}
+  static std::uint16_t Encode(float value) {
+    const std::uint32_t f = std::bit_cast<std::uint32_t>(value);
+    const auto rounded = static_cast<std::uint16_t>((f + 0x7fffu + ((f >> 16) & 1u)) >> 16);
+    const auto quiet = static_cast<std::uint16_t>((f >> 16) | 0x0040u);
+    return (f & 0x7fffffffu) > 0x7f800000u ? quiet : rounded;
+  }
+};
+
+template <>
+struct Codec<DType::kFp16> {
+  using Raw = std::uint16_t;
+  static float Decode(std::uint16_t bits) { return Fp16ToFloat(bits); }
+  static std::uint16_t Encode(float value) { return FloatToFp16(value); }
+};
 
 template <DType D>
 void ReduceTyped(std::span<const std::byte* const> inputs, std::size_t first, std::size_t count,
                  std::byte* out) {
-  constexpr std::size_t kChunk = 1024;
-  std::array<float, kChunk> acc;
+  using Raw = typename Codec<D>::Raw;
+  constexpr std::size_t kChunk = 2048;
+  alignas(64) std::array<Raw, kChunk> raw;
+  alignas(64) std::array<float, kChunk> acc;
   for (std::size_t base = 0; base < count; base += kChunk) {
     const std::size_t n = std::min(kChunk, count - base);
-    const std::byte* in0 = inputs[0];
-    for (std::size_t i = 0; i < n; ++i) acc[i] = LoadTyped<D>(in0, first + base + i);
+    const std::size_t offset = (first + base) * sizeof(Raw);
+    std::memcpy(raw.data(), inputs[0] + offset, n * sizeof(Raw));
+    for (std::size_t i = 0; i < n; ++i) acc[i] = Codec<D>::Decode(raw[i]);
     for (std::size_t r = 1; r < inputs.size(); ++r) {
-      const std::byte* in = inputs[r];
-      for (std::size_t i = 0; i < n; ++i) acc[i] += LoadTyped<D>(in, first + base + i);
+      std::memcpy(raw.data(), inputs[r] + offset, n * sizeof(Raw));
+      for (std::size_t i = 0; i < n; ++i) acc[i] += Codec<D>::Decode(raw[i]);
     }
-    for (std::size_t i = 0; i < n; ++i) StoreTyped<D>(out, base + i, acc[i]);
+    for (std::size_t i = 0; i < n; ++i) raw[i] = Codec<D>::Encode(acc[i]);
+    std::memcpy(out + base * sizeof(Raw), raw.data(), n * sizeof(Raw));
   }
+}
+
+// One entry point per dtype, compiled twice where the compiler supports function multiversioning:
+// an AVX2 clone picked at load time on CPUs that have it, and the baseline for the rest.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define FSDPLAB_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FSDPLAB_VECTOR_CLONES
+#endif
+
+FSDPLAB_VECTOR_CLONES void ReduceFp32(std::span<const std::byte* const> inputs, std::size_t first,
+                                      std::size_t count, std::byte* out) {
+  ReduceTyped<DType::kFp32>(inputs, first, count, out);
+}
+
+FSDPLAB_VECTOR_CLONES void ReduceBf16(std::span<const std::byte* const> inputs, std::size_t first,
+                                      std::size_t count, std::byte* out) {
+  ReduceTyped<DType::kBf16>(inputs, first, count, out);
 }
 
 }  // namespace
@@ -241,11 +275,11 @@ void ReduceElements(DType dtype, std::span<const std::byte* const> inputs, std::
                     std::size_t count, std::byte* out) {
   if (inputs.empty()) return;
   switch (dtype) {
-    case DType::kFp32: ReduceTyped<DType::kFp32>(inputs, first, count, out); return;
+    case DType::kFp32: ReduceFp32(inputs, first, count, out); return;
     case DType::kFp16: ReduceTyped<DType::kFp16>(inputs, first, count, out); return;
     case DType::kBf16:
     case DType::kMxfp8:  // never a reduce dtype (ReduceDType gives bf16)
-      ReduceTyped<DType::kBf16>(inputs, first, count, out);
+      ReduceBf16(inputs, first, count, out);
       return;
   }
 }
