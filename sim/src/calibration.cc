@@ -269,6 +269,12 @@ StatusOr<std::vector<Segment>> FitSegments(std::vector<SizeTime> points, int wor
     double rms = std::sqrt(parts[k].first / static_cast<double>(n));
     if (minimax(k) <= best_all + tol && rms <= best_rms + tol) k_use = k;
   }
+  // With noisy rows no k may reach both bests at once (the k with the smallest maximum error is
+  // not the one with the smallest RMS error): then the smallest k within the tolerance of the
+  // best maximum error, the primary criterion.
+  for (std::size_t k = 1; k <= max_k && k_use == 0; ++k) {
+    if (!parts[k].second.empty() && minimax(k) <= best_all + tol) k_use = k;
+  }
   if (k_use == 0) return InternalError("calibration: no partition found");
   Ranges ranges = parts[k_use].second;
   std::reverse(ranges.begin(), ranges.end());

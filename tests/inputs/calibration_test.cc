@@ -71,6 +71,32 @@ TEST(Calibration, RecoversTwoRegimesAndPutsTheBreakInBetween) {
   EXPECT_TRUE(ValidateSegments(*segs).ok());
 }
 
+TEST(Calibration, NoisyRowsStillGetAPartition) {
+  // A noisy host reduce-scatter (times scattered 0.6x..1.6x around 60 us + b/1 GB/s): the k with
+  // the smallest maximum error is not the k with the smallest RMS error, so no k is within the
+  // 0.5-point tolerance of both. This used to fail with "no partition found"; now the smallest k
+  // within the tolerance of the best maximum error is used, and that is never worse than one line.
+  const std::vector<SizeTime> pts = {
+      {262144, 352.56},      {524288, 776.34},      {1048576, 1530.54},   {2097152, 1878.56},
+      {4194304, 3151.14},    {8388608, 11601.75},   {16777216, 18080.36}, {33554432, 52664.71},
+      {67108864, 100227.66}, {134217728, 172112.67}};
+  StatusOr<std::vector<Segment>> segs = FitSegments(pts, 2, FitOptions{});
+  ASSERT_TRUE(segs.ok()) << segs.status().ToString();
+  EXPECT_TRUE(ValidateSegments(*segs).ok());
+  FitOptions one;
+  one.max_segments = 1;
+  StatusOr<std::vector<Segment>> line = FitSegments(pts, 2, one);
+  ASSERT_TRUE(line.ok()) << line.status().ToString();
+  auto max_error = [&](const std::vector<Segment>& s) {
+    double worst = 0;
+    for (const SizeTime& p : pts) {
+      worst = std::max(worst, std::fabs(PredictCollectiveUs(s, p.bytes, 2) / p.time_us - 1));
+    }
+    return worst;
+  };
+  EXPECT_LE(max_error(*segs), max_error(*line) + 0.005);
+}
+
 // On the real 8xH100 all-gather (NCCL ring, 128 B .. 8 GiB) one line is far off near the
 // protocol switch while 4 segments follow the curve. Measured with this code (out-of-place):
 // one line: max |error| 19.47%; 4 segments: max |error| 5.53%.

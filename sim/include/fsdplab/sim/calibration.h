@@ -21,7 +21,8 @@
 // relative errors. The number of segments is the smallest k <= max_segments whose maximum error
 // and root-mean-square error are both within `tolerance_pct` points of the best any k reaches
 // (so a noisy small-size row that caps the maximum does not stop the large sizes from getting
-// their own lines). Between two segments the
+// their own lines); when no k reaches both, the smallest k within the tolerance of the best
+// maximum error. Between two segments the
 // boundary is where their lines cross when that lies between the two measured sizes (so the
 // model is continuous), else their geometric mean.
 //
