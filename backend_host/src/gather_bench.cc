@@ -4,9 +4,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <barrier>
 #include <cmath>
 #include <functional>
+#include <limits>
+#include <mutex>
 #include <thread>
 
 #include "fsdplab/host/live.h"
@@ -73,9 +76,8 @@ float InputValue(int rank, std::size_t i) {
                             2);
 }
 
-}  // namespace
-
-StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o) {
+// The checks every benchmark shares: world size, sizes, iterations.
+Status CheckBenchOptions(const GatherBenchOptions& o) {
   if (o.world_size < 1 || o.world_size > 256) {
     return UsageError(fmt::format("world size {} is outside 1..256", o.world_size));
   }
@@ -88,6 +90,13 @@ StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o
   }
   if (o.iters < 1) return UsageError(fmt::format("-n {} must be positive", o.iters));
   if (o.warmup < 0) return UsageError(fmt::format("-w {} must not be negative", o.warmup));
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o) {
+  FSDP_RETURN_IF_ERROR(CheckBenchOptions(o));
   const bool all_gather = o.op == "all_gather";
   if (!all_gather && o.op != "reduce_scatter") {
     return UsageError(fmt::format("unknown op '{}' (all_gather or reduce_scatter)", o.op));
@@ -290,6 +299,177 @@ StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o
     rows.push_back(row);
 
     // Like nccl-tests: min, min*f, min*f^2, ... while not above max.
+    if (o.step_factor < 2 || requested > o.max_bytes / o.step_factor) break;
+    requested *= o.step_factor;
+  }
+  return rows;
+}
+
+StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions& o) {
+  FSDP_RETURN_IF_ERROR(CheckBenchOptions(o));
+  if (o.world_size < 2) {
+    return UsageError(fmt::format(
+        "--op concurrent needs at least 2 ranks (--world-size {}): with one rank the collectives "
+        "move nothing",
+        o.world_size));
+  }
+  FSDP_ASSIGN_OR_RETURN(const DType dtype, BenchDType(o.dtype));
+  const std::size_t esize = ElementSize(dtype);
+  const int w = o.world_size;
+  const auto wz = static_cast<std::size_t>(w);
+
+  std::vector<ContentionRow> rows;
+  for (std::uint64_t requested = o.min_bytes; requested <= o.max_bytes;) {
+    const std::size_t size = requested / (wz * esize) * (wz * esize);
+    const std::size_t shard = size / wz;
+    const std::size_t shard_elems = shard / esize;
+    ContentionRow row;
+    row.size_bytes = size;
+    row.type = NcclTypeName(dtype);
+
+    // Per rank: the all-gather's shard and output, the reduce-scatter's input and output shard.
+    struct Buffers {
+      std::vector<std::byte> ag_in, ag_out, rs_in, rs_out;
+    };
+    std::vector<Buffers> bufs(wz);
+    for (int r = 0; r < w; ++r) {
+      Buffers& b = bufs[static_cast<std::size_t>(r)];
+      b.ag_in.assign(shard, std::byte{0});
+      b.ag_out.assign(size, std::byte{0});
+      b.rs_in.assign(size, std::byte{0});
+      b.rs_out.assign(shard, std::byte{0});
+      for (std::size_t i = 0; i < shard_elems; ++i) {
+        StoreElement(dtype, b.ag_in.data(), i, InputValue(r, i));
+      }
+      for (std::size_t i = 0; i < size / esize; ++i) {
+        StoreElement(dtype, b.rs_in.data(), i, InputValue(r, i));
+      }
+    }
+    RunControl control(kBenchTimeoutUs, w);
+    Communicator ag_comm(control, w, "all_gather");
+    Communicator rs_comm(control, w, "reduce_scatter");
+    CollectiveDesc ag_desc{CollectiveKind::kAllGather, kNoUnit, "bench", size};
+    CollectiveDesc rs_desc{CollectiveKind::kReduceScatter, kNoUnit, "bench", size};
+    Status failure;
+    std::mutex failure_mu;
+    // One call of either collective on rank r; false after a failure (recorded once).
+    auto call = [&](bool all_gather, int r) {
+      Buffers& b = bufs[static_cast<std::size_t>(r)];
+      Segment seg;
+      seg.dtype = dtype;
+      seg.element_size = all_gather ? 1 : esize;
+      seg.shard_elements = all_gather ? shard : shard_elems;
+      seg.input = all_gather ? b.ag_in.data() : b.rs_in.data();
+      seg.output = all_gather ? b.ag_out.data() : b.rs_out.data();
+      OpContext ctx{r, 0, 0, "bench", all_gather ? "all_gather" : "reduce_scatter"};
+      StatusOr<CollectiveTimes> t =
+          (all_gather ? ag_comm : rs_comm)
+              .Call(r, all_gather ? ag_desc : rs_desc, std::span<const Segment>(&seg, 1), ctx);
+      if (t.ok()) return true;
+      std::lock_guard<std::mutex> lock(failure_mu);
+      if (failure.ok()) failure = t.status();
+      return false;
+    };
+    auto loop = [&](bool all_gather, int r, int n) {
+      for (int k = 0; k < n; ++k) {
+        if (!call(all_gather, r)) return;
+      }
+    };
+
+    // Each alone.
+    OnEveryRank(w, [&](int r) { loop(true, r, o.warmup); });
+    row.all_gather_alone_us =
+        Mean(OnEveryRank(w, [&](int r) { loop(true, r, o.iters); })) * 1e6 / o.iters;
+    OnEveryRank(w, [&](int r) { loop(false, r, o.warmup); });
+    row.reduce_scatter_alone_us =
+        Mean(OnEveryRank(w, [&](int r) { loop(false, r, o.iters); })) * 1e6 / o.iters;
+    FSDP_RETURN_IF_ERROR(failure);
+
+    // Together. The faster collective gets more calls so that both loops last about as long as
+    // the slower one's -n calls; only calls completed while both loops were still running count
+    // (up to the earliest moment any loop finished), so neither runs alone at the end.
+    const double longest = std::max(row.all_gather_alone_us, row.reduce_scatter_alone_us) * o.iters;
+    auto calls_for = [&](TimeUs alone_us) {
+      const double n = alone_us > 0 ? std::round(longest / alone_us) : o.iters;
+      return static_cast<int>(std::clamp(n, 1.0, 100.0 * o.iters));
+    };
+    const int n_ag = calls_for(row.all_gather_alone_us);
+    const int n_rs = calls_for(row.reduce_scatter_alone_us);
+    // done[r][0|1]: seconds from the common start to the end of each call (all-gather, RS).
+    std::vector<std::array<std::vector<double>, 2>> done(wz);
+    {
+      std::barrier sync(2 * w);
+      Clock::time_point t0;
+      std::vector<std::thread> threads;
+      for (int r = 0; r < w; ++r) {
+        for (int which = 0; which < 2; ++which) {
+          threads.emplace_back([&, r, which] {
+            const bool all_gather = which == 0;
+            std::vector<double>& ends = done[static_cast<std::size_t>(r)][which];
+            ends.reserve(static_cast<std::size_t>(all_gather ? n_ag : n_rs));
+            sync.arrive_and_wait();
+            if (r == 0 && which == 0) t0 = Clock::now();
+            sync.arrive_and_wait();
+            for (int k = 0; k < (all_gather ? n_ag : n_rs); ++k) {
+              if (!call(all_gather, r)) return;
+              ends.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+            }
+          });
+        }
+      }
+      for (std::thread& t : threads) t.join();
+    }
+    FSDP_RETURN_IF_ERROR(failure);
+    double window = std::numeric_limits<double>::infinity();
+    for (const auto& per_rank : done) {
+      for (const auto& ends : per_rank) {
+        if (!ends.empty()) window = std::min(window, ends.back());
+      }
+    }
+    // Per call of one collective during the window, averaged over ranks. A rank none of whose
+    // calls ended in the window (one call longer than the other loop) counts its whole loop.
+    auto per_call_us = [&](int which) {
+      std::vector<double> each;
+      for (const auto& per_rank : done) {
+        const std::vector<double>& ends = per_rank[static_cast<std::size_t>(which)];
+        const auto in_window = static_cast<std::size_t>(
+            std::upper_bound(ends.begin(), ends.end(), window * (1 + 1e-12)) - ends.begin());
+        if (in_window > 0) {
+          each.push_back(ends[in_window - 1] / static_cast<double>(in_window));
+        } else if (!ends.empty()) {
+          each.push_back(ends.back() / static_cast<double>(ends.size()));
+        }
+      }
+      return Mean(each) * 1e6;
+    };
+    row.all_gather_together_us = per_call_us(0);
+    row.reduce_scatter_together_us = per_call_us(1);
+    row.all_gather_slowdown =
+        row.all_gather_alone_us > 0 ? row.all_gather_together_us / row.all_gather_alone_us - 1 : 0;
+    row.reduce_scatter_slowdown =
+        row.reduce_scatter_alone_us > 0
+            ? row.reduce_scatter_together_us / row.reduce_scatter_alone_us - 1
+            : 0;
+
+    if (o.check) {
+      // Both results after running together, against independently computed values.
+      for (int r = 0; r < w; ++r) {
+        const Buffers& b = bufs[static_cast<std::size_t>(r)];
+        for (std::size_t i = 0; i < size / esize; ++i) {
+          const int owner = static_cast<int>(i / shard_elems);
+          if (LoadElement(dtype, b.ag_out.data(), i) != InputValue(owner, i % shard_elems)) {
+            ++row.wrong;
+          }
+        }
+        for (std::size_t i = 0; i < shard_elems; ++i) {
+          const std::size_t at = static_cast<std::size_t>(r) * shard_elems + i;
+          int sum = 0;
+          for (int q = 0; q < w; ++q) sum += static_cast<int>(InputValue(q, at));
+          if (LoadElement(dtype, b.rs_out.data(), i) != static_cast<float>(sum)) ++row.wrong;
+        }
+      }
+    }
+    rows.push_back(row);
     if (o.step_factor < 2 || requested > o.max_bytes / o.step_factor) break;
     requested *= o.step_factor;
   }

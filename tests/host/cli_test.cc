@@ -139,5 +139,47 @@ TEST_F(CliTest, BenchGatherFeedsCalibrate) {
   EXPECT_EQ(cal.code, 0) << cal.out;
 }
 
+TEST_F(CliTest, BenchGatherConcurrentMeasuresContention) {
+  // 3 ranks, 2 sizes: each row has both collectives alone and together, checked results, and
+  // slowdown = together / alone - 1; the summary is sum(together) / sum(alone) - 1 per collective.
+  const std::string json = Path("concurrent.json");
+  Result b = Fsdplab(
+      "bench-gather --backend host --op concurrent -b 96K -e 192K -f 2 -n 3 -w 1 --world-size 3 "
+      "-J " +
+      json);
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("Slowdown while both run"), std::string::npos) << b.out;
+  StatusOr<std::string> text = ReadFile(json);
+  ASSERT_TRUE(text.ok());
+  nlohmann::json doc = nlohmann::json::parse(*text);
+  EXPECT_EQ(doc["format"], "fsdplab.bench_gather");
+  EXPECT_EQ(doc["op"], "concurrent");
+  EXPECT_EQ(doc["world_size"], 3);
+  ASSERT_EQ(doc["rows"].size(), 2u);
+  EXPECT_EQ(doc["rows"][0]["size_bytes"], 98304);  // 96 KiB: a multiple of 3 ranks x 2 bytes
+  double sums[4] = {0, 0, 0, 0};
+  for (const auto& row : doc["rows"]) {
+    EXPECT_EQ(row["wrong"], 0);
+    const double ag = row["all_gather_alone_us"], ag2 = row["all_gather_together_us"];
+    const double rs = row["reduce_scatter_alone_us"], rs2 = row["reduce_scatter_together_us"];
+    EXPECT_GT(ag, 0);
+    EXPECT_GT(ag2, 0);
+    EXPECT_GT(rs, 0);
+    EXPECT_GT(rs2, 0);
+    EXPECT_NEAR(row["all_gather_slowdown"].get<double>(), ag2 / ag - 1, 1e-12);
+    EXPECT_NEAR(row["reduce_scatter_slowdown"].get<double>(), rs2 / rs - 1, 1e-12);
+    sums[0] += ag, sums[1] += ag2, sums[2] += rs, sums[3] += rs2;
+  }
+  EXPECT_NEAR(doc["comm_contention"]["all_gather"].get<double>(), sums[1] / sums[0] - 1, 1e-12);
+  EXPECT_NEAR(doc["comm_contention"]["reduce_scatter"].get<double>(), sums[3] / sums[2] - 1, 1e-12);
+  // What it cannot do: one rank, nccl-tests output, the CUDA backend (usage errors, exit 1).
+  EXPECT_EQ(Fsdplab("bench-gather --op concurrent -b 64K --world-size 1").code, 1);
+  Result nccl = Fsdplab("bench-gather --op concurrent -b 64K --nccl-out " + Path("x.txt"));
+  EXPECT_EQ(nccl.code, 1) << nccl.out;
+  EXPECT_NE(nccl.out.find("-J"), std::string::npos) << nccl.out;
+  EXPECT_FALSE(std::filesystem::exists(Path("x.txt")));
+  EXPECT_EQ(Fsdplab("bench-gather --op concurrent -b 64K --backend cuda").code, 1);
+}
+
 }  // namespace
 }  // namespace fsdplab::host

@@ -6,8 +6,10 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <utility>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -23,7 +25,7 @@ namespace {
 
 constexpr std::string_view kUsage =
     "fsdplab bench-gather [--backend host|cuda] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] "
-    "[-w WARMUP] [-c 0|1] [--op all_gather|reduce_scatter] [-d TYPE] [--world-size N] "
+    "[-w WARMUP] [-c 0|1] [--op all_gather|reduce_scatter|concurrent] [-d TYPE] [--world-size N] "
     "[--gemm-n N] [--json] [-J FILE] [--nccl-out FILE]";
 constexpr std::string_view kDescription =
     "Times the collective alone (out of place and in place), a GEMM alone, and both launched\n"
@@ -33,7 +35,14 @@ constexpr std::string_view kDescription =
     "the collective and the GEMM alone and together, overlap efficiency = (alone sum -\n"
     "together) / the shorter of the two (1 = the shorter one is hidden completely, 0 = no\n"
     "overlap), and the GEMM's slowdown under overlap. --nccl-out writes the nccl-tests text\n"
-    "format that `fsdplab calibrate` reads; -J writes JSON beside the table.";
+    "format that `fsdplab calibrate` reads; -J writes JSON beside the table.\n"
+    "\n"
+    "--op concurrent (host backend) measures instead how an all-gather and a reduce-scatter of\n"
+    "the same size slow each other down when both run at once on every rank, as they do in a\n"
+    "backward pass: each alone, then both together, and the slowdown of each (together / alone\n"
+    "- 1). The slowdowns over all sizes, weighted by time (sum together / sum alone - 1), are\n"
+    "the simulator's communication contention:\n"
+    "`fsdplab calibrate ... --contention FILE` takes them from the -J file.";
 
 std::string NcclName(const std::string& op) { return op + "_perf"; }
 
@@ -144,6 +153,104 @@ std::string Json(const GatherBenchOptions& o, const std::vector<GatherBenchRow>&
   return doc.dump(2) + "\n";
 }
 
+// The contention figures the simulator uses: sum over sizes of the time together / sum of the time
+// alone - 1, per collective. Weighted by time like a step is: small messages, whose slowdown is
+// mostly thread wake-ups, count for little next to the large ones that fill a backward pass.
+std::pair<double, double> WeightedSlowdowns(const std::vector<ContentionRow>& rows) {
+  double ag_alone = 0, ag_together = 0, rs_alone = 0, rs_together = 0;
+  for (const ContentionRow& r : rows) {
+    ag_alone += r.all_gather_alone_us;
+    ag_together += r.all_gather_together_us;
+    rs_alone += r.reduce_scatter_alone_us;
+    rs_together += r.reduce_scatter_together_us;
+  }
+  return {ag_alone > 0 ? ag_together / ag_alone - 1 : 0,
+          rs_alone > 0 ? rs_together / rs_alone - 1 : 0};
+}
+
+std::string ContentionTable(const GatherBenchOptions& o, const std::vector<ContentionRow>& rows,
+                            const std::string& backend) {
+  std::string t = fmt::format(
+      "# fsdplab bench-gather: all_gather and reduce_scatter at once on the {} backend, {} ranks, "
+      "warmup iters: {} iters: {} validation: {}\n#\n",
+      backend, o.world_size, o.warmup, o.iters, o.check ? 1 : 0);
+  t += fmt::format("# {:>10} {:>9}  {:>11} {:>11} {:>9}  {:>11} {:>11} {:>9} {:>6}\n", "size",
+                   "type", "AG alone", "AG together", "AG slower", "RS alone", "RS together",
+                   "RS slower", "#wrong");
+  t += fmt::format("# {:>10} {:>9}  {:>11} {:>11} {:>9}  {:>11} {:>11} {:>9} {:>6}\n", "(B)", "",
+                   "(us)", "(us)", "", "(us)", "(us)", "", "");
+  for (const ContentionRow& r : rows) {
+    t += fmt::format(
+        "  {:>10} {:>9}  {:>11.2f} {:>11.2f} {:>8.1f}%  {:>11.2f} {:>11.2f} {:>8.1f}% {:>6}\n",
+        r.size_bytes, r.type, r.all_gather_alone_us, r.all_gather_together_us,
+        100 * r.all_gather_slowdown, r.reduce_scatter_alone_us, r.reduce_scatter_together_us,
+        100 * r.reduce_scatter_slowdown, r.wrong);
+  }
+  const auto [ag, rs] = WeightedSlowdowns(rows);
+  t += fmt::format(
+      "# Slowdown while both run (time-weighted over sizes): all_gather {:.1f}%, "
+      "reduce_scatter {:.1f}% "
+      "(comm_contention {:.3f} / {:.3f}; `fsdplab calibrate --contention` reads the -J file)\n",
+      100 * ag, 100 * rs, ag, rs);
+  return t;
+}
+
+std::string ContentionJson(const GatherBenchOptions& o, const std::vector<ContentionRow>& rows,
+                           const std::string& backend) {
+  nlohmann::ordered_json doc;
+  doc["format"] = "fsdplab.bench_gather";
+  doc["version"] = 1;
+  doc["backend"] = backend;
+  doc["op"] = "concurrent";
+  doc["world_size"] = o.world_size;
+  doc["dtype"] = o.dtype;
+  doc["warmup"] = o.warmup;
+  doc["iters"] = o.iters;
+  doc["check"] = o.check;
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const ContentionRow& r : rows) {
+    list.push_back({{"size_bytes", r.size_bytes},
+                    {"type", r.type},
+                    {"all_gather_alone_us", r.all_gather_alone_us},
+                    {"reduce_scatter_alone_us", r.reduce_scatter_alone_us},
+                    {"all_gather_together_us", r.all_gather_together_us},
+                    {"reduce_scatter_together_us", r.reduce_scatter_together_us},
+                    {"all_gather_slowdown", r.all_gather_slowdown},
+                    {"reduce_scatter_slowdown", r.reduce_scatter_slowdown},
+                    {"wrong", r.wrong}});
+  }
+  doc["rows"] = std::move(list);
+  const auto [ag, rs] = WeightedSlowdowns(rows);
+  doc["comm_contention"] = {{"all_gather", ag},
+                            {"reduce_scatter", rs},
+                            {"statistic", "sum of together / sum of alone - 1, over sizes"}};
+  return doc.dump(2) + "\n";
+}
+
+// --op concurrent: the contention benchmark.
+Status RunConcurrent(const Args& args, const GatherBenchOptions& o, const std::string& backend) {
+  if (args.Get("--nccl-out")) {
+    return UsageError("--nccl-out: --op concurrent has no nccl-tests equivalent; use -J FILE");
+  }
+  if (backend == "cuda") {
+    return UsageError(
+        "--op concurrent is measured on the host backend only (the CUDA backend has no "
+        "concurrent mode yet)");
+  }
+  if (backend != "host") {
+    return UsageError(fmt::format("--backend: expected host or cuda, got '{}'", backend));
+  }
+  FSDP_ASSIGN_OR_RETURN(const std::vector<ContentionRow> rows, host::RunContentionBench(o));
+  const std::string json = ContentionJson(o, rows, backend);
+  if (auto file = args.Get("-J")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));
+  fmt::print("{}", args.Has("--json") ? json : ContentionTable(o, rows, backend));
+  std::uint64_t wrong = 0;
+  for (const ContentionRow& r : rows) wrong += r.wrong;
+  if (wrong > 0)
+    return InternalError(fmt::format("{} elements differ from the expected values", wrong));
+  return Status::Ok();
+}
+
 Status Run(const Args& args) {
   if (!args.positionals().empty()) {
     return UsageError(fmt::format("unexpected argument '{}'", args.positionals().front()));
@@ -189,6 +296,10 @@ Status Run(const Args& args) {
     FSDP_RETURN_IF_ERROR(int_flag("--emulate-world-size", w, 1, 1 << 16));
     emulate = w;
   }
+  if (o.op == "concurrent") {
+    if (emulate) return UsageError("--emulate-world-size is for --backend cuda on one GPU");
+    return RunConcurrent(args, o, backend);
+  }
   StatusOr<std::vector<GatherBenchRow>> rows = [&]() -> StatusOr<std::vector<GatherBenchRow>> {
     if (backend == "host") {
       if (emulate) return UsageError("--emulate-world-size is for --backend cuda on one GPU");
@@ -229,7 +340,9 @@ int RunBenchGather(const Argv& argv) {
   args.Declare("-n", ArgKind::kValue, "timed iterations per size (default 20)", "N");
   args.Declare("-w", ArgKind::kValue, "warm-up iterations per size (default 5)", "N");
   args.Declare("-c", ArgKind::kValue, "check the results: 1 (default) or 0", "0|1");
-  args.Declare("--op", ArgKind::kValue, "all_gather (default) or reduce_scatter", "OP");
+  args.Declare("--op", ArgKind::kValue,
+               "all_gather (default), reduce_scatter, or concurrent (both at once: contention)",
+               "OP");
   args.Declare("-d", ArgKind::kValue, "element type: bf16 (default), fp16 or fp32", "TYPE");
   args.Declare("--world-size", ArgKind::kValue, "ranks (default 2)", "N");
   args.Declare("--gemm-n", ArgKind::kValue,

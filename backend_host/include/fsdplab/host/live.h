@@ -6,6 +6,7 @@
 //   Report rep = BuildReport(r->timeline, {...});   // marked measured, source "live-host"
 //
 //   StatusOr<std::vector<GatherBenchRow>> rows = host::RunGatherBench(bench_options);
+//   StatusOr<std::vector<ContentionRow>> c = host::RunContentionBench(bench_options);
 //
 // Every rank is a host thread running its own Scheduler over the trace, plus threads acting as
 // its compute and communication streams (see executor.h). Parameters are seeded; with
@@ -26,5 +27,10 @@ namespace fsdplab::host {
 StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options);
 
 StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& options);
+
+// An all-gather and a reduce-scatter of each size at once on every rank (two communicators, a
+// thread each per rank), against each alone (`options.op` is ignored; -n, -w, -c, sizes, dtype
+// and world size apply).
+StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions& options);
 
 }  // namespace fsdplab::host

@@ -99,4 +99,20 @@ struct GatherBenchRow final {
   std::uint64_t inplace_wrong = 0;
 };
 
+// bench-gather --op concurrent: an all-gather and a reduce-scatter of the same size run at once
+// on every rank (each on its own stream/communicator, as in a backward pass), against each alone.
+// The slowdowns are the simulator's comm_contention factors (`fsdplab calibrate --contention`).
+struct ContentionRow final {
+  std::uint64_t size_bytes = 0;  // of both collectives (the all-gather output, the RS input)
+  std::string type;
+  TimeUs all_gather_alone_us = 0;
+  TimeUs reduce_scatter_alone_us = 0;
+  // Per call while the other collective was also in progress on every rank.
+  TimeUs all_gather_together_us = 0;
+  TimeUs reduce_scatter_together_us = 0;
+  double all_gather_slowdown = 0;      // together / alone - 1
+  double reduce_scatter_slowdown = 0;  // together / alone - 1
+  std::uint64_t wrong = 0;             // elements of either result that differ from expected
+};
+
 }  // namespace fsdplab
