@@ -486,6 +486,10 @@ std::string CalibratedClusterJson(const CalibratedCluster& cluster) {
         SegmentsJson(f.segments);
   }
   j["calibration"] = std::move(cal);
+  if (cluster.comm_contention) {
+    j["comm_contention"] = {{"all_gather", cluster.comm_contention->all_gather},
+                            {"reduce_scatter", cluster.comm_contention->reduce_scatter}};
+  }
   return j.dump(2) + "\n";
 }
 

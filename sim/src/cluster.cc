@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "fsdplab/core/file_util.h"
 
@@ -79,6 +80,26 @@ Status ParseCalibration(const json& obj, std::string_view where, TierCalibration
   return Status::Ok();
 }
 
+Status ParseCommContention(const json& obj, std::string_view where, CommContention& out) {
+  if (!obj.is_object()) return InvalidInput(fmt::format("{}: expected an object", where));
+  for (const auto& [key, value] : obj.items()) {
+    if (key == "all_gather" || key == "reduce_scatter") {
+      FSDP_ASSIGN_OR_RETURN(double d, NumberField(obj, key, where));
+      if (d < 0) {
+        return InvalidInput(
+            fmt::format("{}.{}: {:g} is negative (a slowdown factor: 0 = none)", where, key, d));
+      }
+      (key == "all_gather" ? out.all_gather : out.reduce_scatter) = d;
+    } else if (key == "source" || key == "statistic") {
+      // Informational, as `fsdplab bench-gather --op concurrent` writes them.
+    } else {
+      return InvalidInput(
+          fmt::format("{}.{}: unknown key (expected all_gather, reduce_scatter)", where, key));
+    }
+  }
+  return Status::Ok();
+}
+
 json SegmentsJson(const std::vector<Segment>& segs) {
   json arr = json::array();
   for (const Segment& s : segs) {
@@ -147,6 +168,15 @@ Status ValidateCluster(const Cluster& c) {
   if (c.intra.latency_us < 0) return InvalidInput("intra.latency_us: negative");
   if (c.inter.latency_us < 0) return InvalidInput("inter.latency_us: negative");
   if (!(c.compute_scale > 0)) return InvalidInput("compute_scale: must be positive");
+  if (c.comm_contention) {
+    for (auto [name, value] : {std::pair{"all_gather", c.comm_contention->all_gather},
+                               std::pair{"reduce_scatter", c.comm_contention->reduce_scatter}}) {
+      if (!(value >= 0) || !std::isfinite(value)) {
+        return InvalidInput(
+            fmt::format("comm_contention.{}: must be a finite number >= 0, got {}", name, value));
+      }
+    }
+  }
   return Status::Ok();
 }
 
@@ -181,6 +211,10 @@ StatusOr<Cluster> ParseClusterJson(std::string_view json_text) {
               fmt::format("{}: unknown collective (expected all_gather, reduce_scatter)", at));
         }
       }
+    } else if (key == "comm_contention") {
+      CommContention cc;
+      FSDP_RETURN_IF_ERROR(ParseCommContention(value, "cluster.comm_contention", cc));
+      c.comm_contention = cc;
     } else if (key == "defaults_used" || key == "description" || key == "source") {
       // Printed back by ClusterToJson or added by tools; informational.
     } else {
@@ -211,6 +245,10 @@ std::string ClusterToJson(const Cluster& c) {
     if (!c.reduce_scatter.empty()) cal["reduce_scatter"] = CalibrationJson(c.reduce_scatter);
     doc["calibration"] = cal;
   }
+  if (c.comm_contention) {
+    doc["comm_contention"] = {{"all_gather", c.comm_contention->all_gather},
+                              {"reduce_scatter", c.comm_contention->reduce_scatter}};
+  }
   doc["defaults_used"] = c.defaults_used;
   return doc.dump();
 }
@@ -223,6 +261,10 @@ std::string DescribeCluster(const Cluster& c) {
       c.intra.bandwidth_GBps, c.intra.latency_us, c.inter.bandwidth_GBps, c.inter.latency_us,
       c.compute_scale);
   if (!c.all_gather.empty() || !c.reduce_scatter.empty()) s += ", calibrated";
+  if (c.comm_contention) {
+    s += fmt::format(", comm contention: all-gather x{:g}, reduce-scatter x{:g} while both run",
+                     1 + c.comm_contention->all_gather, 1 + c.comm_contention->reduce_scatter);
+  }
   if (c.defaults_used) s += " (defaults: one 8-GPU NVLink node, H100-like)";
   return s;
 }

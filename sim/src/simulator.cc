@@ -352,6 +352,10 @@ class Engine {
     for (int s = 0; s < kNumStreams; ++s) {
       pending_[static_cast<std::size_t>(s)].resize(max_collectives_per_stream[s]);
     }
+    // The reduce-scatter stream also runs the all-reduces of NO_SHARD: they take its factor.
+    const CommContention cc = EffectiveCommContention(options);
+    comm_slowdown_[kGatherStream] = cc.all_gather;
+    comm_slowdown_[kScatterStream] = cc.reduce_scatter;
   }
 
   void Run(Timeline& timeline) {
@@ -679,9 +683,11 @@ class Engine {
   }
 
   // Communication contention: collectives of one group run on the all-gather and the
-  // reduce-scatter streams at once; while both are in progress each runs (1 + comm_contention)
-  // times slower (they share links, copy engines and cores). Every rank takes part in every
-  // collective, so the overlap is the same on every rank and one clock per stream suffices.
+  // reduce-scatter streams at once; while both are in progress the one on stream s runs
+  // (1 + comm_slowdown_[s]) times slower (they share links, copy engines and cores). Every rank
+  // takes part in every collective, so the overlap is the same on every rank and one clock per
+  // stream suffices. Each clock counts solo microseconds left at its own rate: a start or an end
+  // on one stream reprices the others, each by its own factor.
   void StartCollectiveClock(int s, std::uint32_t seq, TimeUs cost, TimeUs now) {
     CollClock& c = coll_clock_[Idx(s)];
     c.active = true;
@@ -695,9 +701,9 @@ class Engine {
   void RepriceCollectives(TimeUs now) {
     int active = 0;
     for (const CollClock& c : coll_clock_) active += c.active ? 1 : 0;
-    const double rate = active >= 2 ? 1.0 / (1.0 + opt_.comm_contention) : 1.0;
     for (std::size_t s = 0; s < coll_clock_.size(); ++s) {
       CollClock& c = coll_clock_[s];
+      const double rate = active >= 2 ? 1.0 / (1.0 + comm_slowdown_[s]) : 1.0;
       if (!c.active || c.rate == rate) continue;
       if (c.rate > 0) c.remaining = std::max(0.0, c.remaining - (now - c.last) * c.rate);
       c.last = now;
@@ -923,6 +929,7 @@ class Engine {
     TimeUs last = 0;
   };
   std::array<CollClock, kNumStreams> coll_clock_{};
+  std::array<double, kNumStreams> comm_slowdown_{};  // per stream, see StartCollectiveClock
   Timeline* timeline_ = nullptr;
   std::int64_t next_op_id_ = 0;
   Status failure_;
@@ -1008,6 +1015,30 @@ TimeUs MemoryCapLowerBound(const SimProgram& prog, const Model& model, const Sim
   return sum / static_cast<double>(bounds.size() - first);
 }
 
+// Which communication contention was used, when the cluster description does not say it: the
+// flag (and what it overrode), or factors a unified communication stream never applies.
+std::optional<std::string> CommContentionNote(const SimOptions& opt) {
+  const std::optional<CommContention>& file = opt.cluster.comm_contention;
+  std::string note;
+  if (opt.comm_contention) {
+    note = fmt::format(
+        "comm contention: --comm-contention {:g}: all-gathers and reduce-scatters each run x{:g} "
+        "while both run",
+        *opt.comm_contention, 1 + *opt.comm_contention);
+    if (file) {
+      note += fmt::format(" (overrides the cluster's all-gather x{:g}, reduce-scatter x{:g})",
+                          1 + file->all_gather, 1 + file->reduce_scatter);
+    }
+  }
+  const CommContention used = EffectiveCommContention(opt);
+  if (opt.policy.unified_comm_stream && (used.all_gather > 0 || used.reduce_scatter > 0)) {
+    note += note.empty() ? "comm contention: " : "; ";
+    note += "not applied: with a unified communication stream no two collectives run at once";
+  }
+  if (note.empty()) return std::nullopt;
+  return note;
+}
+
 StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool one_trace,
                                   const SimOptions& options) {
   if (traces.empty()) return InvalidInput("simulate: no trace");
@@ -1018,7 +1049,8 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
   if (options.contention < 0 || !std::isfinite(options.contention)) {
     return UsageError("--contention: must be a finite number >= 0");
   }
-  if (options.comm_contention < 0 || !std::isfinite(options.comm_contention)) {
+  if (options.comm_contention &&
+      (*options.comm_contention < 0 || !std::isfinite(*options.comm_contention))) {
     return UsageError("--comm-contention: must be a finite number >= 0");
   }
   const Trace& first = *traces.front();
@@ -1115,6 +1147,7 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
         "cluster: defaults (one 8-GPU NVLink node, H100-like); describe yours with --cluster "
         "FILE or --world-size/--intra-bw/... flags");
   }
+  if (std::optional<std::string> note = CommContentionNote(options)) tl.notes.push_back(*note);
   if (steps > static_cast<int>(first.steps.size())) {
     tl.notes.push_back(fmt::format("the trace holds {} step(s); {} were replayed by repeating them",
                                    first.steps.size(), steps));
@@ -1147,6 +1180,13 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
 }
 
 }  // namespace
+
+CommContention EffectiveCommContention(const SimOptions& options) {
+  if (options.comm_contention) {
+    return CommContention{*options.comm_contention, *options.comm_contention};
+  }
+  return options.cluster.comm_contention.value_or(CommContention{});
+}
 
 StatusOr<SimResult> Simulate(const Trace& trace, const SimOptions& options) {
   return RunSimulation({&trace}, /*one_trace=*/true, options);

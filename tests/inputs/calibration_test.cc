@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "fsdplab/sim/cluster.h"
 #include "fsdplab/sim/nccl_tests.h"
 
 namespace fsdplab::sim {
@@ -219,6 +220,28 @@ TEST(Calibration, ClusterFileSchemaAndRoundTrip) {
       CollectiveKind::kAllGather, TierKind::kInter);
   ASSERT_TRUE(unbounded.ok()) << unbounded.status().ToString();
   EXPECT_EQ(unbounded->size(), 2u);
+}
+
+// The simulator reads back what calibrate writes, contention included; without a measurement
+// the key is absent and the simulator's cluster has none.
+TEST(Calibration, ClusterFileCommContentionReadsBack) {
+  CalibratedCluster cluster;
+  cluster.world_size = 2;
+  cluster.gpus_per_node = 2;
+  StatusOr<Cluster> plain = ParseClusterJson(CalibratedClusterJson(cluster));
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->comm_contention.has_value());
+
+  cluster.comm_contention = CommContention{0.48, 0.41};
+  std::string text = CalibratedClusterJson(cluster);
+  nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_DOUBLE_EQ(j["comm_contention"]["all_gather"].get<double>(), 0.48);
+  EXPECT_DOUBLE_EQ(j["comm_contention"]["reduce_scatter"].get<double>(), 0.41);
+  StatusOr<Cluster> back = ParseClusterJson(text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_TRUE(back->comm_contention.has_value());
+  EXPECT_EQ(*back->comm_contention, *cluster.comm_contention);
+  EXPECT_EQ(back->world_size, 2);
 }
 
 TEST(Calibration, RejectsWhatCannotBeFitted) {

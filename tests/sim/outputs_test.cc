@@ -228,6 +228,56 @@ TEST(Cluster, FileRoundTripCalibrationAndErrors) {
   EXPECT_NE(unknown.status().message().find("wrld_size"), std::string::npos);
 }
 
+// "comm_contention": per-collective factors, read, described, written back; informational keys
+// as `fsdplab bench-gather` writes them are accepted, typos and negative values are not.
+TEST(Cluster, CommContentionRoundTripAndErrors) {
+  StatusOr<Cluster> c = ParseClusterJson(
+      R"({"world_size": 2, "comm_contention": {"all_gather": 0.42, "reduce_scatter": 0.9,
+                                               "statistic": "median over sizes"}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->comm_contention.has_value());
+  EXPECT_EQ(*c->comm_contention, (CommContention{0.42, 0.9}));
+  EXPECT_NE(DescribeCluster(*c).find("comm contention: all-gather x1.42, reduce-scatter x1.9"),
+            std::string::npos)
+      << DescribeCluster(*c);
+  StatusOr<Cluster> back = ParseClusterJson(ClusterToJson(*c));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, *c);
+  // Absent: unset, and neither written nor described.
+  StatusOr<Cluster> none = ParseClusterJson(R"({"world_size": 2})");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->comm_contention.has_value());
+  EXPECT_EQ(ClusterToJson(*none).find("comm_contention"), std::string::npos);
+  EXPECT_EQ(DescribeCluster(*none).find("contention"), std::string::npos);
+  // One of the two given: the other is 0.
+  StatusOr<Cluster> one = ParseClusterJson(R"({"comm_contention": {"reduce_scatter": 0.5}})");
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(*one->comm_contention, (CommContention{0.0, 0.5}));
+
+  struct Bad {
+    const char* json;
+    const char* names;
+  };
+  for (const Bad& b : {
+           Bad{R"({"comm_contention": {"all_gather": -0.1, "reduce_scatter": 0.2}})",
+               "comm_contention.all_gather"},
+           Bad{R"({"comm_contention": {"all_gather": 0.1, "reduce_scatter": "x"}})",
+               "comm_contention.reduce_scatter"},
+           Bad{R"({"comm_contention": {"all_gahter": 0.1}})", "comm_contention.all_gahter"},
+           Bad{R"({"comm_contention": 0.4})", "comm_contention"},
+       }) {
+    StatusOr<Cluster> bad = ParseClusterJson(b.json);
+    ASSERT_FALSE(bad.ok()) << b.json;
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidInput);
+    EXPECT_NE(bad.status().message().find(b.names), std::string::npos) << bad.status().message();
+  }
+  Cluster built;
+  built.comm_contention = CommContention{0.1, -1.0};
+  Status invalid = ValidateCluster(built);
+  EXPECT_NE(invalid.message().find("comm_contention.reduce_scatter"), std::string::npos)
+      << invalid.message();
+}
+
 TEST(EventQueue, OrdersByTimeThenSequence) {
   struct A {
     int v;

@@ -1,6 +1,9 @@
 // Golden values derived by hand for the three-unit trace of sim_test_util.h.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <string_view>
+
 #include "fsdplab/core/report.h"
 #include "fsdplab/sim/simulator.h"
 #include "sim_test_util.h"
@@ -197,6 +200,114 @@ TEST(SimulatorGolden, CommContentionSlowsConcurrentCollectives) {
   EXPECT_DOUBLE_EQ(run.report.steps[1].start_us, 6900);
   EXPECT_DOUBLE_EQ(run.report.steps[1].time_us, 6700);
   EXPECT_DOUBLE_EQ(run.report.steps[1].exposed_comm_us, 700);
+}
+
+// The recorded collective of `kind` on `unit` in `step` (rank 0); fails the test when absent.
+const TimelineOp* FindCollective(const SimRun& run, const Trace& trace, OpKind kind,
+                                 const std::string& unit, int step) {
+  const UnitId id = *trace.model.Find(unit);
+  for (const TimelineOp& op : run.result.timeline.ops) {
+    if (op.rank == 0 && op.kind == kind && op.unit == id && op.step == step) return &op;
+  }
+  ADD_FAILURE() << "no " << OpKindName(kind) << " of " << unit << " in step " << step;
+  return nullptr;
+}
+
+bool HasNote(const SimRun& run, std::string_view text) {
+  for (const std::string& n : run.report.notes) {
+    if (n.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Per-collective factors from the cluster (as `fsdplab calibrate --contention` writes them):
+// all-gather 1.0 (rate 1/2 while both run), reduce-scatter 0.25 (rate 1/1.25 = 0.8). The one
+// overlapping pair of the golden run starts at 6500: step 1's first-unit gather of model (100
+// solo-us) and step 0's reduce-scatter of a (200 solo-us).
+//   Both running: the gather would end at 6500 + 100 / 0.5 = 6700, the reduce-scatter at
+//   6500 + 200 / 0.8 = 6750; the gather ends first, at 6700.
+//   By then the reduce-scatter has done 200 x 0.8 = 160 solo-us; its 40 left run alone: 6740.
+//   Model's reduce-scatter follows, 6740-6840, and step 0 ends at 6840: exposed [0,300] +
+//   [2300,2500] + [6500,6840] = 840 us. Step 1 starts there and is as without contention.
+// Swapped (all-gather 0.25, reduce-scatter 1.0): the gather ends at 6500 + 100 / 0.8 = 6625;
+// the reduce-scatter has done 125 x 0.5 = 62.5 solo-us, its 137.5 left end at 6762.5; model's
+// reduce-scatter 6762.5-6862.5: step 0 takes 6862.5 us, exposed 300 + 200 + 362.5 = 862.5 us.
+TEST(SimulatorGolden, CommContentionPerCollectiveFromTheCluster) {
+  Trace trace = testing::ThreeUnitTrace();
+  SimOptions opt = GoldenOptions();
+  opt.cluster.comm_contention = CommContention{1.0, 0.25};
+  SimRun run = Simulate2(trace, opt);
+  ASSERT_TRUE(run.result.status.ok()) << run.result.status.ToString();
+  ASSERT_EQ(run.report.steps.size(), 2u);
+  const TimelineOp* gather = FindCollective(run, trace, OpKind::kAllGather, "model", 1);
+  const TimelineOp* scatter = FindCollective(run, trace, OpKind::kReduceScatter, "model.a", 0);
+  const TimelineOp* last = FindCollective(run, trace, OpKind::kReduceScatter, "model", 0);
+  ASSERT_TRUE(gather && scatter && last);
+  EXPECT_DOUBLE_EQ(gather->start_us, 6500);
+  EXPECT_DOUBLE_EQ(gather->end_us, 6700);
+  EXPECT_DOUBLE_EQ(scatter->start_us, 6500);
+  EXPECT_DOUBLE_EQ(scatter->end_us, 6740);
+  EXPECT_DOUBLE_EQ(last->end_us, 6840);
+  EXPECT_DOUBLE_EQ(run.report.steps[0].time_us, 6840);
+  EXPECT_DOUBLE_EQ(run.report.steps[0].exposed_comm_us, 840);
+  EXPECT_DOUBLE_EQ(run.report.steps[1].start_us, 6840);
+  EXPECT_DOUBLE_EQ(run.report.steps[1].time_us, 6700);
+  EXPECT_DOUBLE_EQ(run.report.steps[1].exposed_comm_us, 700);
+
+  opt.cluster.comm_contention = CommContention{0.25, 1.0};
+  SimRun swapped = Simulate2(trace, opt);
+  ASSERT_EQ(swapped.report.steps.size(), 2u);
+  gather = FindCollective(swapped, trace, OpKind::kAllGather, "model", 1);
+  scatter = FindCollective(swapped, trace, OpKind::kReduceScatter, "model.a", 0);
+  ASSERT_TRUE(gather && scatter);
+  EXPECT_DOUBLE_EQ(gather->end_us, 6625);
+  EXPECT_DOUBLE_EQ(scatter->end_us, 6762.5);
+  EXPECT_DOUBLE_EQ(swapped.report.steps[0].time_us, 6862.5);
+  EXPECT_DOUBLE_EQ(swapped.report.steps[0].exposed_comm_us, 862.5);
+}
+
+// --comm-contention overrides the cluster's factors for both collectives: 0 gives the golden
+// run without contention (6800 / 6700 us), 1.0 the symmetric case above (6900 us), and the
+// report says what was overridden.
+TEST(SimulatorGolden, CommContentionFlagOverridesTheCluster) {
+  Trace trace = testing::ThreeUnitTrace();
+  SimOptions opt = GoldenOptions();
+  opt.cluster.comm_contention = CommContention{1.0, 0.25};
+  opt.comm_contention = 0.0;
+  EXPECT_EQ(EffectiveCommContention(opt), (CommContention{0.0, 0.0}));
+  SimRun off = Simulate2(trace, opt);
+  ASSERT_EQ(off.report.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(off.report.steps[0].time_us, 6800);
+  EXPECT_DOUBLE_EQ(off.report.steps[1].time_us, 6700);
+  EXPECT_TRUE(HasNote(off, "overrides the cluster's all-gather x2, reduce-scatter x1.25"));
+
+  opt.comm_contention = 1.0;
+  SimRun both = Simulate2(trace, opt);
+  ASSERT_EQ(both.report.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(both.report.steps[0].time_us, 6900);
+
+  opt.comm_contention.reset();
+  EXPECT_EQ(EffectiveCommContention(opt), (CommContention{1.0, 0.25}));
+  opt.cluster.comm_contention.reset();
+  EXPECT_EQ(EffectiveCommContention(opt), (CommContention{0.0, 0.0}));
+}
+
+// With one communication stream no two collectives run at once: the factors change nothing,
+// and the report says they were not applied.
+TEST(SimulatorGolden, CommContentionDoesNothingOnAUnifiedStream) {
+  Trace trace = testing::ThreeUnitTrace();
+  SimOptions opt = GoldenOptions();
+  opt.policy.unified_comm_stream = true;
+  SimRun plain = Simulate2(trace, opt);
+  opt.cluster.comm_contention = CommContention{1.0, 0.25};
+  SimRun contended = Simulate2(trace, opt);
+  ASSERT_EQ(plain.report.steps.size(), 2u);
+  ASSERT_EQ(contended.report.steps.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_DOUBLE_EQ(contended.report.steps[i].time_us, plain.report.steps[i].time_us);
+  }
+  EXPECT_TRUE(HasNote(contended, "not applied"));
+  EXPECT_FALSE(HasNote(plain, "comm contention"));
 }
 
 }  // namespace

@@ -22,7 +22,8 @@ namespace fsdplab::cli {
 void DeclareClusterFlags(Args& args) {
   args.Declare("--cluster", ArgKind::kValue,
                "cluster file (JSON: world_size, gpus_per_node, intra/inter bandwidth_GBps and "
-               "latency_us, compute_scale, optional calibration from `fsdplab calibrate`)",
+               "latency_us, compute_scale, optional calibration and comm_contention from "
+               "`fsdplab calibrate`)",
                "FILE");
   args.Declare("--world-size", ArgKind::kValue,
                "data-parallel ranks (default: the trace's meta.world_size, else 8)", "N");
@@ -93,7 +94,8 @@ void DeclareEngineFlags(Args& args) {
                "F");
   args.Declare("--comm-contention", ArgKind::kValue,
                "collectives in progress on the all-gather and reduce-scatter streams at once each "
-               "run (1+F) times slower: 0 (default) independent, 1 one shared resource",
+               "run (1+F) times slower: 0 independent, 1 one shared resource; overrides the "
+               "cluster file's measured comm_contention (default: that, else 0)",
                "F");
   args.Declare("--straggler", ArgKind::kRepeated,
                "RANK:FACTOR: that rank's compute takes FACTOR times longer (repeatable)", "RANK:F");
@@ -118,8 +120,9 @@ Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& o) {
     if (o.contention < 0) return UsageError("--contention: must be >= 0");
   }
   if (std::optional<std::string> v = args.Get("--comm-contention")) {
-    FSDP_ASSIGN_OR_RETURN(o.comm_contention, ParseDouble(*v, "--comm-contention"));
-    if (o.comm_contention < 0) return UsageError("--comm-contention: must be >= 0");
+    FSDP_ASSIGN_OR_RETURN(double f, ParseDouble(*v, "--comm-contention"));
+    if (f < 0) return UsageError("--comm-contention: must be >= 0");
+    o.comm_contention = f;
   }
   for (const std::string& v : args.GetAll("--straggler")) {
     FSDP_ASSIGN_OR_RETURN(sim::Straggler s, sim::ParseStraggler(v));

@@ -44,10 +44,13 @@
 //                                              "latency_us": 4.1, "bandwidth_GBps": 120.5},
 //                                             ...],
 //                                   "inter": [...]},
-//                    "reduce_scatter": {...}}}
+//                    "reduce_scatter": {...}},
+//    "comm_contention": {"all_gather": 0.48, "reduce_scatter": 0.41}}
 // The tier lines ("intra", "inter") take the latency of the smallest-size segment and the
 // bandwidth of the largest-size one (all_gather preferred, else reduce_scatter); a tier that was
 // not measured keeps the simulator's default (intra 360 GB/s 3 us, inter 45 GB/s 20 us).
+// "comm_contention" is written only when it was measured (`fsdplab calibrate --contention FILE`
+// with the output of `fsdplab bench-gather --op concurrent -J FILE`).
 #pragma once
 
 #include <optional>
@@ -151,11 +154,24 @@ std::string FormatFit(const CollectiveFit& fit);
 // One fit as a JSON object (segments, points, errors) for `--json`.
 std::string FitToJson(const CollectiveFit& fit);
 
+// Communication contention: while an all-gather and a reduce-scatter are in progress at once
+// (on the two communication streams; they share links, copy engines and cores), the all-gather
+// runs (1 + all_gather) times slower and the reduce-scatter (1 + reduce_scatter) times slower.
+// 0 = independent, 1 = twice as slow. Measured by `fsdplab bench-gather --op concurrent`; the
+// cluster file's "comm_contention" (sim/cluster.h). Declared here, beside the other measured
+// parts of the cluster file, because cluster.h includes this header.
+struct CommContention final {
+  double all_gather = 0;
+  double reduce_scatter = 0;
+  friend bool operator==(const CommContention&, const CommContention&) = default;
+};
+
 struct CalibratedCluster final {
   int world_size = 8;
   int gpus_per_node = 8;
   double compute_scale = 1.0;
-  std::vector<CollectiveFit> fits;  // all_gather / reduce_scatter only go to the file
+  std::vector<CollectiveFit> fits;                // all_gather / reduce_scatter only go to the file
+  std::optional<CommContention> comm_contention;  // written when measured
 };
 
 // The cluster file (schema above), pretty-printed.

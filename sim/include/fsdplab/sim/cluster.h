@@ -14,8 +14,14 @@
 //    "calibration": {"all_gather": {"intra": [{"min_bytes": 0, "max_bytes": 8388608,
 //                                              "latency_us": 4.1, "bandwidth_GBps": 120.5}, ...],
 //                                   "inter": [...]},
-//                    "reduce_scatter": {...}}}
+//                    "reduce_scatter": {...}},
+//    "comm_contention": {"all_gather": 0.42, "reduce_scatter": 0.9}}
 // "calibration" is optional (`fsdplab calibrate` writes it; segments as in sim/calibration.h).
+// "comm_contention" is optional (`fsdplab calibrate --contention` writes it from `fsdplab
+// bench-gather --op concurrent`; see CommContention in sim/calibration.h): while an all-gather and
+// a reduce-scatter are in progress at once the all-gather runs (1 + all_gather) times slower and
+// the reduce-scatter (1 + reduce_scatter) times slower. Both values are >= 0 (a missing one is
+// 0); "source" and "statistic" inside it (as bench-gather writes them) are informational.
 //
 // Cost model. `bytes` is the collective's full (unsharded) buffer: the all-gather output or the
 // reduce-scatter input on one rank. A ring over n ranks of one tier with latency a (us) and bus
@@ -67,6 +73,11 @@ struct Cluster final {
   double compute_scale = 1.0;
   TierCalibration all_gather;
   TierCalibration reduce_scatter;
+  // While an all-gather and a reduce-scatter are in progress at once, the all-gather runs
+  // (1 + all_gather) times slower and the reduce-scatter (1 + reduce_scatter) times slower
+  // (measured by `fsdplab bench-gather --op concurrent`). Unset: none. The simulator's
+  // --comm-contention (SimOptions::comm_contention) overrides it when given.
+  std::optional<CommContention> comm_contention;
   // True when nothing described the cluster (no file, no flag): the report says so.
   bool defaults_used = true;
 
@@ -93,7 +104,9 @@ StatusOr<Cluster> ReadClusterFile(const std::string& path);
 Status ValidateCluster(const Cluster& cluster);
 // One JSON object in the file's schema, with "defaults_used" added.
 std::string ClusterToJson(const Cluster& cluster);
-// "8 ranks (1 node x 8 GPUs), intra 360 GB/s 3 us, inter 45 GB/s 20 us, compute x1".
+// "8 ranks (1 node x 8 GPUs), intra 360 GB/s 3 us, inter 45 GB/s 20 us, compute x1", then
+// ", calibrated" and ", comm contention: all-gather x1.42, reduce-scatter x1.9 while both run"
+// when the cluster has them.
 std::string DescribeCluster(const Cluster& cluster);
 
 }  // namespace fsdplab::sim

@@ -23,8 +23,9 @@
 //   through a wait-for graph (never a hang);
 // - compute durations: ComputeCmd.us x compute_scale x the rank's straggler factor, run
 //   (1 + contention) times slower while a collective is in progress on the rank;
-// - collectives in progress on both communication streams at once each run (1 + comm_contention)
-//   times slower (shared links and cores);
+// - while collectives are in progress on both communication streams at once, the all-gather
+//   stream's runs (1 + all-gather factor) times slower and the reduce-scatter stream's
+//   (1 + reduce-scatter factor) times slower (shared links and cores; see SimOptions);
 // - memory: sharded parameters from the start; unsharded parameters from the gather's start
 //   on its stream to its Release on the stream (the host reserves the buffer against the cap
 //   when it issues the Gather: were the buffer counted from the issue, a host that runs ahead
@@ -72,9 +73,12 @@ struct SimOptions final {
   int steps = 0;            // 0: the trace's steps
   TimeUs launch_us = 2.0;   // host launch cost per issued command
   double contention = 0.0;  // compute slowdown factor while a collective runs on the rank
-  // Collectives running at once on the all-gather and the reduce-scatter streams each run
-  // (1 + comm_contention) times slower: 0 = independent links, 1 = one shared resource.
-  double comm_contention = 0.0;
+  // Communication contention. While collectives run at once on the all-gather and the
+  // reduce-scatter streams, each runs (1 + factor) times slower: 0 = independent links, 1 = one
+  // shared resource. Set (--comm-contention): this factor for both collectives, overriding the
+  // cluster's. Unset: cluster.comm_contention (per collective, as measured) when present, else 0.
+  // A unified communication stream never runs two collectives at once.
+  std::optional<double> comm_contention;
   std::vector<Straggler> stragglers;
   std::optional<Bytes> memory_cap;
   bool record_host_ops = true;       // one kHostIssue op per issued command in the timeline
@@ -97,6 +101,9 @@ struct SimResult final {
   TimeUs memory_cap_lower_bound_us = 0;
   std::vector<Bytes> peak_memory_by_rank;  // every simulated rank, recorded or not
 };
+
+// The contention factors a simulation with these options uses (see SimOptions::comm_contention).
+CommContention EffectiveCommContention(const SimOptions& options);
 
 // Simulates `options.steps` steps of `trace` on every rank of `options.cluster.world_size`.
 // Errors (as a status) only for bad options; a failing simulated step is SimResult::status.
