@@ -12,6 +12,7 @@
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/sim/calibration.h"
+#include "fsdplab/sim/cluster.h"
 
 namespace fsdplab {
 namespace {
@@ -79,6 +80,99 @@ TEST_F(CliTest, CalibrateErrors) {
   EXPECT_EQ(Run("calibrate " + (dir_ / "missing.txt").string()), 2);
   // --ranks contradicting the device list (8 ranks) is an error.
   EXPECT_EQ(Run("calibrate " + kNccl + "ag_8xH100_together-ring.txt --ranks 4"), 2);
+}
+
+// The -J output of `fsdplab bench-gather --op concurrent`, with these figures.
+std::string ConcurrentBenchJson(int world_size, double all_gather, double reduce_scatter,
+                                const std::string& op = "concurrent") {
+  nlohmann::ordered_json doc = {{"format", "fsdplab.bench_gather"},
+                                {"version", 1},
+                                {"backend", "host"},
+                                {"op", op},
+                                {"world_size", world_size},
+                                {"dtype", "bf16"},
+                                {"warmup", 3},
+                                {"iters", 10},
+                                {"check", true},
+                                {"rows",
+                                 {{{"size_bytes", 1048576},
+                                   {"all_gather_alone_us", 120.5},
+                                   {"reduce_scatter_alone_us", 300.1},
+                                   {"all_gather_together_us", 180.2},
+                                   {"reduce_scatter_together_us", 420.7},
+                                   {"all_gather_slowdown", 0.495},
+                                   {"reduce_scatter_slowdown", 0.402},
+                                   {"wrong", 0}}}},
+                                {"comm_contention",
+                                 {{"all_gather", all_gather},
+                                  {"reduce_scatter", reduce_scatter},
+                                  {"statistic", "median over sizes"}}}};
+  return doc.dump(2);
+}
+
+TEST_F(CliTest, CalibrateContentionGoesToTheClusterFile) {
+  std::string bench = (dir_ / "concurrent.json").string();
+  ASSERT_TRUE(WriteFileAtomic(bench, ConcurrentBenchJson(8, 0.48, 0.41)).ok());
+  std::string cluster = (dir_ / "cluster.json").string();
+  ASSERT_EQ(Run("calibrate " + kNccl + "ag_8xH100_together-ring.txt --contention " + bench +
+                " -o " + cluster),
+            0)
+      << Slurp("err");
+  EXPECT_NE(Slurp("out").find("comm contention from " + bench +
+                              " (median over sizes): all-gather x1.48, reduce-scatter x1.41"),
+            std::string::npos)
+      << Slurp("out");
+  StatusOr<sim::Cluster> c = sim::ReadClusterFile(cluster);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->comm_contention.has_value());
+  EXPECT_EQ(*c->comm_contention, (sim::CommContention{0.48, 0.41}));
+  EXPECT_EQ(c->world_size, 8);
+  EXPECT_FALSE(c->all_gather.intra.empty());
+
+  // --json carries it too.
+  ASSERT_EQ(
+      Run("calibrate " + kNccl + "ag_8xH100_together-ring.txt --contention " + bench + " --json"),
+      0)
+      << Slurp("err");
+  nlohmann::json j = nlohmann::json::parse(Slurp("out"));
+  EXPECT_DOUBLE_EQ(j["comm_contention"]["all_gather"].get<double>(), 0.48);
+  EXPECT_EQ(j["comm_contention"]["source"], bench);
+  EXPECT_DOUBLE_EQ(j["cluster"]["comm_contention"]["reduce_scatter"].get<double>(), 0.41);
+
+  // Alone, with a slowdown below 0 (noise): the file's world, and 0 with a note.
+  ASSERT_TRUE(WriteFileAtomic(bench, ConcurrentBenchJson(2, -0.03, 0.2)).ok());
+  ASSERT_EQ(Run("calibrate --contention " + bench + " -o " + cluster), 0) << Slurp("err");
+  EXPECT_NE(Slurp("out").find("comm_contention.all_gather -0.03 is negative"), std::string::npos)
+      << Slurp("out");
+  c = sim::ReadClusterFile(cluster);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->world_size, 2);
+  EXPECT_EQ(*c->comm_contention, (sim::CommContention{0.0, 0.2}));
+}
+
+TEST_F(CliTest, CalibrateContentionErrors) {
+  std::string bench = (dir_ / "gather_bench.json").string();
+  // Another op of bench-gather: exit 2, the message names the file and the field.
+  ASSERT_TRUE(WriteFileAtomic(bench, ConcurrentBenchJson(8, 0.48, 0.41, "all_gather")).ok());
+  EXPECT_EQ(Run("calibrate " + kNccl + "ag_8xH100_together-ring.txt --contention " + bench), 2);
+  EXPECT_NE(Slurp("err").find(bench + ": op: 'all_gather'"), std::string::npos) << Slurp("err");
+  // Measured on 2 ranks, the nccl-tests output on 8: both named.
+  ASSERT_TRUE(WriteFileAtomic(bench, ConcurrentBenchJson(2, 0.48, 0.41)).ok());
+  EXPECT_EQ(Run("calibrate " + kNccl + "ag_8xH100_together-ring.txt --contention " + bench), 2);
+  EXPECT_NE(Slurp("err").find("world_size 2 but the nccl-tests outputs measured 8 ranks"),
+            std::string::npos)
+      << Slurp("err");
+  // Not JSON, a missing figure, a missing file.
+  ASSERT_TRUE(WriteFileAtomic(bench, "# size count type\n").ok());
+  EXPECT_EQ(Run("calibrate --contention " + bench), 2);
+  EXPECT_NE(Slurp("err").find(bench + ": not valid JSON"), std::string::npos) << Slurp("err");
+  nlohmann::json doc = nlohmann::json::parse(ConcurrentBenchJson(2, 0.48, 0.41));
+  doc["comm_contention"].erase("reduce_scatter");
+  ASSERT_TRUE(WriteFileAtomic(bench, doc.dump()).ok());
+  EXPECT_EQ(Run("calibrate --contention " + bench), 2);
+  EXPECT_NE(Slurp("err").find("comm_contention.reduce_scatter: missing"), std::string::npos)
+      << Slurp("err");
+  EXPECT_EQ(Run("calibrate --contention " + (dir_ / "missing.json").string()), 2);
 }
 
 TEST_F(CliTest, SynthWritesAValidTrace) {

@@ -1,10 +1,14 @@
 // fsdplab calibrate: fit the collective cost model to nccl-tests output, write a cluster file.
 #include <fmt/format.h>
 
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <tuple>
+#include <utility>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -17,7 +21,7 @@ namespace {
 
 constexpr std::string_view kUsage =
     "fsdplab calibrate FILE... [--tier intra|inter] [--ranks N] [--gpus-per-node N] "
-    "[--segments K] [-o cluster.json] [--json]";
+    "[--segments K] [--contention BENCH.json] [-o cluster.json] [--json]";
 constexpr std::string_view kDescription =
     "Reads all_gather_perf / reduce_scatter_perf output of nccl-tests (the text table or the JSON\n"
     "file of nccl-tests 2.19+), fits the ring alpha-beta model piecewise over message size, "
@@ -25,7 +29,10 @@ constexpr std::string_view kDescription =
     "measured vs fitted time per size with the error, and writes a cluster file for\n"
     "`fsdplab simulate --cluster`. The collective, the number of ranks and the tier come from the\n"
     "file when it says them (device list, `Collective test starting`, file name); the flags give\n"
-    "them when it does not.";
+    "them when it does not. --contention adds the communication contention measured by\n"
+    "`fsdplab bench-gather --op concurrent -J BENCH.json` (how much slower an all-gather and a\n"
+    "reduce-scatter run while both are in progress) to the cluster file; given alone, it writes\n"
+    "a cluster file with the default link lines and that contention.";
 
 // Devices per host, the largest over all outputs; nullopt when no output lists devices.
 std::optional<int> GpusPerNodeFromDevices(const std::vector<sim::NcclTestsResult>& results) {
@@ -38,8 +45,97 @@ std::optional<int> GpusPerNodeFromDevices(const std::vector<sim::NcclTestsResult
   return best;
 }
 
+// The contention measured by `fsdplab bench-gather --op concurrent -J FILE`.
+struct MeasuredContention {
+  sim::CommContention factors;
+  std::optional<int> world_size;
+  std::string statistic;           // how the file summarised its rows, e.g. "median over sizes"
+  std::vector<std::string> notes;  // values clamped to 0
+};
+
+// Reads the bench-gather JSON (format "fsdplab.bench_gather", op "concurrent"); errors name the
+// file and the field.
+StatusOr<MeasuredContention> ReadContentionFile(const std::string& path) {
+  using nlohmann::json;
+  FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  auto bad = [&](std::string_view what) {
+    return InvalidInput(
+        fmt::format("{}: {} (expected the -J output of `fsdplab bench-gather --op "
+                    "concurrent`)",
+                    path, what));
+  };
+  if (doc.is_discarded()) return bad("not valid JSON");
+  if (!doc.is_object()) return bad("expected a JSON object");
+  auto string_field = [&](std::string_view key) -> std::optional<std::string> {
+    auto it = doc.find(std::string(key));
+    if (it == doc.end() || !it->is_string()) return std::nullopt;
+    return it->get<std::string>();
+  };
+  if (std::optional<std::string> f = string_field("format"); f != "fsdplab.bench_gather") {
+    return bad(fmt::format("format: '{}', not fsdplab.bench_gather", f.value_or("(missing)")));
+  }
+  if (auto it = doc.find("version"); it != doc.end() && *it != 1) {
+    return bad(fmt::format("version: {} (this fsdplab reads version 1)", it->dump()));
+  }
+  if (std::optional<std::string> op = string_field("op"); op != "concurrent") {
+    return bad(fmt::format("op: '{}', not concurrent (only --op concurrent measures contention)",
+                           op.value_or("(missing)")));
+  }
+  MeasuredContention m;
+  if (auto it = doc.find("world_size"); it != doc.end()) {
+    if (!it->is_number_integer() || it->get<std::int64_t>() < 1 ||
+        it->get<std::int64_t>() > std::numeric_limits<int>::max()) {
+      return bad(fmt::format("world_size: expected a positive integer, got {}", it->dump()));
+    }
+    m.world_size = static_cast<int>(it->get<std::int64_t>());
+  }
+  // Results that were wrong say nothing about the time correct ones take.
+  if (auto rows = doc.find("rows"); rows != doc.end() && rows->is_array()) {
+    for (std::size_t i = 0; i < rows->size(); ++i) {
+      const json& row = (*rows)[i];
+      if (row.is_object() && row.contains("wrong") && row["wrong"].is_number() &&
+          row["wrong"].get<double>() > 0) {
+        return bad(fmt::format("rows[{}].wrong: {} elements differ from the expected values", i,
+                               row["wrong"].dump()));
+      }
+    }
+  }
+  auto cc = doc.find("comm_contention");
+  if (cc == doc.end()) return bad("comm_contention: missing");
+  if (!cc->is_object()) return bad("comm_contention: expected an object");
+  if (auto st = cc->find("statistic"); st != cc->end() && st->is_string()) {
+    m.statistic = st->get<std::string>();
+  }
+  for (auto [key, target] : {std::pair{"all_gather", &m.factors.all_gather},
+                             std::pair{"reduce_scatter", &m.factors.reduce_scatter}}) {
+    auto v = cc->find(key);
+    if (v == cc->end()) return bad(fmt::format("comm_contention.{}: missing", key));
+    if (!v->is_number()) {
+      return bad(fmt::format("comm_contention.{}: expected a number, got {}", key, v->dump()));
+    }
+    double d = v->get<double>();
+    if (!std::isfinite(d)) return bad(fmt::format("comm_contention.{}: not finite", key));
+    // A collective that ran alone and together at the same speed measures a slowdown around 0,
+    // and timing noise puts half of such measurements below it. Running beside another
+    // collective cannot make one faster, so a negative value is noise: the simulator gets 0.
+    if (d < 0) {
+      m.notes.push_back(fmt::format(
+          "{}: comm_contention.{} {:.4g} is negative (timing noise: running beside the other "
+          "collective cannot speed it up); using 0",
+          path, key, d));
+      d = 0;
+    }
+    *target = d;
+  }
+  return m;
+}
+
 Status Run(const Args& args) {
-  if (args.positionals().empty()) return UsageError("give at least one nccl-tests output file");
+  const std::optional<std::string> contention_file = args.Get("--contention");
+  if (args.positionals().empty() && !contention_file) {
+    return UsageError("give at least one nccl-tests output file (or --contention FILE)");
+  }
   sim::NcclTestsOptions parse_opts;
   if (auto v = args.Get("--ranks")) {
     FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--ranks"));
@@ -121,12 +217,43 @@ Status Run(const Args& args) {
     cluster.world_size = std::max(cluster.world_size, ranks);
     cluster.fits.push_back(std::move(fit));
   }
+  nlohmann::ordered_json contention_json;
+  if (contention_file) {
+    FSDP_ASSIGN_OR_RETURN(MeasuredContention m, ReadContentionFile(*contention_file));
+    if (m.world_size) {
+      if (groups.empty()) {
+        cluster.world_size = *m.world_size;
+      } else if (*m.world_size != cluster.world_size) {
+        return InvalidInput(fmt::format(
+            "{}: world_size {} but the nccl-tests outputs measured {} ranks (the cluster's "
+            "world_size); measure the contention on the same number of ranks",
+            *contention_file, *m.world_size, cluster.world_size));
+      }
+    } else if (groups.empty()) {
+      return InvalidInput(
+          fmt::format("{}: world_size: missing, and no nccl-tests output gives the number of ranks",
+                      *contention_file));
+    }
+    cluster.comm_contention = m.factors;
+    std::string line = fmt::format(
+        "comm contention from {}{}: all-gather x{:.3g}, reduce-scatter x{:.3g} while both run\n",
+        *contention_file, m.statistic.empty() ? "" : fmt::format(" ({})", m.statistic),
+        1 + m.factors.all_gather, 1 + m.factors.reduce_scatter);
+    for (const std::string& n : m.notes) line += fmt::format("  note: {}\n", n);
+    text += line + "\n";
+    contention_json = {{"source", *contention_file},
+                       {"statistic", m.statistic},
+                       {"all_gather", m.factors.all_gather},
+                       {"reduce_scatter", m.factors.reduce_scatter},
+                       {"notes", m.notes}};
+  }
   std::string cluster_json = sim::CalibratedClusterJson(cluster);
   if (auto out = args.Get("-o")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*out, cluster_json));
 
   if (args.Has("--json")) {
     nlohmann::ordered_json doc;
     doc["fits"] = std::move(fits_json);
+    if (contention_file) doc["comm_contention"] = std::move(contention_json);
     doc["cluster"] = nlohmann::ordered_json::parse(cluster_json);
     fmt::print("{}\n", doc.dump(2));
   } else {
@@ -156,6 +283,10 @@ int RunCalibrate(const Argv& argv) {
   args.Declare("--segments", ArgKind::kValue, "at most K segments per fit (default 4)", "K");
   args.Declare("--in-place", ArgKind::kSwitch, "fit the in-place times (default out-of-place)");
   args.Declare("--compute-scale", ArgKind::kValue, "compute_scale of the cluster file (1.0)", "X");
+  args.Declare("--contention", ArgKind::kValue,
+               "the -J output of `fsdplab bench-gather --op concurrent`: its comm_contention "
+               "(all-gather and reduce-scatter slowdown while both run) goes to the cluster file",
+               "FILE");
   args.Declare("-o", ArgKind::kValue, "write the cluster file to FILE", "FILE");
   args.Declare("--json", ArgKind::kSwitch, "print the fits and the cluster as JSON");
   if (Status s = args.Parse(); !s.ok()) return Fail("calibrate", s);
