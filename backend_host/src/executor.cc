@@ -438,8 +438,12 @@ Status HostExecutor::Execute(const Command& command) {
           const GatherRef r = *ref;
           OpContext ctx = Context(origin, cmd.unit, "wait for its all_gather");
           compute_->Enqueue([this, r, ctx] {
-            Status s = all_gather_->WaitReached(r.seq, ctx);
-            if (s.ok()) pending_waits_.push_back(r.op_id);
+            Clock::time_point gathered;
+            Status s = all_gather_->WaitReached(r.seq, ctx, &gathered);
+            if (s.ok()) {
+              pending_waits_.push_back(r.op_id);
+              device_free_ = std::max(device_free_, gathered);
+            }
             return s;
           });
         } else if constexpr (std::is_same_v<T, ComputeCmd>) {
@@ -456,8 +460,10 @@ Status HostExecutor::Execute(const Command& command) {
             inject = true;
             fault_armed_ = false;
           }
-          compute_->Enqueue(
-              [this, cmd, origin, gen, inject] { return RunCompute(cmd, origin, gen, inject); });
+          const Clock::time_point issued = Clock::now();
+          compute_->Enqueue([this, cmd, origin, gen, inject, issued] {
+            return RunCompute(cmd, origin, gen, inject, issued);
+          });
         } else if constexpr (std::is_same_v<T, StreamWaitCmd>) {
           StreamWorker& waiter = StreamFor(cmd.waiter);
           StreamWorker& signaler = StreamFor(cmd.signaler);
@@ -466,7 +472,13 @@ Status HostExecutor::Execute(const Command& command) {
           OpContext ctx = Context(origin, kNoUnit,
                                   fmt::format("{} stream waits for the {} stream",
                                               StreamName(cmd.waiter), StreamName(cmd.signaler)));
-          waiter.Enqueue([&signaler, seq, ctx] { return signaler.WaitReached(seq, ctx); });
+          const bool device = &waiter == compute_.get();
+          waiter.Enqueue([this, &signaler, seq, ctx, device] {
+            Clock::time_point signalled;
+            Status s = signaler.WaitReached(seq, ctx, &signalled);
+            if (s.ok() && device) device_free_ = std::max(device_free_, signalled);
+            return s;
+          });
         } else if constexpr (std::is_same_v<T, ReleaseCmd>) {
           all_gather_->Enqueue([this, cmd, origin] { return RunRelease(cmd, origin); });
         } else if constexpr (std::is_same_v<T, ReduceScatterCmd>) {
@@ -624,9 +636,14 @@ Status HostExecutor::InjectedFault(const OpContext& ctx) {
 }
 
 Status HostExecutor::RunCompute(const ComputeCmd& cmd, const CommandOrigin& origin,
-                                std::uint64_t grad_gen, bool inject) {
+                                std::uint64_t grad_gen, bool inject, Clock::time_point issued) {
   const OpContext ctx = Context(origin, cmd.unit, fmt::format("compute {}", PhaseName(cmd.phase)));
-  const Clock::time_point start_tp = Clock::now();
+  const bool emulated = config_.compute == ComputeMode::kTimed || cmd.unit == kNoUnit;
+  // An emulated kernel starts as a device kernel does: once the host has issued it, the stream's
+  // previous kernel has ended and the events it waits on have fired; not when this thread
+  // happens to be scheduled (on a busy machine that is often milliseconds later). Real work
+  // (GEMMs) starts now.
+  const Clock::time_point start_tp = emulated ? std::max(device_free_, issued) : Clock::now();
   TimelineOp op = NewOp(origin, Track::kCompute, OpKind::kCompute, cmd.unit);
   op.phase = cmd.phase;
   op.start_us = control_.ToUs(start_tp);
@@ -702,28 +719,40 @@ Status HostExecutor::RunCompute(const ComputeCmd& cmd, const CommandOrigin& orig
     }
   }
 
-  const bool emulated = config_.compute == ComputeMode::kTimed || cmd.unit == kNoUnit;
   if (emulated) {
-    const Clock::time_point deadline =
-        start_tp + std::chrono::duration_cast<Clock::duration>(
-                       std::chrono::duration<double, std::micro>(cmd.us * config_.compute_scale));
-    // The emulated kernel writes its gradients; only when they are checked does that cost CPU.
+    const auto duration = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double, std::micro>(cmd.us * config_.compute_scale));
+    // The emulated kernel writes its gradients; only when they are checked does that cost CPU,
+    // and a kernel whose real work outlasts its duration lasts as long as the work.
+    const Clock::time_point work_begin = Clock::now();
     if (grads && config_.check) {
       AccumulateGrads(data_, cmd.unit, grad_pattern_[static_cast<std::size_t>(cmd.unit)], fresh,
                       *grads);
     }
-    Clock::time_point end_tp = Clock::now();
-    if (end_tp < deadline) {
-      std::this_thread::sleep_until(deadline);
-      end_tp = Clock::now();
-      const TimeUs overshoot = std::chrono::duration<double, std::micro>(end_tp - deadline).count();
-      ++stats_.timed_computes;
-      stats_.overshoot_sum_us += overshoot;
-      stats_.overshoot_max_us = std::max(stats_.overshoot_max_us, overshoot);
-    } else {
+    const Clock::duration work = Clock::now() - work_begin;
+    if (work > duration) {
       ++stats_.overruns;
-      stats_.overrun_sum_us += std::chrono::duration<double, std::micro>(end_tp - deadline).count();
+      stats_.overrun_sum_us += std::chrono::duration<double, std::micro>(work - duration).count();
     }
+    const Clock::time_point end_tp = start_tp + std::max(duration, work);
+    // Sleep towards the kernel's end, aiming early by how late wake-ups have been, so that the
+    // streams waiting on this one are signalled close to it on average. The kernel ends at
+    // end_tp whatever the wake-up: the device's clock is not the thread's. A thread already
+    // behind the device's clock (it woke late before) does not sleep and signals late.
+    const Clock::time_point now = Clock::now();
+    Clock::time_point woke = now;
+    if (now < end_tp) {
+      const Clock::time_point target = std::max(now, end_tp - wake_lateness_);
+      std::this_thread::sleep_until(target);
+      woke = Clock::now();
+      wake_lateness_ = (wake_lateness_ * 7 + std::max(Clock::duration::zero(), woke - target)) / 8;
+    }
+    const TimeUs error = std::chrono::duration<double, std::micro>(woke - end_tp).count();
+    ++stats_.timed_computes;
+    stats_.wake_error_sum_us += error;
+    stats_.wake_error_abs_sum_us += std::fabs(error);
+    stats_.wake_error_max_us = std::max(stats_.wake_error_max_us, std::fabs(error));
+    device_free_ = end_tp;
     op.end_us = control_.ToUs(end_tp);
   } else {
     ComputeGemms(cmd, origin, weights, grads.get(), fresh);

@@ -361,15 +361,17 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   // Honest accounting of the emulated device time.
   int timed = 0;
   int overruns = 0;
-  TimeUs overshoot_sum = 0;
-  TimeUs overshoot_max = 0;
+  TimeUs wake_sum = 0;
+  TimeUs wake_abs_sum = 0;
+  TimeUs wake_max = 0;
   TimeUs overrun_sum = 0;
   for (auto& e : executors) {
     timed += e->stats().timed_computes;
     overruns += e->stats().overruns;
-    overshoot_sum += e->stats().overshoot_sum_us;
+    wake_sum += e->stats().wake_error_sum_us;
+    wake_abs_sum += e->stats().wake_error_abs_sum_us;
     overrun_sum += e->stats().overrun_sum_us;
-    overshoot_max = std::max(overshoot_max, e->stats().overshoot_max_us);
+    wake_max = std::max(wake_max, e->stats().wake_error_max_us);
   }
   result.notes.push_back(fmt::format(
       "host backend: {} ranks as threads in one process on {} cores; collectives are in-process "
@@ -381,20 +383,22 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
         "optimizer) is emulated for its trace duration",
         options.gemm_tokens));
   } else {
-    result.notes.push_back(
-        fmt::format("compute: emulated device time (sleep to a deadline, no core used), scale {}",
-                    options.compute_scale));
+    result.notes.push_back(fmt::format(
+        "compute: an emulated device (no core used): each kernel lasts its trace duration x {} "
+        "and starts when it was issued, its stream was free and its events had fired",
+        options.compute_scale));
   }
   if (timed > 0) {
     result.notes.push_back(fmt::format(
-        "emulated computes: {} slept to their deadline and woke {:.1f} us late on average (max "
-        "{:.1f} us); measured compute times include it",
-        timed, overshoot_sum / timed, overshoot_max));
+        "emulated computes: {}; the compute thread signalled their end {:+.1f} us from "
+        "it on average ({:.1f} us mean |error|, max {:.1f} us), which only shifts when the "
+        "streams waiting on it resume",
+        timed, wake_sum / timed, wake_abs_sum / timed, wake_max));
   }
   if (overruns > 0) {
     result.notes.push_back(fmt::format(
-        "emulated computes: {} outlasted their duration by {:.1f} us on average (writing checked "
-        "gradients or starting late; --no-check removes the gradient writes)",
+        "emulated computes: {} lasted longer than their trace duration, by {:.1f} us on average: "
+        "writing the checked gradients took longer (--no-check removes the gradient writes)",
         overruns, overrun_sum / overruns));
   }
   tl.notes = result.notes;

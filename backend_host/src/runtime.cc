@@ -140,12 +140,19 @@ std::uint64_t StreamWorker::completed() const {
   return completed_;
 }
 
-Status StreamWorker::WaitReached(std::uint64_t seq, const OpContext& ctx) const {
+Status StreamWorker::WaitReached(std::uint64_t seq, const OpContext& ctx,
+                                 Clock::time_point* reached_at) const {
   std::unique_lock<std::mutex> lock(mu_);
   const Clock::time_point deadline = Clock::now() + control_.timeout();
   const bool ready =
       cv_.wait_until(lock, deadline, [&] { return completed_ >= seq || control_.aborted(); });
-  if (completed_ >= seq) return Status::Ok();
+  if (completed_ >= seq) {
+    if (reached_at != nullptr) {
+      *reached_at =
+          seq == 0 ? Clock::time_point{} : completed_at_[static_cast<std::size_t>(seq - 1)];
+    }
+    return Status::Ok();
+  }
   if (control_.aborted()) {
     lock.unlock();
     return control_.AbortedError(ctx);
@@ -219,8 +226,10 @@ void StreamWorker::Loop() {
       control_.Fail(rank_, status);
       return;
     }
+    const Clock::time_point done = Clock::now();
     std::lock_guard<std::mutex> lock(mu_);
     ++completed_;
+    completed_at_.push_back(done);
     cv_.notify_all();
   }
 }

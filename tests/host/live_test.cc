@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "fsdplab/core/policy.h"
 #include "fsdplab/core/trace.h"
@@ -172,6 +174,47 @@ TEST(LiveTest, TimelineHasEveryStreamOfEveryRankAndMemory) {
       EXPECT_GE(op.end_us - op.start_us, 199.0);
     }
   }
+}
+
+TEST(LiveTest, EmulatedDeviceKeepsItsOwnClock) {
+  // --compute timed without checks: each kernel lasts exactly its trace duration x scale (a layer
+  // forward of the tiny trace is 200 us, x 1.5 = 300 us), whenever the thread wakes; kernels of
+  // one rank never overlap; and a kernel starts no earlier than the gathers it waited on ended.
+  LiveOptions o = Options(Policy{}, 2, 2);
+  o.check = false;
+  o.compute_scale = 1.5;
+  const Trace trace = TinyTrace(TinySpec{});
+  StatusOr<LiveResult> r = RunLiveSteps(trace, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  std::map<std::int64_t, const TimelineOp*> by_id;
+  for (const TimelineOp& op : r->timeline.ops) by_id[op.id] = &op;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<const TimelineOp*> computes;
+    for (const TimelineOp& op : r->timeline.ops) {
+      if (op.rank == rank && op.kind == OpKind::kCompute) computes.push_back(&op);
+    }
+    ASSERT_EQ(computes.size(), 20u);  // 10 per step, as above
+    for (std::size_t i = 0; i < computes.size(); ++i) {
+      const TimelineOp& op = *computes[i];
+      const Event& ev = trace.steps[static_cast<std::size_t>(op.step) % trace.steps.size()]
+                            .microbatches[static_cast<std::size_t>(op.microbatch)]
+                            .events[static_cast<std::size_t>(op.event)];
+      EXPECT_NEAR(op.end_us - op.start_us, ev.us * 1.5, 0.01) << "compute #" << i;
+      if (op.unit == 1 && op.phase == Phase::kForward) {
+        EXPECT_NEAR(op.end_us - op.start_us, 300.0, 0.01);
+      }
+      if (i > 0) {
+        EXPECT_GE(op.start_us, computes[i - 1]->end_us - 0.01) << "compute #" << i;
+      }
+      for (std::int64_t id : op.waited_on) {
+        ASSERT_TRUE(by_id.count(id)) << id;
+        EXPECT_GE(op.start_us, by_id[id]->end_us - 0.01) << "compute #" << i;
+      }
+    }
+  }
+  bool noted = false;
+  for (const std::string& n : r->notes) noted = noted || n.find("emulated device") != n.npos;
+  EXPECT_TRUE(noted);
 }
 
 TEST(LiveTest, UnifiedStreamPutsReduceScattersOnTheGatherTrack) {

@@ -137,9 +137,12 @@ struct ExecutorStats final {
   std::uint64_t gathered_bytes_checked = 0;
   std::uint64_t gathered_bytes_wrong = 0;
   std::uint64_t first_wrong_unit = 0;
-  int timed_computes = 0;       // emulated computes that slept to their deadline
-  TimeUs overshoot_sum_us = 0;  // how far past the deadline they woke, summed
-  TimeUs overshoot_max_us = 0;
+  int timed_computes = 0;  // emulated computes that slept towards their end
+  // How far from its kernel's end the compute thread woke (positive: late), summed, and the
+  // largest |difference|. The emulated device's timeline is not moved by it (see RunCompute).
+  TimeUs wake_error_sum_us = 0;
+  TimeUs wake_error_abs_sum_us = 0;
+  TimeUs wake_error_max_us = 0;
   int overruns = 0;           // emulated computes whose own work outlasted their duration
   TimeUs overrun_sum_us = 0;  // by how much, summed
   double checksum = 0;        // folds the GEMM outputs so no work is optimised away
@@ -189,7 +192,7 @@ class HostExecutor final : public CommandSink {
                    bool mismatch);
   Status RunRelease(const ReleaseCmd& cmd, const CommandOrigin& origin);
   Status RunCompute(const ComputeCmd& cmd, const CommandOrigin& origin, std::uint64_t grad_gen,
-                    bool inject);
+                    bool inject, Clock::time_point issued);
   Status RunReduce(const ReduceScatterCmd& cmd, const CommandOrigin& origin, std::uint64_t gen);
   void ComputeGemms(const ComputeCmd& cmd, const CommandOrigin& origin,
                     const std::vector<std::pair<int, PlaneBuffer>>& weights, GradBuffers* grads,
@@ -219,6 +222,11 @@ class HostExecutor final : public CommandSink {
 
   // Compute thread only.
   std::vector<std::int64_t> pending_waits_;
+  // The emulated device (--compute timed): when its compute stream is next free, as a device
+  // would see it (the end of its last kernel, or the completion of an event it waited for), and
+  // how late the thread's sleeps have been waking (a running mean, aimed for early).
+  Clock::time_point device_free_{};
+  Clock::duration wake_lateness_{};
   // All-gather thread only (stats_ gather fields); compute thread only (the rest).
   ExecutorStats stats_;
   // Reduce-scatter thread only.

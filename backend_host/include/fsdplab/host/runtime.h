@@ -109,7 +109,9 @@ class StreamWorker final {
   std::uint64_t issued() const;
   std::uint64_t completed() const;
   // Blocks until the first `seq` tasks have completed, the run aborts, or the timeout passes.
-  Status WaitReached(std::uint64_t seq, const OpContext& ctx) const;
+  // With `reached_at`, also says when task `seq` completed (the event's timestamp).
+  Status WaitReached(std::uint64_t seq, const OpContext& ctx,
+                     Clock::time_point* reached_at = nullptr) const;
   // Blocks until every task issued so far has completed, as long as the stream keeps completing
   // tasks: the timeout applies to a stall, not to the total.
   Status Drain(const OpContext& ctx) const;
@@ -130,6 +132,7 @@ class StreamWorker final {
   std::deque<Task> queue_;
   std::uint64_t issued_ = 0;
   std::uint64_t completed_ = 0;
+  std::vector<Clock::time_point> completed_at_;  // [seq - 1]: when each task completed
   bool closed_ = false;
   bool low_timer_slack_ = false;
   int nice_ = 0;
