@@ -252,8 +252,11 @@ void ReduceTyped(std::span<const std::byte* const> inputs, std::size_t first, st
 }
 
 // One entry point per dtype, compiled twice where the compiler supports function multiversioning:
-// an AVX2 clone picked at load time on CPUs that have it, and the baseline for the rest.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+// an AVX2 clone picked at load time on CPUs that have it, and the baseline for the rest. Not
+// under the sanitizers: the clone's ifunc resolver runs while relocating, before their runtimes
+// start, and an instrumented resolver crashes the program at load.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
 #define FSDPLAB_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define FSDPLAB_VECTOR_CLONES
