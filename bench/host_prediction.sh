@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Predicted vs measured step time on the host backend (issue: simulator within 5% of the host
-# executor). Calibrates the collective model from `bench-gather --backend host` (the all-gather
-# and reduce-scatter curves, and with --op concurrent how much each slows the other while both
-# run), then for every sample trace runs live steps with --compute timed and simulates the same
-# steps with the calibrated cluster, and prints the error per trace and the median |error|.
+# executor). Runs every sample trace live with --compute timed, calibrates the collective model
+# from `bench-gather --backend host` (the all-gather and reduce-scatter curves, measured before
+# and after the live runs, and with --op concurrent how much each slows the other while both
+# run), simulates the same steps with the calibrated cluster, and prints the error per trace
+# and the median |error|.
 #
 #   bench/host_prediction.sh [BUILD_DIR] [COMM_CONTENTION]
 #
@@ -26,31 +27,50 @@ steps=${STEPS:-8}
 repeat=${REPEAT:-3}
 sizes=(-b 256K -e 128M -f 2 -n 10 -w 3)
 
-"$f" bench-gather --backend host --world-size $world "${sizes[@]}" --nccl-out "$work/ag.txt" \
-  >/dev/null
-"$f" bench-gather --backend host --world-size $world "${sizes[@]}" --op reduce_scatter \
-  --nccl-out "$work/rs.txt" >/dev/null
+# The collective model is measured before and after the live runs and fitted to both (calibrate
+# averages repeated sizes): this machine's speed drifts by several percent within a minute, and a
+# model measured only before the runs carried that drift into every prediction at once.
+bench() {
+  "$f" bench-gather --backend host --world-size $world "${sizes[@]}" --nccl-out "$work/ag$1.txt" \
+    >/dev/null
+  "$f" bench-gather --backend host --world-size $world "${sizes[@]}" --op reduce_scatter \
+    --nccl-out "$work/rs$1.txt" >/dev/null
+}
+bench 0
 "$f" bench-gather --backend host --world-size $world "${sizes[@]}" --op concurrent \
   -J "$work/concurrent.json" | tail -1
-"$f" calibrate "$work/ag.txt" "$work/rs.txt" --contention "$work/concurrent.json" \
-  -o "$work/cluster.json" >/dev/null
+
+names=()
+for t in "$root"/traces/*.json; do
+  name="$(basename "$t" .json)"
+  names+=("$name")
+  extra=()
+  [ "$name" = mxfp8_inside_recompute ] && extra=(--unshard-all-planes-in-backward all)
+  [ "$name" = divergent_step ] && extra=(--order registration)
+  for ((i = 0; i < repeat; i++)); do
+    "$f" run --backend host "$t" --world-size $world --steps "$steps" --compute timed \
+      --no-check "${extra[@]}" --json -o "$work/$name.meas$i.json" >/dev/null
+  done
+done
+
+bench 1
+"$f" calibrate "$work"/ag0.txt "$work"/ag1.txt "$work"/rs0.txt "$work"/rs1.txt \
+  --contention "$work/concurrent.json" -o "$work/cluster.json" >/dev/null
 
 printf '%-24s %13s %13s %8s   %s\n' trace "predicted us" "measured us" "error" \
   "measured step time of each run (us): the noise floor"
 errors=()
-for t in "$root"/traces/*.json; do
-  name="$(basename "$t" .json)"
+for name in "${names[@]}"; do
+  t="$root/traces/$name.json"
   extra=()
   [ "$name" = mxfp8_inside_recompute ] && extra=(--unshard-all-planes-in-backward all)
   [ "$name" = divergent_step ] && extra=(--order registration)
   "$f" simulate "$t" --cluster "$work/cluster.json" --world-size $world --steps "$steps" \
     "${contention[@]}" "${extra[@]}" --json -o "$work/sim.json" >/dev/null
-  # The live run is repeated; the run with the median step time is compared.
+  # The live run with the median step time is compared.
   runs=()
   for ((i = 0; i < repeat; i++)); do
-    "$f" run --backend host "$t" --world-size $world --steps "$steps" --compute timed \
-      --no-check "${extra[@]}" --json -o "$work/meas$i.json" >/dev/null
-    runs+=("$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["summary"]["step_time_us"], sys.argv[1])' "$work/meas$i.json")")
+    runs+=("$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["summary"]["step_time_us"], sys.argv[1])' "$work/$name.meas$i.json")")
   done
   median_run="$(printf '%s\n' "${runs[@]}" | sort -g | awk -v n="$repeat" 'NR == int((n + 1) / 2) {print $2}')"
   spread="$(printf '%s\n' "${runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')"
