@@ -5,8 +5,10 @@
 // start times, and per-layer measured collectives: about 100 MB of JSON. Reports bytes/s.
 #include <benchmark/benchmark.h>
 
+#include <filesystem>
 #include <string>
 
+#include "fsdplab/core/file_util.h"
 #include "fsdplab/core/trace.h"
 
 namespace fsdplab {
@@ -108,6 +110,28 @@ void BM_ReadTrace(benchmark::State& state) {
   state.counters["MB"] = static_cast<double>(text.size()) / 1e6;
 }
 BENCHMARK(BM_ReadTrace)->Unit(benchmark::kMillisecond);
+
+// What `fsdplab simulate trace.json` does: read the file (from the page cache) and parse it.
+void BM_ReadTraceFile(benchmark::State& state) {
+  const std::string& text = BigText();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "fsdplab_trace_io_benchmark.json").string();
+  if (Status s = WriteFileAtomic(path, text); !s.ok()) {
+    state.SkipWithError(s.message().c_str());
+    return;
+  }
+  for (auto _ : state) {
+    StatusOr<Trace> t = ReadTraceFile(path);
+    if (!t.ok()) {
+      state.SkipWithError(t.status().message().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(t->steps.size());
+  }
+  std::filesystem::remove(path);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * text.size()));
+}
+BENCHMARK(BM_ReadTraceFile)->Unit(benchmark::kMillisecond);
 
 void BM_ValidateTrace(benchmark::State& state) {
   const std::string& text = BigText();

@@ -34,7 +34,7 @@ bool WriteAll(int fd, std::string_view data, int* err) {
 
 }  // namespace
 
-StatusOr<std::string> ReadFile(const std::string& path) {
+StatusOr<std::string> ReadFile(const std::string& path, std::size_t spare_capacity) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
@@ -51,11 +51,20 @@ StatusOr<std::string> ReadFile(const std::string& path) {
     ::close(fd);
     return InvalidInput(fmt::format("{}: is a directory, not a file", path));
   }
+  // Read straight into the string: its size grows as the file does (pipes and growing files
+  // have no usable st_size), and the spare capacity is reserved with the first allocation.
+  std::size_t want = S_ISREG(st.st_mode) && st.st_size > 0 ? static_cast<std::size_t>(st.st_size)
+                                                           : std::size_t{1} << 16;
   std::string out;
-  if (S_ISREG(st.st_mode) && st.st_size > 0) out.reserve(static_cast<std::size_t>(st.st_size));
-  char buf[1 << 16];
+  out.reserve(want + 1 + spare_capacity);
+  out.resize(want + 1);  // one more than expected, so that the end of file is seen in the loop
+  std::size_t len = 0;
   while (true) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (len == out.size()) {
+      out.reserve(2 * out.size() + spare_capacity);
+      out.resize(2 * out.size());
+    }
+    ssize_t n = ::read(fd, out.data() + len, out.size() - len);
     if (n < 0) {
       if (errno == EINTR) continue;
       int err = errno;
@@ -63,9 +72,10 @@ StatusOr<std::string> ReadFile(const std::string& path) {
       return InvalidInput(fmt::format("{}: read failed: {}", path, ErrnoText(err)));
     }
     if (n == 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
+    len += static_cast<std::size_t>(n);
   }
   ::close(fd);
+  out.resize(len);
   return out;
 }
 

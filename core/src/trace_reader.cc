@@ -267,7 +267,10 @@ enum class R { kOk, kBad, kFatal };
 
 class Reader final {
  public:
-  explicit Reader(std::string_view text) : text_(text) {}
+  // `capacity`: bytes readable from text.data() (at least text.size()); with SIMDJSON_PADDING
+  // to spare the text is parsed in place, else it is copied into a padded buffer.
+  explicit Reader(std::string_view text, std::size_t capacity = 0)
+      : text_(text), capacity_(capacity) {}
 
   void Run();
 
@@ -338,6 +341,7 @@ class Reader final {
   UnitId Lookup(std::string_view name);
 
   std::string_view text_;
+  std::size_t capacity_ = 0;
   od::document* doc_ = nullptr;      // the document being walked (for error locations)
   const char* buf_begin_ = nullptr;  // start of its padded copy
   const char* buf_end_ = nullptr;    // end of the document in that copy
@@ -1072,7 +1076,14 @@ R Reader::ParseSteps(od::value& v) {
 }
 
 void Reader::Walk(std::string_view text, std::size_t base, bool steps_only) {
-  simdjson::padded_string padded(text);
+  // In place when the caller's buffer has simdjson's padding after `text` (a file read with
+  // spare capacity; a deferred "steps" array is followed by the rest of the document).
+  const bool in_place = capacity_ >= base + text.size() + simdjson::SIMDJSON_PADDING;
+  simdjson::padded_string copy;
+  if (!in_place) copy = simdjson::padded_string(text);
+  const simdjson::padded_string_view padded =
+      in_place ? simdjson::padded_string_view(text.data(), text.size(), capacity_ - base)
+               : simdjson::padded_string_view(copy);
   od::parser parser;
   od::document doc;
   buf_begin_ = padded.data();
@@ -1173,8 +1184,10 @@ void Reader::Run() {
 
 }  // namespace
 
-StatusOr<Trace> ParseTrace(std::string_view json_text) {
-  Reader reader(json_text);
+namespace {
+
+StatusOr<Trace> Parse(std::string_view json_text, std::size_t capacity) {
+  Reader reader(json_text, capacity);
   reader.Run();
   std::vector<Status> problems = reader.TakeProblems();
   if (!problems.empty()) return problems.front();
@@ -1182,9 +1195,14 @@ StatusOr<Trace> ParseTrace(std::string_view json_text) {
   return reader.TakeTrace(std::move(model));
 }
 
+}  // namespace
+
+StatusOr<Trace> ParseTrace(std::string_view json_text) { return Parse(json_text, 0); }
+
 StatusOr<Trace> ReadTraceFile(const std::string& path) {
-  FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  StatusOr<Trace> trace = ParseTrace(text);
+  // Read with simdjson's padding to spare, so that the text is parsed where it was read.
+  FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(path, simdjson::SIMDJSON_PADDING));
+  StatusOr<Trace> trace = Parse(text, text.capacity());
   if (!trace.ok()) return trace.status().WithContext(path);
   return trace;
 }

@@ -217,6 +217,40 @@ TEST(TraceReader, AcceptsStepsBeforeUnits) {
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_EQ(t->steps[0].microbatches[0].events.size(), 3u);
   EXPECT_EQ(t->steps[0].microbatches[0].events[2].unit, 0);
+  // From a file the text is parsed where it was read (no padded copy), the deferred steps too:
+  // the same trace, and the same error at the same position.
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "fsdplab_steps_before_units.json").string();
+  ASSERT_TRUE(WriteFileAtomic(path, ok).ok());
+  StatusOr<Trace> from_file = ReadTraceFile(path);
+  ASSERT_TRUE(from_file.ok()) << from_file.status().ToString();
+  EXPECT_TRUE(SameTrace(*t, *from_file));
+  ASSERT_TRUE(WriteFileAtomic(path, text).ok());
+  StatusOr<Trace> bad = ReadTraceFile(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(),
+            path + ": steps[0].microbatches[0].events[2].unit: unknown unit 'ghost'");
+  std::filesystem::remove(path);
+}
+
+TEST(FileUtil, ReadFileReservesTheSpareCapacity) {
+  // 200,000 bytes (more than one 64 KiB read) and an empty file; the spare capacity is there
+  // after the contents, so a padded parser can read past the end.
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "fsdplab_read_file_test.bin").string();
+  std::string big(200000, 'x');
+  big[123456] = 'y';
+  ASSERT_TRUE(WriteFileAtomic(path, big).ok());
+  StatusOr<std::string> r = ReadFile(path, 64);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, big);
+  EXPECT_GE(r->capacity(), big.size() + 64);
+  ASSERT_TRUE(WriteFileAtomic(path, "").ok());
+  StatusOr<std::string> empty = ReadFile(path, 64);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->empty());
+  EXPECT_GE(empty->capacity(), 64u);
+  std::filesystem::remove(path);
 }
 
 // --- Rejections: one per rule of DESIGN §4.1, each naming the field and position. ---
