@@ -182,6 +182,9 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     if (op.kind == OpKind::kCompute) compute.push_back({op.start_us, op.end_us});
     if (IsCollective(op.kind)) comm.push_back({op.start_us, op.end_us});
   }
+  std::vector<Interval> any_work = compute;
+  any_work.insert(any_work.end(), comm.begin(), comm.end());
+  any_work = Union(std::move(any_work));
   compute = Union(std::move(compute));
   comm = Union(std::move(comm));
   std::vector<Interval> exposed = Minus(comm, compute);
@@ -220,6 +223,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     s.time_us = s.end_us - s.start_us;
     s.compute_us = MeasureIn(compute, s.start_us, s.end_us);
     s.exposed_comm_us = MeasureIn(exposed, s.start_us, s.end_us);
+    s.idle_us = std::max(0.0, s.time_us - MeasureIn(any_work, s.start_us, s.end_us));
     for (const TimelineOp* op : ops) {
       if (op->step != index || !IsCollective(op->kind)) continue;
       CollectiveStats& c = op->kind == OpKind::kAllGather ? s.allgather : s.reduce_scatter;
@@ -280,12 +284,14 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
   for (std::size_t i = from; i < r.steps.size(); ++i) {
     sum.step_time_us += r.steps[i].time_us;
     sum.exposed_comm_us += r.steps[i].exposed_comm_us;
+    sum.idle_us += r.steps[i].idle_us;
     sum.compute_us += r.steps[i].compute_us;
     sum.lower_bound_us += lower_bounds[i];
   }
   if (n > 0) {
     sum.step_time_us /= static_cast<double>(n);
     sum.exposed_comm_us /= static_cast<double>(n);
+    sum.idle_us /= static_cast<double>(n);
     sum.compute_us /= static_cast<double>(n);
     sum.lower_bound_us /= static_cast<double>(n);
   }
@@ -324,6 +330,7 @@ std::string ReportToJson(const Report& r) {
                          {"time_us", s.time_us},
                          {"compute_us", s.compute_us},
                          {"exposed_comm_us", s.exposed_comm_us},
+                         {"idle_us", s.idle_us},
                          {"allgather", CollectiveJson(s.allgather)},
                          {"reduce_scatter", CollectiveJson(s.reduce_scatter)},
                          {"peak_memory_bytes", s.peak_memory_bytes},
@@ -368,6 +375,7 @@ std::string ReportToJson(const Report& r) {
   doc["summary"] = Json{{"step_time_us", m.step_time_us},
                         {"compute_us", m.compute_us},
                         {"exposed_comm_us", m.exposed_comm_us},
+                        {"idle_us", m.idle_us},
                         {"overlap_ratio", m.overlap_ratio},
                         {"collectives", m.collectives},
                         {"overlapped", m.overlapped},
@@ -405,17 +413,19 @@ std::string ReportToText(const Report& r) {
   }
   line("");
   line("Per step (rank 0). 'exposed comm' is time when a collective runs and no compute does:");
-  line("communication the step waits for. 'overlapped' counts collectives that ran at least");
-  line("partly beside compute.");
-  line(fmt::format("{:>4}  {:>11}  {:>11}  {:>12}  {:>16}  {:>16}  {:>11}", "step", "time",
-                   "compute", "exposed comm", "all-gathers", "reduce-scatters", "peak mem"));
+  line("communication the step waits for. 'idle' is time when neither runs: the host, a stall");
+  line("or a launch held the step. 'overlapped' counts collectives that ran at least partly");
+  line("beside compute.");
+  line(fmt::format("{:>4}  {:>11}  {:>11}  {:>12}  {:>11}  {:>16}  {:>16}  {:>11}", "step", "time",
+                   "compute", "exposed comm", "idle", "all-gathers", "reduce-scatters",
+                   "peak mem"));
   for (const StepReport& s : r.steps) {
-    line(
-        fmt::format("{:>4}  {:>11}  {:>11}  {:>12}  {:>16}  {:>16}  {:>11}", s.index,
-                    FormatUs(s.time_us), FormatUs(s.compute_us), FormatUs(s.exposed_comm_us),
-                    fmt::format("{} ({} ovl)", s.allgather.count, s.allgather.overlapped),
-                    fmt::format("{} ({} ovl)", s.reduce_scatter.count, s.reduce_scatter.overlapped),
-                    FormatBytes(s.peak_memory_bytes)));
+    line(fmt::format(
+        "{:>4}  {:>11}  {:>11}  {:>12}  {:>11}  {:>16}  {:>16}  {:>11}", s.index,
+        FormatUs(s.time_us), FormatUs(s.compute_us), FormatUs(s.exposed_comm_us),
+        FormatUs(s.idle_us), fmt::format("{} ({} ovl)", s.allgather.count, s.allgather.overlapped),
+        fmt::format("{} ({} ovl)", s.reduce_scatter.count, s.reduce_scatter.overlapped),
+        FormatBytes(s.peak_memory_bytes)));
   }
   line("");
   const ReportSummary& m = r.summary;
@@ -426,6 +436,9 @@ std::string ReportToText(const Report& r) {
   line(fmt::format("Compute:          {}", FormatUs(m.compute_us)));
   double pct = m.step_time_us > 0 ? 100.0 * m.exposed_comm_us / m.step_time_us : 0.0;
   line(fmt::format("Exposed comm:     {} ({:.1f}% of the step)", FormatUs(m.exposed_comm_us), pct));
+  line(fmt::format("Idle:             {} ({:.1f}% of the step: no compute and no collective ran)",
+                   FormatUs(m.idle_us),
+                   m.step_time_us > 0 ? 100.0 * m.idle_us / m.step_time_us : 0.0));
   line(fmt::format("Overlap:          {} of {} collectives overlapped compute ({:.0f}%)",
                    m.overlapped, m.collectives, 100.0 * m.overlap_ratio));
   line(

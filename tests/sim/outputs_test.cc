@@ -29,6 +29,30 @@ TimelineOp Op(Track track, OpKind kind, int step, TimeUs start, TimeUs end, Byte
   return op;
 }
 
+// Idle: neither a compute nor a collective in progress. Step 0: compute [0,10], gather [5,20]:
+// window [0,20], all of it busy, idle 0. Step 1: compute [30,40], reduce-scatter [35,50]: window
+// [20,50], busy [30,50] = 20, idle 30 - 20 = 10 (the gap [20,30]). The summary is step 1's.
+TEST(Report, IdleIsTimeWhenNothingRuns) {
+  Timeline tl;
+  tl.source = "live-host";
+  tl.ops = {Op(Track::kCompute, OpKind::kCompute, 0, 0, 10),
+            Op(Track::kAllGather, OpKind::kAllGather, 0, 5, 20, 100),
+            Op(Track::kCompute, OpKind::kCompute, 1, 30, 40),
+            Op(Track::kReduceScatter, OpKind::kReduceScatter, 1, 35, 50, 50)};
+  for (std::size_t i = 0; i < tl.ops.size(); ++i) tl.ops[i].id = static_cast<std::int64_t>(i);
+  Report r = BuildReport(tl, ReportInputs{});
+  ASSERT_EQ(r.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(r.steps[0].idle_us, 0);
+  EXPECT_DOUBLE_EQ(r.steps[1].time_us, 30);
+  EXPECT_DOUBLE_EQ(r.steps[1].idle_us, 10);
+  EXPECT_DOUBLE_EQ(r.steps[1].exposed_comm_us, 10);  // [40,50]
+  EXPECT_DOUBLE_EQ(r.summary.idle_us, 10);
+  nlohmann::json j = nlohmann::json::parse(ReportToJson(r));
+  EXPECT_EQ(j["steps"][1]["idle_us"], 10.0);
+  EXPECT_EQ(j["summary"]["idle_us"], 10.0);
+  EXPECT_NE(ReportToText(r).find("Idle:"), std::string::npos);
+}
+
 // BuildReport works on any timeline (no simulator). Step 0: gather [0,10], compute [10,50],
 // gather [40,60] (overlaps compute 10 us), reduce-scatter [50,70]. Step 1: gather [65,75]
 // (starts inside step 0's window), compute [75,100].

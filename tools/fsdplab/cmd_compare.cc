@@ -135,9 +135,9 @@ Status Run(const Args& args) {
   OJson steps = OJson::array();
   std::string text =
       "per step (predicted vs measured, error = (predicted - measured) / measured)\n";
-  text += fmt::format("  {:>4}  {:>12} {:>12} {:>8}  {:>12} {:>12}  {:>12} {:>12}\n", "step",
-                      "time pred", "time meas", "error", "compute pred", "compute meas",
-                      "exposed pred", "exposed meas");
+  text += fmt::format("  {:>4}  {:>12} {:>12} {:>8}  {:>12} {:>12}  {:>12} {:>12}  {:>12} {:>12}\n",
+                      "step", "time pred", "time meas", "error", "compute pred", "compute meas",
+                      "exposed pred", "exposed meas", "idle pred", "idle meas");
   for (const Json& s : pred["steps"]) {
     const int index = s["index"].get<int>();
     auto it = msteps.find(index);
@@ -154,12 +154,14 @@ Status Run(const Args& args) {
                      {"compute_predicted_us", Num(s, "compute_us")},
                      {"compute_measured_us", Num(m, "compute_us")},
                      {"exposed_predicted_us", Num(s, "exposed_comm_us")},
-                     {"exposed_measured_us", Num(m, "exposed_comm_us")}});
+                     {"exposed_measured_us", Num(m, "exposed_comm_us")},
+                     {"idle_predicted_us", Num(s, "idle_us")},
+                     {"idle_measured_us", Num(m, "idle_us")}});
     text += fmt::format(
         "  {:>4}  {:>12.1f} {:>12.1f} {:>+7.1f}%  {:>12.1f} {:>12.1f}  {:>12.1f} "
-        "{:>12.1f}\n",
+        "{:>12.1f}  {:>12.1f} {:>12.1f}\n",
         index, Num(s, "time_us"), Num(m, "time_us"), e, Num(s, "compute_us"), Num(m, "compute_us"),
-        Num(s, "exposed_comm_us"), Num(m, "exposed_comm_us"));
+        Num(s, "exposed_comm_us"), Num(m, "exposed_comm_us"), Num(s, "idle_us"), Num(m, "idle_us"));
   }
   out["steps"] = steps;
 
@@ -254,6 +256,8 @@ Status Run(const Args& args) {
                     {"step_time_error_pct", err},
                     {"exposed_predicted_us", Num(pred["summary"], "exposed_comm_us")},
                     {"exposed_measured_us", Num(meas["summary"], "exposed_comm_us")},
+                    {"idle_predicted_us", Num(pred["summary"], "idle_us")},
+                    {"idle_measured_us", Num(meas["summary"], "idle_us")},
                     {"threshold_pct", threshold},
                     {"within_threshold", ok}};
   out["warnings"] = warnings;

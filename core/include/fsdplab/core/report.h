@@ -9,8 +9,10 @@
 // Definitions (DESIGN §4.3): a step's window runs from the end of the previous step's last work
 // on any stream (first step: from its first work) to the end of its own last work; `time_us` is
 // its length; `exposed_comm_us` is the time in the window where a collective is in progress on
-// the rank and no compute runs; `overlapped` counts collectives whose interval intersects some
-// compute of the same rank. Multi-rank timelines report rank 0's steps and the worst peak.
+// the rank and no compute runs; `idle_us` the time in the window where neither a compute nor a
+// collective runs on the rank (the host, a stall or a launch held the step: an allocation, a
+// synchronisation, a late wake-up); `overlapped` counts collectives whose interval intersects
+// some compute of the same rank. Multi-rank timelines report rank 0's steps and the worst peak.
 #pragma once
 
 #include <array>
@@ -39,6 +41,7 @@ struct StepReport final {
   TimeUs time_us = 0;
   TimeUs compute_us = 0;
   TimeUs exposed_comm_us = 0;
+  TimeUs idle_us = 0;  // no compute and no collective in progress on the rank
   CollectiveStats allgather;
   CollectiveStats reduce_scatter;
   Bytes peak_memory_bytes = 0;
@@ -75,6 +78,7 @@ struct OpReport final {
 struct ReportSummary final {
   TimeUs step_time_us = 0;     // mean over steps after the first (the only step if one)
   TimeUs exposed_comm_us = 0;  // mean, same steps
+  TimeUs idle_us = 0;          // mean, same steps
   double overlap_ratio = 0;    // overlapped collectives / all collectives
   Bytes peak_memory_bytes = 0;
   TimeUs peak_memory_at_us = 0;
