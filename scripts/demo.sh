@@ -27,3 +27,36 @@ echo "=== 3. Sweep prefetch budgets on traces/gpt_small.json: fastest policy und
 "$fsdplab" sweep traces/gpt_small.json --forward-prefetch 0,1,2,4 --backward-prefetch 0,1,2 \
   --steps 3 --memory-cap 480M --plot build/sweep.svg
 echo "(plot of step time against peak memory, Pareto front marked: build/sweep.svg)"
+
+echo
+echo "=== 4. Predicted vs measured: gpt_small live on this machine's CPU (host backend) ==="
+# Two ranks as threads, real collectives on real buffers, the compute an emulated device that
+# keeps the trace's durations. The collective model is calibrated on this machine (bench-gather
+# -> calibrate), so the simulator predicts this machine, not a GPU node.
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+sizes=(--backend host --world-size 2 -b 1M -e 128M -f 2 -n 8 -w 2)
+# The collective curves are measured before and after the live run and fitted together, so
+# that the machine's drift during the run is in the model too.
+"$fsdplab" bench-gather "${sizes[@]}" --nccl-out "$work/ag0.txt" >/dev/null
+"$fsdplab" bench-gather "${sizes[@]}" --op reduce_scatter --nccl-out "$work/rs0.txt" >/dev/null
+"$fsdplab" bench-gather "${sizes[@]}" --op concurrent -J "$work/both.json" | tail -1
+# Three live runs; the one with the median step time is compared (the others show the noise).
+for i in 0 1 2; do
+  "$fsdplab" run --backend host traces/gpt_small.json --world-size 2 --steps 6 --compute timed \
+    --no-check --json -o "$work/measured$i.json" >/dev/null
+done
+median="$(for i in 0 1 2; do
+  python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["summary"]["step_time_us"], sys.argv[1])' \
+    "$work/measured$i.json"
+done | sort -g | tee "$work/runs.txt" | sed -n 2p | cut -d' ' -f2)"
+echo "measured step time of the three runs: $(awk '{printf "%s%.1f ms", (NR > 1 ? ", " : ""), $1 / 1000}' "$work/runs.txt")"
+"$fsdplab" bench-gather "${sizes[@]}" --nccl-out "$work/ag1.txt" >/dev/null
+"$fsdplab" bench-gather "${sizes[@]}" --op reduce_scatter --nccl-out "$work/rs1.txt" >/dev/null
+"$fsdplab" calibrate "$work"/ag0.txt "$work"/ag1.txt "$work"/rs0.txt "$work"/rs1.txt \
+  --contention "$work/both.json" -o "$work/cluster.json" >/dev/null
+"$fsdplab" simulate traces/gpt_small.json --cluster "$work/cluster.json" --world-size 2 \
+  --steps 6 -o "$work/predicted.json" >/dev/null
+"$fsdplab" compare "$work/predicted.json" "$median" | sed -n '1,9p;$p'
+echo "(the host's collectives are memory copies on shared cores: expect a few % of run-to-run"
+echo " noise; bench/host_prediction.sh repeats this for every sample trace)"
