@@ -117,18 +117,25 @@ std::string NcclTestsText(const GatherBenchOptions& o, const std::vector<GatherB
   return t;
 }
 
-std::string Json(const GatherBenchOptions& o, const std::vector<GatherBenchRow>& rows,
-                 const std::string& backend) {
+// The fields every bench-gather JSON document starts with.
+nlohmann::ordered_json JsonHeader(const GatherBenchOptions& o, const std::string& backend,
+                                  const std::string& op) {
   nlohmann::ordered_json doc;
   doc["format"] = "fsdplab.bench_gather";
   doc["version"] = 1;
   doc["backend"] = backend;
-  doc["op"] = o.op;
+  doc["op"] = op;
   doc["world_size"] = o.world_size;
   doc["dtype"] = o.dtype;
   doc["warmup"] = o.warmup;
   doc["iters"] = o.iters;
   doc["check"] = o.check;
+  return doc;
+}
+
+std::string Json(const GatherBenchOptions& o, const std::vector<GatherBenchRow>& rows,
+                 const std::string& backend) {
+  nlohmann::ordered_json doc = JsonHeader(o, backend, o.op);
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const GatherBenchRow& r : rows) {
     list.push_back({{"size_bytes", r.size_bytes},
@@ -197,16 +204,7 @@ std::string ContentionTable(const GatherBenchOptions& o, const std::vector<Conte
 
 std::string ContentionJson(const GatherBenchOptions& o, const std::vector<ContentionRow>& rows,
                            const std::string& backend) {
-  nlohmann::ordered_json doc;
-  doc["format"] = "fsdplab.bench_gather";
-  doc["version"] = 1;
-  doc["backend"] = backend;
-  doc["op"] = "concurrent";
-  doc["world_size"] = o.world_size;
-  doc["dtype"] = o.dtype;
-  doc["warmup"] = o.warmup;
-  doc["iters"] = o.iters;
-  doc["check"] = o.check;
+  nlohmann::ordered_json doc = JsonHeader(o, backend, "concurrent");
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const ContentionRow& r : rows) {
     list.push_back({{"size_bytes", r.size_bytes},
