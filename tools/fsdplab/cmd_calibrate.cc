@@ -49,7 +49,7 @@ std::optional<int> GpusPerNodeFromDevices(const std::vector<sim::NcclTestsResult
 struct MeasuredContention {
   sim::CommContention factors;
   std::optional<int> world_size;
-  std::string statistic;           // how the file summarised its rows, e.g. "median over sizes"
+  std::string statistic;           // how the file summarised its rows (bench-gather: time-weighted)
   std::vector<std::string> notes;  // values clamped to 0
 };
 
