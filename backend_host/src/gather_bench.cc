@@ -76,6 +76,41 @@ float InputValue(int rank, std::size_t i) {
                             2);
 }
 
+// Elements of one rank's all-gather output (`count` elements, every rank's shard in rank order)
+// that differ from the inputs InputValue gave each rank.
+std::uint64_t WrongGathered(DType dtype, const std::byte* out, std::size_t count,
+                            std::size_t shard_elems) {
+  std::uint64_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const int owner = static_cast<int>(i / shard_elems);
+    if (LoadElement(dtype, out, i) != InputValue(owner, i % shard_elems)) ++wrong;
+  }
+  return wrong;
+}
+
+// Elements of rank r's reduce-scatter output shard that differ from the sum over the `w` ranks'
+// inputs (small integers: exact in every dtype).
+std::uint64_t WrongReduced(DType dtype, const std::byte* out, int r, int w,
+                           std::size_t shard_elems) {
+  std::uint64_t wrong = 0;
+  for (std::size_t i = 0; i < shard_elems; ++i) {
+    const std::size_t at = static_cast<std::size_t>(r) * shard_elems + i;
+    int sum = 0;
+    for (int q = 0; q < w; ++q) sum += static_cast<int>(InputValue(q, at));
+    if (LoadElement(dtype, out, i) != static_cast<float>(sum)) ++wrong;
+  }
+  return wrong;
+}
+
+// The shape of one bench collective's segment; the caller points input and output.
+Segment BenchSegment(DType dtype, bool all_gather, std::size_t shard_bytes) {
+  Segment seg;
+  seg.dtype = dtype;
+  seg.element_size = all_gather ? 1 : ElementSize(dtype);
+  seg.shard_elements = all_gather ? shard_bytes : shard_bytes / ElementSize(dtype);
+  return seg;
+}
+
 // The checks every benchmark shares: world size, sizes, iterations.
 Status CheckBenchOptions(const GatherBenchOptions& o) {
   if (o.world_size < 1 || o.world_size > 256) {
@@ -150,10 +185,7 @@ StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o
     std::mutex failure_mu;
     auto collective = [&](int r, bool in_place) {
       RankBuffers& b = bufs[static_cast<std::size_t>(r)];
-      Segment seg;
-      seg.dtype = dtype;
-      seg.element_size = all_gather ? 1 : esize;
-      seg.shard_elements = all_gather ? shard : shard_elems;
+      Segment seg = BenchSegment(dtype, all_gather, shard);
       if (in_place) {
         // The input is this rank's slice of the output (all-gather) or the output is this rank's
         // slice of the input (reduce-scatter).
@@ -190,20 +222,11 @@ StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o
       for (int r = 0; r < w; ++r) {
         const RankBuffers& b = bufs[static_cast<std::size_t>(r)];
         if (all_gather) {
-          for (std::size_t i = 0; i < row.count; ++i) {
-            const int owner = static_cast<int>(i / shard_elems);
-            const float want = InputValue(owner, i % shard_elems);
-            if (LoadElement(dtype, b.output.data(), i) != want) ++wrong;
-          }
+          wrong += WrongGathered(dtype, b.output.data(), row.count, shard_elems);
         } else {
           const std::byte* out =
               in_place ? b.input.data() + static_cast<std::size_t>(r) * shard : b.output.data();
-          for (std::size_t i = 0; i < shard_elems; ++i) {
-            const std::size_t at = static_cast<std::size_t>(r) * shard_elems + i;
-            int sum = 0;
-            for (int q = 0; q < w; ++q) sum += static_cast<int>(InputValue(q, at));
-            if (LoadElement(dtype, out, i) != static_cast<float>(sum)) ++wrong;
-          }
+          wrong += WrongReduced(dtype, out, r, w, shard_elems);
         }
       }
       return wrong;
@@ -355,10 +378,7 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
     // One call of either collective on rank r; false after a failure (recorded once).
     auto call = [&](bool all_gather, int r) {
       Buffers& b = bufs[static_cast<std::size_t>(r)];
-      Segment seg;
-      seg.dtype = dtype;
-      seg.element_size = all_gather ? 1 : esize;
-      seg.shard_elements = all_gather ? shard : shard_elems;
+      Segment seg = BenchSegment(dtype, all_gather, shard);
       seg.input = all_gather ? b.ag_in.data() : b.rs_in.data();
       seg.output = all_gather ? b.ag_out.data() : b.rs_out.data();
       OpContext ctx{r, 0, 0, "bench", all_gather ? "all_gather" : "reduce_scatter"};
@@ -455,18 +475,8 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
       // Both results after running together, against independently computed values.
       for (int r = 0; r < w; ++r) {
         const Buffers& b = bufs[static_cast<std::size_t>(r)];
-        for (std::size_t i = 0; i < size / esize; ++i) {
-          const int owner = static_cast<int>(i / shard_elems);
-          if (LoadElement(dtype, b.ag_out.data(), i) != InputValue(owner, i % shard_elems)) {
-            ++row.wrong;
-          }
-        }
-        for (std::size_t i = 0; i < shard_elems; ++i) {
-          const std::size_t at = static_cast<std::size_t>(r) * shard_elems + i;
-          int sum = 0;
-          for (int q = 0; q < w; ++q) sum += static_cast<int>(InputValue(q, at));
-          if (LoadElement(dtype, b.rs_out.data(), i) != static_cast<float>(sum)) ++row.wrong;
-        }
+        row.wrong += WrongGathered(dtype, b.ag_out.data(), size / esize, shard_elems);
+        row.wrong += WrongReduced(dtype, b.rs_out.data(), r, w, shard_elems);
       }
     }
     rows.push_back(row);

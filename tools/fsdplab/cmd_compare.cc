@@ -210,34 +210,27 @@ Status Run(const Args& args) {
     return std::fabs(a.predicted - a.measured) > std::fabs(b.predicted - b.measured);
   });
   if (worst.size() > static_cast<std::size_t>(top)) worst.resize(static_cast<std::size_t>(top));
-  OJson ops = OJson::array();
-  for (const OpRow& r : rows) {
+  auto row_json = [](const OpRow& r) {
     const auto& [kind, unit, phase, step, mb, n] = r.key;
-    ops.push_back({{"kind", kind},
-                   {"unit", unit},
-                   {"phase", phase},
-                   {"step", step},
-                   {"microbatch", mb},
-                   {"occurrence", n},
-                   {"predicted_us", r.predicted},
-                   {"measured_us", r.measured},
-                   {"error_pct", r.error_pct}});
-  }
+    return OJson{{"kind", kind},
+                 {"unit", unit},
+                 {"phase", phase},
+                 {"step", step},
+                 {"microbatch", mb},
+                 {"occurrence", n},
+                 {"predicted_us", r.predicted},
+                 {"measured_us", r.measured},
+                 {"error_pct", r.error_pct}};
+  };
+  OJson ops = OJson::array();
+  for (const OpRow& r : rows) ops.push_back(row_json(r));
   out["ops"] = ops;
   OJson worst_json = OJson::array();
   text += fmt::format("\nworst ops ({} matched)\n", rows.size());
   for (const OpRow& r : worst) {
     const auto& [kind, unit, phase, step, mb, n] = r.key;
     const std::string what = kind == "compute" ? fmt::format("compute {}", phase) : kind;
-    worst_json.push_back({{"kind", kind},
-                          {"unit", unit},
-                          {"phase", phase},
-                          {"step", step},
-                          {"microbatch", mb},
-                          {"occurrence", n},
-                          {"predicted_us", r.predicted},
-                          {"measured_us", r.measured},
-                          {"error_pct", r.error_pct}});
+    worst_json.push_back(row_json(r));
     text += fmt::format("  step {} mb {} {:<18} {:<22} #{:<2} {:>10.1f} {:>10.1f} {:>+8.1f}%\n",
                         step, mb, what, unit, n, r.predicted, r.measured, r.error_pct);
   }
