@@ -18,6 +18,9 @@
 namespace fsdplab::host {
 namespace {
 
+// Completion times a stream keeps for event timestamps (8 bytes each).
+constexpr std::size_t kCompletionTimesKept = 1 << 16;
+
 std::string Seconds(TimeUs us) { return fmt::format("{:g} s", us / 1e6); }
 
 std::string HumanBytes(Bytes bytes) {
@@ -148,8 +151,10 @@ Status StreamWorker::WaitReached(std::uint64_t seq, const OpContext& ctx,
       cv_.wait_until(lock, deadline, [&] { return completed_ >= seq || control_.aborted(); });
   if (completed_ >= seq) {
     if (reached_at != nullptr) {
-      *reached_at =
-          seq == 0 ? Clock::time_point{} : completed_at_[static_cast<std::size_t>(seq - 1)];
+      // A task older than the kept window completed long before anything waiting on it now.
+      const std::uint64_t oldest = completed_ - completed_at_.size() + 1;
+      *reached_at = seq < oldest ? Clock::time_point{}
+                                 : completed_at_[static_cast<std::size_t>(seq - oldest)];
     }
     return Status::Ok();
   }
@@ -230,6 +235,7 @@ void StreamWorker::Loop() {
     std::lock_guard<std::mutex> lock(mu_);
     ++completed_;
     completed_at_.push_back(done);
+    if (completed_at_.size() > kCompletionTimesKept) completed_at_.pop_front();
     cv_.notify_all();
   }
 }

@@ -132,7 +132,9 @@ class StreamWorker final {
   std::deque<Task> queue_;
   std::uint64_t issued_ = 0;
   std::uint64_t completed_ = 0;
-  std::vector<Clock::time_point> completed_at_;  // [seq - 1]: when each task completed
+  // When the most recent tasks completed: completed_at_[i] is task completed_ - size() + i + 1.
+  // Bounded (a long run issues millions of tasks); waits reach back a few steps at most.
+  std::deque<Clock::time_point> completed_at_;
   bool closed_ = false;
   bool low_timer_slack_ = false;
   int nice_ = 0;
