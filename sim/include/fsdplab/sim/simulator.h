@@ -54,6 +54,7 @@
 #include "fsdplab/core/policy.h"
 #include "fsdplab/core/scheduler.h"
 #include "fsdplab/core/status.h"
+#include "fsdplab/core/stream_plan.h"
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/sim/cluster.h"
@@ -113,8 +114,9 @@ StatusOr<SimResult> Simulate(const Trace& trace, const SimOptions& options);
 StatusOr<SimResult> SimulateRanks(const std::vector<const Trace*>& traces,
                                   const SimOptions& options);
 
-// The scheduler's commands for one rank, compiled for the engine: SimExecutor is the
-// CommandSink the scheduler feeds (exposed for tests and benchmarks).
+// The scheduler's commands for one rank, lowered into the core stream plan
+// (core/stream_plan.h) and compiled for the engine: SimExecutor is the CommandSink the scheduler
+// feeds (exposed for tests and benchmarks).
 class SimProgram;
 class SimExecutor final : public CommandSink {
  public:
@@ -123,12 +125,16 @@ class SimExecutor final : public CommandSink {
   SimExecutor(const SimExecutor&) = delete;
   SimExecutor& operator=(const SimExecutor&) = delete;
   Status Execute(const Command& command) override;
-  std::size_t size() const;
+  std::size_t size() const;  // plan operations so far
+  // The plan being built (null after Finish).
+  const StreamPlanner* plan() const;
   // Hands the compiled program over (the executor is empty afterwards).
   std::shared_ptr<const SimProgram> Finish();
 
  private:
-  std::unique_ptr<SimProgram> program_;
+  struct State;
+  std::unique_ptr<State> state_;
+  Status error_;
 };
 
 }  // namespace fsdplab::sim

@@ -1,0 +1,99 @@
+// The parameter-group layout of a model for one world size and policy, computed once and read by
+// the stream plan and by every executor (DESIGN §3): where each parameter sits in its group's
+// flat plane buffers, how many bytes one rank holds of each plane (the plane padded to a multiple
+// of the world size), and the gradient buffers (reduce dtype, padded the same way).
+//
+//   StatusOr<ModelLayout> layout = ModelLayout::Create(model, policy, /*world_size=*/8);
+//   const GroupLayout& g = layout->group(unit, 0);
+//   Bytes out = g.gathered_bytes(kRowwisePlane);   // what one all-gather of the plane fills
+//
+// Byte conventions (one place, so no executor re-derives them):
+// - a plane's bytes are its data followed by its MXFP8 scales, parameter after parameter;
+// - sharded: each rank holds shard_bytes[p] = ceil(plane_bytes[p] / W); an all-gather moves and
+//   allocates W * shard_bytes[p] (the padded plane);
+// - gradients: numel elements in the reduce dtype; a rank keeps ceil(numel / W) of them, the
+//   unsharded buffer (reduce-scatter input) holds W times that;
+// - not sharded (no_shard): the whole plane and the whole gradient on every rank, no padding.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "fsdplab/core/model.h"
+#include "fsdplab/core/policy.h"
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/units.h"
+
+namespace fsdplab {
+
+inline constexpr int kRowwisePlane = 0;     // or the only plane of a single-plane dtype
+inline constexpr int kColumnwisePlane = 1;  // mxfp8 only
+
+// Where one parameter lives in its group's plane buffers and gradient buffer. A parameter of two
+// or more dimensions is a GEMM weight [rows, cols] (leading dimensions folded into rows); others
+// are vectors (rows = 1, cols = numel).
+struct ParamLayout final {
+  int param = 0;  // index into Unit::params()
+  bool matrix = false;
+  std::int64_t rows = 1;
+  std::int64_t cols = 0;
+  Elements numel = 0;
+  std::array<Bytes, 2> offset{};       // byte offset in the rowwise / columnwise plane
+  Bytes data_bytes = 0;                // data bytes in each plane
+  std::array<Bytes, 2> scale_bytes{};  // mxfp8 scale bytes per plane (after the data)
+  Elements grad_offset = 0;            // element offset in the group's gradient buffer
+};
+
+struct GroupLayout final {
+  DType dtype = DType::kBf16;
+  DType reduce_dtype = DType::kBf16;
+  int num_planes = 1;  // 2 for mxfp8
+  bool sharded = true;
+  int world_size = 1;
+  std::vector<ParamLayout> params;
+  std::array<Bytes, 2> plane_bytes{};  // unsharded bytes of each plane
+  std::array<Bytes, 2> shard_bytes{};  // per rank (sharded: padded plane / W; else the plane)
+  Elements numel = 0;
+  Elements grad_shard_elements = 0;  // per rank (sharded: ceil(numel / W); else numel)
+  Bytes grad_element_size = 2;
+
+  // The buffer an all-gather of plane p fills (sharded: W * shard; else the plane).
+  Bytes gathered_bytes(int plane) const;
+  // The unsharded gradient buffer (reduce-scatter input) and the shard a rank keeps.
+  Elements grad_elements() const;
+  Bytes grad_bytes() const { return grad_elements() * grad_element_size; }
+  Bytes grad_shard_bytes() const { return grad_shard_elements * grad_element_size; }
+};
+
+// The planes (kRowwisePlane, kColumnwisePlane) a plane set names in a group: a single-plane group
+// has plane 0 only, for any non-empty set.
+std::vector<int> PlanesOf(const GroupLayout& group, PlaneSet planes);
+PlaneSet PlaneBit(int plane);
+
+class ModelLayout final {
+ public:
+  static StatusOr<ModelLayout> Create(const Model& model, const Policy& policy, int world_size);
+
+  int world_size() const { return world_size_; }
+  bool sharded() const { return sharded_; }
+  int num_units() const { return static_cast<int>(units_.size()); }
+  const std::vector<GroupLayout>& groups(UnitId unit) const {
+    return units_[static_cast<std::size_t>(unit)];
+  }
+  const GroupLayout& group(UnitId unit, int g) const {
+    return groups(unit)[static_cast<std::size_t>(g)];
+  }
+  // Sums over the unit's groups.
+  Bytes GradBytes(UnitId unit) const;
+  Bytes GradShardBytes(UnitId unit) const;
+  // What one rank holds of every parameter at rest (sharded parameters, all planes).
+  Bytes ShardedParamBytes() const;
+
+ private:
+  int world_size_ = 1;
+  bool sharded_ = true;
+  std::vector<std::vector<GroupLayout>> units_;
+};
+
+}  // namespace fsdplab

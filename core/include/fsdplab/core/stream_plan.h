@@ -1,0 +1,286 @@
+// The stream plan: the scheduler's commands lowered ONCE into per-rank, per-stream operations
+// (DESIGN §3). The simulator runs the plan in virtual time, the host executor with threads, the
+// CUDA executor with streams and NCCL; none of them re-derives a byte count, a plane, a physical
+// stream or a memory effect.
+//
+//   StatusOr<ModelLayout> layout = ModelLayout::Create(model, policy, world_size);
+//   StreamPlanner plan(model, *layout, PlanConfig{.rank = 0, .unified_comm_stream = false});
+//   FSDP_RETURN_IF_ERROR(plan.Begin());                  // sharded buffers, the time base
+//   FSDP_RETURN_IF_ERROR(ReplaySteps(trace, 2, scheduler, plan));  // a CommandSink
+//   for (const PlanOp& op : plan.ops()) ...
+//
+// Rules (DESIGN §1):
+//   Gather        alloc each missing plane's unsharded buffer (kUnshardedParams) on the
+//                 all-gather stream; record start; ONE collective over every plane (the
+//                 executor may issue it as a group of calls); record end (WaitGather waits on it).
+//   WaitGather    the compute stream waits for the unit's latest gather-end event.
+//   Compute       alloc saved activations (kActivations) and, at a unit's first backward compute
+//                 since its last reduce-scatter, its unsharded gradients (kUnshardedGrads, one
+//                 buffer per group); record start; compute; record end; free the activations the
+//                 compute releases. Every plane it reads must be unsharded and ordered before it.
+//   StreamWait    record on the signaler; the waiter waits (nothing when both are one stream).
+//   Release       free the unsharded planes on the all-gather stream, after every stream that
+//                 used them has passed an event: the planner tracks, per stream, which positions
+//                 of the other streams it is ordered after (vector clocks) and adds a wait itself
+//                 when the scheduler's StreamWait did not already order the free (counted in
+//                 protective_waits()).
+//   ReduceScatter on the reduce-scatter stream (the all-gather stream when unified): alloc the
+//                 reduce-scatter output (kReduceScatterBuffers) and, at the unit's first
+//                 reduction, its sharded gradients (kShardedGrads, kept for good); record start;
+//                 one collective over every group; record end; free the output and the unsharded
+//                 gradients.
+//   PassEnd       free the pass's leftover activations on the compute stream.
+//   StepEnd       record an end marker on every stream in use.
+// Memory is the sum of the alloc and free operations a stream has passed: every executor applies
+// them where its stream reaches them, so the categories agree by construction.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "fsdplab/core/command.h"
+#include "fsdplab/core/model.h"
+#include "fsdplab/core/param_layout.h"
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/timeline.h"
+#include "fsdplab/core/units.h"
+
+namespace fsdplab {
+
+// Physical streams of one rank. With a unified communication stream, reduce-scatters run on
+// kPlanAllGather and kPlanReduceScatter is unused.
+inline constexpr int kPlanCompute = 0;
+inline constexpr int kPlanAllGather = 1;
+inline constexpr int kPlanReduceScatter = 2;
+inline constexpr int kPlanStreams = 3;
+
+enum class PlanOpKind : std::uint8_t {
+  kRecord,      // record event `slot` on `stream`
+  kWait,        // `stream` waits for event `slot`
+  kAlloc,       // allocate `buffer` (or, buffer -1, only account `bytes`) in `category`
+  kFree,        // free it
+  kCollective,  // all-gather, reduce-scatter or all-reduce over `parts`
+  kCompute,     // a unit's compute (or unowned work), `us` long in the trace
+  // Options of the lowering (PlanConfig::check): what the CUDA executor fills and checks.
+  kFillShard,    // fill the sharded parameter `buffer` with this rank's part of the pattern
+  kFillGrad,     // fill the unsharded gradients `buffer` with this rank's seeded values
+  kCheckGather,  // count gathered bytes that differ from the unsharded parameter
+  kCheckReduce,  // count reduced gradient elements that differ from the reference sum
+};
+std::string_view PlanOpKindName(PlanOpKind kind);
+
+enum class BufferRole : std::uint8_t {
+  kShardedParam,
+  kUnshardedParam,
+  kUnshardedGrad,
+  kShardedGrad,
+};
+
+struct PlanBuffer final {
+  BufferRole role = BufferRole::kShardedParam;
+  UnitId unit = kNoUnit;
+  int group = 0;
+  int plane = 0;  // parameters: kRowwisePlane or kColumnwisePlane
+  Bytes bytes = 0;
+  DType dtype = DType::kBf16;  // gradients: the reduce dtype
+  Elements elements = 0;       // gradients: element count (padded)
+};
+
+// One buffer a collective moves: a plane of a group (all-gather) or a group's gradients
+// (reduce-scatter / all-reduce).
+struct CollectivePart final {
+  int group = 0;
+  int plane = 0;
+  int buffer = -1;      // output
+  int src_buffer = -1;  // input
+  Bytes bytes = 0;      // unsharded bytes (the all-gather output, the reduce-scatter input)
+  Bytes shard_bytes = 0;
+  Bytes copy_bytes = 0;  // emulated: what a rank of a ring receives
+};
+
+struct PlanOp final {
+  PlanOpKind kind = PlanOpKind::kRecord;
+  int stream = kPlanCompute;
+  int slot = -1;                                             // kRecord, kWait
+  int buffer = -1;                                           // kAlloc, kFree, kFill*, kCheck*
+  MemoryCategory category = MemoryCategory::kShardedParams;  // kAlloc, kFree
+  CollectiveKind collective = CollectiveKind::kAllGather;
+  Bytes bytes = 0;        // kAlloc/kFree: accounted bytes; collective: sum of the parts' bytes
+  Bytes shard_bytes = 0;  // collective: sum of the parts' shards
+  bool emulated = false;
+  bool skip = false;      // fault injection "hang": this rank does not call the collective
+  bool mismatch = false;  // fault injection "mismatch": this rank calls it with another count
+  UnitId unit = kNoUnit;
+  int group = 0;
+  int plane = 0;
+  Phase phase = Phase::kForward;
+  GatherReason reason = GatherReason::kDemand;
+  PlaneSet planes{};  // collective (all-gather): the planes moved; compute: the planes it reads
+  TimeUs us = 0;      // compute: the trace's duration (before any compute scale)
+  // The timeline op this operation produces (collective, compute, the last free of a release),
+  // or, for a kWait that orders a compute after a gather, the gather's timeline op.
+  int timeline_op = -1;
+  int command = -1;  // index of the command it lowers
+  CommandOrigin origin{};
+  std::vector<int> reads{};  // compute: the unsharded weight buffers it reads
+  std::vector<CollectivePart> parts{};
+};
+
+// One lowered command: its operations are ops()[first, end). The host spends launch time issuing
+// it unless it is host-only (StepEnd, an empty PassEnd, a StreamWait within one stream).
+struct PlanCommand final {
+  int first = 0;
+  int end = 0;
+  bool host_cost = true;
+  CommandOrigin origin{};
+  UnitId unit = kNoUnit;
+};
+
+struct PlanConfig final {
+  int rank = 0;
+  bool unified_comm_stream = false;
+  bool emulated = false;  // collectives replaced by device copies (one GPU)
+  bool check = false;     // add fill and check operations for the checked step
+  int check_step = 0;     // the step whose collectives are checked
+  // Fault injection (LiveOptions): at `fail_step`, for `fail_unit` (kNoUnit: the first unit
+  // with parameters), when `rank == fail_rank`.
+  std::optional<int> fail_rank{};
+  std::string fail_op{};
+  int fail_step = 0;
+  UnitId fail_unit = kNoUnit;
+};
+
+// A memory sample whose time is the time of event `slot` (for executors that time events).
+struct PendingSample final {
+  MemorySample sample;
+  int slot = -1;
+};
+
+// The event slots that bound one timeline op.
+struct OpSlots final {
+  int start = -1;
+  int end = -1;
+};
+
+class StreamPlanner final : public CommandSink {
+ public:
+  StreamPlanner(const Model& model, const ModelLayout& layout, PlanConfig config);
+
+  // Persistent buffers (sharded parameters) and the base event (slot 0).
+  Status Begin();
+  // Appends the operations of one command.
+  Status Lower(const Command& command);
+  Status Execute(const Command& command) override { return Lower(command); }
+
+  const std::vector<PlanOp>& ops() const { return ops_; }
+  // The operations appended since the last call (for executors that run while lowering).
+  std::vector<PlanOp> TakeNewOps();
+  const std::vector<PlanCommand>& commands() const { return commands_; }
+
+  int stream_for(Stream stream) const;
+  int num_streams_used() const { return config_.unified_comm_stream ? 2 : 3; }
+  const PlanConfig& config() const { return config_; }
+  const ModelLayout& layout() const { return layout_; }
+  const std::vector<PlanBuffer>& buffers() const { return buffers_; }
+  int num_slots() const { return static_cast<int>(slots_.size()); }
+  int slot_stream(int slot) const { return slots_[static_cast<std::size_t>(slot)].stream; }
+  // Operations on the slot's stream before its record.
+  std::int64_t slot_position(int slot) const { return slots_[static_cast<std::size_t>(slot)].pos; }
+  bool slot_timed(int slot) const { return slots_[static_cast<std::size_t>(slot)].timed; }
+  // Timeline ops as the plan knows them (no times); ids are their indices.
+  const std::vector<TimelineOp>& timeline_ops() const { return timeline_; }
+  const std::vector<OpSlots>& op_slots() const { return op_slots_; }
+  const std::vector<PendingSample>& memory_samples() const { return samples_; }
+  // End markers of each step, one per stream in use.
+  const std::vector<std::vector<int>>& step_end_slots() const { return step_end_slots_; }
+  bool present(UnitId unit, int group, int plane) const;
+  int sharded_buffer(UnitId unit, int group, int plane) const {
+    return sharded_.at({unit, group * 2 + plane});
+  }
+  // Bytes by category after every operation so far, and the largest total.
+  const std::array<Bytes, kNumMemoryCategories>& memory() const { return memory_; }
+  Bytes peak_memory() const { return peak_; }
+  int protective_waits() const { return protective_waits_; }
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  std::uint64_t gathered_bytes_checked() const { return gathered_bytes_checked_; }
+  std::uint64_t grad_elements_checked() const { return grad_elements_checked_; }
+
+ private:
+  struct SlotInfo {
+    int stream = 0;
+    std::int64_t pos = 0;                            // ops on `stream` before the record
+    std::array<std::int64_t, kPlanStreams> clock{};  // what `stream` was ordered after then
+    bool timed = false;
+  };
+  struct GatherRecord {
+    int end_slot = -1;
+    int timeline_id = -1;
+  };
+
+  Status LowerGather(const GatherCmd& cmd, const CommandOrigin& origin);
+  Status LowerWaitGather(const WaitGatherCmd& cmd);
+  Status LowerCompute(const ComputeCmd& cmd, const CommandOrigin& origin);
+  Status LowerStreamWait(const StreamWaitCmd& cmd);
+  Status LowerRelease(const ReleaseCmd& cmd, const CommandOrigin& origin);
+  Status LowerReduceScatter(const ReduceScatterCmd& cmd, const CommandOrigin& origin);
+  Status LowerPassEnd(const PassEndCmd& cmd, const CommandOrigin& origin);
+  Status LowerStepEnd(const CommandOrigin& origin);
+
+  void Push(PlanOp op);  // appends; advances the stream position; records buffer uses
+  int Record(int stream, bool timed);
+  void Wait(int stream, int slot, int timeline_op = -1);
+  // Alloc / free on `stream`, accounted in `category` (buffer -1: accounting only).
+  void Alloc(int stream, int buffer, MemoryCategory category, Bytes bytes,
+             const CommandOrigin& origin, UnitId unit, int group = 0, int plane = 0);
+  void Free(int stream, int buffer, MemoryCategory category, Bytes bytes,
+            const CommandOrigin& origin, UnitId unit, int group = 0, int plane = 0);
+  // Orders `stream` after every use of `buffer` on other streams (adding waits if needed).
+  void OrderAfterUses(int stream, int buffer, std::string_view why);
+  int NewBuffer(PlanBuffer info);
+  void Account(MemoryCategory category, std::int64_t delta, const CommandOrigin& origin,
+               UnitId unit);
+  bool CheckThisStep(const CommandOrigin& origin) const;
+  bool Faulty(const CommandOrigin& origin, UnitId unit, std::string_view op) const;
+  std::string Where(const CommandOrigin& origin, UnitId unit, std::string_view op) const;
+  int NewTimelineOp(TimelineOp op, OpSlots slots);
+
+  const Model& model_;
+  const ModelLayout& layout_;
+  PlanConfig config_;
+  int command_ = -1;
+  std::size_t taken_ = 0;
+  std::vector<PlanOp> ops_;
+  std::vector<PlanCommand> commands_;
+  std::vector<PlanBuffer> buffers_;
+  std::vector<SlotInfo> slots_;
+  std::array<std::int64_t, kPlanStreams> pos_{};
+  std::array<std::array<std::int64_t, kPlanStreams>, kPlanStreams> clock_{};
+  // Per buffer: per stream, 1 + the position of its last use there (0: never used).
+  std::vector<std::array<std::int64_t, kPlanStreams>> uses_;
+  std::map<std::tuple<UnitId, int, int>, int> unsharded_;  // (unit, group, plane) -> buffer
+  std::map<std::pair<UnitId, int>, int> sharded_;          // (unit, group*2+plane) -> buffer
+  std::map<std::pair<UnitId, int>, int> grads_;            // (unit, group) -> unsharded grads
+  std::map<std::pair<UnitId, int>, int> sharded_grads_;    // (unit, group) -> sharded grads
+  std::map<UnitId, GatherRecord> last_gather_;
+  std::map<int, std::int64_t> filled_at_;  // unsharded buffer -> its collective's position + 1
+  std::vector<std::int64_t> pending_waited_on_;
+  std::vector<TimelineOp> timeline_;
+  std::vector<OpSlots> op_slots_;
+  std::vector<PendingSample> samples_;
+  std::vector<std::vector<int>> step_end_slots_;
+  std::array<Bytes, kNumMemoryCategories> memory_{};
+  Bytes peak_ = 0;
+  int protective_waits_ = 0;
+  std::vector<std::string> warnings_;
+  std::uint64_t gathered_bytes_checked_ = 0;
+  std::uint64_t grad_elements_checked_ = 0;
+  bool fault_fired_ = false;
+};
+
+}  // namespace fsdplab

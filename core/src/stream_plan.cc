@@ -1,0 +1,708 @@
+#include "fsdplab/core/stream_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+namespace fsdplab {
+namespace {
+
+std::string_view PlaneName(const GroupLayout& group, int plane) {
+  if (group.num_planes == 1) return "only";
+  return plane == kRowwisePlane ? "rowwise" : "columnwise";
+}
+
+}  // namespace
+
+std::string_view PlanOpKindName(PlanOpKind kind) {
+  switch (kind) {
+    case PlanOpKind::kRecord: return "record";
+    case PlanOpKind::kWait: return "wait";
+    case PlanOpKind::kAlloc: return "alloc";
+    case PlanOpKind::kFree: return "free";
+    case PlanOpKind::kCollective: return "collective";
+    case PlanOpKind::kCompute: return "compute";
+    case PlanOpKind::kFillShard: return "fill_shard";
+    case PlanOpKind::kFillGrad: return "fill_grad";
+    case PlanOpKind::kCheckGather: return "check_gather";
+    case PlanOpKind::kCheckReduce: return "check_reduce";
+  }
+  return "unknown";
+}
+
+StreamPlanner::StreamPlanner(const Model& model, const ModelLayout& layout, PlanConfig config)
+    : model_(model), layout_(layout), config_(std::move(config)) {
+  if (config_.fail_unit == kNoUnit) {
+    for (const Unit& u : model_.units()) {
+      if (u.has_params()) {
+        config_.fail_unit = u.id();
+        break;
+      }
+    }
+  }
+}
+
+int StreamPlanner::stream_for(Stream stream) const {
+  switch (stream) {
+    case Stream::kCompute: return kPlanCompute;
+    case Stream::kAllGather: return kPlanAllGather;
+    case Stream::kReduceScatter:
+      return config_.unified_comm_stream ? kPlanAllGather : kPlanReduceScatter;
+  }
+  return kPlanCompute;
+}
+
+std::vector<PlanOp> StreamPlanner::TakeNewOps() {
+  std::vector<PlanOp> out(ops_.begin() + static_cast<std::ptrdiff_t>(taken_), ops_.end());
+  taken_ = ops_.size();
+  return out;
+}
+
+bool StreamPlanner::present(UnitId unit, int group, int plane) const {
+  return unsharded_.count({unit, group, plane}) != 0;
+}
+
+void StreamPlanner::Push(PlanOp op) {
+  const auto s = static_cast<std::size_t>(op.stream);
+  const std::int64_t position = pos_[s];
+  auto touch = [&](int buffer) {
+    if (buffer >= 0) uses_[static_cast<std::size_t>(buffer)][s] = position + 1;
+  };
+  if (op.kind != PlanOpKind::kAlloc && op.kind != PlanOpKind::kFree) {
+    touch(op.buffer);
+    for (const CollectivePart& part : op.parts) {
+      touch(part.buffer);
+      touch(part.src_buffer);
+    }
+  }
+  op.command = command_;
+  ++pos_[s];
+  clock_[s][s] = pos_[s];
+  ops_.push_back(std::move(op));
+}
+
+int StreamPlanner::Record(int stream, bool timed) {
+  const auto s = static_cast<std::size_t>(stream);
+  const int slot = static_cast<int>(slots_.size());
+  slots_.push_back(SlotInfo{.stream = stream, .pos = pos_[s], .clock = clock_[s], .timed = timed});
+  Push(PlanOp{.kind = PlanOpKind::kRecord, .stream = stream, .slot = slot});
+  // Memory samples of this stream that wait for a time take this event's.
+  for (PendingSample& sample : samples_) {
+    if (sample.slot == -2 - stream) sample.slot = slot;
+  }
+  return slot;
+}
+
+void StreamPlanner::Wait(int stream, int slot, int timeline_op) {
+  const SlotInfo& info = slots_[static_cast<std::size_t>(slot)];
+  auto& mine = clock_[static_cast<std::size_t>(stream)];
+  for (std::size_t t = 0; t < kPlanStreams; ++t) mine[t] = std::max(mine[t], info.clock[t]);
+  mine[static_cast<std::size_t>(info.stream)] =
+      std::max(mine[static_cast<std::size_t>(info.stream)], info.pos);
+  Push(PlanOp{
+      .kind = PlanOpKind::kWait, .stream = stream, .slot = slot, .timeline_op = timeline_op});
+}
+
+void StreamPlanner::Alloc(int stream, int buffer, MemoryCategory category, Bytes bytes,
+                          const CommandOrigin& origin, UnitId unit, int group, int plane) {
+  if (bytes == 0 && buffer < 0) return;
+  Push(PlanOp{.kind = PlanOpKind::kAlloc,
+              .stream = stream,
+              .buffer = buffer,
+              .category = category,
+              .bytes = bytes,
+              .unit = unit,
+              .group = group,
+              .plane = plane,
+              .origin = origin});
+  Account(category, static_cast<std::int64_t>(bytes), origin, unit);
+  samples_.back().slot = -2 - stream;  // timed by the stream's next event
+}
+
+void StreamPlanner::Free(int stream, int buffer, MemoryCategory category, Bytes bytes,
+                         const CommandOrigin& origin, UnitId unit, int group, int plane) {
+  if (bytes == 0 && buffer < 0) return;
+  Push(PlanOp{.kind = PlanOpKind::kFree,
+              .stream = stream,
+              .buffer = buffer,
+              .category = category,
+              .bytes = bytes,
+              .unit = unit,
+              .group = group,
+              .plane = plane,
+              .origin = origin});
+  Account(category, -static_cast<std::int64_t>(bytes), origin, unit);
+  samples_.back().slot = -2 - stream;
+}
+
+void StreamPlanner::OrderAfterUses(int stream, int buffer, std::string_view why) {
+  const auto& used = uses_[static_cast<std::size_t>(buffer)];
+  for (int t = 0; t < kPlanStreams; ++t) {
+    if (t == stream) continue;
+    const std::int64_t last = used[static_cast<std::size_t>(t)];
+    if (last == 0) continue;
+    if (clock_[static_cast<std::size_t>(stream)][static_cast<std::size_t>(t)] >= last) continue;
+    ++protective_waits_;
+    warnings_.push_back(fmt::format(
+        "rank {}: {}: stream {} was not ordered after stream {}'s last use of the buffer; the "
+        "plan added an event wait",
+        config_.rank, why, stream, t));
+    const int slot = Record(t, /*timed=*/false);
+    Wait(stream, slot);
+  }
+}
+
+int StreamPlanner::NewBuffer(PlanBuffer info) {
+  buffers_.push_back(info);
+  uses_.push_back({});
+  return static_cast<int>(buffers_.size()) - 1;
+}
+
+void StreamPlanner::Account(MemoryCategory category, std::int64_t delta,
+                            const CommandOrigin& origin, UnitId unit) {
+  Bytes& b = memory_[static_cast<std::size_t>(category)];
+  b = static_cast<Bytes>(static_cast<std::int64_t>(b) + delta);
+  PendingSample s;
+  s.sample.rank = config_.rank;
+  s.sample.bytes = memory_;
+  s.sample.step = origin.step;
+  s.sample.unit = unit;
+  peak_ = std::max(peak_, s.sample.total());
+  samples_.push_back(std::move(s));
+}
+
+bool StreamPlanner::CheckThisStep(const CommandOrigin& origin) const {
+  return config_.check && !config_.emulated && origin.step == config_.check_step;
+}
+
+bool StreamPlanner::Faulty(const CommandOrigin& origin, UnitId unit, std::string_view op) const {
+  return config_.fail_rank.has_value() && *config_.fail_rank == config_.rank &&
+         origin.step == config_.fail_step && unit == config_.fail_unit && config_.fail_op == op &&
+         !fault_fired_;
+}
+
+std::string StreamPlanner::Where(const CommandOrigin& origin, UnitId unit,
+                                 std::string_view op) const {
+  return fmt::format("rank {}, step {}, microbatch {}, unit '{}', {}", config_.rank, origin.step,
+                     origin.microbatch, model_.NameOf(unit), op);
+}
+
+int StreamPlanner::NewTimelineOp(TimelineOp op, OpSlots slots) {
+  op.id = static_cast<std::int64_t>(timeline_.size());
+  op.rank = config_.rank;
+  timeline_.push_back(std::move(op));
+  op_slots_.push_back(slots);
+  return static_cast<int>(timeline_.back().id);
+}
+
+Status StreamPlanner::Begin() {
+  if (!slots_.empty()) return InternalError("StreamPlanner::Begin called twice");
+  Record(kPlanCompute, /*timed=*/true);  // slot 0: the time base
+  const CommandOrigin origin{.step = 0, .microbatch = 0, .event = -1};
+  for (const Unit& u : model_.units()) {
+    const std::vector<GroupLayout>& groups = layout_.groups(u.id());
+    for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
+      const GroupLayout& gl = groups[static_cast<std::size_t>(g)];
+      for (int p = 0; p < gl.num_planes; ++p) {
+        const Bytes bytes = gl.shard_bytes[static_cast<std::size_t>(p)];
+        const int b = NewBuffer(PlanBuffer{.role = BufferRole::kShardedParam,
+                                           .unit = u.id(),
+                                           .group = g,
+                                           .plane = p,
+                                           .bytes = bytes,
+                                           .dtype = gl.dtype});
+        sharded_[{u.id(), g * 2 + p}] = b;
+        Alloc(kPlanCompute, b, MemoryCategory::kShardedParams, bytes, origin, u.id(), g, p);
+        Push(PlanOp{.kind = PlanOpKind::kFillShard,
+                    .stream = kPlanCompute,
+                    .buffer = b,
+                    .bytes = bytes,
+                    .unit = u.id(),
+                    .group = g,
+                    .plane = p});
+      }
+    }
+  }
+  Record(kPlanCompute, /*timed=*/true);
+  return Status::Ok();
+}
+
+Status StreamPlanner::Lower(const Command& command) {
+  if (slots_.empty()) return InternalError("StreamPlanner::Lower before Begin");
+  const CommandOrigin& o = command.origin;
+  command_ = static_cast<int>(commands_.size());
+  PlanCommand pc{.first = static_cast<int>(ops_.size()), .origin = o};
+  Status status = std::visit(
+      [&](const auto& body) -> Status {
+        using T = std::decay_t<decltype(body)>;
+        if constexpr (std::is_same_v<T, GatherCmd>) {
+          pc.unit = body.unit;
+          return LowerGather(body, o);
+        }
+        if constexpr (std::is_same_v<T, WaitGatherCmd>) {
+          pc.unit = body.unit;
+          return LowerWaitGather(body);
+        }
+        if constexpr (std::is_same_v<T, ComputeCmd>) {
+          pc.unit = body.unit;
+          return LowerCompute(body, o);
+        }
+        if constexpr (std::is_same_v<T, StreamWaitCmd>) {
+          pc.host_cost = stream_for(body.waiter) != stream_for(body.signaler);
+          return LowerStreamWait(body);
+        }
+        if constexpr (std::is_same_v<T, ReleaseCmd>) {
+          pc.unit = body.unit;
+          return LowerRelease(body, o);
+        }
+        if constexpr (std::is_same_v<T, ReduceScatterCmd>) {
+          pc.unit = body.unit;
+          return LowerReduceScatter(body, o);
+        }
+        if constexpr (std::is_same_v<T, PassEndCmd>) {
+          pc.host_cost = body.freed_bytes > 0;
+          return LowerPassEnd(body, o);
+        }
+        if constexpr (std::is_same_v<T, StepEndCmd>) {
+          pc.host_cost = false;
+          return LowerStepEnd(o);
+        }
+        return Status::Ok();
+      },
+      command.body);
+  pc.end = static_cast<int>(ops_.size());
+  commands_.push_back(pc);
+  command_ = -1;
+  return status;
+}
+
+Status StreamPlanner::LowerGather(const GatherCmd& cmd, const CommandOrigin& origin) {
+  if (cmd.unit < 0 || cmd.unit >= model_.num_units()) {
+    return InternalError(fmt::format("gather of unknown unit id {}", cmd.unit));
+  }
+  if (cmd.pieces.empty()) return Status::Ok();  // a unit with no parameters: no collective
+  const int s = kPlanAllGather;
+  const auto w = static_cast<Bytes>(layout_.world_size());
+  const std::vector<GroupLayout>& groups = layout_.groups(cmd.unit);
+  std::vector<CollectivePart> parts;
+  PlaneSet planes;
+  for (const PlanePiece& piece : cmd.pieces) {
+    if (piece.group < 0 || piece.group >= static_cast<int>(groups.size())) {
+      return InternalError(fmt::format("gather of unit '{}' names group {}, which it lacks",
+                                       model_.NameOf(cmd.unit), piece.group));
+    }
+    const GroupLayout& gl = groups[static_cast<std::size_t>(piece.group)];
+    planes = planes | piece.planes;
+    for (int p : PlanesOf(gl, piece.planes)) {
+      if (present(cmd.unit, piece.group, p)) {
+        return InternalError(
+            fmt::format("{}: gather of the {} plane of group {}, which is already unsharded",
+                        Where(origin, cmd.unit, "all_gather"), PlaneName(gl, p), piece.group));
+      }
+      const Bytes out_bytes = gl.gathered_bytes(p);
+      const int out = NewBuffer(PlanBuffer{.role = BufferRole::kUnshardedParam,
+                                           .unit = cmd.unit,
+                                           .group = piece.group,
+                                           .plane = p,
+                                           .bytes = out_bytes,
+                                           .dtype = gl.dtype});
+      CollectivePart part{.group = piece.group,
+                          .plane = p,
+                          .buffer = out,
+                          .src_buffer = sharded_.at({cmd.unit, piece.group * 2 + p}),
+                          .bytes = out_bytes,
+                          .shard_bytes = gl.shard_bytes[static_cast<std::size_t>(p)]};
+      // In a W-rank ring each rank receives the W-1 shards it does not hold.
+      if (config_.emulated) part.copy_bytes = part.shard_bytes * (w - 1);
+      parts.push_back(part);
+    }
+  }
+  if (parts.empty()) return Status::Ok();
+  // Allocation when issued, on the all-gather stream.
+  for (const CollectivePart& part : parts) {
+    Alloc(s, part.buffer, MemoryCategory::kUnshardedParams, part.bytes, origin, cmd.unit,
+          part.group, part.plane);
+    unsharded_[{cmd.unit, part.group, part.plane}] = part.buffer;
+  }
+  const int start = Record(s, /*timed=*/true);
+  const bool fault_hang = Faulty(origin, cmd.unit, "hang");
+  const bool fault_mismatch = Faulty(origin, cmd.unit, "mismatch");
+  if (fault_hang || fault_mismatch) fault_fired_ = true;
+  PlanOp op{.kind = PlanOpKind::kCollective,
+            .stream = s,
+            .collective = CollectiveKind::kAllGather,
+            .emulated = config_.emulated,
+            .skip = fault_hang,
+            .mismatch = fault_mismatch,
+            .unit = cmd.unit,
+            .phase = cmd.phase,
+            .reason = cmd.reason,
+            .planes = planes,
+            .timeline_op = static_cast<int>(timeline_.size()),
+            .origin = origin};
+  for (const CollectivePart& part : parts) {
+    op.bytes += part.bytes;
+    op.shard_bytes += part.shard_bytes;
+  }
+  op.parts = parts;
+  const Bytes moved = op.bytes;
+  Push(std::move(op));
+  for (const CollectivePart& part : parts) {
+    filled_at_[part.buffer] = pos_[static_cast<std::size_t>(s)];
+  }
+  const int end = Record(s, /*timed=*/true);
+  TimelineOp t;
+  t.track = Track::kAllGather;
+  t.kind = OpKind::kAllGather;
+  t.unit = cmd.unit;
+  t.phase = cmd.phase;
+  t.reason = cmd.reason;
+  t.planes = planes;
+  t.bytes = moved;
+  t.step = origin.step;
+  t.microbatch = origin.microbatch;
+  t.event = origin.event;
+  const int id = NewTimelineOp(std::move(t), OpSlots{start, end});
+  last_gather_[cmd.unit] = GatherRecord{.end_slot = end, .timeline_id = id};
+  if (CheckThisStep(origin)) {
+    for (const CollectivePart& part : parts) {
+      const GroupLayout& gl = groups[static_cast<std::size_t>(part.group)];
+      const Bytes n = gl.plane_bytes[static_cast<std::size_t>(part.plane)];
+      Push(PlanOp{.kind = PlanOpKind::kCheckGather,
+                  .stream = s,
+                  .buffer = part.buffer,
+                  .bytes = n,
+                  .unit = cmd.unit,
+                  .group = part.group,
+                  .plane = part.plane,
+                  .origin = origin});
+      gathered_bytes_checked_ += n;
+    }
+  }
+  return Status::Ok();
+}
+
+Status StreamPlanner::LowerWaitGather(const WaitGatherCmd& cmd) {
+  auto it = last_gather_.find(cmd.unit);
+  if (it == last_gather_.end()) return Status::Ok();  // nothing was ever gathered (no params)
+  Wait(kPlanCompute, it->second.end_slot, it->second.timeline_id);
+  pending_waited_on_.push_back(it->second.timeline_id);
+  return Status::Ok();
+}
+
+Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& origin) {
+  const std::string what = fmt::format("compute ({})", PhaseName(cmd.phase));
+  if (cmd.unit != kNoUnit && (cmd.unit < 0 || cmd.unit >= model_.num_units())) {
+    return InternalError(fmt::format("compute of unknown unit id {}", cmd.unit));
+  }
+  if (Faulty(origin, cmd.unit, "compute")) {
+    fault_fired_ = true;
+    return StepFailed(fmt::format("{}: injected failure", Where(origin, cmd.unit, what)));
+  }
+  PlaneSet needs = cmd.needs;
+  if (needs.empty()) {
+    needs = cmd.phase == Phase::kBackward ? PlaneSet::Columnwise() : PlaneSet::Rowwise();
+  }
+  std::vector<int> reads;
+  if (cmd.unit != kNoUnit && layout_.sharded()) {
+    const std::vector<GroupLayout>& groups = layout_.groups(cmd.unit);
+    for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
+      const GroupLayout& gl = groups[static_cast<std::size_t>(g)];
+      for (int p : PlanesOf(gl, needs)) {
+        auto it = unsharded_.find({cmd.unit, g, p});
+        if (it == unsharded_.end()) {
+          std::string have = "nothing is";
+          if (gl.num_planes == 2 && present(cmd.unit, g, 1 - p)) {
+            have = fmt::format("only the {} plane is", PlaneName(gl, 1 - p));
+          }
+          const Unit& unit = model_.unit(cmd.unit);
+          const ParamSpec& first = unit.params()[static_cast<std::size_t>(gl.params.front().param)];
+          return StepFailed(
+              fmt::format("{}: missing {} plane of parameter '{}' (group {}, {}): {} unsharded",
+                          Where(origin, cmd.unit, what), PlaneName(gl, p), first.name, g,
+                          DTypeName(gl.dtype), have));
+        }
+        const int b = it->second;
+        // The compute stream must be ordered after the collective that filled the buffer.
+        if (clock_[kPlanCompute][kPlanAllGather] < filled_at_[b]) {
+          return InternalError(fmt::format(
+              "{}: reads the {} plane of group {} before the compute stream waited for its "
+              "gather (no WaitGather)",
+              Where(origin, cmd.unit, what), PlaneName(gl, p), g));
+        }
+        reads.push_back(b);
+      }
+    }
+  }
+  Alloc(kPlanCompute, -1, MemoryCategory::kActivations, cmd.saved_bytes, origin, cmd.unit);
+  // Backward compute produces the unit's unsharded gradients.
+  std::vector<int> new_grads;
+  if (cmd.unit != kNoUnit && cmd.phase == Phase::kBackward) {
+    const std::vector<GroupLayout>& groups = layout_.groups(cmd.unit);
+    for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
+      if (grads_.count({cmd.unit, g}) != 0) continue;
+      const GroupLayout& gl = groups[static_cast<std::size_t>(g)];
+      const int b = NewBuffer(PlanBuffer{.role = BufferRole::kUnshardedGrad,
+                                         .unit = cmd.unit,
+                                         .group = g,
+                                         .bytes = gl.grad_bytes(),
+                                         .dtype = gl.reduce_dtype,
+                                         .elements = gl.grad_elements()});
+      grads_[{cmd.unit, g}] = b;
+      Alloc(kPlanCompute, b, MemoryCategory::kUnshardedGrads, gl.grad_bytes(), origin, cmd.unit, g);
+      new_grads.push_back(b);
+    }
+  }
+  const int start = Record(kPlanCompute, /*timed=*/true);
+  PlanOp op{.kind = PlanOpKind::kCompute,
+            .stream = kPlanCompute,
+            .unit = cmd.unit,
+            .phase = cmd.phase,
+            .planes = needs,
+            .us = cmd.us,
+            .timeline_op = static_cast<int>(timeline_.size()),
+            .origin = origin};
+  op.reads = reads;
+  Push(std::move(op));
+  // The compute reads the weights and writes the unit's unsharded gradients.
+  for (int b : reads) uses_[static_cast<std::size_t>(b)][kPlanCompute] = pos_[kPlanCompute];
+  if (cmd.unit != kNoUnit && cmd.phase == Phase::kBackward) {
+    for (const auto& [key, b] : grads_) {
+      if (key.first == cmd.unit) {
+        uses_[static_cast<std::size_t>(b)][kPlanCompute] = pos_[kPlanCompute];
+      }
+    }
+  }
+  if (CheckThisStep(origin)) {
+    for (int b : new_grads) {
+      const PlanBuffer& info = buffers_[static_cast<std::size_t>(b)];
+      Push(PlanOp{.kind = PlanOpKind::kFillGrad,
+                  .stream = kPlanCompute,
+                  .buffer = b,
+                  .bytes = info.bytes,
+                  .unit = cmd.unit,
+                  .group = info.group,
+                  .origin = origin});
+    }
+  }
+  const int end = Record(kPlanCompute, /*timed=*/true);
+  TimelineOp t;
+  t.track = Track::kCompute;
+  t.kind = OpKind::kCompute;
+  t.unit = cmd.unit;
+  t.phase = cmd.phase;
+  t.step = origin.step;
+  t.microbatch = origin.microbatch;
+  t.event = origin.event;
+  for (std::int64_t id : std::exchange(pending_waited_on_, {})) t.waited_on.push_back(id);
+  NewTimelineOp(std::move(t), OpSlots{start, end});
+  Free(kPlanCompute, -1, MemoryCategory::kActivations, cmd.freed_bytes, origin, cmd.unit);
+  return Status::Ok();
+}
+
+Status StreamPlanner::LowerStreamWait(const StreamWaitCmd& cmd) {
+  const int waiter = stream_for(cmd.waiter);
+  const int signaler = stream_for(cmd.signaler);
+  if (waiter == signaler) return Status::Ok();
+  const int slot = Record(signaler, /*timed=*/false);
+  Wait(waiter, slot);
+  return Status::Ok();
+}
+
+Status StreamPlanner::LowerRelease(const ReleaseCmd& cmd, const CommandOrigin& origin) {
+  if (cmd.unit < 0 || cmd.unit >= model_.num_units()) {
+    return InternalError(fmt::format("release of unknown unit id {}", cmd.unit));
+  }
+  const std::vector<GroupLayout>& groups = layout_.groups(cmd.unit);
+  const int s = kPlanAllGather;
+  Bytes freed = 0;
+  PlaneSet planes;
+  int last_free = -1;
+  for (const PlanePiece& piece : cmd.pieces) {
+    if (piece.group < 0 || piece.group >= static_cast<int>(groups.size())) {
+      return InternalError(fmt::format("release of unit '{}' names group {}, which it lacks",
+                                       model_.NameOf(cmd.unit), piece.group));
+    }
+    const GroupLayout& gl = groups[static_cast<std::size_t>(piece.group)];
+    for (int p : PlanesOf(gl, piece.planes)) {
+      auto it = unsharded_.find({cmd.unit, piece.group, p});
+      if (it == unsharded_.end()) {
+        return InternalError(
+            fmt::format("{}: release of the {} plane of group {}, which is not unsharded",
+                        Where(origin, cmd.unit, "release"), PlaneName(gl, p), piece.group));
+      }
+      OrderAfterUses(s, it->second, Where(origin, cmd.unit, "release"));
+      const Bytes bytes = buffers_[static_cast<std::size_t>(it->second)].bytes;
+      Free(s, it->second, MemoryCategory::kUnshardedParams, bytes, origin, cmd.unit, piece.group,
+           p);
+      last_free = static_cast<int>(ops_.size()) - 1;
+      freed += bytes;
+      filled_at_.erase(it->second);
+      unsharded_.erase(it);
+    }
+    planes = planes | piece.planes;
+  }
+  if (freed == 0) return Status::Ok();
+  const int slot = Record(s, /*timed=*/true);
+  TimelineOp t;
+  t.track = Track::kAllGather;
+  t.kind = OpKind::kRelease;
+  t.unit = cmd.unit;
+  t.planes = planes;
+  t.bytes = freed;
+  t.step = origin.step;
+  t.microbatch = origin.microbatch;
+  t.event = origin.event;
+  ops_[static_cast<std::size_t>(last_free)].timeline_op = NewTimelineOp(t, OpSlots{slot, slot});
+  return Status::Ok();
+}
+
+Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const CommandOrigin& origin) {
+  if (cmd.unit < 0 || cmd.unit >= model_.num_units()) {
+    return InternalError(fmt::format("reduce-scatter of unknown unit id {}", cmd.unit));
+  }
+  const std::vector<GroupLayout>& groups = layout_.groups(cmd.unit);
+  if (groups.empty()) return Status::Ok();
+  const int s = stream_for(Stream::kReduceScatter);
+  const auto w = static_cast<Bytes>(layout_.world_size());
+  const bool all_reduce = cmd.kind == CollectiveKind::kAllReduce;
+  // Gradients that no backward compute produced (a trace without the unit's compute): the
+  // buffer is still allocated, as the autograd engine would.
+  std::vector<int> grad_buffers;
+  for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
+    auto it = grads_.find({cmd.unit, g});
+    if (it == grads_.end()) {
+      const GroupLayout& gl = groups[static_cast<std::size_t>(g)];
+      const int b = NewBuffer(PlanBuffer{.role = BufferRole::kUnshardedGrad,
+                                         .unit = cmd.unit,
+                                         .group = g,
+                                         .bytes = gl.grad_bytes(),
+                                         .dtype = gl.reduce_dtype,
+                                         .elements = gl.grad_elements()});
+      Alloc(s, b, MemoryCategory::kUnshardedGrads, gl.grad_bytes(), origin, cmd.unit, g);
+      if (CheckThisStep(origin)) {
+        Push(PlanOp{.kind = PlanOpKind::kFillGrad,
+                    .stream = s,
+                    .buffer = b,
+                    .bytes = gl.grad_bytes(),
+                    .unit = cmd.unit,
+                    .group = g,
+                    .origin = origin});
+      }
+      it = grads_.emplace(std::make_pair(cmd.unit, g), b).first;
+    }
+    grad_buffers.push_back(it->second);
+  }
+  for (int b : grad_buffers) OrderAfterUses(s, b, Where(origin, cmd.unit, "reduce_scatter"));
+  // The sharded gradients exist from the unit's first reduction on: that reduction's output
+  // becomes them (FSDP2 keeps the first reduce-scatter output as the sharded gradient); a later
+  // reduction's output is a buffer of its own while it runs, then added to them.
+  Bytes out_bytes = 0;
+  std::vector<CollectivePart> parts;
+  for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
+    const GroupLayout& gl = groups[static_cast<std::size_t>(g)];
+    auto it = sharded_grads_.find({cmd.unit, g});
+    if (it == sharded_grads_.end()) {
+      const int b = NewBuffer(
+          PlanBuffer{.role = BufferRole::kShardedGrad,
+                     .unit = cmd.unit,
+                     .group = g,
+                     .bytes = all_reduce ? gl.grad_bytes() : gl.grad_shard_bytes(),
+                     .dtype = gl.reduce_dtype,
+                     .elements = all_reduce ? gl.grad_elements() : gl.grad_shard_elements});
+      Alloc(s, b, MemoryCategory::kShardedGrads, buffers_.back().bytes, origin, cmd.unit, g);
+      it = sharded_grads_.emplace(std::make_pair(cmd.unit, g), b).first;
+    } else {
+      out_bytes += buffers_[static_cast<std::size_t>(it->second)].bytes;
+    }
+    const PlanBuffer& in = buffers_[static_cast<std::size_t>(grad_buffers[g])];
+    const Bytes shard = buffers_[static_cast<std::size_t>(it->second)].bytes;
+    CollectivePart part{.group = g,
+                        .buffer = it->second,
+                        .src_buffer = grad_buffers[static_cast<std::size_t>(g)],
+                        .bytes = in.bytes,
+                        .shard_bytes = shard};
+    if (config_.emulated) {
+      // Ring reduce-scatter: W-1 chunks of a shard arrive; all-reduce: twice that.
+      const Bytes chunk = all_reduce ? (in.bytes + w - 1) / w : shard;
+      part.copy_bytes = chunk * (w - 1) * (all_reduce ? 2 : 1);
+    }
+    parts.push_back(part);
+  }
+  Alloc(s, -1, MemoryCategory::kReduceScatterBuffers, out_bytes, origin, cmd.unit);
+  const int start = Record(s, /*timed=*/true);
+  const bool fault_hang = Faulty(origin, cmd.unit, "hang");
+  const bool fault_mismatch = Faulty(origin, cmd.unit, "mismatch");
+  if (fault_hang || fault_mismatch) fault_fired_ = true;
+  const int id = static_cast<int>(timeline_.size());
+  PlanOp op{.kind = PlanOpKind::kCollective,
+            .stream = s,
+            .collective = cmd.kind,
+            .emulated = config_.emulated,
+            .skip = fault_hang,
+            .mismatch = fault_mismatch,
+            .unit = cmd.unit,
+            .phase = Phase::kBackward,
+            .timeline_op = id,
+            .origin = origin};
+  for (const CollectivePart& part : parts) {
+    op.bytes += part.bytes;
+    op.shard_bytes += part.shard_bytes;
+  }
+  op.parts = parts;
+  const Bytes moved = op.bytes;
+  Push(std::move(op));
+  const int end = Record(s, /*timed=*/true);
+  TimelineOp t;
+  t.track = s == kPlanAllGather ? Track::kAllGather : Track::kReduceScatter;
+  t.kind = all_reduce ? OpKind::kAllReduce : OpKind::kReduceScatter;
+  t.unit = cmd.unit;
+  t.phase = Phase::kBackward;
+  t.bytes = moved;
+  t.step = origin.step;
+  t.microbatch = origin.microbatch;
+  t.event = origin.event;
+  NewTimelineOp(std::move(t), OpSlots{start, end});
+  if (CheckThisStep(origin)) {
+    for (const CollectivePart& part : parts) {
+      const PlanBuffer& info = buffers_[static_cast<std::size_t>(part.buffer)];
+      Push(PlanOp{.kind = PlanOpKind::kCheckReduce,
+                  .stream = s,
+                  .buffer = part.buffer,
+                  .collective = cmd.kind,
+                  .bytes = info.bytes,
+                  .unit = cmd.unit,
+                  .group = part.group,
+                  .origin = origin});
+      grad_elements_checked_ += info.elements;
+    }
+  }
+  // The output and the unsharded gradients are freed once the reduction completes: on its
+  // stream.
+  Free(s, -1, MemoryCategory::kReduceScatterBuffers, out_bytes, origin, cmd.unit);
+  for (int g = 0; g < static_cast<int>(grad_buffers.size()); ++g) {
+    const int b = grad_buffers[static_cast<std::size_t>(g)];
+    Free(s, b, MemoryCategory::kUnshardedGrads, buffers_[static_cast<std::size_t>(b)].bytes, origin,
+         cmd.unit, g);
+    grads_.erase({cmd.unit, g});
+  }
+  return Status::Ok();
+}
+
+Status StreamPlanner::LowerPassEnd(const PassEndCmd& cmd, const CommandOrigin& origin) {
+  Free(kPlanCompute, -1, MemoryCategory::kActivations, cmd.freed_bytes, origin, kNoUnit);
+  if (cmd.freed_bytes > 0) Record(kPlanCompute, /*timed=*/true);
+  return Status::Ok();
+}
+
+Status StreamPlanner::LowerStepEnd(const CommandOrigin& origin) {
+  std::vector<int> ends;
+  for (int s = 0; s < num_streams_used(); ++s) ends.push_back(Record(s, /*timed=*/true));
+  const auto step = static_cast<std::size_t>(std::max(0, origin.step));
+  if (step_end_slots_.size() <= step) step_end_slots_.resize(step + 1);
+  step_end_slots_[step] = std::move(ends);
+  return Status::Ok();
+}
+
+}  // namespace fsdplab

@@ -1,0 +1,428 @@
+#include "engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+namespace fsdplab::sim {
+namespace {
+
+std::size_t Idx(int i) { return static_cast<std::size_t>(i); }
+
+Track TrackOf(int stream) {
+  switch (stream) {
+    case kComputeStream: return Track::kCompute;
+    case kGatherStream: return Track::kAllGather;
+    default: return Track::kReduceScatter;
+  }
+}
+
+OpKind CollectiveOpKind(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllGather: return OpKind::kAllGather;
+    case CollectiveKind::kAllReduce: return OpKind::kAllReduce;
+    default: return OpKind::kReduceScatter;
+  }
+}
+
+}  // namespace
+
+Engine::Engine(const SimOptions& options, int world_size, std::vector<RankState> ranks,
+               const std::array<std::uint32_t, kNumStreams>& max_collectives_per_stream)
+    : opt_(options), world_size_(world_size), ranks_(std::move(ranks)) {
+  for (int s = 0; s < kNumStreams; ++s) pending_[Idx(s)].resize(max_collectives_per_stream[Idx(s)]);
+  // The reduce-scatter stream also runs the all-reduces of NO_SHARD: they take its factor.
+  const CommContention cc = EffectiveCommContention(options);
+  comm_slowdown_[kGatherStream] = cc.all_gather;
+  comm_slowdown_[kScatterStream] = cc.reduce_scatter;
+}
+
+void Engine::Run(Timeline& timeline) {
+  timeline_ = &timeline;
+  for (RankState& r : ranks_) {
+    InitMemory(r);
+    if (r.prog->commands.empty()) {
+      r.host = HostState::kDone;
+    } else {
+      queue_.Push(opt_.launch_us, HostIssueEv{r.rank});
+    }
+  }
+  queue_.Run([&](TimeUs now, const SimEvent& ev) {
+    std::visit(Overloaded{[&](const HostIssueEv& e) { OnHostIssue(now, ranks_[Idx(e.rank)]); },
+                          [&](const ComputeDoneEv& e) { OnComputeDone(now, e); },
+                          [&](const CollectiveDoneEv& e) { OnCollectiveDone(now, e); }},
+               ev);
+    return failure_.ok();
+  });
+  end_time_ = last_time_;
+  if (failure_.ok()) CheckQuiescent();
+}
+
+// ---- memory ----
+
+void Engine::InitMemory(RankState& r) {
+  r.gather_id.assign(r.prog->timeline.size(), -1);
+  r.gather_flowed.assign(r.prog->timeline.size(), 0);
+  r.mem = r.prog->initial_memory;
+  Sample(r, 0, 0, kNoUnit);
+}
+
+void Engine::Sample(RankState& r, TimeUs now, int step, UnitId unit) {
+  Bytes t = r.total();
+  if (t > r.peak) {
+    r.peak = t;
+    r.peak_at = now;
+  }
+  if (!r.recorded) return;
+  MemorySample s;
+  s.rank = r.rank;
+  s.t_us = now;
+  s.bytes = r.mem;
+  s.step = step;
+  s.unit = unit;
+  timeline_->memory.push_back(s);
+}
+
+// A device-side allocation: over the cap it is an out-of-memory failure. The host reserved the
+// unsharded parameters of a gather against the cap when it issued it; here they become used.
+bool Engine::DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op) {
+  if (op.bytes == 0) return true;
+  if (op.category == MemoryCategory::kUnshardedParams) {
+    r.reserved -= std::min(r.reserved, op.bytes);
+  } else if (opt_.memory_cap && r.total() + r.reserved + op.bytes > *opt_.memory_cap) {
+    std::string_view what =
+        op.category == MemoryCategory::kActivations      ? "the activations saved by the compute of"
+        : op.category == MemoryCategory::kUnshardedGrads ? "the unsharded gradient of"
+        : op.category == MemoryCategory::kReduceScatterBuffers ? "the reduce-scatter output of"
+                                                               : "the sharded gradient of";
+    Fail(StepFailed(fmt::format(
+        "out of memory at step {} (microbatch {}) on rank {}: {} {} needs {} bytes, {} of the cap "
+        "of {} bytes are in use or reserved",
+        op.step, op.microbatch, r.rank, what, UnitName(r, op.unit), op.bytes,
+        r.total() + r.reserved, *opt_.memory_cap)));
+    return false;
+  }
+  r.mem[static_cast<std::size_t>(op.category)] += op.bytes;
+  Sample(r, now, op.step, op.unit);
+  return true;
+}
+
+void Engine::Free(RankState& r, TimeUs now, MemoryCategory cat, Bytes bytes, int step,
+                  UnitId unit) {
+  if (bytes == 0) return;
+  Bytes& b = r.mem[static_cast<std::size_t>(cat)];
+  b -= std::min(b, bytes);
+  Sample(r, now, step, unit);
+  if (r.host == HostState::kBlocked) {
+    r.host = HostState::kResuming;
+    queue_.Push(now + opt_.launch_us, HostIssueEv{r.rank});
+  }
+}
+
+void Engine::Fail(Status s) {
+  if (failure_.ok()) failure_ = std::move(s);
+}
+
+// ---- recording ----
+
+TimelineOp& Engine::Record(RankState& r, Track track, OpKind kind, const ProgOp& op, TimeUs start,
+                           TimeUs end) {
+  TimelineOp t;
+  t.id = next_op_id_++;
+  t.rank = r.rank;
+  t.track = track;
+  t.kind = kind;
+  t.unit = op.unit;
+  t.phase = op.phase;
+  t.reason = op.reason;
+  t.planes = op.planes;
+  t.bytes = op.bytes;
+  t.step = op.step;
+  t.microbatch = op.microbatch;
+  t.event = op.event;
+  t.start_us = start;
+  t.end_us = end;
+  timeline_->ops.push_back(std::move(t));
+  return timeline_->ops.back();
+}
+
+// The timeline op the plan describes for `op`, timed.
+TimelineOp& Engine::RecordPlanned(RankState& r, const ProgOp& op, TimeUs start, TimeUs end) {
+  TimelineOp t = r.prog->timeline[Idx(op.timeline_op)];
+  t.id = next_op_id_++;
+  t.rank = r.rank;
+  t.track = TrackOf(op.stream);
+  t.waited_on.clear();
+  t.start_us = start;
+  t.end_us = end;
+  timeline_->ops.push_back(std::move(t));
+  return timeline_->ops.back();
+}
+
+// ---- host ----
+
+void Engine::IssueCommand(RankState& r, const ProgCommand& cmd) {
+  for (std::uint32_t i = cmd.first; i < cmd.end; ++i) {
+    ++r.streams[Idx(r.prog->ops[i].stream)].issued;
+  }
+}
+
+void Engine::OnHostIssue(TimeUs now, RankState& r) {
+  last_time_ = std::max(last_time_, now);
+  const std::vector<ProgCommand>& cmds = r.prog->commands;
+  // Host-only commands take no time.
+  auto skip_free = [&] {
+    while (r.pc < cmds.size() && !cmds[r.pc].host_cost) IssueCommand(r, cmds[r.pc++]);
+  };
+  skip_free();
+  if (r.pc >= cmds.size()) {
+    r.host = HostState::kDone;
+    Advance(r, now);
+    return;
+  }
+  const ProgCommand& cmd = cmds[r.pc];
+  if (cmd.gather_bytes > 0) {
+    if (opt_.memory_cap && r.total() + r.reserved + cmd.gather_bytes > *opt_.memory_cap) {
+      if (r.host == HostState::kRunning) r.block_start = now - opt_.launch_us;
+      r.host = HostState::kBlocked;
+      Advance(r, now);
+      return;
+    }
+    if (r.host == HostState::kResuming && r.recorded) {
+      ProgOp marker;
+      marker.unit = cmd.unit;
+      marker.step = cmd.origin.step;
+      marker.microbatch = cmd.origin.microbatch;
+      marker.event = cmd.origin.event;
+      Record(r, Track::kHost, OpKind::kHostBlock, marker, r.block_start, now - opt_.launch_us);
+    }
+    r.host = HostState::kRunning;
+    r.reserved +=
+        cmd.gather_bytes;  // in use from the gather's start; reserved for the cap till then
+  }
+  if (r.host == HostState::kResuming) {
+    // A free woke the host but it was not waiting for a gather any more.
+    r.host = HostState::kRunning;
+  }
+  ++commands_;
+  if (r.recorded && opt_.record_host_ops && opt_.launch_us > 0) {
+    ProgOp marker = cmd.first < cmd.end ? r.prog->ops[cmd.first] : ProgOp{};
+    marker.unit = cmd.unit;
+    marker.step = cmd.origin.step;
+    marker.microbatch = cmd.origin.microbatch;
+    marker.event = cmd.origin.event;
+    Record(r, Track::kHost, OpKind::kHostIssue, marker, now - opt_.launch_us, now);
+  }
+  IssueCommand(r, cmd);
+  ++r.pc;
+  skip_free();
+  Advance(r, now);
+  if (r.pc < cmds.size()) {
+    queue_.Push(now + opt_.launch_us, HostIssueEv{r.rank});
+  } else {
+    r.host = HostState::kDone;
+  }
+}
+
+// ---- streams ----
+
+void Engine::Advance(RankState& r, TimeUs now) {
+  // At one instant, events, waits and frees on every stream come before any allocation or
+  // start: a free that the same instant makes possible is not delayed behind another stream's
+  // allocation, so a peak is not inflated by the order of simultaneous events. Communication
+  // streams first.
+  constexpr std::array<int, 3> kOrder = {kGatherStream, kScatterStream, kComputeStream};
+  bool progress = true;
+  while (progress && failure_.ok()) {
+    progress = false;
+    for (int s : kOrder) progress |= AdvanceStream(r, s, now, /*instant_only=*/true);
+    if (progress) continue;
+    for (int s : kOrder) progress |= AdvanceStream(r, s, now, /*instant_only=*/false);
+  }
+}
+
+bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
+  StreamState& st = r.streams[Idx(s)];
+  bool progressed = false;
+  while (!st.busy && !st.arrived && st.completed < st.issued && failure_.ok()) {
+    const ProgOp& op = OpAt(r, s, st.completed);
+    if (instant_only && (op.type == PlanOpKind::kAlloc || op.type == PlanOpKind::kCompute ||
+                         op.type == PlanOpKind::kCollective)) {
+      return progressed;
+    }
+    switch (op.type) {
+      case PlanOpKind::kWait: {
+        if (r.streams[Idx(op.wait_stream)].completed < op.wait_count) return progressed;
+        if (op.timeline_op >= 0 && r.recorded) {
+          // A compute ordered after a gather: one arrow from the gather, drawn once.
+          const std::size_t g = Idx(op.timeline_op);
+          if (!r.gather_flowed[g] && r.gather_id[g] >= 0) {
+            r.gather_flowed[g] = 1;
+            r.pending_waited.push_back(r.gather_id[g]);
+          }
+        }
+        ++st.completed;
+        progressed = true;
+        break;
+      }
+      case PlanOpKind::kAlloc:
+        ++st.completed;
+        progressed = true;
+        if (!DeviceAlloc(r, now, op)) return true;
+        break;
+      case PlanOpKind::kFree:
+        if (op.timeline_op >= 0 && r.recorded) RecordPlanned(r, op, now, now);  // a release
+        ++st.completed;
+        progressed = true;
+        Free(r, now, op.category, op.bytes, op.step, op.unit);
+        break;
+      case PlanOpKind::kCompute: StartCompute(r, op, now); return true;
+      case PlanOpKind::kCollective:
+        st.arrived = true;
+        Arrive(s, op, now);
+        return true;
+      default:  // records, and fill/check operations (not in a simulated plan)
+        ++st.completed;
+        progressed = true;
+        break;
+    }
+  }
+  return progressed;
+}
+
+double Engine::ComputeRate(const RankState& r) const {
+  return (opt_.contention > 0 && r.active_collectives > 0) ? 1.0 / (1.0 + opt_.contention) : 1.0;
+}
+
+void Engine::StartCompute(RankState& r, const ProgOp& op, TimeUs now) {
+  StreamState& st = r.streams[kComputeStream];
+  st.busy = true;
+  st.start = now;
+  r.compute_remaining = op.us * r.compute_factor;
+  r.compute_rate = ComputeRate(r);
+  r.compute_last = now;
+  ++r.compute_version;
+  queue_.Push(now + r.compute_remaining / r.compute_rate, ComputeDoneEv{r.rank, r.compute_version});
+}
+
+// Contention: the compute rate changed because collectives started or ended.
+void Engine::Reprice(RankState& r, TimeUs now) {
+  if (opt_.contention <= 0) return;
+  StreamState& st = r.streams[kComputeStream];
+  double rate = ComputeRate(r);
+  if (!st.busy || rate == r.compute_rate) {
+    r.compute_rate = rate;
+    return;
+  }
+  r.compute_remaining -= (now - r.compute_last) * r.compute_rate;
+  r.compute_remaining = std::max(0.0, r.compute_remaining);
+  r.compute_last = now;
+  r.compute_rate = rate;
+  ++r.compute_version;
+  queue_.Push(now + r.compute_remaining / rate, ComputeDoneEv{r.rank, r.compute_version});
+}
+
+void Engine::OnComputeDone(TimeUs now, const ComputeDoneEv& e) {
+  RankState& r = ranks_[Idx(e.rank)];
+  if (e.version != r.compute_version) return;  // repriced
+  last_time_ = std::max(last_time_, now);
+  StreamState& st = r.streams[kComputeStream];
+  const ProgOp& op = OpAt(r, kComputeStream, st.completed);
+  if (r.recorded) {
+    TimelineOp& t = RecordPlanned(r, op, st.start, now);
+    t.waited_on = std::move(r.pending_waited);
+    r.pending_waited.clear();
+  }
+  st.busy = false;
+  ++st.completed;
+  Advance(r, now);
+}
+
+// ---- collectives ----
+
+void Engine::Arrive(int s, const ProgOp& op, TimeUs now) {
+  PendingCollective& p = pending_[Idx(s)][op.coll_seq];
+  ++p.arrived;
+  if (p.arrived < static_cast<int>(ranks_.size())) return;
+  // Every rank is at the head of this stream with its k-th collective: they must agree.
+  for (const RankState& q : ranks_) {
+    const ProgOp& qop = OpAt(q, s, q.streams[Idx(s)].completed);
+    if (qop.unit != op.unit || qop.bytes != op.bytes || qop.kind != op.kind) {
+      return;  // mismatch: nobody starts; reported as a deadlock at the end
+    }
+  }
+  p.started = true;
+  TimeUs cost = opt_.cluster.CollectiveUs(op.kind, op.bytes, world_size_);
+  for (RankState& q : ranks_) {
+    StreamState& st = q.streams[Idx(s)];
+    st.busy = true;
+    st.arrived = false;
+    st.start = now;
+    ++q.active_collectives;
+    Reprice(q, now);
+  }
+  StartCollectiveClock(s, op.coll_seq, cost, now);
+}
+
+// Communication contention: collectives of one group run on the all-gather and the
+// reduce-scatter streams at once; while both are in progress the one on stream s runs
+// (1 + comm_slowdown_[s]) times slower (they share links, copy engines and cores). Every rank
+// takes part in every collective, so the overlap is the same on every rank and one clock per
+// stream suffices. Each clock counts solo microseconds left at its own rate: a start or an end
+// on one stream reprices the others, each by its own factor.
+void Engine::StartCollectiveClock(int s, std::uint32_t seq, TimeUs cost, TimeUs now) {
+  CollClock& c = coll_clock_[Idx(s)];
+  c.active = true;
+  c.seq = seq;
+  c.remaining = cost;
+  c.rate = 0;  // forces a (re)schedule below
+  c.last = now;
+  RepriceCollectives(now);
+}
+
+void Engine::RepriceCollectives(TimeUs now) {
+  int active = 0;
+  for (const CollClock& c : coll_clock_) active += c.active ? 1 : 0;
+  for (std::size_t s = 0; s < coll_clock_.size(); ++s) {
+    CollClock& c = coll_clock_[s];
+    const double rate = active >= 2 ? 1.0 / (1.0 + comm_slowdown_[s]) : 1.0;
+    if (!c.active || c.rate == rate) continue;
+    if (c.rate > 0) c.remaining = std::max(0.0, c.remaining - (now - c.last) * c.rate);
+    c.last = now;
+    c.rate = rate;
+    ++c.version;
+    queue_.Push(now + c.remaining / rate,
+                CollectiveDoneEv{static_cast<std::int32_t>(s), c.seq, c.version});
+  }
+}
+
+void Engine::OnCollectiveDone(TimeUs now, const CollectiveDoneEv& e) {
+  CollClock& clock = coll_clock_[Idx(e.stream)];
+  if (!clock.active || e.version != clock.version) return;  // repriced
+  clock.active = false;
+  RepriceCollectives(now);
+  last_time_ = std::max(last_time_, now);
+  int s = e.stream;
+  for (RankState& q : ranks_) {
+    StreamState& st = q.streams[Idx(s)];
+    const ProgOp& op = OpAt(q, s, st.completed);
+    st.busy = false;
+    ++st.completed;
+    ++st.coll_done;
+    --q.active_collectives;
+    Reprice(q, now);
+    if (q.recorded) {
+      TimelineOp& t = RecordPlanned(q, op, st.start, now);
+      t.kind = CollectiveOpKind(op.kind);
+      if (op.kind == CollectiveKind::kAllGather) {
+        // A compute waits on a gather only after it completed: link it now.
+        q.gather_id[Idx(op.timeline_op)] = t.id;
+        q.gather_flowed[Idx(op.timeline_op)] = 0;
+      }
+    }
+  }
+  for (RankState& q : ranks_) Advance(q, now);
+}
+
+}  // namespace fsdplab::sim

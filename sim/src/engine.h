@@ -1,0 +1,158 @@
+// Internal to the simulator: the discrete-event engine that runs every simulated rank's compiled
+// stream plan (program.h) in virtual time. See simulator.h for what is modelled.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "event_queue_types.h"
+#include "fsdplab/core/model.h"
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/timeline.h"
+#include "fsdplab/sim/event_queue.h"
+#include "fsdplab/sim/simulator.h"
+#include "program.h"
+
+namespace fsdplab::sim {
+
+enum class HostState : std::uint8_t { kRunning, kBlocked, kResuming, kDone };
+
+struct StreamState {
+  std::uint32_t issued = 0;
+  std::uint32_t completed = 0;
+  bool busy = false;     // the head has started (compute or collective)
+  bool arrived = false;  // the head is a collective waiting for the other ranks
+  TimeUs start = 0;
+  std::uint32_t coll_done = 0;  // collectives completed on this stream
+};
+
+struct RankState {
+  const SimProgram* prog = nullptr;
+  const Model* model = nullptr;
+  int rank = 0;
+  double compute_factor = 1.0;
+  bool recorded = false;
+  std::uint32_t pc = 0;  // next command to issue
+  HostState host = HostState::kRunning;
+  TimeUs block_start = 0;
+  std::array<StreamState, kNumStreams> streams{};
+  int active_collectives = 0;
+  // Compute progress (for contention).
+  std::uint32_t compute_version = 0;
+  double compute_remaining = 0;  // full-speed microseconds left
+  double compute_rate = 1.0;
+  TimeUs compute_last = 0;
+  // Memory.
+  std::array<Bytes, kNumMemoryCategories> mem{};
+  Bytes peak = 0;
+  TimeUs peak_at = 0;
+  Bytes reserved = 0;  // gathers issued by the host, not started yet (counted against the cap)
+  // Timeline links: per plan timeline op of a gather, the id it got; whether an arrow was drawn.
+  std::vector<std::int64_t> gather_id;
+  std::vector<std::uint8_t> gather_flowed;
+  std::vector<std::int64_t> pending_waited;  // gathers the next compute waited on
+
+  Bytes total() const {
+    Bytes t = 0;
+    for (Bytes b : mem) t += b;
+    return t;
+  }
+  bool finished() const {
+    if (pc < prog->commands.size()) return false;
+    for (const StreamState& s : streams) {
+      if (s.completed < s.issued) return false;
+    }
+    return true;
+  }
+};
+
+class Engine {
+ public:
+  Engine(const SimOptions& options, int world_size, std::vector<RankState> ranks,
+         const std::array<std::uint32_t, kNumStreams>& max_collectives_per_stream);
+
+  void Run(Timeline& timeline);
+
+  const Status& failure() const { return failure_; }
+  std::uint64_t events() const { return queue_.processed(); }
+  std::uint64_t commands() const { return commands_; }
+  const std::vector<RankState>& ranks() const { return ranks_; }
+
+ private:
+  struct PendingCollective {
+    int arrived = 0;
+    bool started = false;
+  };
+  struct CollClock {
+    bool active = false;
+    std::uint32_t seq = 0;
+    std::uint32_t version = 0;
+    double remaining = 0;  // solo microseconds left
+    double rate = 0;
+    TimeUs last = 0;
+  };
+  // What rank r waits in: the collective at the head of one of its streams.
+  struct Waiting {
+    int stream = -1;
+    const ProgOp* op = nullptr;
+  };
+
+  const ProgOp& OpAt(const RankState& r, int stream, std::uint32_t entry) const {
+    return r.prog->ops[r.prog->stream_ops[static_cast<std::size_t>(stream)][entry]];
+  }
+  std::string UnitName(const RankState& r, UnitId u) const {
+    return std::string(r.model->NameOf(u));
+  }
+
+  // memory
+  void InitMemory(RankState& r);
+  void Sample(RankState& r, TimeUs now, int step, UnitId unit);
+  bool DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op);
+  void Free(RankState& r, TimeUs now, MemoryCategory cat, Bytes bytes, int step, UnitId unit);
+  void Fail(Status s);
+  // timeline
+  TimelineOp& Record(RankState& r, Track track, OpKind kind, const ProgOp& op, TimeUs start,
+                     TimeUs end);
+  TimelineOp& RecordPlanned(RankState& r, const ProgOp& op, TimeUs start, TimeUs end);
+  // host
+  void OnHostIssue(TimeUs now, RankState& r);
+  void IssueCommand(RankState& r, const ProgCommand& cmd);
+  // streams
+  void Advance(RankState& r, TimeUs now);
+  bool AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only);
+  double ComputeRate(const RankState& r) const;
+  void StartCompute(RankState& r, const ProgOp& op, TimeUs now);
+  void Reprice(RankState& r, TimeUs now);
+  void OnComputeDone(TimeUs now, const ComputeDoneEv& e);
+  // collectives
+  void Arrive(int s, const ProgOp& op, TimeUs now);
+  void StartCollectiveClock(int s, std::uint32_t seq, TimeUs cost, TimeUs now);
+  void RepriceCollectives(TimeUs now);
+  void OnCollectiveDone(TimeUs now, const CollectiveDoneEv& e);
+  // the end: out of memory or deadlock (deadlock.cc)
+  void CheckQuiescent();
+  Waiting WaitingIn(const RankState& r) const;
+  std::string DescribeOp(const RankState& r, const ProgOp& op) const;
+  std::string EdgeText(const RankState& r, const Waiting& w, const RankState& q) const;
+  bool Blocks(const RankState& r, const Waiting& w, const RankState& q) const;
+  std::string DescribeDeadlock() const;
+
+  const SimOptions& opt_;
+  int world_size_;
+  std::vector<RankState> ranks_;
+  EventQueue<SimEvent> queue_;
+  std::array<std::vector<PendingCollective>, kNumStreams> pending_;
+  std::array<CollClock, kNumStreams> coll_clock_{};
+  std::array<double, kNumStreams> comm_slowdown_{};  // per stream, see StartCollectiveClock
+  Timeline* timeline_ = nullptr;
+  std::int64_t next_op_id_ = 0;
+  Status failure_;
+  TimeUs last_time_ = 0;
+  TimeUs end_time_ = 0;
+  std::uint64_t commands_ = 0;
+};
+
+}  // namespace fsdplab::sim

@@ -1,0 +1,23 @@
+// Internal to the simulator: the engine's event types.
+#pragma once
+
+#include <cstdint>
+#include <variant>
+
+namespace fsdplab::sim {
+
+struct HostIssueEv {
+  std::int32_t rank;
+};
+struct ComputeDoneEv {
+  std::int32_t rank;
+  std::uint32_t version;
+};
+struct CollectiveDoneEv {
+  std::int32_t stream;
+  std::uint32_t seq;
+  std::uint32_t version;  // stale when the collective was repriced since
+};
+using SimEvent = std::variant<HostIssueEv, ComputeDoneEv, CollectiveDoneEv>;
+
+}  // namespace fsdplab::sim

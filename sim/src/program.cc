@@ -1,0 +1,115 @@
+#include "program.h"
+
+#include <fmt/format.h>
+
+#include "fsdplab/sim/simulator.h"
+
+namespace fsdplab::sim {
+
+std::shared_ptr<const SimProgram> CompilePlan(const StreamPlanner& plan) {
+  auto prog = std::make_shared<SimProgram>();
+  const std::vector<PlanOp>& ops = plan.ops();
+  // The plan's set-up (before the first command) becomes the engine's initial memory; the
+  // stream positions of events are shifted by the operations dropped with it.
+  std::array<std::uint32_t, kNumStreams> dropped{};
+  std::size_t i = 0;
+  for (; i < ops.size() && ops[i].command < 0; ++i) {
+    const PlanOp& op = ops[i];
+    ++dropped[static_cast<std::size_t>(op.stream)];
+    const auto c = static_cast<std::size_t>(op.category);
+    if (op.kind == PlanOpKind::kAlloc) prog->initial_memory[c] += op.bytes;
+    if (op.kind == PlanOpKind::kFree) prog->initial_memory[c] -= op.bytes;
+  }
+  prog->ops.reserve(ops.size() - i);
+  for (const PlanCommand& pc : plan.commands()) {
+    ProgCommand cmd;
+    cmd.first = static_cast<std::uint32_t>(prog->ops.size());
+    cmd.host_cost = pc.host_cost;
+    cmd.unit = pc.unit;
+    cmd.origin = pc.origin;
+    for (int k = pc.first; k < pc.end; ++k) {
+      const PlanOp& op = ops[static_cast<std::size_t>(k)];
+      ProgOp p;
+      p.type = op.kind;
+      p.stream = static_cast<std::int8_t>(op.stream);
+      p.kind = op.collective;
+      p.category = op.category;
+      p.phase = op.phase;
+      p.reason = op.reason;
+      p.planes = op.planes;
+      p.unit = op.unit;
+      p.step = op.origin.step;
+      p.microbatch = op.origin.microbatch;
+      p.event = op.origin.event;
+      p.timeline_op = op.timeline_op;
+      p.us = op.us;
+      p.bytes = op.bytes;
+      if (op.kind == PlanOpKind::kWait) {
+        const int s = plan.slot_stream(op.slot);
+        p.wait_stream = static_cast<std::int8_t>(s);
+        // The record at that position has completed.
+        p.wait_count = static_cast<std::uint32_t>(plan.slot_position(op.slot) + 1) -
+                       dropped[static_cast<std::size_t>(s)];
+      }
+      if (op.kind == PlanOpKind::kAlloc && op.category == MemoryCategory::kUnshardedParams) {
+        cmd.gather_bytes += op.bytes;
+      }
+      const auto s = static_cast<std::size_t>(op.stream);
+      const auto index = static_cast<std::uint32_t>(prog->ops.size());
+      if (op.kind == PlanOpKind::kCollective) {
+        p.coll_seq = static_cast<std::uint32_t>(prog->collectives[s].size());
+        prog->collectives[s].push_back(index);
+      }
+      prog->stream_ops[s].push_back(index);
+      prog->ops.push_back(p);
+    }
+    cmd.end = static_cast<std::uint32_t>(prog->ops.size());
+    prog->commands.push_back(cmd);
+  }
+  prog->timeline = plan.timeline_ops();
+  return prog;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SimExecutor: the scheduler's sink; lowers commands into the plan.
+
+struct SimExecutor::State {
+  State(const Model& model, ModelLayout l, const Policy& policy, int rank)
+      : layout(std::move(l)),
+        planner(model, layout,
+                PlanConfig{.rank = rank, .unified_comm_stream = policy.unified_comm_stream}) {}
+  ModelLayout layout;
+  StreamPlanner planner;
+  Status begun;
+};
+
+SimExecutor::SimExecutor(const Model& model, const Policy& policy, int world_size) {
+  StatusOr<ModelLayout> layout = ModelLayout::Create(model, policy, world_size);
+  if (!layout.ok()) {
+    error_ = layout.status();
+    return;
+  }
+  state_ = std::make_unique<State>(model, std::move(*layout), policy, 0);
+  error_ = state_->planner.Begin();
+}
+
+SimExecutor::~SimExecutor() = default;
+
+std::size_t SimExecutor::size() const { return state_ ? state_->planner.ops().size() : 0; }
+
+const StreamPlanner* SimExecutor::plan() const { return state_ ? &state_->planner : nullptr; }
+
+Status SimExecutor::Execute(const Command& command) {
+  if (!error_.ok()) return error_;
+  if (!state_) return InternalError("SimExecutor: program already handed over");
+  return state_->planner.Lower(command);
+}
+
+std::shared_ptr<const SimProgram> SimExecutor::Finish() {
+  if (!state_) return std::make_shared<SimProgram>();
+  std::shared_ptr<const SimProgram> p = CompilePlan(state_->planner);
+  state_.reset();
+  return p;
+}
+
+}  // namespace fsdplab::sim
