@@ -12,9 +12,10 @@
 #include <thread>
 #include <utility>
 
+#include "fsdplab/core/param_layout.h"
+#include "fsdplab/core/stream_plan.h"
 #include "fsdplab/cuda/check.h"
 #include "fsdplab/cuda/internal/kernels.h"
-#include "fsdplab/cuda/stream_program.h"
 
 namespace fsdplab::cuda {
 namespace {
@@ -39,8 +40,8 @@ constexpr std::uint64_t kGradSeedSalt = 0x6772616473ull;  // "grads"
 struct RankState {
   int rank = 0;
   int device = 0;
-  std::unique_ptr<StreamProgram> program;
-  std::array<CudaStream, kNumStreams> streams;
+  std::unique_ptr<StreamPlanner> program;
+  std::array<CudaStream, kPlanStreams> streams;
   NcclComm comm;
   CublasHandle cublas;
   std::vector<DeviceBuffer> buffers;
@@ -48,15 +49,15 @@ struct RankState {
   DeviceBuffer counters;  // [0] wrong gathered bytes, [1] wrong grad elements, [2] max err bits
   DeviceBuffer emu_scratch;
   DeviceBuffer x, y, dw, deq;  // GEMM operands
-  std::vector<DeviceOp> pending;
+  std::vector<PlanOp> pending;
 };
 
 }  // namespace
 
 class CudaExecutor::Impl {
  public:
-  Impl(const Model& model, const Policy& policy, ExecutorConfig config)
-      : model_(model), policy_(policy), config_(std::move(config)) {}
+  Impl(const Model& model, ModelLayout layout, ExecutorConfig config)
+      : model_(model), layout_(std::move(layout)), config_(std::move(config)) {}
 
   Status Setup(const Trace& trace, std::vector<NcclComm> comms);
   Status Execute(const Command& command);
@@ -69,9 +70,10 @@ class CudaExecutor::Impl {
 
  private:
   Status RunOps();
-  Status RunOp(RankState& r, const DeviceOp& op);
-  Status RunCollective(RankState& r, const DeviceOp& op);
-  Status RunCompute(RankState& r, const DeviceOp& op);
+  Status RunOp(RankState& r, const PlanOp& op);
+  Status RunCollective(RankState& r, const PlanOp& op);
+  Status RunPart(RankState& r, const PlanOp& op, const CollectivePart& part);
+  Status RunCompute(RankState& r, const PlanOp& op);
   Status Gemm(RankState& r, Phase phase, DType dtype, const void* w, std::int64_t rows,
               std::int64_t cols, std::int64_t tokens, bool w_is_transposed);
   Status EnsureEvent(RankState& r, int slot);
@@ -80,10 +82,10 @@ class CudaExecutor::Impl {
   Status WaitSlots(const std::vector<std::pair<int, int>>& slots, std::string_view what);
   std::string DescribeStuck(std::size_t rank_index) const;
   Status CalibrateGemm(RankState& r);
-  std::int64_t TokensFor(const DeviceOp& op) const;
+  std::int64_t TokensFor(const PlanOp& op) const;
 
   const Model& model_;
-  Policy policy_;
+  ModelLayout layout_;  // the plan's byte counts, computed once
   ExecutorConfig config_;
   std::vector<RankState> ranks_;
   Timeline timeline_;
@@ -113,12 +115,14 @@ Status CudaExecutor::Impl::Setup(const Trace& trace, std::vector<NcclComm> comms
     for (const ParamGroup& g : u.groups()) {
       max_plane = std::max({max_plane, g.rowwise_bytes, g.columnwise_bytes});
     }
-    for (const ParamSpec& p : u.params()) {
-      const GemmShape s = ParamGemmShape(p);
-      if (s.rows <= 1) continue;
-      unit_gemm_elems_[static_cast<std::size_t>(u.id())] += static_cast<Elements>(s.rows * s.cols);
-      max_rows = std::max(max_rows, s.rows);
-      max_cols = std::max(max_cols, s.cols);
+    for (const GroupLayout& gl : layout_.groups(u.id())) {
+      for (const ParamLayout& pl : gl.params) {
+        if (!pl.matrix || pl.rows <= 1) continue;
+        unit_gemm_elems_[static_cast<std::size_t>(u.id())] +=
+            static_cast<Elements>(pl.rows * pl.cols);
+        max_rows = std::max(max_rows, pl.rows);
+        max_cols = std::max(max_cols, pl.cols);
+      }
     }
   }
   for (std::size_t i = 0; i < n; ++i) {
@@ -145,16 +149,17 @@ Status CudaExecutor::Impl::Setup(const Trace& trace, std::vector<NcclComm> comms
     FSDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
     std::uint64_t zero = 0;
     FSDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero));
-    ProgramConfig pc{.rank = r.rank,
-                     .world_size = config_.world_size,
-                     .emulated = config_.emulated,
-                     .check = config_.check,
-                     .check_step = 0,
-                     .fail_rank = config_.fail_rank,
-                     .fail_op = config_.fail_op,
-                     .fail_step = config_.fail_step,
-                     .fail_unit = config_.fail_unit};
-    r.program = std::make_unique<StreamProgram>(model_, policy_, pc);
+    PlanConfig pc{.rank = r.rank,
+                  .unified_comm_stream = config_.unified_comm_stream,
+                  .emulated = config_.emulated,
+                  .check = config_.check,
+                  .check_step = 0,
+                  .fail_rank = config_.fail_rank,
+                  .fail_op = config_.fail_op,
+                  .fail_step = config_.fail_step,
+                  .fail_unit = config_.fail_unit};
+    r.program = std::make_unique<StreamPlanner>(model_, layout_, pc);
+    FSDP_RETURN_IF_ERROR(r.program->Begin());
   }
   if (config_.compute == ComputeMode::kGemm) {
     FSDP_RETURN_IF_ERROR(CalibrateGemm(ranks_[0]));
@@ -172,8 +177,8 @@ Status CudaExecutor::Impl::Setup(const Trace& trace, std::vector<NcclComm> comms
       }
     }
     for (UnitId u = 0; u < model_.num_units(); ++u) {
-      DeviceOp probe;
-      probe.kind = DeviceOpKind::kCompute;
+      PlanOp probe;
+      probe.kind = PlanOpKind::kCompute;
       probe.unit = u;
       probe.phase = Phase::kForward;
       probe.us = unit_longest[static_cast<std::size_t>(u)];
@@ -256,7 +261,7 @@ Status CudaExecutor::Impl::CalibrateGemm(RankState& r) {
   return Status::Ok();
 }
 
-std::int64_t CudaExecutor::Impl::TokensFor(const DeviceOp& op) const {
+std::int64_t CudaExecutor::Impl::TokensFor(const PlanOp& op) const {
   if (op.unit == kNoUnit) return 0;
   const Elements elems = unit_gemm_elems_[static_cast<std::size_t>(op.unit)];
   if (elems == 0 || gemm_flops_per_s_ <= 0) return 0;
@@ -300,12 +305,12 @@ Status CudaExecutor::Impl::Execute(const Command& command) {
 }
 
 Status CudaExecutor::Impl::RunOps() {
-  for (RankState& r : ranks_) r.pending = r.program->TakeOps();
+  for (RankState& r : ranks_) r.pending = r.program->TakeNewOps();
   std::size_t n = 0;
   for (const RankState& r : ranks_) n = std::max(n, r.pending.size());
   auto is_nccl = [&](std::size_t i) {
     for (const RankState& r : ranks_) {
-      if (i < r.pending.size() && r.pending[i].kind == DeviceOpKind::kCollective &&
+      if (i < r.pending.size() && r.pending[i].kind == PlanOpKind::kCollective &&
           !r.pending[i].emulated) {
         return true;
       }
@@ -346,7 +351,7 @@ Status CudaExecutor::Impl::RunOps() {
       return failed;
     }
     if (end != ncclSuccess) {
-      const DeviceOp& op = ranks_[0].pending[i];
+      const PlanOp& op = ranks_[0].pending[i];
       Status s =
           NcclError(end, "ncclGroupEnd()", __FILE__, __LINE__)
               .WithContext(fmt::format("step {}, unit '{}', {}", op.origin.step,
@@ -370,7 +375,7 @@ Status CudaExecutor::Impl::EnsureEvent(RankState& r, int slot) {
   return Status::Ok();
 }
 
-Status CudaExecutor::Impl::RunOp(RankState& r, const DeviceOp& op) {
+Status CudaExecutor::Impl::RunOp(RankState& r, const PlanOp& op) {
   std::optional<DeviceGuard> guard;
   if (ranks_.size() > 1) guard.emplace(r.device);
   cudaStream_t stream = r.streams[static_cast<std::size_t>(op.stream)].get();
@@ -382,44 +387,46 @@ Status CudaExecutor::Impl::RunOp(RankState& r, const DeviceOp& op) {
   }
   auto* counters = r.counters.as<unsigned long long>();
   switch (op.kind) {
-    case DeviceOpKind::kRecord:
+    case PlanOpKind::kRecord:
       FSDP_RETURN_IF_ERROR(EnsureEvent(r, op.slot));
       return r.events[static_cast<std::size_t>(op.slot)].Record(stream);
-    case DeviceOpKind::kWait:
+    case PlanOpKind::kWait:
       FSDP_RETURN_IF_ERROR(EnsureEvent(r, op.slot));
       return r.events[static_cast<std::size_t>(op.slot)].WaitOn(stream);
-    case DeviceOpKind::kAlloc: {
-      FSDP_ASSIGN_OR_RETURN(buffer(op.buffer),
-                            DeviceBuffer::AllocateOn(r.device, op.bytes, stream));
+    case PlanOpKind::kAlloc: {
+      if (op.buffer < 0) return Status::Ok();  // accounting only (activations, outputs)
+      const Bytes bytes = r.program->buffers()[static_cast<std::size_t>(op.buffer)].bytes;
+      FSDP_ASSIGN_OR_RETURN(buffer(op.buffer), DeviceBuffer::AllocateOn(r.device, bytes, stream));
       return Status::Ok();
     }
-    case DeviceOpKind::kFree: return buffer(op.buffer).FreeOn(stream);
-    case DeviceOpKind::kFillShard: {
+    case PlanOpKind::kFree:
+      if (op.buffer < 0) return Status::Ok();
+      return buffer(op.buffer).FreeOn(stream);
+    case PlanOpKind::kFillShard: {
       // Rank r holds bytes [r*S, (r+1)*S) of the padded plane; not sharded, all of it.
-      const Bytes offset =
-          policy_.sharding == Sharding::kNoShard ? 0 : static_cast<Bytes>(r.rank) * op.bytes;
+      const Bytes offset = layout_.sharded() ? static_cast<Bytes>(r.rank) * op.bytes : 0;
       FSDP_CUDA_CHECK(internal::FillPattern(
           buffer(op.buffer).get(), op.bytes, offset,
           internal::PatternKey(config_.seed, op.unit, op.group, op.plane), stream));
       return Status::Ok();
     }
-    case DeviceOpKind::kCollective: return RunCollective(r, op);
-    case DeviceOpKind::kCompute: return RunCompute(r, op);
-    case DeviceOpKind::kFillGrad: {
-      const BufferInfo& info = r.program->buffers()[static_cast<std::size_t>(op.buffer)];
+    case PlanOpKind::kCollective: return RunCollective(r, op);
+    case PlanOpKind::kCompute: return RunCompute(r, op);
+    case PlanOpKind::kFillGrad: {
+      const PlanBuffer& info = r.program->buffers()[static_cast<std::size_t>(op.buffer)];
       FSDP_CUDA_CHECK(internal::FillGrad(
           buffer(op.buffer).get(), info.dtype, info.elements,
           internal::PatternKey(config_.seed ^ kGradSeedSalt, op.unit, op.group, 0), r.rank,
           stream));
       return Status::Ok();
     }
-    case DeviceOpKind::kCheckGather:
+    case PlanOpKind::kCheckGather:
       FSDP_CUDA_CHECK(internal::CheckPattern(
           buffer(op.buffer).get(), op.bytes,
           internal::PatternKey(config_.seed, op.unit, op.group, op.plane), counters + 0, stream));
       return Status::Ok();
-    case DeviceOpKind::kCheckReduce: {
-      const BufferInfo& info = r.program->buffers()[static_cast<std::size_t>(op.buffer)];
+    case PlanOpKind::kCheckReduce: {
+      const PlanBuffer& info = r.program->buffers()[static_cast<std::size_t>(op.buffer)];
       const ParamGroup& g = model_.unit(op.unit).groups()[static_cast<std::size_t>(op.group)];
       const Elements offset = op.collective == CollectiveKind::kAllReduce
                                   ? 0
@@ -434,11 +441,18 @@ Status CudaExecutor::Impl::RunOp(RankState& r, const DeviceOp& op) {
   return Status::Ok();
 }
 
-Status CudaExecutor::Impl::RunCollective(RankState& r, const DeviceOp& op) {
+// One collective of the plan: a call per part (plane or group), inside the NCCL group RunOps
+// opened around consecutive collectives.
+Status CudaExecutor::Impl::RunCollective(RankState& r, const PlanOp& op) {
   if (op.skip) return Status::Ok();  // fault injection: this rank never calls it
+  for (const CollectivePart& part : op.parts) FSDP_RETURN_IF_ERROR(RunPart(r, op, part));
+  return Status::Ok();
+}
+
+Status CudaExecutor::Impl::RunPart(RankState& r, const PlanOp& op, const CollectivePart& part) {
   cudaStream_t stream = r.streams[static_cast<std::size_t>(op.stream)].get();
-  DeviceBuffer& out = r.buffers[static_cast<std::size_t>(op.buffer)];
-  DeviceBuffer& in = r.buffers[static_cast<std::size_t>(op.src_buffer)];
+  DeviceBuffer& out = r.buffers[static_cast<std::size_t>(part.buffer)];
+  DeviceBuffer& in = r.buffers[static_cast<std::size_t>(part.src_buffer)];
   const std::string where = fmt::format("rank {}, step {}, unit '{}', {}", r.rank, op.origin.step,
                                         model_.NameOf(op.unit), CollectiveOpName(op.collective));
   if (op.emulated) {
@@ -447,14 +461,14 @@ Status CudaExecutor::Impl::RunCollective(RankState& r, const DeviceOp& op) {
     auto* scratch = r.emu_scratch.as<unsigned char>();
     switch (op.collective) {
       case CollectiveKind::kAllGather:
-        FSDP_CUDA_CHECK(cudaMemcpyAsync(o, i, op.shard_bytes, cudaMemcpyDeviceToDevice, stream));
-        FSDP_CUDA_CHECK(cudaMemcpyAsync(o + op.shard_bytes, scratch, op.copy_bytes,
+        FSDP_CUDA_CHECK(cudaMemcpyAsync(o, i, part.shard_bytes, cudaMemcpyDeviceToDevice, stream));
+        FSDP_CUDA_CHECK(cudaMemcpyAsync(o + part.shard_bytes, scratch, part.copy_bytes,
                                         cudaMemcpyDeviceToDevice, stream));
         break;
       case CollectiveKind::kReduceScatter:
       case CollectiveKind::kAllReduce:
         FSDP_CUDA_CHECK(
-            cudaMemcpyAsync(scratch, i, op.copy_bytes, cudaMemcpyDeviceToDevice, stream));
+            cudaMemcpyAsync(scratch, i, part.copy_bytes, cudaMemcpyDeviceToDevice, stream));
         FSDP_CUDA_CHECK(cudaMemcpyAsync(o, i, out.bytes(), cudaMemcpyDeviceToDevice, stream));
         break;
     }
@@ -463,7 +477,7 @@ Status CudaExecutor::Impl::RunCollective(RankState& r, const DeviceOp& op) {
   ncclComm_t comm = r.comm.get();
   switch (op.collective) {
     case CollectiveKind::kAllGather: {
-      std::size_t count = op.shard_bytes;
+      std::size_t count = part.shard_bytes;
       if (op.mismatch && count > 1) count -= 1;
       const ncclResult_t res = ncclAllGather(in.get(), out.get(), count, ncclUint8, comm, stream);
       if (res != ncclSuccess) {
@@ -473,7 +487,7 @@ Status CudaExecutor::Impl::RunCollective(RankState& r, const DeviceOp& op) {
     }
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllReduce: {
-      const BufferInfo& info = r.program->buffers()[static_cast<std::size_t>(op.buffer)];
+      const PlanBuffer& info = r.program->buffers()[static_cast<std::size_t>(part.buffer)];
       std::size_t count = info.elements;
       if (op.mismatch && count > 1) count -= 1;
       const ncclResult_t res = op.collective == CollectiveKind::kAllReduce
@@ -525,8 +539,8 @@ Status CudaExecutor::Impl::Gemm(RankState& r, Phase phase, DType dtype, const vo
   return Status::Ok();
 }
 
-Status CudaExecutor::Impl::RunCompute(RankState& r, const DeviceOp& op) {
-  cudaStream_t stream = r.streams[kStreamCompute].get();
+Status CudaExecutor::Impl::RunCompute(RankState& r, const PlanOp& op) {
+  cudaStream_t stream = r.streams[kPlanCompute].get();
   const std::int64_t tokens = config_.compute == ComputeMode::kGemm ? TokensFor(op) : 0;
   if (tokens == 0) {
     const auto ns = static_cast<std::uint64_t>(std::llround(op.us * config_.compute_scale * 1e3));
@@ -534,14 +548,14 @@ Status CudaExecutor::Impl::RunCompute(RankState& r, const DeviceOp& op) {
     return Status::Ok();
   }
   const Unit& unit = model_.unit(op.unit);
-  const bool no_shard = policy_.sharding == Sharding::kNoShard;
+  const bool no_shard = !layout_.sharded();
   for (int g = 0; g < static_cast<int>(unit.groups().size()); ++g) {
     const ParamGroup& group = unit.groups()[static_cast<std::size_t>(g)];
     // The plane this phase reads: rowwise for forward and recompute, columnwise for backward.
     const int plane = group.multi_plane() && op.phase == Phase::kBackward ? 1 : 0;
     int id = -1;
     for (int b : op.reads) {
-      const BufferInfo& info = r.program->buffers()[static_cast<std::size_t>(b)];
+      const PlanBuffer& info = r.program->buffers()[static_cast<std::size_t>(b)];
       if (info.group == g && info.plane == plane) id = b;
     }
     if (id < 0 && no_shard) id = r.program->sharded_buffer(op.unit, g, plane);
@@ -553,19 +567,18 @@ Status CudaExecutor::Impl::RunCompute(RankState& r, const DeviceOp& op) {
                       plane == 0 ? "rowwise" : "columnwise", g));
     }
     const auto* base = r.buffers[static_cast<std::size_t>(id)].as<unsigned char>();
-    const std::vector<PlaneLayout> layout = GroupPlaneLayout(unit, g, plane);
-    for (std::size_t k = 0; k < group.params.size(); ++k) {
-      const ParamSpec& spec = unit.params()[static_cast<std::size_t>(group.params[k])];
-      const GemmShape shape = ParamGemmShape(spec);
-      if (shape.rows <= 1) continue;
-      const unsigned char* w = base + layout[k].offset;
+    const GroupLayout& gl = layout_.group(op.unit, g);
+    for (const ParamLayout& pl : gl.params) {
+      if (!pl.matrix || pl.rows <= 1) continue;
+      const struct { std::int64_t rows, cols; } shape{pl.rows, pl.cols};
+      const unsigned char* w = base + pl.offset[static_cast<std::size_t>(plane)];
       DType dtype = group.dtype;
       if (group.multi_plane()) {
         // Rowwise: [rows, cols]; columnwise: the transpose [cols, rows], scales along its rows.
         const std::int64_t pr = plane == 0 ? shape.rows : shape.cols;
         const std::int64_t pc = plane == 0 ? shape.cols : shape.rows;
         FSDP_CUDA_CHECK(
-            internal::DequantizeMxfp8(w, w + layout[k].data_bytes, pr, pc, r.deq.get(), stream));
+            internal::DequantizeMxfp8(w, w + pl.data_bytes, pr, pc, r.deq.get(), stream));
         w = r.deq.as<unsigned char>();
         dtype = DType::kBf16;
       }
@@ -664,7 +677,7 @@ Status CudaExecutor::Impl::Finish() {
   float max_err = 0;
   for (RankState& r : ranks_) {
     DeviceGuard guard(r.device);
-    const StreamProgram& p = *r.program;
+    const StreamPlanner& p = *r.program;
     const CudaEvent& base = r.events[0];
     auto at = [&](int slot) -> StatusOr<TimeUs> {
       FSDP_ASSIGN_OR_RETURN(float ms,
@@ -681,6 +694,7 @@ Status CudaExecutor::Impl::Finish() {
       timeline_.ops.push_back(std::move(op));
     }
     for (const PendingSample& s : p.memory_samples()) {
+      if (s.slot < 0) continue;  // after the last event of its stream: never timed
       MemorySample m = s.sample;
       FSDP_ASSIGN_OR_RETURN(m.t_us, at(s.slot));
       timeline_.memory.push_back(m);
@@ -733,12 +747,11 @@ void CudaExecutor::Impl::Abort() noexcept {
 CudaExecutor::CudaExecutor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudaExecutor::~CudaExecutor() = default;
 
-StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(const Model& model,
-                                                             const Policy& policy,
+StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(const Model& model, ModelLayout layout,
                                                              const Trace& trace,
                                                              ExecutorConfig config,
                                                              std::vector<NcclComm> comms) {
-  auto impl = std::make_unique<Impl>(model, policy, std::move(config));
+  auto impl = std::make_unique<Impl>(model, std::move(layout), std::move(config));
   FSDP_RETURN_IF_ERROR(impl->Setup(trace, std::move(comms)));
   return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));
 }

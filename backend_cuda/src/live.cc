@@ -24,12 +24,13 @@ struct Topology {
   std::vector<std::string> notes;
 };
 
-StatusOr<Topology> Connect(const LiveOptions& options, const std::vector<DeviceInfo>& devices) {
+StatusOr<Topology> Connect(const LiveOptions& options, const CudaRunOptions& cuda_options,
+                           const std::vector<DeviceInfo>& devices) {
   Topology t;
   FSDP_ASSIGN_OR_RETURN(LaunchConfig launch, LaunchConfigFromEnv());
   const int visible = static_cast<int>(devices.size());
-  if (options.emulate_world_size.has_value()) {
-    const int w = *options.emulate_world_size;
+  if (cuda_options.emulate_world_size.has_value()) {
+    const int w = *cuda_options.emulate_world_size;
     if (w < 1) return UsageError(fmt::format("--emulate-world-size {} must be at least 1", w));
     if (launch.mode != LaunchMode::kSingleProcess) {
       return UsageError(
@@ -96,73 +97,10 @@ StatusOr<Topology> Connect(const LiveOptions& options, const std::vector<DeviceI
   return t;
 }
 
-// The trace each local rank ran, with measured durations, start times and collectives.
-std::vector<Trace> RecordTraces(const Trace& trace, const LiveOptions& options,
-                                const Timeline& timeline, const ExecutorConfig& config) {
-  std::vector<Trace> out;
-  using Key = std::tuple<int, int, int, int>;  // rank, step, microbatch, event
-  std::map<Key, std::vector<const TimelineOp*>> by_origin;
-  for (const TimelineOp& op : timeline.ops) {
-    by_origin[{op.rank, op.step, op.microbatch, op.event}].push_back(&op);
-  }
-  auto collectives = [&](TraceRecorder& rec, const Key& key) {
-    auto it = by_origin.find(key);
-    if (it == by_origin.end()) return;
-    for (const TimelineOp* op : it->second) {
-      if (!IsCollective(op->kind)) continue;
-      Event c;
-      c.op = Op::kCollective;
-      c.kind = op->kind == OpKind::kAllGather       ? CollectiveKind::kAllGather
-               : op->kind == OpKind::kReduceScatter ? CollectiveKind::kReduceScatter
-                                                    : CollectiveKind::kAllReduce;
-      c.unit = op->unit;
-      c.bytes = op->bytes;
-      c.start_us = op->start_us;
-      c.end_us = op->end_us;
-      rec.Add(c);
-    }
-  };
-  for (int rank : config.ranks) {
-    TraceMeta meta;
-    meta.source = "live-cuda";
-    meta.world_size = config.world_size;
-    meta.rank = rank;
-    TraceRecorder rec(trace.model, meta);
-    for (int s = 0; s < options.steps; ++s) {
-      const Step& step = trace.steps[static_cast<std::size_t>(s) % trace.steps.size()];
-      rec.BeginStep();
-      for (int m = 0; m < static_cast<int>(step.microbatches.size()); ++m) {
-        rec.BeginMicrobatch();
-        if (m == 0) collectives(rec, {rank, s, 0, -1});  // before the first event: first unit
-        const auto& events = step.microbatches[static_cast<std::size_t>(m)].events;
-        for (int e = 0; e < static_cast<int>(events.size()); ++e) {
-          Event ev = events[static_cast<std::size_t>(e)];
-          if (ev.op == Op::kCollective) continue;  // the measured ones replace recorded ones
-          const Key key{rank, s, m, e};
-          if (auto it = by_origin.find(key); it != by_origin.end()) {
-            for (const TimelineOp* op : it->second) {
-              if (ev.op == Op::kCompute && op->kind == OpKind::kCompute) {
-                ev.us = op->end_us - op->start_us;
-                ev.ts_us = op->start_us;
-                break;
-              }
-              if (ev.op != Op::kCompute && !ev.ts_us.has_value()) ev.ts_us = op->start_us;
-            }
-          }
-          rec.Add(ev);
-          collectives(rec, key);
-        }
-      }
-      rec.EndStep();
-    }
-    out.push_back(std::move(rec).Finish());
-  }
-  return out;
-}
-
 }  // namespace
 
-StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options) {
+StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options,
+                                  const CudaRunOptions& cuda_options) {
   if (options.steps < 1)
     return UsageError(fmt::format("steps {} must be at least 1", options.steps));
   if (trace.steps.empty()) return InvalidInput("the trace has no steps to run");
@@ -173,7 +111,7 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   }
   FSDP_RETURN_IF_ERROR(ValidatePolicy(options.policy, trace.model));
   FSDP_ASSIGN_OR_RETURN(std::vector<DeviceInfo> devices, VisibleDevices());
-  FSDP_ASSIGN_OR_RETURN(Topology topo, Connect(options, devices));
+  FSDP_ASSIGN_OR_RETURN(Topology topo, Connect(options, cuda_options, devices));
   ExecutorConfig& cfg = topo.config;
   cfg.compute = options.compute;
   cfg.compute_scale = options.compute_scale;
@@ -191,9 +129,12 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
     }
     cfg.fail_unit = *u;
   }
+  cfg.unified_comm_stream = options.policy.unified_comm_stream;
+  FSDP_ASSIGN_OR_RETURN(ModelLayout layout,
+                        ModelLayout::Create(trace.model, options.policy, cfg.world_size));
   FSDP_ASSIGN_OR_RETURN(
       std::unique_ptr<CudaExecutor> exec,
-      CudaExecutor::Create(trace.model, options.policy, trace, cfg, std::move(topo.comms)));
+      CudaExecutor::Create(trace.model, std::move(layout), trace, cfg, std::move(topo.comms)));
   Scheduler scheduler(trace.model, options.policy, cfg.world_size);
   Status replay = ReplaySteps(trace, options.steps, scheduler, *exec);
   if (!replay.ok()) {
@@ -224,7 +165,12 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
         result.check.grad_elements_wrong, result.check.grad_elements_checked,
         result.check.grad_max_abs_error));
   }
-  result.recorded = RecordTraces(trace, options, result.timeline, cfg);
+  LiveRecording rec;
+  rec.source = "live-cuda";
+  rec.world_size = cfg.world_size;
+  rec.ranks = cfg.ranks;
+  rec.steps = options.steps;
+  result.recorded = RecordLiveTraces(trace, result.timeline, rec);
   return result;
 }
 

@@ -76,81 +76,21 @@ void DecodeRow(const GroupLayout& g, const ParamLayout& p, const std::byte* buff
   }
 }
 
-PlaneSet PlanesNeeded(const ComputeCmd& cmd) {
-  if (!cmd.needs.empty()) return cmd.needs;
-  return cmd.phase == Phase::kBackward ? PlaneSet::Columnwise() : PlaneSet::Rowwise();
-}
-
 }  // namespace
-
-std::vector<int> PlanesOf(const GroupLayout& group, PlaneSet planes) {
-  if (group.num_planes == 1) return planes.empty() ? std::vector<int>{} : std::vector<int>{0};
-  std::vector<int> out;
-  if (planes.rowwise()) out.push_back(kRowwisePlane);
-  if (planes.columnwise()) out.push_back(kColumnwisePlane);
-  return out;
-}
 
 // ---- ModelData ----
 
 StatusOr<ModelData> ModelData::Create(const Model& model, const Policy& policy, int world_size,
                                       std::uint64_t seed) {
-  if (world_size < 1) return UsageError(fmt::format("world size {} is not positive", world_size));
+  FSDP_ASSIGN_OR_RETURN(ModelLayout layout, ModelLayout::Create(model, policy, world_size));
   ModelData d;
-  d.world_size_ = world_size;
+  d.layout_ = std::move(layout);
   const auto w = static_cast<Bytes>(world_size);
   Bytes total = 0;
-  for (const Unit& unit : model.units()) {
-    std::vector<GroupLayout> layouts;
-    for (const ParamGroup& group : unit.groups()) {
-      GroupLayout gl;
-      gl.dtype = group.dtype;
-      gl.reduce_dtype = ReduceDType(policy, group.dtype);
-      if (gl.reduce_dtype == DType::kMxfp8) gl.reduce_dtype = DType::kBf16;
-      gl.grad_element_size = ElementSize(gl.reduce_dtype);
-      gl.num_planes = group.multi_plane() ? 2 : 1;
-      for (int index : group.params) {
-        const ParamSpec& spec = unit.params()[static_cast<std::size_t>(index)];
-        ParamLayout pl;
-        pl.param = index;
-        if (spec.shape.size() >= 2) {
-          pl.matrix = true;
-          pl.rows = 1;
-          for (std::size_t k = 0; k + 1 < spec.shape.size(); ++k) pl.rows *= spec.shape[k];
-          pl.cols = spec.shape.back();
-          pl.numel = static_cast<Elements>(pl.rows * pl.cols);
-        } else {
-          pl.numel = spec.Numel();
-          pl.rows = 1;
-          pl.cols = static_cast<std::int64_t>(pl.numel);
-        }
-        if (gl.num_planes == 2) {
-          pl.data_bytes = pl.numel;
-          pl.scale_bytes[0] = pl.matrix ? static_cast<Bytes>(pl.rows) * CeilDiv(U(pl.cols), 32)
-                                        : CeilDiv(pl.numel, 32);
-          pl.scale_bytes[1] = pl.matrix ? static_cast<Bytes>(pl.cols) * CeilDiv(U(pl.rows), 32)
-                                        : CeilDiv(pl.numel, 32);
-        } else {
-          pl.data_bytes = pl.numel * ElementSize(gl.dtype);
-        }
-        for (int plane = 0; plane < gl.num_planes; ++plane) {
-          const auto p = static_cast<std::size_t>(plane);
-          pl.offset[p] = gl.plane_bytes[p];
-          gl.plane_bytes[p] += pl.data_bytes + pl.scale_bytes[p];
-        }
-        pl.grad_offset = gl.numel;
-        gl.numel += pl.numel;
-        gl.params.push_back(pl);
-      }
-      for (int plane = 0; plane < gl.num_planes; ++plane) {
-        const auto p = static_cast<std::size_t>(plane);
-        gl.shard_bytes[p] = CeilDiv(gl.plane_bytes[p], w);
-        total += gl.shard_bytes[p] * w;
-      }
-      gl.grad_shard_elements = CeilDiv(gl.numel, w);
-      layouts.push_back(std::move(gl));
+  for (UnitId u = 0; u < model.num_units(); ++u) {
+    for (const GroupLayout& gl : d.groups(u)) {
+      for (int p = 0; p < gl.num_planes; ++p) total += gl.gathered_bytes(p);
     }
-    d.units_.push_back(std::move(layouts));
   }
   // Originals, one shard per rank, and up to one unsharded copy per rank live at once.
   constexpr Bytes kHostLimit = 24ull << 30;
@@ -161,15 +101,16 @@ StatusOr<ModelData> ModelData::Create(const Model& model, const Policy& policy, 
         static_cast<double>(total) / (1ull << 30), world_size,
         static_cast<double>(total * (2 + w)) / (1ull << 30), kHostLimit >> 30));
   }
-  d.original_.resize(d.units_.size());
-  for (std::size_t u = 0; u < d.units_.size(); ++u) {
-    for (std::size_t g = 0; g < d.units_[u].size(); ++g) {
-      const GroupLayout& gl = d.units_[u][g];
+  d.original_.resize(static_cast<std::size_t>(model.num_units()));
+  for (std::size_t u = 0; u < d.original_.size(); ++u) {
+    const std::vector<GroupLayout>& groups = d.groups(static_cast<UnitId>(u));
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const GroupLayout& gl = groups[g];
       std::array<std::vector<std::byte>, 2> planes;
       for (int plane = 0; plane < gl.num_planes; ++plane) {
         const auto p = static_cast<std::size_t>(plane);
         std::vector<std::byte>& buf = planes[p];
-        buf.assign(gl.shard_bytes[p] * w, std::byte{0});
+        buf.assign(gl.gathered_bytes(plane), std::byte{0});
         for (const ParamLayout& pl : gl.params) {
           std::span<std::byte> data(buf.data() + pl.offset[p], pl.data_bytes);
           FillElements(gl.dtype, SeedOf({seed, kTagPlaneData, u, g, p, U(pl.param)}), data);
@@ -191,18 +132,10 @@ std::span<const std::byte> ModelData::original(UnitId unit, int group, int plane
   return planes[static_cast<std::size_t>(plane)];
 }
 
-Bytes ModelData::GradBytes(UnitId unit) const {
-  Bytes total = 0;
-  for (const GroupLayout& g : groups(unit)) total += g.numel * g.grad_element_size;
-  return total;
-}
-
 GradBuffers NewGradBuffers(const ModelData& data, UnitId unit) {
   GradBuffers grads;
   for (const GroupLayout& g : data.groups(unit)) {
-    grads.emplace_back(
-        g.grad_shard_elements * static_cast<std::size_t>(data.world_size()) * g.grad_element_size,
-        std::byte{0});
+    grads.emplace_back(g.grad_bytes(), std::byte{0});
   }
   return grads;
 }
@@ -264,35 +197,33 @@ void AccumulateGrads(const ModelData& data, UnitId unit, const GradBuffers& add,
 
 // ---- HostExecutor ----
 
-HostExecutor::HostExecutor(const Model& model, const ModelData& data, const Policy& policy,
-                           const ExecutorConfig& config, RunControl& control,
-                           Communicator& all_gather, Communicator& reduce_scatter, int rank)
+HostExecutor::HostExecutor(const Model& model, const ModelData& data, const ExecutorConfig& config,
+                           RunControl& control, Communicator& all_gather,
+                           Communicator& reduce_scatter, int rank)
     : model_(model),
       data_(data),
-      policy_(policy),
       config_(config),
       control_(control),
       ag_comm_(all_gather),
       rs_comm_(reduce_scatter),
       rank_(rank),
-      world_size_(data.world_size()) {
+      world_size_(data.world_size()),
+      planner_(model, data.layout(),
+               PlanConfig{.rank = rank, .unified_comm_stream = config.unified_comm_stream}) {
   const auto units = static_cast<std::size_t>(model.num_units());
   compute_ = std::make_unique<StreamWorker>(control, rank, "compute");
   all_gather_ = std::make_unique<StreamWorker>(
-      control, rank, policy.unified_comm_stream ? "communication" : "all_gather");
-  if (!policy.unified_comm_stream) {
+      control, rank, config.unified_comm_stream ? "communication" : "all_gather");
+  if (!config.unified_comm_stream) {
     reduce_scatter_ = std::make_unique<StreamWorker>(control, rank, "reduce_scatter");
   }
-  last_gather_.resize(units);
   grad_gen_.assign(units, 0);
   reduced_.resize(units);
   params_.resize(units);
   shards_.resize(units);
   grad_free_.resize(units);
   grad_pattern_.resize(units);
-  const bool replicated = policy.sharding == Sharding::kNoShard;
-  Bytes sharded_params = 0;
-  Bytes sharded_grads = 0;
+  const bool replicated = !data.layout().sharded();
   for (UnitId u = 0; u < model.num_units(); ++u) {
     const auto uu = static_cast<std::size_t>(u);
     const std::vector<GroupLayout>& groups = data.groups(u);
@@ -303,27 +234,31 @@ HostExecutor::HostExecutor(const Model& model, const ModelData& data, const Poli
     }
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const GroupLayout& gl = groups[g];
-      reduced_[uu].emplace_back(replicated ? gl.numel : gl.grad_shard_elements, 0.0f);
-      sharded_grads += (replicated ? gl.numel : gl.grad_shard_elements) * gl.grad_element_size;
+      reduced_[uu].emplace_back(gl.grad_shard_elements, 0.0f);
       for (int plane = 0; plane < gl.num_planes; ++plane) {
         const auto p = static_cast<std::size_t>(plane);
         std::span<const std::byte> full = data.original(u, static_cast<int>(g), plane);
         if (replicated) {
           // Not sharded: every rank holds the whole parameter, present from the start.
           params_[uu][g][p] = std::make_shared<std::vector<std::byte>>(full.begin(), full.end());
-          sharded_params += gl.plane_bytes[p];
         } else {
           const std::size_t offset = static_cast<std::size_t>(rank) * gl.shard_bytes[p];
           shards_[uu][g][p].assign(
               full.begin() + static_cast<std::ptrdiff_t>(offset),
               full.begin() + static_cast<std::ptrdiff_t>(offset + gl.shard_bytes[p]));
-          sharded_params += gl.shard_bytes[p];
         }
       }
     }
   }
-  memory_[static_cast<std::size_t>(MemoryCategory::kShardedParams)] = sharded_params;
-  memory_[static_cast<std::size_t>(MemoryCategory::kShardedGrads)] = sharded_grads;
+  // The plan's set-up: the sharded parameters, held from the start.
+  Status begun = planner_.Begin();
+  if (!begun.ok()) control_.Fail(rank_, begun);
+  for (const PlanOp& op : planner_.TakeNewOps()) {
+    if (op.kind == PlanOpKind::kAlloc) memory_[static_cast<std::size_t>(op.category)] += op.bytes;
+    if (op.kind == PlanOpKind::kRecord) {
+      slot_seq_.resize(static_cast<std::size_t>(op.slot) + 1, 0);
+    }
+  }
   MemorySample first;
   first.rank = rank;
   first.t_us = 0;
@@ -355,31 +290,20 @@ OpContext HostExecutor::Context(const CommandOrigin& origin, UnitId unit, std::s
                    std::move(op)};
 }
 
-StreamWorker& HostExecutor::StreamFor(Stream stream) {
-  switch (stream) {
-    case Stream::kCompute: return *compute_;
-    case Stream::kAllGather: return *all_gather_;
-    case Stream::kReduceScatter: return reduce_scatter_ ? *reduce_scatter_ : *all_gather_;
+StreamWorker& HostExecutor::StreamAt(int plan_stream) {
+  switch (plan_stream) {
+    case kPlanCompute: return *compute_;
+    case kPlanAllGather: return *all_gather_;
+    default: return reduce_scatter_ ? *reduce_scatter_ : *all_gather_;
   }
-  return *compute_;
 }
 
-int HostExecutor::OpsIndex(Stream stream) const {
-  switch (stream) {
-    case Stream::kCompute: return 0;
-    case Stream::kAllGather: return 1;
-    case Stream::kReduceScatter: return reduce_scatter_ ? 2 : 1;
+Track HostExecutor::TrackAt(int plan_stream) const {
+  switch (plan_stream) {
+    case kPlanCompute: return Track::kCompute;
+    case kPlanAllGather: return Track::kAllGather;
+    default: return Track::kReduceScatter;
   }
-  return 0;
-}
-
-Track HostExecutor::TrackFor(Stream stream) const {
-  switch (stream) {
-    case Stream::kCompute: return Track::kCompute;
-    case Stream::kAllGather: return Track::kAllGather;
-    case Stream::kReduceScatter: return reduce_scatter_ ? Track::kReduceScatter : Track::kAllGather;
-  }
-  return Track::kCompute;
 }
 
 void HostExecutor::Memory(MemoryCategory category, std::int64_t delta, int step, UnitId unit) {
@@ -415,91 +339,134 @@ Status HostExecutor::Execute(const Command& command) {
     return control_.AbortedError(
         Context(origin, kNoUnit, fmt::format("issue '{}'", DescribeCommand(command, model_))));
   }
+  FSDP_RETURN_IF_ERROR(planner_.Lower(command));
+  for (const PlanOp& op : planner_.TakeNewOps()) FSDP_RETURN_IF_ERROR(Enqueue(op));
+  return Status::Ok();
+}
+
+// Host thread: one plan operation onto its stream's thread.
+Status HostExecutor::Enqueue(const PlanOp& op) {
+  const CommandOrigin& origin = op.origin;
   const auto at_fault = [&](UnitId unit) {
     return config_.fail_rank && *config_.fail_rank == rank_ && origin.step == config_.fail_step &&
            unit == config_.fail_unit;
   };
-  return std::visit(
-      [&](const auto& cmd) -> Status {
-        using T = std::decay_t<decltype(cmd)>;
-        if constexpr (std::is_same_v<T, GatherCmd>) {
-          const std::int64_t id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
-          bool mismatch = false;
-          if (config_.fail_op == "mismatch" && mismatch_armed_ && at_fault(cmd.unit)) {
-            mismatch = true;
-            mismatch_armed_ = false;
-          }
-          const std::uint64_t seq = all_gather_->Enqueue(
-              [this, cmd, origin, id, mismatch] { return RunGather(cmd, origin, id, mismatch); });
-          last_gather_[static_cast<std::size_t>(cmd.unit)] = GatherRef{seq, id};
-        } else if constexpr (std::is_same_v<T, WaitGatherCmd>) {
-          const auto& ref = last_gather_[static_cast<std::size_t>(cmd.unit)];
-          if (!ref) return Status::Ok();  // never gathered (no parameters, or not sharded)
-          const GatherRef r = *ref;
-          OpContext ctx = Context(origin, cmd.unit, "wait for its all_gather");
-          compute_->Enqueue([this, r, ctx] {
-            Clock::time_point gathered;
-            Status s = all_gather_->WaitReached(r.seq, ctx, &gathered);
-            if (s.ok()) {
-              pending_waits_.push_back(r.op_id);
-              device_free_ = std::max(device_free_, gathered);
-            }
-            return s;
-          });
-        } else if constexpr (std::is_same_v<T, ComputeCmd>) {
-          std::uint64_t gen = 0;
-          if (cmd.unit != kNoUnit) {
-            gen = grad_gen_[static_cast<std::size_t>(cmd.unit)];
-            if (cmd.phase == Phase::kBackward && model_.unit(cmd.unit).has_params()) {
-              grad_events_.push_back(GradEvent{false, cmd.unit, origin});
-            }
-          }
-          bool inject = false;
-          if ((config_.fail_op == "compute" || config_.fail_op == "hang") && fault_armed_ &&
-              at_fault(cmd.unit)) {
-            inject = true;
-            fault_armed_ = false;
-          }
-          const Clock::time_point issued = Clock::now();
-          compute_->Enqueue([this, cmd, origin, gen, inject, issued] {
-            return RunCompute(cmd, origin, gen, inject, issued);
-          });
-        } else if constexpr (std::is_same_v<T, StreamWaitCmd>) {
-          StreamWorker& waiter = StreamFor(cmd.waiter);
-          StreamWorker& signaler = StreamFor(cmd.signaler);
-          if (&waiter == &signaler) return Status::Ok();  // one stream is already in order
-          const std::uint64_t seq = signaler.issued();
-          OpContext ctx = Context(origin, kNoUnit,
-                                  fmt::format("{} stream waits for the {} stream",
-                                              StreamName(cmd.waiter), StreamName(cmd.signaler)));
-          const bool device = &waiter == compute_.get();
-          waiter.Enqueue([this, &signaler, seq, ctx, device] {
-            Clock::time_point signalled;
-            Status s = signaler.WaitReached(seq, ctx, &signalled);
-            if (s.ok() && device) device_free_ = std::max(device_free_, signalled);
-            return s;
-          });
-        } else if constexpr (std::is_same_v<T, ReleaseCmd>) {
-          all_gather_->Enqueue([this, cmd, origin] { return RunRelease(cmd, origin); });
-        } else if constexpr (std::is_same_v<T, ReduceScatterCmd>) {
-          const std::uint64_t gen = grad_gen_[static_cast<std::size_t>(cmd.unit)]++;
-          grad_events_.push_back(GradEvent{true, cmd.unit, origin});
-          StreamFor(Stream::kReduceScatter).Enqueue([this, cmd, origin, gen] {
-            return RunReduce(cmd, origin, gen);
-          });
+  StreamWorker& plan_stream = StreamAt(op.stream);
+  // Every task of this operation also logs it when it ran (tests).
+  struct Logged {
+    HostExecutor* self;
+    StreamWorker& worker;
+    ExecutedOp executed;
+    std::uint64_t Enqueue(StreamWorker::Task task) const {
+      if (!self->config_.log_executed_ops) return worker.Enqueue(std::move(task));
+      return worker.Enqueue([self = self, e = executed, task = std::move(task)] {
+        Status s = task();
+        if (s.ok()) self->executed_[static_cast<std::size_t>(e.stream)].push_back(e);
+        return s;
+      });
+    }
+    std::uint64_t issued() const { return worker.issued(); }
+    const std::string& name() const { return worker.name(); }
+  } stream{this, plan_stream, ExecutedFrom(op, rank_)};
+  const auto timeline_id = [&](int index) -> std::int64_t& {
+    if (timeline_ids_.size() <= static_cast<std::size_t>(index)) {
+      timeline_ids_.resize(static_cast<std::size_t>(index) + 1, 0);
+    }
+    return timeline_ids_[static_cast<std::size_t>(index)];
+  };
+  switch (op.kind) {
+    case PlanOpKind::kRecord: {
+      if (slot_seq_.size() <= static_cast<std::size_t>(op.slot)) {
+        slot_seq_.resize(static_cast<std::size_t>(op.slot) + 1, 0);
+      }
+      slot_seq_[static_cast<std::size_t>(op.slot)] = stream.issued();
+      return Status::Ok();
+    }
+    case PlanOpKind::kWait: {
+      StreamWorker& signaler = StreamAt(planner_.slot_stream(op.slot));
+      const std::uint64_t seq = slot_seq_[static_cast<std::size_t>(op.slot)];
+      if (&signaler == &plan_stream) return Status::Ok();  // one stream is already in order
+      const bool device = &plan_stream == compute_.get();
+      const std::int64_t gather = op.timeline_op >= 0 ? timeline_id(op.timeline_op) : 0;
+      OpContext ctx = Context(origin, op.unit,
+                              gather != 0 ? std::string("wait for its all_gather")
+                                          : fmt::format("{} stream waits for the {} stream",
+                                                        stream.name(), signaler.name()));
+      stream.Enqueue([this, &signaler, seq, ctx, device, gather] {
+        Clock::time_point signalled;
+        Status s = signaler.WaitReached(seq, ctx, &signalled);
+        if (s.ok() && device) {
+          device_free_ = std::max(device_free_, signalled);
+          if (gather != 0) pending_waits_.push_back(gather);
         }
+        return s;
+      });
+      return Status::Ok();
+    }
+    case PlanOpKind::kAlloc:
+      stream.Enqueue([this, op] {
+        Memory(op.category, static_cast<std::int64_t>(op.bytes), op.origin.step, op.unit);
         return Status::Ok();
-      },
-      command.body);
+      });
+      return Status::Ok();
+    case PlanOpKind::kFree: {
+      std::optional<TimelineOp> release;
+      if (op.timeline_op >= 0) {
+        const TimelineOp& planned =
+            planner_.timeline_ops()[static_cast<std::size_t>(op.timeline_op)];
+        release = NewOp(origin, TrackAt(op.stream), OpKind::kRelease, op.unit);
+        release->planes = planned.planes;
+        release->bytes = planned.bytes;
+      }
+      stream.Enqueue([this, op, release] { return RunFree(op, release); });
+      return Status::Ok();
+    }
+    case PlanOpKind::kCollective: {
+      if (op.collective == CollectiveKind::kAllGather) {
+        const std::int64_t id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
+        timeline_id(op.timeline_op) = id;
+        bool mismatch = false;
+        if (config_.fail_op == "mismatch" && mismatch_armed_ && at_fault(op.unit)) {
+          mismatch = true;
+          mismatch_armed_ = false;
+        }
+        stream.Enqueue([this, op, id, mismatch] { return RunGather(op, id, mismatch); });
+      } else {
+        const std::uint64_t gen = grad_gen_[static_cast<std::size_t>(op.unit)]++;
+        grad_events_.push_back(GradEvent{true, op.unit, origin});
+        stream.Enqueue([this, op, gen] { return RunReduce(op, gen); });
+      }
+      return Status::Ok();
+    }
+    case PlanOpKind::kCompute: {
+      std::uint64_t gen = 0;
+      if (op.unit != kNoUnit) {
+        gen = grad_gen_[static_cast<std::size_t>(op.unit)];
+        if (op.phase == Phase::kBackward && model_.unit(op.unit).has_params()) {
+          grad_events_.push_back(GradEvent{false, op.unit, origin});
+        }
+      }
+      bool inject = false;
+      if ((config_.fail_op == "compute" || config_.fail_op == "hang") && fault_armed_ &&
+          at_fault(op.unit)) {
+        inject = true;
+        fault_armed_ = false;
+      }
+      const Clock::time_point issued = Clock::now();
+      stream.Enqueue(
+          [this, op, gen, inject, issued] { return RunCompute(op, gen, inject, issued); });
+      return Status::Ok();
+    }
+    default:  // fill and check operations: the host checks inside its collectives
+      return Status::Ok();
+  }
 }
 
-Status HostExecutor::RunGather(const GatherCmd& cmd, const CommandOrigin& origin,
-                               std::int64_t op_id, bool mismatch) {
-  PlaneSet all_planes;
-  for (const PlanePiece& piece : cmd.pieces) all_planes = all_planes | piece.planes;
+Status HostExecutor::RunGather(const PlanOp& cmd, std::int64_t op_id, bool mismatch) {
+  const CommandOrigin& origin = cmd.origin;
   const OpContext ctx =
       Context(origin, cmd.unit,
-              fmt::format("all_gather ({}, {})", GatherReasonName(cmd.reason), all_planes.Name()));
+              fmt::format("all_gather ({}, {})", GatherReasonName(cmd.reason), cmd.planes.Name()));
   const std::vector<GroupLayout>& groups = data_.groups(cmd.unit);
   struct Out {
     int group;
@@ -508,33 +475,24 @@ Status HostExecutor::RunGather(const GatherCmd& cmd, const CommandOrigin& origin
   };
   std::vector<Out> outs;
   std::vector<Segment> segments;
-  for (const PlanePiece& piece : cmd.pieces) {
-    if (piece.group < 0 || static_cast<std::size_t>(piece.group) >= groups.size()) {
-      return InternalError(fmt::format("{}: the gather names group {} of a unit with {} groups",
-                                       ctx.Describe(), piece.group, groups.size()));
-    }
-    const GroupLayout& gl = groups[static_cast<std::size_t>(piece.group)];
-    for (int plane : PlanesOf(gl, piece.planes)) {
-      const auto p = static_cast<std::size_t>(plane);
-      // From the pool: a fresh vector would be zeroed and page-faulted in on every gather, on the
-      // all-gather stream before the collective, which made the live step tens of milliseconds
-      // longer per large unit than the collectives themselves.
-      PlaneBuffer buffer = pool_.Get(gl.shard_bytes[p] * static_cast<std::size_t>(world_size_));
-      // A recycled buffer may already hold this unit's parameters; when checking, poison it so
-      // that only the collective can make the comparison below pass.
-      if (config_.check) std::fill(buffer->begin(), buffer->end(), std::byte{0xa5});
-      Memory(MemoryCategory::kUnshardedParams, static_cast<std::int64_t>(gl.plane_bytes[p]),
-             origin.step, cmd.unit);
-      Segment seg;
-      seg.input =
-          shards_[static_cast<std::size_t>(cmd.unit)][static_cast<std::size_t>(piece.group)][p]
-              .data();
-      seg.output = buffer->data();
-      seg.element_size = 1;
-      seg.shard_elements = gl.shard_bytes[p];
-      segments.push_back(seg);
-      outs.push_back(Out{piece.group, plane, std::move(buffer)});
-    }
+  for (const CollectivePart& part : cmd.parts) {
+    const GroupLayout& gl = groups[static_cast<std::size_t>(part.group)];
+    const auto p = static_cast<std::size_t>(part.plane);
+    // From the pool: a fresh vector would be zeroed and page-faulted in on every gather, on the
+    // all-gather stream before the collective, which made the live step tens of milliseconds
+    // longer per large unit than the collectives themselves.
+    PlaneBuffer buffer = pool_.Get(part.bytes);
+    // A recycled buffer may already hold this unit's parameters; when checking, poison it so
+    // that only the collective can make the comparison below pass.
+    if (config_.check) std::fill(buffer->begin(), buffer->end(), std::byte{0xa5});
+    Segment seg;
+    seg.input =
+        shards_[static_cast<std::size_t>(cmd.unit)][static_cast<std::size_t>(part.group)][p].data();
+    seg.output = buffer->data();
+    seg.element_size = 1;
+    seg.shard_elements = gl.shard_bytes[p];
+    segments.push_back(seg);
+    outs.push_back(Out{part.group, part.plane, std::move(buffer)});
   }
   CollectiveDesc desc;
   desc.kind = mismatch ? CollectiveKind::kReduceScatter : CollectiveKind::kAllGather;
@@ -543,33 +501,18 @@ Status HostExecutor::RunGather(const GatherCmd& cmd, const CommandOrigin& origin
   desc.bytes = cmd.bytes;
   StatusOr<CollectiveTimes> times = ag_comm_.Call(rank_, desc, segments, ctx);
   if (!times.ok()) return times.status();
-
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (Out& out : outs) {
-      auto& slot = params_[static_cast<std::size_t>(cmd.unit)][static_cast<std::size_t>(out.group)]
-                          [static_cast<std::size_t>(out.plane)];
-      if (slot) {
-        // Gathered again while present: the old buffer goes (counted below, outside the lock).
-        out.group = -1 - out.group;
-      }
-      slot = out.buffer;
-    }
-  }
-  for (const Out& out : outs) {
-    if (out.group < 0) {
-      const GroupLayout& gl = groups[static_cast<std::size_t>(-1 - out.group)];
-      Memory(MemoryCategory::kUnshardedParams,
-             -static_cast<std::int64_t>(gl.plane_bytes[static_cast<std::size_t>(out.plane)]),
-             origin.step, cmd.unit);
+      params_[static_cast<std::size_t>(cmd.unit)][static_cast<std::size_t>(out.group)]
+             [static_cast<std::size_t>(out.plane)] = out.buffer;
     }
   }
   if (config_.check) {
     for (const Out& out : outs) {
-      const int g = out.group < 0 ? -1 - out.group : out.group;
-      const GroupLayout& gl = groups[static_cast<std::size_t>(g)];
+      const GroupLayout& gl = groups[static_cast<std::size_t>(out.group)];
       const Bytes n = gl.plane_bytes[static_cast<std::size_t>(out.plane)];
-      std::span<const std::byte> want = data_.original(cmd.unit, g, out.plane);
+      std::span<const std::byte> want = data_.original(cmd.unit, out.group, out.plane);
       if (std::memcmp(out.buffer->data(), want.data(), n) != 0) {
         for (Bytes i = 0; i < n; ++i) {
           if ((*out.buffer)[i] != want[i]) ++stats_.gathered_bytes_wrong;
@@ -578,47 +521,32 @@ Status HostExecutor::RunGather(const GatherCmd& cmd, const CommandOrigin& origin
       stats_.gathered_bytes_checked += n;
     }
   }
-  TimelineOp op = NewOp(origin, Track::kAllGather, OpKind::kAllGather, cmd.unit);
+  TimelineOp op = NewOp(origin, TrackAt(cmd.stream), OpKind::kAllGather, cmd.unit);
   op.id = op_id;
   op.phase = cmd.phase;
   op.reason = cmd.reason;
-  op.planes = all_planes;
+  op.planes = cmd.planes;
   op.bytes = cmd.bytes;
   op.start_us = times->start_us;
   op.end_us = times->end_us;
-  ops_[1].push_back(std::move(op));
+  ops_[static_cast<std::size_t>(cmd.stream)].push_back(std::move(op));
   return Status::Ok();
 }
 
-Status HostExecutor::RunRelease(const ReleaseCmd& cmd, const CommandOrigin& origin) {
-  const std::vector<GroupLayout>& groups = data_.groups(cmd.unit);
-  PlaneSet all_planes;
-  for (const PlanePiece& piece : cmd.pieces) {
-    all_planes = all_planes | piece.planes;
-    if (piece.group < 0 || static_cast<std::size_t>(piece.group) >= groups.size()) continue;
-    const GroupLayout& gl = groups[static_cast<std::size_t>(piece.group)];
-    for (int plane : PlanesOf(gl, piece.planes)) {
-      bool freed = false;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        auto& slot =
-            params_[static_cast<std::size_t>(cmd.unit)][static_cast<std::size_t>(piece.group)]
-                   [static_cast<std::size_t>(plane)];
-        freed = slot != nullptr;
-        slot.reset();
-      }
-      if (freed) {
-        Memory(MemoryCategory::kUnshardedParams,
-               -static_cast<std::int64_t>(gl.plane_bytes[static_cast<std::size_t>(plane)]),
-               origin.step, cmd.unit);
-      }
-    }
+// A free the plan placed on this stream: an unsharded plane goes back to the pool; every free
+// applies its memory effect; the last free of a release draws the release.
+Status HostExecutor::RunFree(const PlanOp& op, std::optional<TimelineOp> release) {
+  if (op.category == MemoryCategory::kUnshardedParams && op.buffer >= 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    params_[static_cast<std::size_t>(op.unit)][static_cast<std::size_t>(op.group)]
+           [static_cast<std::size_t>(op.plane)]
+               .reset();
   }
-  TimelineOp op = NewOp(origin, Track::kAllGather, OpKind::kRelease, cmd.unit);
-  op.planes = all_planes;
-  op.bytes = cmd.bytes;
-  op.start_us = op.end_us = control_.NowUs();
-  ops_[1].push_back(std::move(op));
+  Memory(op.category, -static_cast<std::int64_t>(op.bytes), op.origin.step, op.unit);
+  if (release) {
+    release->start_us = release->end_us = control_.NowUs();
+    ops_[static_cast<std::size_t>(op.stream)].push_back(std::move(*release));
+  }
   return Status::Ok();
 }
 
@@ -635,8 +563,9 @@ Status HostExecutor::InjectedFault(const OpContext& ctx) {
   throw std::runtime_error("injected fault");
 }
 
-Status HostExecutor::RunCompute(const ComputeCmd& cmd, const CommandOrigin& origin,
-                                std::uint64_t grad_gen, bool inject, Clock::time_point issued) {
+Status HostExecutor::RunCompute(const PlanOp& cmd, std::uint64_t grad_gen, bool inject,
+                                Clock::time_point issued) {
+  const CommandOrigin& origin = cmd.origin;
   const OpContext ctx = Context(origin, cmd.unit, fmt::format("compute {}", PhaseName(cmd.phase)));
   const bool emulated = config_.compute == ComputeMode::kTimed || cmd.unit == kNoUnit;
   // An emulated kernel starts as a device kernel does: once the host has issued it, the stream's
@@ -655,7 +584,7 @@ Status HostExecutor::RunCompute(const ComputeCmd& cmd, const CommandOrigin& orig
   std::vector<std::pair<int, PlaneBuffer>> weights;  // (group * 2 + plane, buffer)
   if (cmd.unit != kNoUnit) {
     const std::vector<GroupLayout>& groups = data_.groups(cmd.unit);
-    const PlaneSet needs = PlanesNeeded(cmd);
+    const PlaneSet needs = cmd.planes;
     const int wanted = cmd.phase == Phase::kBackward ? kColumnwisePlane : kRowwisePlane;
     std::lock_guard<std::mutex> lock(mu_);
     for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -692,9 +621,6 @@ Status HostExecutor::RunCompute(const ComputeCmd& cmd, const CommandOrigin& orig
       return StepFailed(fmt::format("{}: exception in compute: {}", ctx.Describe(), e.what()));
     }
   }
-  Memory(MemoryCategory::kActivations, static_cast<std::int64_t>(cmd.saved_bytes), origin.step,
-         cmd.unit);
-
   std::shared_ptr<GradBuffers> grads;
   bool fresh = false;
   if (cmd.phase == Phase::kBackward && cmd.unit != kNoUnit && model_.unit(cmd.unit).has_params()) {
@@ -712,10 +638,6 @@ Status HostExecutor::RunCompute(const ComputeCmd& cmd, const CommandOrigin& orig
         fresh = true;
       }
       grads = slot;
-    }
-    if (fresh) {
-      Memory(MemoryCategory::kUnshardedGrads, static_cast<std::int64_t>(data_.GradBytes(cmd.unit)),
-             origin.step, cmd.unit);
     }
   }
 
@@ -755,18 +677,17 @@ Status HostExecutor::RunCompute(const ComputeCmd& cmd, const CommandOrigin& orig
     device_free_ = end_tp;
     op.end_us = control_.ToUs(end_tp);
   } else {
-    ComputeGemms(cmd, origin, weights, grads.get(), fresh);
+    ComputeGemms(cmd, weights, grads.get(), fresh);
     op.end_us = control_.NowUs();
   }
-  Memory(MemoryCategory::kActivations, -static_cast<std::int64_t>(cmd.freed_bytes), origin.step,
-         cmd.unit);
   ops_[0].push_back(std::move(op));
   return Status::Ok();
 }
 
-void HostExecutor::ComputeGemms(const ComputeCmd& cmd, const CommandOrigin& origin,
+void HostExecutor::ComputeGemms(const PlanOp& cmd,
                                 const std::vector<std::pair<int, PlaneBuffer>>& weights,
                                 GradBuffers* grads, bool fresh_grads) {
+  const CommandOrigin& origin = cmd.origin;
   const std::vector<GroupLayout>& groups = data_.groups(cmd.unit);
   const std::int64_t tokens = config_.gemm_tokens;
   const auto t = static_cast<std::size_t>(tokens);
@@ -806,9 +727,9 @@ void HostExecutor::ComputeGemms(const ComputeCmd& cmd, const CommandOrigin& orig
   }
 }
 
-Status HostExecutor::RunReduce(const ReduceScatterCmd& cmd, const CommandOrigin& origin,
-                               std::uint64_t gen) {
-  const OpContext ctx = Context(origin, cmd.unit, std::string(CollectiveKindName(cmd.kind)));
+Status HostExecutor::RunReduce(const PlanOp& cmd, std::uint64_t gen) {
+  const CommandOrigin& origin = cmd.origin;
+  const OpContext ctx = Context(origin, cmd.unit, std::string(CollectiveKindName(cmd.collective)));
   const std::vector<GroupLayout>& groups = data_.groups(cmd.unit);
   std::shared_ptr<GradBuffers> grads;
   {
@@ -821,31 +742,23 @@ Status HostExecutor::RunReduce(const ReduceScatterCmd& cmd, const CommandOrigin&
   }
   const bool counted = grads != nullptr;
   if (!grads) grads = std::make_shared<GradBuffers>(NewGradBuffers(data_, cmd.unit));
-  const bool all_reduce = cmd.kind == CollectiveKind::kAllReduce;
+  const bool all_reduce = cmd.collective == CollectiveKind::kAllReduce;
   std::vector<PlaneBuffer> outs;
   std::vector<Segment> segments;
-  Bytes out_bytes = 0;
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    const GroupLayout& gl = groups[g];
-    const std::size_t n = all_reduce
-                              ? gl.grad_shard_elements * static_cast<std::size_t>(world_size_)
-                              : gl.grad_shard_elements;
-    outs.push_back(pool_.Get(n * gl.grad_element_size));
-    out_bytes += n * gl.grad_element_size;
-  }
-  for (std::size_t g = 0; g < groups.size(); ++g) {
+  for (const CollectivePart& part : cmd.parts) {
+    const GroupLayout& gl = groups[static_cast<std::size_t>(part.group)];
+    outs.push_back(pool_.Get(part.shard_bytes));
     Segment seg;
-    seg.input = (*grads)[g].data();
-    seg.output = outs[g]->data();
-    seg.dtype = groups[g].reduce_dtype;
-    seg.element_size = groups[g].grad_element_size;
-    seg.shard_elements = groups[g].grad_shard_elements;
+    seg.input = (*grads)[static_cast<std::size_t>(part.group)].data();
+    seg.output = outs.back()->data();
+    seg.dtype = gl.reduce_dtype;
+    seg.element_size = gl.grad_element_size;
+    seg.shard_elements = gl.grad_shard_elements;
+    seg.elements = gl.grad_elements();
     segments.push_back(seg);
   }
-  Memory(MemoryCategory::kReduceScatterBuffers, static_cast<std::int64_t>(out_bytes), origin.step,
-         cmd.unit);
   CollectiveDesc desc;
-  desc.kind = cmd.kind;
+  desc.kind = cmd.collective;
   desc.unit = cmd.unit;
   desc.unit_name = std::string(model_.NameOf(cmd.unit));
   desc.bytes = cmd.bytes;
@@ -865,19 +778,13 @@ Status HostExecutor::RunReduce(const ReduceScatterCmd& cmd, const CommandOrigin&
     std::lock_guard<std::mutex> lock(mu_);
     grad_free_[static_cast<std::size_t>(cmd.unit)].push_back(std::move(grads));
   }
-  if (counted) {
-    Memory(MemoryCategory::kUnshardedGrads, -static_cast<std::int64_t>(data_.GradBytes(cmd.unit)),
-           origin.step, cmd.unit);
-  }
-  Memory(MemoryCategory::kReduceScatterBuffers, -static_cast<std::int64_t>(out_bytes), origin.step,
-         cmd.unit);
-  TimelineOp op = NewOp(origin, TrackFor(Stream::kReduceScatter),
+  TimelineOp op = NewOp(origin, TrackAt(cmd.stream),
                         all_reduce ? OpKind::kAllReduce : OpKind::kReduceScatter, cmd.unit);
   op.phase = Phase::kBackward;
   op.bytes = cmd.bytes;
   op.start_us = times->start_us;
   op.end_us = times->end_us;
-  ops_[static_cast<std::size_t>(OpsIndex(Stream::kReduceScatter))].push_back(std::move(op));
+  ops_[static_cast<std::size_t>(cmd.stream)].push_back(std::move(op));
   return Status::Ok();
 }
 
@@ -898,6 +805,15 @@ Status HostExecutor::Finish(const OpContext& ctx) {
   all_gather_->Join();
   if (reduce_scatter_) reduce_scatter_->Join();
   return status;
+}
+
+std::vector<ExecutedOp> HostExecutor::TakeExecuted() {
+  std::vector<ExecutedOp> all;
+  for (auto& ops : executed_) {
+    all.insert(all.end(), ops.begin(), ops.end());
+    ops.clear();
+  }
+  return all;
 }
 
 std::vector<TimelineOp> HostExecutor::TakeOps() {

@@ -22,7 +22,7 @@ namespace {
 
 constexpr int kMaxWorldSize = 256;
 
-Status CheckOptions(const Trace& trace, const LiveOptions& o) {
+Status CheckOptions(const Trace& trace, const LiveOptions& o, const HostRunOptions& h) {
   if (o.world_size < 1 || o.world_size > kMaxWorldSize) {
     return UsageError(fmt::format("--world-size {} is outside 1..{}", o.world_size, kMaxWorldSize));
   }
@@ -33,8 +33,8 @@ Status CheckOptions(const Trace& trace, const LiveOptions& o) {
   if (!(o.compute_scale > 0) || !std::isfinite(o.compute_scale)) {
     return UsageError(fmt::format("--compute-scale {} must be positive", o.compute_scale));
   }
-  if (o.gemm_tokens < 1 || o.gemm_tokens > (1 << 20)) {
-    return UsageError(fmt::format("--gemm-tokens {} is outside 1..{}", o.gemm_tokens, 1 << 20));
+  if (h.gemm_tokens < 1 || h.gemm_tokens > (1 << 20)) {
+    return UsageError(fmt::format("--gemm-tokens {} is outside 1..{}", h.gemm_tokens, 1 << 20));
   }
   if (!o.fail_op.empty() && o.fail_op != "compute" && o.fail_op != "mismatch" &&
       o.fail_op != "hang") {
@@ -133,7 +133,7 @@ Status CombinedError(const RunControl& control, int world_size) {
 // The single-rank reference: every rank's gradients computed again from the unsharded originals
 // and the same seeded inputs, summed in rank order, accumulated like the live shards. Compares
 // each rank's reduced shards element by element, bit for bit.
-void CheckGradients(const ModelData& data, const LiveOptions& options,
+void CheckGradients(const ModelData& data, const LiveOptions& options, std::int64_t gemm_tokens,
                     const std::vector<GradEvent>& events,
                     const std::vector<std::unique_ptr<HostExecutor>>& executors, LiveCheck& check) {
   const int w = options.world_size;
@@ -158,7 +158,7 @@ void CheckGradients(const ModelData& data, const LiveOptions& options,
           }
           AccumulateGrads(data, ev.unit, p->second, fresh, it->second);
         } else {
-          AddWeightGradients(data, options.compute, options.gemm_tokens, options.seed, q, ev.origin,
+          AddWeightGradients(data, options.compute, gemm_tokens, options.seed, q, ev.origin,
                              ev.unit, it->second);
         }
       }
@@ -217,77 +217,11 @@ void CheckGradients(const ModelData& data, const LiveOptions& options,
 
 // The trace each rank would write with `fsdplab record`: the replayed events with measured
 // compute durations and start times, and the measured collectives at the end of each microbatch.
-std::vector<Trace> RecordTraces(const Trace& trace, const LiveOptions& options,
-                                const std::vector<RankRun>& runs,
-                                const std::vector<TimelineOp>& ops) {
-  std::vector<Trace> out;
-  for (int r = 0; r < options.world_size; ++r) {
-    std::map<std::tuple<int, int, int>, const TimelineOp*> computes;
-    std::map<std::pair<int, int>, std::vector<const TimelineOp*>> collectives;
-    for (const TimelineOp& op : ops) {
-      if (op.rank != r) continue;
-      if (op.kind == OpKind::kCompute) computes[{op.step, op.microbatch, op.event}] = &op;
-      if (IsCollective(op.kind)) collectives[{op.step, op.microbatch}].push_back(&op);
-    }
-    TraceMeta meta;
-    meta.source = "live-host";
-    meta.world_size = options.world_size;
-    meta.rank = r;
-    meta.extra_json = fmt::format(R"({{"compute": "{}", "compute_scale": {}}})",
-                                  options.compute == ComputeMode::kGemm ? "gemm" : "timed",
-                                  options.compute_scale);
-    TraceRecorder recorder(trace.model, meta);
-    const RankRun& run = runs[static_cast<std::size_t>(r)];
-    for (int s = 0; s < options.steps; ++s) {
-      const Step& step = trace.steps[static_cast<std::size_t>(s) % trace.steps.size()];
-      recorder.BeginStep();
-      for (std::size_t mb = 0; mb < step.microbatches.size(); ++mb) {
-        recorder.BeginMicrobatch();
-        const std::vector<Event>& events = step.microbatches[mb].events;
-        for (std::size_t e = 0; e < events.size(); ++e) {
-          if (events[e].op == Op::kCollective) continue;
-          Event ev = events[e];
-          ev.ts_us = run.issue_us[static_cast<std::size_t>(s)][mb][e];
-          if (ev.op == Op::kCompute) {
-            auto it = computes.find({s, static_cast<int>(mb), static_cast<int>(e)});
-            if (it != computes.end()) {
-              ev.ts_us = it->second->start_us;
-              ev.us = it->second->end_us - it->second->start_us;
-            }
-          }
-          recorder.Add(ev);
-        }
-        auto it = collectives.find({s, static_cast<int>(mb)});
-        if (it != collectives.end()) {
-          std::vector<const TimelineOp*> list = it->second;
-          std::sort(list.begin(), list.end(), [](const TimelineOp* a, const TimelineOp* b) {
-            return a->start_us < b->start_us;
-          });
-          for (const TimelineOp* op : list) {
-            Event c;
-            c.op = Op::kCollective;
-            c.unit = op->unit;
-            c.kind = op->kind == OpKind::kAllGather       ? CollectiveKind::kAllGather
-                     : op->kind == OpKind::kReduceScatter ? CollectiveKind::kReduceScatter
-                                                          : CollectiveKind::kAllReduce;
-            c.bytes = op->bytes;
-            c.start_us = op->start_us;
-            c.end_us = op->end_us;
-            recorder.Add(c);
-          }
-        }
-      }
-      recorder.EndStep();
-    }
-    out.push_back(std::move(recorder).Finish());
-  }
-  return out;
-}
-
 }  // namespace
 
-StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options) {
-  FSDP_RETURN_IF_ERROR(CheckOptions(trace, options));
+StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options,
+                                  const HostRunOptions& host_options) {
+  FSDP_RETURN_IF_ERROR(CheckOptions(trace, options, host_options));
   FSDP_ASSIGN_OR_RETURN(const UnitId fail_unit, FaultUnit(trace.model, options));
   FSDP_ASSIGN_OR_RETURN(ModelData data, ModelData::Create(trace.model, options.policy,
                                                           options.world_size, options.seed));
@@ -295,13 +229,15 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   ExecutorConfig config;
   config.compute = options.compute;
   config.compute_scale = options.compute_scale;
-  config.gemm_tokens = options.gemm_tokens;
+  config.gemm_tokens = host_options.gemm_tokens;
   config.seed = options.seed;
   config.check = options.check;
   config.fail_rank = options.fail_rank;
   config.fail_op = options.fail_op;
   config.fail_step = options.fail_step;
   config.fail_unit = fail_unit;
+  config.unified_comm_stream = options.policy.unified_comm_stream;
+  config.log_executed_ops = options.log_executed_ops;
 
   RunControl control(options.timeout_us, w);
   const bool unified = options.policy.unified_comm_stream;
@@ -309,9 +245,8 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   Communicator reduce_scatter(control, w, "reduce_scatter");
   std::vector<std::unique_ptr<HostExecutor>> executors;
   for (int r = 0; r < w; ++r) {
-    executors.push_back(std::make_unique<HostExecutor>(trace.model, data, options.policy, config,
-                                                       control, all_gather,
-                                                       unified ? all_gather : reduce_scatter, r));
+    executors.push_back(std::make_unique<HostExecutor>(
+        trace.model, data, config, control, all_gather, unified ? all_gather : reduce_scatter, r));
   }
   for (auto& e : executors) e->Start();
   std::vector<RankRun> runs(static_cast<std::size_t>(w));
@@ -332,7 +267,7 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   tl.source = "live-host";
   tl.world_size = w;
   tl.ranks_recorded = w;
-  std::unordered_map<std::int64_t, std::int64_t> renumber;
+  std::vector<ExecutedOp> result_executed;
   std::vector<TimelineOp> ops;
   for (auto& e : executors) {
     std::vector<TimelineOp> rank_ops = e->TakeOps();
@@ -349,6 +284,8 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
       for (std::int64_t& id : op.waited_on) id = local.count(id) ? local[id] : 0;
       ops.push_back(std::move(op));
     }
+    std::vector<ExecutedOp> executed = e->TakeExecuted();
+    result_executed.insert(result_executed.end(), executed.begin(), executed.end());
     std::vector<MemorySample> samples = e->TakeMemory();
     tl.memory.insert(tl.memory.end(), samples.begin(), samples.end());
   }
@@ -381,7 +318,7 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
     result.notes.push_back(fmt::format(
         "compute: fp32 CPU GEMMs on the gathered weights, {} tokens; unowned work (loss, "
         "optimizer) is emulated for its trace duration",
-        options.gemm_tokens));
+        host_options.gemm_tokens));
   } else {
     result.notes.push_back(fmt::format(
         "compute: an emulated device (no core used): each kernel lasts its trace duration x {} "
@@ -410,10 +347,25 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
       check.gathered_bytes_checked += e->stats().gathered_bytes_checked;
       check.gathered_bytes_wrong += e->stats().gathered_bytes_wrong;
     }
-    CheckGradients(data, options, executors[0]->grad_events(), executors, check);
+    CheckGradients(data, options, host_options.gemm_tokens, executors[0]->grad_events(), executors,
+                   check);
   }
   result.order = runs[0].order;
-  result.recorded = RecordTraces(trace, options, runs, tl.ops);
+  result.executed = std::move(result_executed);
+  LiveRecording rec;
+  rec.source = "live-host";
+  rec.world_size = w;
+  for (int r = 0; r < w; ++r) rec.ranks.push_back(r);
+  rec.steps = options.steps;
+  rec.extra_json =
+      fmt::format(R"({{"compute": "{}", "compute_scale": {}}})",
+                  options.compute == ComputeMode::kGemm ? "gemm" : "timed", options.compute_scale);
+  rec.issue_us = [&runs](int rank, int s, int mb, int e) -> std::optional<TimeUs> {
+    const auto& issue = runs[static_cast<std::size_t>(rank)].issue_us;
+    return issue[static_cast<std::size_t>(s)][static_cast<std::size_t>(mb)]
+                [static_cast<std::size_t>(e)];
+  };
+  result.recorded = RecordLiveTraces(trace, tl, rec);
   return result;
 }
 

@@ -326,8 +326,7 @@ void Communicator::Move(int rank, const Slot& slot) const {
         ReduceElements(out.dtype, inputs, r * out.shard_elements, out.shard_elements, out.output);
         break;
       case CollectiveKind::kAllReduce:
-        ReduceElements(out.dtype, inputs, 0,
-                       out.shard_elements * static_cast<std::size_t>(world_size_), out.output);
+        ReduceElements(out.dtype, inputs, 0, out.elements, out.output);
         break;
     }
   }

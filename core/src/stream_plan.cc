@@ -31,6 +31,16 @@ std::string_view PlanOpKindName(PlanOpKind kind) {
   return "unknown";
 }
 
+ExecutedOp ExecutedFrom(const PlanOp& op, int rank) {
+  return ExecutedOp{.rank = rank,
+                    .stream = op.stream,
+                    .kind = op.kind,
+                    .unit = op.unit,
+                    .bytes = op.bytes,
+                    .category = op.category,
+                    .step = op.origin.step};
+}
+
 StreamPlanner::StreamPlanner(const Model& model, const ModelLayout& layout, PlanConfig config)
     : model_(model), layout_(layout), config_(std::move(config)) {
   if (config_.fail_unit == kNoUnit) {

@@ -262,17 +262,20 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
             r.pending_waited.push_back(r.gather_id[g]);
           }
         }
+        Executed(r, op);
         ++st.completed;
         progressed = true;
         break;
       }
       case PlanOpKind::kAlloc:
+        Executed(r, op);
         ++st.completed;
         progressed = true;
         if (!DeviceAlloc(r, now, op)) return true;
         break;
       case PlanOpKind::kFree:
         if (op.timeline_op >= 0 && r.recorded) RecordPlanned(r, op, now, now);  // a release
+        Executed(r, op);
         ++st.completed;
         progressed = true;
         Free(r, now, op.category, op.bytes, op.step, op.unit);
@@ -283,6 +286,7 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
         Arrive(s, op, now);
         return true;
       default:  // records, and fill/check operations (not in a simulated plan)
+        Executed(r, op);
         ++st.completed;
         progressed = true;
         break;
@@ -334,6 +338,7 @@ void Engine::OnComputeDone(TimeUs now, const ComputeDoneEv& e) {
     t.waited_on = std::move(r.pending_waited);
     r.pending_waited.clear();
   }
+  Executed(r, op);
   st.busy = false;
   ++st.completed;
   Advance(r, now);
@@ -407,6 +412,7 @@ void Engine::OnCollectiveDone(TimeUs now, const CollectiveDoneEv& e) {
   for (RankState& q : ranks_) {
     StreamState& st = q.streams[Idx(s)];
     const ProgOp& op = OpAt(q, s, st.completed);
+    Executed(q, op);
     st.busy = false;
     ++st.completed;
     ++st.coll_done;

@@ -80,6 +80,7 @@ class Engine {
   std::uint64_t events() const { return queue_.processed(); }
   std::uint64_t commands() const { return commands_; }
   const std::vector<RankState>& ranks() const { return ranks_; }
+  std::vector<ExecutedOp> TakeExecuted() { return std::move(executed_); }
 
  private:
   struct PendingCollective {
@@ -153,6 +154,18 @@ class Engine {
   TimeUs last_time_ = 0;
   TimeUs end_time_ = 0;
   std::uint64_t commands_ = 0;
+  std::vector<ExecutedOp> executed_;  // with SimOptions::log_executed_ops
+
+  void Executed(const RankState& r, const ProgOp& op) {
+    if (!opt_.log_executed_ops || op.type == PlanOpKind::kRecord) return;
+    executed_.push_back(ExecutedOp{.rank = r.rank,
+                                   .stream = op.stream,
+                                   .kind = op.type,
+                                   .unit = op.unit,
+                                   .bytes = op.bytes,
+                                   .category = op.category,
+                                   .step = op.step});
+  }
 };
 
 }  // namespace fsdplab::sim

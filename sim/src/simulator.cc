@@ -182,6 +182,7 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
   result.ranks_simulated = simulated;
   tl.ranks_recorded = std::min(simulated, options.max_recorded_ranks);
   for (const RankState& r : engine.ranks()) result.peak_memory_by_rank.push_back(r.peak);
+  result.executed = engine.TakeExecuted();
   result.order = programs.front().order;
   result.divergences = programs.front().divergences;
   result.memory_cap_lower_bound_us =

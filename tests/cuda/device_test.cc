@@ -75,8 +75,7 @@ TEST(CudaDevice, GemmComputeAndEmulatedWorld) {
   LiveOptions opt;
   opt.steps = 2;
   opt.compute = ComputeMode::kGemm;
-  opt.emulate_world_size = 8;
-  StatusOr<LiveResult> r = RunLiveSteps(t, opt);
+  StatusOr<LiveResult> r = RunLiveSteps(t, opt, CudaRunOptions{.emulate_world_size = 8});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   bool said_emulated = false;
   for (const std::string& n : r->notes) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <thread>
 
+#include "backends.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/core/chrome_trace.h"
@@ -16,11 +17,7 @@
 #include "fsdplab/core/live.h"
 #include "fsdplab/core/report.h"
 #include "fsdplab/core/trace.h"
-#include "fsdplab/host/live.h"
 #include "fsdplab/sim/synth.h"
-#ifdef FSDPLAB_HAVE_CUDA
-#include "fsdplab/cuda/live.h"
-#endif
 
 namespace fsdplab::cli {
 namespace {
@@ -47,7 +44,12 @@ constexpr std::string_view kRecordDescription =
     "the measured collectives. `fsdplab validate` and `fsdplab simulate` read it back.";
 
 void DeclareLiveFlags(Args& args, bool record) {
-  args.Declare("--backend", ArgKind::kValue, "host (default) or cuda", "NAME");
+  std::string backends;
+  for (const Backend* b : Backends().backends()) {
+    backends += fmt::format("{}{}: {}", backends.empty() ? "" : "; ", b->name(), b->summary());
+  }
+  args.Declare("--backend", ArgKind::kValue,
+               fmt::format("where to run (default host); in this build: {}", backends), "NAME");
   args.Declare("--synth", ArgKind::kSwitch,
                "run a synthetic GPT-like model instead of a TRACE (see the model flags)");
   args.Declare("--layers", ArgKind::kValue, "--synth: layer calls (default 4)", "L");
@@ -69,12 +71,12 @@ void DeclareLiveFlags(Args& args, bool record) {
   args.Declare("--compute", ArgKind::kValue, "timed (default) or gemm", "MODE");
   args.Declare("--compute-scale", ArgKind::kValue,
                "multiply the trace's compute durations by F (timed compute; default 1)", "F");
-  args.Declare("--gemm-tokens", ArgKind::kValue,
-               "rows of the activations in --compute gemm (default 16)", "N");
-  args.Declare("--emulate-world-size", ArgKind::kValue,
-               "cuda on one GPU: replace each collective by a device copy of the bytes a rank "
-               "receives in a W-rank ring (the report says so)",
-               "W");
+  // Each backend's own flags.
+  for (const Backend* b : Backends().backends()) {
+    for (const BackendFlag& f : b->flags()) {
+      args.Declare(f.flag, ArgKind::kValue, f.help, f.metavar);
+    }
+  }
   args.Declare("--timeout", ArgKind::kValue,
                "seconds any wait may last before the run is aborted (default 30)", "SECONDS");
   args.Declare("--seed", ArgKind::kValue, "seed of parameters and inputs (default 2026)", "N");
@@ -177,16 +179,10 @@ StatusOr<LiveOptions> LiveOptionsFromArgs(const Args& args, const Trace& trace) 
     FSDP_ASSIGN_OR_RETURN(o.compute_scale, ParseDouble(*v, "--compute-scale"));
     if (!(o.compute_scale > 0)) return UsageError("--compute-scale: must be positive");
   }
-  FSDP_RETURN_IF_ERROR(IntFlag(args, "--gemm-tokens", o.gemm_tokens, 1, 1 << 20));
   if (std::optional<std::string> v = args.Get("--timeout")) {
     FSDP_ASSIGN_OR_RETURN(double seconds, ParseDouble(*v, "--timeout"));
     if (!(seconds > 0) || !std::isfinite(seconds)) return UsageError("--timeout: must be positive");
     o.timeout_us = seconds * 1e6;
-  }
-  if (args.Get("--emulate-world-size")) {
-    int w = 0;
-    FSDP_RETURN_IF_ERROR(IntFlag(args, "--emulate-world-size", w, 1, 1 << 16));
-    o.emulate_world_size = w;
   }
   std::int64_t seed = static_cast<std::int64_t>(o.seed);
   FSDP_RETURN_IF_ERROR(IntFlag(args, "--seed", seed, 0, INT64_MAX));
@@ -205,22 +201,25 @@ StatusOr<LiveOptions> LiveOptionsFromArgs(const Args& args, const Trace& trace) 
   return o;
 }
 
-StatusOr<LiveResult> RunOnBackend(const std::string& backend, const Trace& trace,
+// The chosen backend from the registry, with the flags that belong to it; another backend's
+// flag is a usage error that names its backend.
+StatusOr<LiveResult> RunOnBackend(const Args& args, const std::string& name, const Trace& trace,
                                   const LiveOptions& options) {
-  if (backend == "host") {
-    if (options.emulate_world_size) {
-      return UsageError("--emulate-world-size is for --backend cuda on one GPU");
+  const Backend* backend = Backends().Find(name);
+  if (backend == nullptr) return Backends().UnknownBackend(name);
+  RunRequest request{.trace = &trace, .options = options};
+  for (const Backend* b : Backends().backends()) {
+    for (const BackendFlag& f : b->flags()) {
+      std::optional<std::string> v = args.Get(f.flag);
+      if (!v) continue;
+      if (b != backend) {
+        return UsageError(fmt::format("{} is a flag of the {} backend, not of --backend {}", f.flag,
+                                      b->name(), name));
+      }
+      request.backend_flags[f.flag] = *v;
     }
-    return host::RunLiveSteps(trace, options);
   }
-  if (backend == "cuda") {
-#ifdef FSDPLAB_HAVE_CUDA
-    return fsdplab::cuda::RunLiveSteps(trace, options);
-#else
-    return NoCudaBackend();
-#endif
-  }
-  return UsageError(fmt::format("--backend: expected host or cuda, got '{}'", backend));
+  return backend->Run(request);
 }
 
 std::string LiveClusterJson(const std::string& backend, const LiveOptions& o) {
@@ -239,7 +238,7 @@ Status Run(const Args& args, bool record) {
     if (!args.Get("-o")) return UsageError("record needs -o FILE for the recorded trace");
     FSDP_RETURN_IF_ERROR(IntFlag(args, "--rank", record_rank, 0, options.world_size - 1));
   }
-  FSDP_ASSIGN_OR_RETURN(LiveResult result, RunOnBackend(backend, trace, options));
+  FSDP_ASSIGN_OR_RETURN(LiveResult result, RunOnBackend(args, backend, trace, options));
 
   std::vector<std::string> check_errors;
   const LiveCheck& c = result.check;

@@ -1,16 +1,19 @@
 // The CUDA executor: a CommandSink that carries the scheduler's commands out on CUDA streams,
 // one set of three streams (compute, all-gather, reduce-scatter) per local GPU, with NCCL
-// collectives and cuBLAS GEMMs, following DESIGN §1's stream protocol (see stream_program.h for
-// the exact lowering). One executor drives every GPU of the process: each command is lowered for
-// every local rank and issued in lockstep, collectives of all local ranks inside one NCCL group.
+// collectives and cuBLAS GEMMs. Each command is lowered once into the core stream plan
+// (core/stream_plan.h), which this executor only carries out. One executor drives every GPU of the
+// process: each command is lowered for every local rank and issued in lockstep, collectives of all
+// local ranks inside one NCCL group.
 //
 // The host runs ahead of the devices by at most one step: at the end of step s it waits (polling
 // with a timeout, checking each communicator's asynchronous error) for step s-1. On a timeout or
 // an error the communicators are aborted and the error names the rank, the step, the unit and the
 // op that did not finish.
 //
-//   FSDP_ASSIGN_OR_RETURN(auto exec, CudaExecutor::Create(model, policy, config,
-//   std::move(comms))); FSDP_RETURN_IF_ERROR(ReplaySteps(trace, steps, scheduler, *exec));
+//   FSDP_ASSIGN_OR_RETURN(auto exec, CudaExecutor::Create(model, std::move(layout), trace,
+//                                                        config, std::move(comms)));
+//                                                        FSDP_RETURN_IF_ERROR(ReplaySteps(trace,
+//                                                        steps, scheduler, *exec));
 //   FSDP_RETURN_IF_ERROR(exec->Finish());
 //   Timeline t = exec->timeline();
 #pragma once
@@ -23,7 +26,7 @@
 #include "fsdplab/core/command.h"
 #include "fsdplab/core/live.h"
 #include "fsdplab/core/model.h"
-#include "fsdplab/core/policy.h"
+#include "fsdplab/core/param_layout.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/core/trace.h"
@@ -36,6 +39,7 @@ struct ExecutorConfig final {
   std::vector<int> ranks;    // the global rank of each local GPU
   int world_size = 1;        // what the scheduler shards for (the emulated size when emulating)
   bool emulated = false;     // collectives replaced by device copies (one GPU)
+  bool unified_comm_stream = false;
   ComputeMode compute = ComputeMode::kTimed;
   double compute_scale = 1.0;
   TimeUs timeout_us = 30e6;
@@ -51,7 +55,7 @@ class CudaExecutor final : public CommandSink {
  public:
   // `comms` has one communicator per device (empty when emulated). `trace` sizes the GEMM
   // scratch buffers (the longest compute of each unit).
-  static StatusOr<std::unique_ptr<CudaExecutor>> Create(const Model& model, const Policy& policy,
+  static StatusOr<std::unique_ptr<CudaExecutor>> Create(const Model& model, ModelLayout layout,
                                                         const Trace& trace, ExecutorConfig config,
                                                         std::vector<NcclComm> comms);
   ~CudaExecutor() override;

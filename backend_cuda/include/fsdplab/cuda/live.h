@@ -21,7 +21,15 @@
 
 namespace fsdplab::cuda {
 
-StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options);
+// What only the CUDA backend has.
+struct CudaRunOptions final {
+  // One GPU: replace each collective by a device copy of the bytes a rank of a W-rank ring
+  // receives (--emulate-world-size W).
+  std::optional<int> emulate_world_size;
+};
+
+StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options,
+                                  const CudaRunOptions& cuda_options = {});
 
 StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& options);
 // The same with collectives emulated on one GPU as copies of what a rank of a

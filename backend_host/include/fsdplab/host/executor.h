@@ -10,10 +10,12 @@
 //   FSDP_RETURN_IF_ERROR(rank0.Finish());
 //   std::vector<TimelineOp> ops = rank0.TakeOps();
 //
-// Streams: a compute thread, an all-gather thread and a reduce-scatter thread per rank (one
-// communication thread for both when the policy unifies them). WaitGather and StreamWait are event
-// waits between those threads; Gather, Release and ReduceScatter run on the communication
-// threads; memory is accounted when the work runs on its stream (device time).
+// Each command is lowered into the rank's core stream plan (core/stream_plan.h), and each plan
+// operation runs on the thread of its stream: a compute thread, an all-gather thread and a
+// reduce-scatter thread per rank (one communication thread for both when the plan unifies
+// them). Records and waits are event waits between those threads; allocs and frees apply the
+// plan's memory effects when their stream reaches them (device time). Nothing about streams,
+// bytes or memory is decided here.
 #pragma once
 
 #include <array>
@@ -30,44 +32,12 @@
 #include "fsdplab/core/command.h"
 #include "fsdplab/core/live.h"
 #include "fsdplab/core/model.h"
-#include "fsdplab/core/policy.h"
+#include "fsdplab/core/param_layout.h"
+#include "fsdplab/core/stream_plan.h"
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/host/runtime.h"
 
 namespace fsdplab::host {
-
-inline constexpr int kRowwisePlane = 0;
-inline constexpr int kColumnwisePlane = 1;
-
-// Where one parameter lives in its group's plane buffers and gradient buffer. A parameter of two
-// or more dimensions is a GEMM weight [rows, cols] (leading dimensions folded into rows); others
-// are vectors (rows = 1, cols = numel).
-struct ParamLayout final {
-  int param = 0;  // index into Unit::params()
-  bool matrix = false;
-  std::int64_t rows = 1;
-  std::int64_t cols = 0;
-  Elements numel = 0;
-  std::array<Bytes, 2> offset{};       // byte offset in the rowwise / columnwise plane
-  Bytes data_bytes = 0;                // data bytes in each plane
-  std::array<Bytes, 2> scale_bytes{};  // mxfp8 scale bytes per plane (after the data)
-  Elements grad_offset = 0;            // element offset in the group's gradient buffer
-};
-
-struct GroupLayout final {
-  DType dtype = DType::kBf16;
-  DType reduce_dtype = DType::kBf16;
-  int num_planes = 1;  // 2 for mxfp8
-  std::vector<ParamLayout> params;
-  std::array<Bytes, 2> plane_bytes{};  // unsharded bytes of each plane
-  std::array<Bytes, 2> shard_bytes{};  // per rank: plane padded to a multiple of the world size
-  Elements numel = 0;
-  Elements grad_shard_elements = 0;  // per rank: numel padded to a multiple of the world size
-  std::size_t grad_element_size = 2;
-};
-
-// Plane index of a piece's plane set within a group (single-plane groups: always rowwise).
-std::vector<int> PlanesOf(const GroupLayout& group, PlaneSet planes);
 
 // The parameters as every rank and the reference see them: layouts, and the unsharded original
 // planes (seeded, deterministic). Read-only once built; shared by every thread.
@@ -76,18 +46,15 @@ class ModelData final {
   static StatusOr<ModelData> Create(const Model& model, const Policy& policy, int world_size,
                                     std::uint64_t seed);
 
-  int world_size() const { return world_size_; }
-  const std::vector<GroupLayout>& groups(UnitId unit) const {
-    return units_[static_cast<std::size_t>(unit)];
-  }
+  int world_size() const { return layout_.world_size(); }
+  // The layout the stream plan uses (core/param_layout.h): one computation of every byte count.
+  const ModelLayout& layout() const { return layout_; }
+  const std::vector<GroupLayout>& groups(UnitId unit) const { return layout_.groups(unit); }
   // The unsharded plane, padded to world_size * shard_bytes (padding is zero).
   std::span<const std::byte> original(UnitId unit, int group, int plane) const;
-  // The unit's total unsharded gradient bytes (reduce dtype, unpadded).
-  Bytes GradBytes(UnitId unit) const;
 
  private:
-  int world_size_ = 1;
-  std::vector<std::vector<GroupLayout>> units_;
+  ModelLayout layout_;
   std::vector<std::vector<std::array<std::vector<std::byte>, 2>>> original_;
 };
 
@@ -114,6 +81,8 @@ void AccumulateGrads(const ModelData& data, UnitId unit, const GradBuffers& add,
                      GradBuffers& into);
 
 struct ExecutorConfig final {
+  bool unified_comm_stream = false;  // resolved by the caller; the plan places every op
+  bool log_executed_ops = false;     // executed(): what each stream carried out
   ComputeMode compute = ComputeMode::kTimed;
   double compute_scale = 1.0;
   std::int64_t gemm_tokens = 16;
@@ -150,16 +119,21 @@ struct ExecutorStats final {
 
 class HostExecutor final : public CommandSink {
  public:
-  HostExecutor(const Model& model, const ModelData& data, const Policy& policy,
-               const ExecutorConfig& config, RunControl& control, Communicator& all_gather,
-               Communicator& reduce_scatter, int rank);
+  HostExecutor(const Model& model, const ModelData& data, const ExecutorConfig& config,
+               RunControl& control, Communicator& all_gather, Communicator& reduce_scatter,
+               int rank);
   ~HostExecutor() override;
   HostExecutor(const HostExecutor&) = delete;
   HostExecutor& operator=(const HostExecutor&) = delete;
 
   void Start();
-  // Host thread: enqueues the command's work on its stream. Fails only when the run has aborted.
+  // Host thread: lowers the command into this rank's stream plan and enqueues each operation on
+  // its stream. Fails when the plan refuses the command, or when the run has aborted.
   Status Execute(const Command& command) override;
+  // Every operation enqueued so far (the cross-executor tests compare it with the simulator's).
+  const StreamPlanner& plan() const { return planner_; }
+  // After Finish, with log_executed_ops: the plan operations (records excepted) each stream ran.
+  std::vector<ExecutedOp> TakeExecuted();
   // Host thread: waits for every stream to finish what was issued, then stops the threads.
   // After an abort it only stops them.
   Status Finish(const OpContext& ctx);
@@ -175,33 +149,26 @@ class HostExecutor final : public CommandSink {
   int rank() const { return rank_; }
 
  private:
-  struct GatherRef {
-    std::uint64_t seq = 0;
-    std::int64_t op_id = 0;
-  };
   using PlaneBuffer = std::shared_ptr<std::vector<std::byte>>;
 
   OpContext Context(const CommandOrigin& origin, UnitId unit, std::string op) const;
-  StreamWorker& StreamFor(Stream stream);
-  int OpsIndex(Stream stream) const;
-  Track TrackFor(Stream stream) const;
+  StreamWorker& StreamAt(int plan_stream);
+  Track TrackAt(int plan_stream) const;
   void Memory(MemoryCategory category, std::int64_t delta, int step, UnitId unit);
   TimelineOp NewOp(const CommandOrigin& origin, Track track, OpKind kind, UnitId unit);
+  Status Enqueue(const PlanOp& op);
 
-  Status RunGather(const GatherCmd& cmd, const CommandOrigin& origin, std::int64_t op_id,
-                   bool mismatch);
-  Status RunRelease(const ReleaseCmd& cmd, const CommandOrigin& origin);
-  Status RunCompute(const ComputeCmd& cmd, const CommandOrigin& origin, std::uint64_t grad_gen,
-                    bool inject, Clock::time_point issued);
-  Status RunReduce(const ReduceScatterCmd& cmd, const CommandOrigin& origin, std::uint64_t gen);
-  void ComputeGemms(const ComputeCmd& cmd, const CommandOrigin& origin,
-                    const std::vector<std::pair<int, PlaneBuffer>>& weights, GradBuffers* grads,
-                    bool fresh_grads);
+  Status RunGather(const PlanOp& op, std::int64_t op_id, bool mismatch);
+  Status RunFree(const PlanOp& op, std::optional<TimelineOp> release);
+  Status RunCompute(const PlanOp& op, std::uint64_t grad_gen, bool inject,
+                    Clock::time_point issued);
+  Status RunReduce(const PlanOp& op, std::uint64_t gen);
+  void ComputeGemms(const PlanOp& op, const std::vector<std::pair<int, PlaneBuffer>>& weights,
+                    GradBuffers* grads, bool fresh_grads);
   Status InjectedFault(const OpContext& ctx);
 
   const Model& model_;
   const ModelData& data_;
-  const Policy& policy_;
   const ExecutorConfig config_;
   RunControl& control_;
   Communicator& ag_comm_;
@@ -214,7 +181,9 @@ class HostExecutor final : public CommandSink {
   std::unique_ptr<StreamWorker> reduce_scatter_;  // null when unified
 
   // Host thread only.
-  std::vector<std::optional<GatherRef>> last_gather_;
+  StreamPlanner planner_;
+  std::vector<std::uint64_t> slot_seq_;     // per plan event: its stream's issued count
+  std::vector<std::int64_t> timeline_ids_;  // per plan timeline op: the id it was given
   std::vector<std::uint64_t> grad_gen_;
   std::vector<GradEvent> grad_events_;
   bool fault_armed_ = true;
@@ -233,6 +202,7 @@ class HostExecutor final : public CommandSink {
   std::vector<std::vector<std::vector<float>>> reduced_;
   // Per stream (compute, all-gather, reduce-scatter): only that stream's thread appends.
   std::array<std::vector<TimelineOp>, 3> ops_;
+  std::array<std::vector<ExecutedOp>, 3> executed_;
 
   // This rank's shards of every plane: [unit][group][plane]. Read-only after construction.
   std::vector<std::vector<std::array<std::vector<std::byte>, 2>>> shards_;

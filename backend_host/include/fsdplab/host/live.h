@@ -16,6 +16,7 @@
 // names the failing rank, step, unit and op, then where every other rank stopped.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "fsdplab/core/live.h"
@@ -24,7 +25,15 @@
 
 namespace fsdplab::host {
 
-StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options);
+// What only the host backend has.
+struct HostRunOptions final {
+  // Rows of the activations in `--compute gemm` (tokens per microbatch): forward y = x W^T with
+  // x of [gemm_tokens, in].
+  std::int64_t gemm_tokens = 16;
+};
+
+StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options,
+                                  const HostRunOptions& host_options = {});
 
 StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& options);
 

@@ -183,6 +183,7 @@ struct Segment final {
   DType dtype = DType::kBf16;  // element type (reductions); all-gathers move bytes
   std::size_t element_size = 1;
   std::size_t shard_elements = 0;
+  std::size_t elements = 0;  // all-reduce: the whole buffer (not necessarily W * shard)
 };
 
 struct CollectiveTimes final {

@@ -14,6 +14,8 @@
 
 #include "fsdplab/core/execution_order.h"
 #include "fsdplab/core/policy.h"
+#include "fsdplab/core/scheduler.h"
+#include "fsdplab/core/stream_plan.h"
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/core/units.h"
@@ -31,19 +33,16 @@ struct LiveOptions final {
   Policy policy;
   ComputeMode compute = ComputeMode::kTimed;
   double compute_scale = 1.0;
-  TimeUs timeout_us = 30e6;               // every wait gives up after this long
-  std::optional<int> emulate_world_size;  // CUDA on one GPU: collectives as local copies
-  std::uint64_t seed = 2026;              // parameters and inputs are seeded, deterministic
-  bool check = true;                      // verify gathered params and reduced grads
+  TimeUs timeout_us = 30e6;   // every wait gives up after this long
+  std::uint64_t seed = 2026;  // parameters and inputs are seeded, deterministic
+  bool check = true;          // verify gathered params and reduced grads
   // Fault injection for tests: make this rank fail at (step, unit, op), or call a mismatched
   // collective.
   std::optional<int> fail_rank;
   std::string fail_op;  // "compute" | "mismatch" | "hang"
   int fail_step = 0;
-  std::string fail_unit;  // empty: the first unit with parameters
-  // Rows of the activations in `--compute gemm` (tokens per microbatch): forward y = x W^T with
-  // x of [gemm_tokens, in]. Added by the host backend; a backend may ignore it.
-  std::int64_t gemm_tokens = 16;
+  std::string fail_unit;          // empty: the first unit with parameters
+  bool log_executed_ops = false;  // LiveResult::executed (tests that hold executors together)
 };
 
 struct LiveCheck final {
@@ -60,7 +59,11 @@ struct LiveResult final {
   ExecutionOrder order;         // the order prefetches followed at the end
   std::vector<Trace> recorded;  // one trace per rank (for `fsdplab record`)
   LiveCheck check;
-  std::vector<std::string> notes;  // e.g. "compute: bf16 GEMMs (no FP8 on this device)"
+  std::vector<std::string> notes;       // e.g. "compute: bf16 GEMMs (no FP8 on this device)"
+  std::vector<Divergence> divergences;  // rank 0's passes that left the recorded order
+  // With log_executed_ops: every plan operation but the records, per rank and stream in the
+  // order the stream carried it out.
+  std::vector<ExecutedOp> executed;
 };
 
 // nccl-tests-style gather benchmark (bench-gather).

@@ -132,6 +132,20 @@ struct PlanOp final {
   std::vector<CollectivePart> parts{};
 };
 
+// One plan operation as an executor carried it out (for the tests that hold the executors to
+// one plan: the same per-stream sequences and the same memory effects).
+struct ExecutedOp final {
+  int rank = 0;
+  int stream = 0;
+  PlanOpKind kind = PlanOpKind::kRecord;
+  UnitId unit = kNoUnit;
+  Bytes bytes = 0;
+  MemoryCategory category = MemoryCategory::kShardedParams;  // kAlloc, kFree
+  int step = 0;
+  friend bool operator==(const ExecutedOp&, const ExecutedOp&) = default;
+};
+ExecutedOp ExecutedFrom(const PlanOp& op, int rank);
+
 // One lowered command: its operations are ops()[first, end). The host spends launch time issuing
 // it unless it is host-only (StepEnd, an empty PassEnd, a StreamWait within one stream).
 struct PlanCommand final {

@@ -8,7 +8,13 @@
 //   Trace t = std::move(rec).Finish();
 #pragma once
 
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "fsdplab/core/model.h"
+#include "fsdplab/core/timeline.h"
 #include "fsdplab/core/trace.h"
 
 namespace fsdplab {
@@ -29,5 +35,25 @@ class TraceRecorder final {
   Trace trace_;
   bool step_open_ = false;
 };
+
+// What a live run was, for RecordLiveTraces.
+struct LiveRecording final {
+  std::string source;  // "live-host", "live-cuda"
+  int world_size = 1;
+  std::vector<int> ranks;  // the ranks to record
+  int steps = 1;
+  std::string extra_json = "{}";  // meta's extra fields, a JSON object
+  // When the host issued hook event (rank, step, microbatch, event), if the backend measured it.
+  std::function<std::optional<TimeUs>(int, int, int, int)> issue_us;
+};
+
+// The trace each rank ran, from the live timeline: the input trace's events (its measured
+// collectives dropped) with the measured compute durations and start times; hooks with their
+// issue time (or the start of the first op they caused); and each measured collective as a
+// `collective` event right after the hook that issued it (a first-unit gather before the first
+// event). One recording for every backend, so `fsdplab record` writes the same shape of trace
+// whichever ran it.
+std::vector<Trace> RecordLiveTraces(const Trace& trace, const Timeline& timeline,
+                                    const LiveRecording& info);
 
 }  // namespace fsdplab

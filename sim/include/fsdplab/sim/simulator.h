@@ -85,6 +85,7 @@ struct SimOptions final {
   bool record_host_ops = true;       // one kHostIssue op per issued command in the timeline
   int max_recorded_ranks = 1 << 30;  // ranks beyond this keep no ops or memory samples
   bool fold_symmetric_ranks = true;  // simulate one rank when all ranks are identical
+  bool log_executed_ops = false;     // SimResult::executed (tests)
 };
 
 struct SimResult final {
@@ -101,6 +102,9 @@ struct SimResult final {
   // before them (0 without a cap). See MemoryCapLowerBoundUs.
   TimeUs memory_cap_lower_bound_us = 0;
   std::vector<Bytes> peak_memory_by_rank;  // every simulated rank, recorded or not
+  // With log_executed_ops: every plan operation but the records, in the order each stream of
+  // each simulated rank carried it out.
+  std::vector<ExecutedOp> executed;
 };
 
 // The contention factors a simulation with these options uses (see SimOptions::comm_contention).

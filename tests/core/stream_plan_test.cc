@@ -1,13 +1,15 @@
-// The CUDA executor's stream program on the CPU: DESIGN §1's protocol, buffer lifetimes, plane
-// checks and memory accounting, without a device.
-#include "fsdplab/cuda/stream_program.h"
+// The core stream plan (what the simulator, the host and the CUDA executor all run): DESIGN §1's
+// protocol, buffer lifetimes, plane checks and memory accounting.
+#include "fsdplab/core/stream_plan.h"
 
 #include <gtest/gtest.h>
+
+#include <deque>
 
 #include "fsdplab/core/scheduler.h"
 #include "fsdplab/core/trace.h"
 
-namespace fsdplab::cuda {
+namespace fsdplab {
 namespace {
 
 // Two units, world size 4:
@@ -54,33 +56,38 @@ ReleaseCmd ReleaseL0(PlaneSet planes) {
   return r;
 }
 
-std::vector<DeviceOpKind> Kinds(const std::vector<DeviceOp>& ops) {
-  std::vector<DeviceOpKind> k;
-  for (const DeviceOp& op : ops) k.push_back(op.kind);
+std::vector<PlanOpKind> Kinds(const std::vector<PlanOp>& ops) {
+  std::vector<PlanOpKind> k;
+  for (const PlanOp& op : ops) k.push_back(op.kind);
   return k;
 }
 
-class StreamProgramTest : public ::testing::Test {
+class StreamPlanTest : public ::testing::Test {
  protected:
-  StreamProgram Make(Policy policy = {}, bool emulated = false) {
-    StreamProgram p(model_, policy,
-                    ProgramConfig{.rank = 0, .world_size = 4, .emulated = emulated});
+  StreamPlanner Make(Policy policy = {}, bool emulated = false) {
+    layouts_.push_back(ModelLayout::Create(model_, policy, 4).value());
+    StreamPlanner p(model_, layouts_.back(),
+                    PlanConfig{.rank = 0,
+                               .unified_comm_stream = policy.unified_comm_stream,
+                               .emulated = emulated,
+                               .check = true});
     EXPECT_TRUE(p.Begin().ok());
-    p.TakeOps();
+    p.TakeNewOps();
     return p;
   }
   Model model_ = TwoUnits();
+  std::deque<ModelLayout> layouts_;
 };
 
-TEST_F(StreamProgramTest, GatherAllocatesRecordsCollectsAndRecords) {
-  StreamProgram p = Make();
+TEST_F(StreamPlanTest, GatherAllocatesRecordsCollectsAndRecords) {
+  StreamPlanner p = Make();
   ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
-  std::vector<DeviceOp> ops = p.TakeOps();
-  EXPECT_EQ(Kinds(ops), (std::vector<DeviceOpKind>{DeviceOpKind::kAlloc, DeviceOpKind::kRecord,
-                                                   DeviceOpKind::kCollective, DeviceOpKind::kRecord,
-                                                   DeviceOpKind::kCheckGather}));
-  for (const DeviceOp& op : ops) EXPECT_EQ(op.stream, kStreamAllGather);
-  const DeviceOp& coll = ops[2];
+  std::vector<PlanOp> ops = p.TakeNewOps();
+  EXPECT_EQ(Kinds(ops), (std::vector<PlanOpKind>{PlanOpKind::kAlloc, PlanOpKind::kRecord,
+                                                 PlanOpKind::kCollective, PlanOpKind::kRecord,
+                                                 PlanOpKind::kCheckGather}));
+  for (const PlanOp& op : ops) EXPECT_EQ(op.stream, kPlanAllGather);
+  const PlanOp& coll = ops[2];
   EXPECT_EQ(coll.collective, CollectiveKind::kAllGather);
   EXPECT_EQ(coll.shard_bytes, 1056u);
   EXPECT_EQ(coll.bytes, 4224u);  // 4 x 1056: the plane needs no padding
@@ -88,14 +95,15 @@ TEST_F(StreamProgramTest, GatherAllocatesRecordsCollectsAndRecords) {
   EXPECT_TRUE(p.present(1, 0, 0));
   EXPECT_FALSE(p.present(1, 0, 1));
   EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kUnshardedParams)], 4224u);
-  // Sharded: bf16 1024 + two mxfp8 planes of 1056; grads bf16: 512 + 1024 elements x 2 bytes.
+  // Sharded: bf16 1024 + two mxfp8 planes of 1056. Sharded gradients come with a unit's first
+  // reduce-scatter (its output becomes them), so none yet.
   EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kShardedParams)], 1024u + 2 * 1056u);
-  EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kShardedGrads)], 1024u + 2048u);
+  EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kShardedGrads)], 0u);
   EXPECT_EQ(p.gathered_bytes_checked(), 4224u);
 }
 
-TEST_F(StreamProgramTest, ComputeMustWaitForItsGather) {
-  StreamProgram p = Make();
+TEST_F(StreamPlanTest, ComputeMustWaitForItsGather) {
+  StreamPlanner p = Make();
   ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
   Status s = p.Lower(Cmd(ComputeL0(Phase::kForward, PlaneSet::Rowwise())));
   EXPECT_EQ(s.code(), StatusCode::kInternal);
@@ -103,17 +111,17 @@ TEST_F(StreamProgramTest, ComputeMustWaitForItsGather) {
       << s.message();
 }
 
-TEST_F(StreamProgramTest, WaitGatherOrdersComputeAfterTheGatherEvent) {
-  StreamProgram p = Make();
+TEST_F(StreamPlanTest, WaitGatherOrdersComputeAfterTheGatherEvent) {
+  StreamPlanner p = Make();
   ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
-  std::vector<DeviceOp> gather = p.TakeOps();
+  std::vector<PlanOp> gather = p.TakeNewOps();
   const int gather_end = gather[3].slot;
   ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
   ASSERT_TRUE(p.Lower(Cmd(ComputeL0(Phase::kForward, PlaneSet::Rowwise()))).ok());
-  std::vector<DeviceOp> ops = p.TakeOps();
-  ASSERT_EQ(Kinds(ops), (std::vector<DeviceOpKind>{DeviceOpKind::kWait, DeviceOpKind::kRecord,
-                                                   DeviceOpKind::kCompute, DeviceOpKind::kRecord}));
-  EXPECT_EQ(ops[0].stream, kStreamCompute);
+  std::vector<PlanOp> ops = p.TakeNewOps();
+  ASSERT_EQ(Kinds(ops), (std::vector<PlanOpKind>{PlanOpKind::kWait, PlanOpKind::kRecord,
+                                                 PlanOpKind::kCompute, PlanOpKind::kRecord}));
+  EXPECT_EQ(ops[0].stream, kPlanCompute);
   EXPECT_EQ(ops[0].slot, gather_end);
   EXPECT_EQ(ops[2].reads, (std::vector<int>{gather[0].buffer}));
   // The compute's timeline op records the gather it waited on (a flow arrow).
@@ -122,44 +130,44 @@ TEST_F(StreamProgramTest, WaitGatherOrdersComputeAfterTheGatherEvent) {
   EXPECT_EQ(compute.waited_on, (std::vector<std::int64_t>{0}));
 }
 
-TEST_F(StreamProgramTest, ReleaseAfterStreamWaitNeedsNoExtraWait) {
-  StreamProgram p = Make();
+TEST_F(StreamPlanTest, ReleaseAfterStreamWaitNeedsNoExtraWait) {
+  StreamPlanner p = Make();
   ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
   ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
   ASSERT_TRUE(p.Lower(Cmd(ComputeL0(Phase::kForward, PlaneSet::Rowwise()))).ok());
   ASSERT_TRUE(
       p.Lower(Cmd(StreamWaitCmd{.waiter = Stream::kAllGather, .signaler = Stream::kCompute})).ok());
-  p.TakeOps();
+  p.TakeNewOps();
   ASSERT_TRUE(p.Lower(Cmd(ReleaseL0(PlaneSet::Rowwise()))).ok());
-  std::vector<DeviceOp> ops = p.TakeOps();
-  EXPECT_EQ(Kinds(ops), (std::vector<DeviceOpKind>{DeviceOpKind::kFree, DeviceOpKind::kRecord}));
-  EXPECT_EQ(ops[0].stream, kStreamAllGather);
+  std::vector<PlanOp> ops = p.TakeNewOps();
+  EXPECT_EQ(Kinds(ops), (std::vector<PlanOpKind>{PlanOpKind::kFree, PlanOpKind::kRecord}));
+  EXPECT_EQ(ops[0].stream, kPlanAllGather);
   EXPECT_EQ(p.protective_waits(), 0);
   EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kUnshardedParams)], 0u);
 }
 
-TEST_F(StreamProgramTest, ReleaseWithoutStreamWaitGetsAProtectiveWait) {
+TEST_F(StreamPlanTest, ReleaseWithoutStreamWaitGetsAProtectiveWait) {
   // The buffer was last read by the compute stream; freeing it on the all-gather stream without
   // an event in between could let the memory be reused while the GEMM still reads it.
-  StreamProgram p = Make();
+  StreamPlanner p = Make();
   ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
   ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
   ASSERT_TRUE(p.Lower(Cmd(ComputeL0(Phase::kForward, PlaneSet::Rowwise()))).ok());
-  p.TakeOps();
+  p.TakeNewOps();
   ASSERT_TRUE(p.Lower(Cmd(ReleaseL0(PlaneSet::Rowwise()))).ok());
-  std::vector<DeviceOp> ops = p.TakeOps();
-  ASSERT_EQ(Kinds(ops), (std::vector<DeviceOpKind>{DeviceOpKind::kRecord, DeviceOpKind::kWait,
-                                                   DeviceOpKind::kFree, DeviceOpKind::kRecord}));
-  EXPECT_EQ(ops[0].stream, kStreamCompute);
-  EXPECT_EQ(ops[1].stream, kStreamAllGather);
+  std::vector<PlanOp> ops = p.TakeNewOps();
+  ASSERT_EQ(Kinds(ops), (std::vector<PlanOpKind>{PlanOpKind::kRecord, PlanOpKind::kWait,
+                                                 PlanOpKind::kFree, PlanOpKind::kRecord}));
+  EXPECT_EQ(ops[0].stream, kPlanCompute);
+  EXPECT_EQ(ops[1].stream, kPlanAllGather);
   EXPECT_EQ(ops[1].slot, ops[0].slot);
   EXPECT_EQ(p.protective_waits(), 1);
   ASSERT_EQ(p.warnings().size(), 1u);
 }
 
-TEST_F(StreamProgramTest, BackwardComputeWithoutColumnwisePlaneFails) {
+TEST_F(StreamPlanTest, BackwardComputeWithoutColumnwisePlaneFails) {
   // An MXFP8 unit whose backward finds only the rowwise plane fails as the real system does.
-  StreamProgram p = Make();
+  StreamPlanner p = Make();
   ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
   ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
   Status s = p.Lower(Cmd(ComputeL0(Phase::kBackward, PlaneSet::Columnwise()), 2));
@@ -170,8 +178,8 @@ TEST_F(StreamProgramTest, BackwardComputeWithoutColumnwisePlaneFails) {
             "is unsharded");
 }
 
-TEST_F(StreamProgramTest, GatheringAPresentPlaneAgainIsAProtocolError) {
-  StreamProgram p = Make();
+TEST_F(StreamPlanTest, GatheringAPresentPlaneAgainIsAProtocolError) {
+  StreamPlanner p = Make();
   ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
   EXPECT_EQ(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).code(), StatusCode::kInternal);
   // The missing plane alone is fine (DESIGN §1: gather only what is missing).
@@ -179,21 +187,21 @@ TEST_F(StreamProgramTest, GatheringAPresentPlaneAgainIsAProtocolError) {
   EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kUnshardedParams)], 2u * 4224u);
 }
 
-TEST_F(StreamProgramTest, EmulatedGatherCopiesWhatARingRankReceives) {
-  StreamProgram p = Make({}, /*emulated=*/true);
+TEST_F(StreamPlanTest, EmulatedGatherCopiesWhatARingRankReceives) {
+  StreamPlanner p = Make({}, /*emulated=*/true);
   ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
-  std::vector<DeviceOp> ops = p.TakeOps();
-  ASSERT_EQ(ops[2].kind, DeviceOpKind::kCollective);
+  std::vector<PlanOp> ops = p.TakeNewOps();
+  ASSERT_EQ(ops[2].kind, PlanOpKind::kCollective);
   EXPECT_TRUE(ops[2].emulated);
-  EXPECT_EQ(ops[2].copy_bytes, 3u * 1056u);  // W-1 = 3 shards arrive
+  EXPECT_EQ(ops[2].parts[0].copy_bytes, 3u * 1056u);  // W-1 = 3 shards arrive
   // No check op: emulated contents are not the peers' shards.
   EXPECT_EQ(ops.size(), 4u);
 }
 
-TEST_F(StreamProgramTest, UnifiedStreamRunsReduceScatterOnTheGatherStream) {
+TEST_F(StreamPlanTest, UnifiedStreamRunsReduceScatterOnTheGatherStream) {
   Policy unified;
   unified.unified_comm_stream = true;
-  StreamProgram p = Make(unified);
+  StreamPlanner p = Make(unified);
   ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Columnwise(), Phase::kBackward))).ok());
   ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
   ASSERT_TRUE(p.Lower(Cmd(ComputeL0(Phase::kBackward, PlaneSet::Columnwise()))).ok());
@@ -201,17 +209,17 @@ TEST_F(StreamProgramTest, UnifiedStreamRunsReduceScatterOnTheGatherStream) {
   ASSERT_TRUE(
       p.Lower(Cmd(StreamWaitCmd{.waiter = Stream::kReduceScatter, .signaler = Stream::kCompute}))
           .ok());
-  p.TakeOps();
+  p.TakeNewOps();
   ReduceScatterCmd rs;
   rs.unit = 1;
   rs.bytes = 8192;  // 4096 elements of bf16 gradients
   rs.shard_bytes = 2048;
   ASSERT_TRUE(p.Lower(Cmd(rs)).ok());
-  std::vector<DeviceOp> ops = p.TakeOps();
+  std::vector<PlanOp> ops = p.TakeNewOps();
   int collectives = 0;
-  for (const DeviceOp& op : ops) {
-    EXPECT_EQ(op.stream, kStreamAllGather) << DeviceOpKindName(op.kind);
-    if (op.kind == DeviceOpKind::kCollective) {
+  for (const PlanOp& op : ops) {
+    EXPECT_EQ(op.stream, kPlanAllGather) << PlanOpKindName(op.kind);
+    if (op.kind == PlanOpKind::kCollective) {
       ++collectives;
       EXPECT_EQ(op.collective, CollectiveKind::kReduceScatter);
       EXPECT_EQ(op.bytes, 8192u);        // mxfp8 gradients reduce in bf16
@@ -230,7 +238,7 @@ class SampleTraces : public ::testing::TestWithParam<std::string> {};
 
 class LoweringSink final : public CommandSink {
  public:
-  explicit LoweringSink(StreamProgram& p) : p_(p) {}
+  explicit LoweringSink(StreamPlanner& p) : p_(p) {}
   Status Execute(const Command& c) override {
     ++commands;
     return p_.Lower(c);
@@ -238,7 +246,7 @@ class LoweringSink final : public CommandSink {
   int commands = 0;
 
  private:
-  StreamProgram& p_;
+  StreamPlanner& p_;
 };
 
 TEST_P(SampleTraces, LowerWithoutProtectiveWaitsAndFreeEverything) {
@@ -248,7 +256,8 @@ TEST_P(SampleTraces, LowerWithoutProtectiveWaitsAndFreeEverything) {
     Policy policy;
     policy.unified_comm_stream = unified;
     policy.forward_prefetch.value = 2;
-    StreamProgram p(trace->model, policy, ProgramConfig{.rank = 1, .world_size = 8});
+    ModelLayout layout = ModelLayout::Create(trace->model, policy, 8).value();
+    StreamPlanner p(trace->model, layout, PlanConfig{.rank = 1, .unified_comm_stream = unified});
     ASSERT_TRUE(p.Begin().ok());
     Scheduler sched(trace->model, policy, 8);
     LoweringSink sink(p);
@@ -280,4 +289,4 @@ INSTANTIATE_TEST_SUITE_P(All, SampleTraces,
                          TraceTestName);
 
 }  // namespace
-}  // namespace fsdplab::cuda
+}  // namespace fsdplab

@@ -1,0 +1,11 @@
+// Registers the host backend ("host": CPU threads as streams, in-process collectives) with a
+// backend registry (core/backend.h). Called from the list CMake generates for the tools.
+#pragma once
+
+#include "fsdplab/core/backend.h"
+
+namespace fsdplab::host {
+
+Status RegisterBackend(BackendRegistry& registry);
+
+}  // namespace fsdplab::host
