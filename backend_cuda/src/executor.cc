@@ -154,10 +154,7 @@ Status CudaExecutor::Impl::Setup(const Trace& trace, std::vector<NcclComm> comms
                   .emulated = config_.emulated,
                   .check = config_.check,
                   .check_step = 0,
-                  .fail_rank = config_.fail_rank,
-                  .fail_op = config_.fail_op,
-                  .fail_step = config_.fail_step,
-                  .fail_unit = config_.fail_unit};
+                  .fault = config_.fault};
     r.program = std::make_unique<StreamPlanner>(model_, layout_, pc);
     FSDP_RETURN_IF_ERROR(r.program->Begin());
   }

@@ -118,16 +118,16 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   cfg.timeout_us = options.timeout_us;
   cfg.seed = options.seed;
   cfg.check = options.check;
-  cfg.fail_rank = options.fail_rank;
-  cfg.fail_op = options.fail_op;
-  cfg.fail_step = options.fail_step;
+  cfg.fault.rank = options.fail_rank;
+  cfg.fault.op = options.fail_op;
+  cfg.fault.step = options.fail_step;
   if (!options.fail_unit.empty()) {
     std::optional<UnitId> u = trace.model.Find(options.fail_unit);
     if (!u.has_value()) {
       return UsageError(
           fmt::format("--fail-unit '{}' is not a unit of the trace", options.fail_unit));
     }
-    cfg.fail_unit = *u;
+    cfg.fault.unit = *u;
   }
   cfg.unified_comm_stream = options.policy.unified_comm_stream;
   FSDP_ASSIGN_OR_RETURN(ModelLayout layout,
@@ -145,6 +145,7 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   LiveResult result;
   result.timeline = exec->timeline();
   result.order = scheduler.order();
+  result.divergences = scheduler.divergences();
   result.check = exec->check();
   result.notes = topo.notes;
   for (const DeviceInfo& d : devices) {

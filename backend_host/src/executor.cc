@@ -347,10 +347,7 @@ Status HostExecutor::Execute(const Command& command) {
 // Host thread: one plan operation onto its stream's thread.
 Status HostExecutor::Enqueue(const PlanOp& op) {
   const CommandOrigin& origin = op.origin;
-  const auto at_fault = [&](UnitId unit) {
-    return config_.fail_rank && *config_.fail_rank == rank_ && origin.step == config_.fail_step &&
-           unit == config_.fail_unit;
-  };
+  const auto at_fault = [&](UnitId unit) { return config_.fault.at(rank_, origin.step, unit); };
   StreamWorker& plan_stream = StreamAt(op.stream);
   // Every task of this operation also logs it when it ran (tests).
   struct Logged {
@@ -426,7 +423,7 @@ Status HostExecutor::Enqueue(const PlanOp& op) {
         const std::int64_t id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
         timeline_id(op.timeline_op) = id;
         bool mismatch = false;
-        if (config_.fail_op == "mismatch" && mismatch_armed_ && at_fault(op.unit)) {
+        if (config_.fault.op == "mismatch" && mismatch_armed_ && at_fault(op.unit)) {
           mismatch = true;
           mismatch_armed_ = false;
         }
@@ -447,7 +444,7 @@ Status HostExecutor::Enqueue(const PlanOp& op) {
         }
       }
       bool inject = false;
-      if ((config_.fail_op == "compute" || config_.fail_op == "hang") && fault_armed_ &&
+      if ((config_.fault.op == "compute" || config_.fault.op == "hang") && fault_armed_ &&
           at_fault(op.unit)) {
         inject = true;
         fault_armed_ = false;
@@ -551,7 +548,7 @@ Status HostExecutor::RunFree(const PlanOp& op, std::optional<TimelineOp> release
 }
 
 Status HostExecutor::InjectedFault(const OpContext& ctx) {
-  if (config_.fail_op == "hang") {
+  if (config_.fault.op == "hang") {
     // A kernel that never ends: it holds the compute stream until the run aborts (the other
     // ranks time out in their collectives), bounded by ten timeouts in any case.
     const Clock::time_point limit = Clock::now() + 10 * control_.timeout();

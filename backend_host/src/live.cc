@@ -65,6 +65,7 @@ StatusOr<UnitId> FaultUnit(const Model& model, const LiveOptions& o) {
 // One rank's host thread: its scheduler over the trace, issuing into its executor.
 struct RankRun {
   ExecutionOrder order;
+  std::vector<Divergence> divergences;
   std::vector<std::vector<std::vector<TimeUs>>> issue_us;  // [step][microbatch][event]
   OpContext position;
 };
@@ -115,6 +116,7 @@ void RunRankHost(const Trace& trace, const LiveOptions& options, RunControl& con
   Status finished = executor.Finish(finish);
   if (!finished.ok()) control.Fail(rank, finished);
   run.order = scheduler.order();
+  run.divergences = scheduler.divergences();
 }
 
 Status CombinedError(const RunControl& control, int world_size) {
@@ -232,10 +234,10 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   config.gemm_tokens = host_options.gemm_tokens;
   config.seed = options.seed;
   config.check = options.check;
-  config.fail_rank = options.fail_rank;
-  config.fail_op = options.fail_op;
-  config.fail_step = options.fail_step;
-  config.fail_unit = fail_unit;
+  config.fault = FaultInjection{.rank = options.fail_rank,
+                                .op = options.fail_op,
+                                .step = options.fail_step,
+                                .unit = fail_unit};
   config.unified_comm_stream = options.policy.unified_comm_stream;
   config.log_executed_ops = options.log_executed_ops;
 
@@ -351,6 +353,7 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
                    check);
   }
   result.order = runs[0].order;
+  result.divergences = runs[0].divergences;
   result.executed = std::move(result_executed);
   LiveRecording rec;
   rec.source = "live-host";

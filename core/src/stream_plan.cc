@@ -43,10 +43,10 @@ ExecutedOp ExecutedFrom(const PlanOp& op, int rank) {
 
 StreamPlanner::StreamPlanner(const Model& model, const ModelLayout& layout, PlanConfig config)
     : model_(model), layout_(layout), config_(std::move(config)) {
-  if (config_.fail_unit == kNoUnit) {
+  if (config_.fault.unit == kNoUnit) {
     for (const Unit& u : model_.units()) {
       if (u.has_params()) {
-        config_.fail_unit = u.id();
+        config_.fault.unit = u.id();
         break;
       }
     }
@@ -116,24 +116,19 @@ void StreamPlanner::Wait(int stream, int slot, int timeline_op) {
 
 void StreamPlanner::Alloc(int stream, int buffer, MemoryCategory category, Bytes bytes,
                           const CommandOrigin& origin, UnitId unit, int group, int plane) {
-  if (bytes == 0 && buffer < 0) return;
-  Push(PlanOp{.kind = PlanOpKind::kAlloc,
-              .stream = stream,
-              .buffer = buffer,
-              .category = category,
-              .bytes = bytes,
-              .unit = unit,
-              .group = group,
-              .plane = plane,
-              .origin = origin});
-  Account(category, static_cast<std::int64_t>(bytes), origin, unit);
-  samples_.back().slot = -2 - stream;  // timed by the stream's next event
+  Memory(PlanOpKind::kAlloc, stream, buffer, category, bytes, origin, unit, group, plane);
 }
 
 void StreamPlanner::Free(int stream, int buffer, MemoryCategory category, Bytes bytes,
                          const CommandOrigin& origin, UnitId unit, int group, int plane) {
+  Memory(PlanOpKind::kFree, stream, buffer, category, bytes, origin, unit, group, plane);
+}
+
+void StreamPlanner::Memory(PlanOpKind kind, int stream, int buffer, MemoryCategory category,
+                           Bytes bytes, const CommandOrigin& origin, UnitId unit, int group,
+                           int plane) {
   if (bytes == 0 && buffer < 0) return;
-  Push(PlanOp{.kind = PlanOpKind::kFree,
+  Push(PlanOp{.kind = kind,
               .stream = stream,
               .buffer = buffer,
               .category = category,
@@ -142,8 +137,9 @@ void StreamPlanner::Free(int stream, int buffer, MemoryCategory category, Bytes 
               .group = group,
               .plane = plane,
               .origin = origin});
-  Account(category, -static_cast<std::int64_t>(bytes), origin, unit);
-  samples_.back().slot = -2 - stream;
+  const auto delta = static_cast<std::int64_t>(bytes);
+  Account(category, kind == PlanOpKind::kAlloc ? delta : -delta, origin, unit);
+  samples_.back().slot = -2 - stream;  // timed by the stream's next event
 }
 
 void StreamPlanner::OrderAfterUses(int stream, int buffer, std::string_view why) {
@@ -187,8 +183,7 @@ bool StreamPlanner::CheckThisStep(const CommandOrigin& origin) const {
 }
 
 bool StreamPlanner::Faulty(const CommandOrigin& origin, UnitId unit, std::string_view op) const {
-  return config_.fail_rank.has_value() && *config_.fail_rank == config_.rank &&
-         origin.step == config_.fail_step && unit == config_.fail_unit && config_.fail_op == op &&
+  return config_.fault.at(config_.rank, origin.step, unit) && config_.fault.op == op &&
          !fault_fired_;
 }
 

@@ -28,6 +28,7 @@
 #include "fsdplab/core/model.h"
 #include "fsdplab/core/param_layout.h"
 #include "fsdplab/core/status.h"
+#include "fsdplab/core/stream_plan.h"
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/cuda/resources.h"
@@ -45,10 +46,7 @@ struct ExecutorConfig final {
   TimeUs timeout_us = 30e6;
   std::uint64_t seed = 2026;
   bool check = true;
-  std::optional<int> fail_rank;
-  std::string fail_op;
-  int fail_step = 0;
-  UnitId fail_unit = kNoUnit;
+  FaultInjection fault;
 };
 
 class CudaExecutor final : public CommandSink {

@@ -88,11 +88,7 @@ struct ExecutorConfig final {
   std::int64_t gemm_tokens = 16;
   std::uint64_t seed = 2026;
   bool check = true;
-  // Fault injection (LiveOptions::fail_*), resolved: fail_unit is an id.
-  std::optional<int> fail_rank;
-  std::string fail_op;
-  int fail_step = 0;
-  UnitId fail_unit = kNoUnit;
+  FaultInjection fault;  // LiveOptions::fail_*, resolved: the unit is an id
 };
 
 // What the reference needs of a rank's command stream: backward computes and reductions.

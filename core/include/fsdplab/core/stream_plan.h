@@ -156,18 +156,28 @@ struct PlanCommand final {
   UnitId unit = kNoUnit;
 };
 
+// A fault to inject (tests of the failure paths): at `step`, for `unit` (kNoUnit: the first
+// unit with parameters), when the rank is `rank`. `op`: "compute" (the compute fails),
+// "mismatch" (the rank calls its collective with another count) or "hang" (it never calls it,
+// or, on the host, its compute never ends). Every live backend and the plan read this one
+// struct.
+struct FaultInjection final {
+  std::optional<int> rank{};
+  std::string op{};
+  int step = 0;
+  UnitId unit = kNoUnit;
+  bool at(int rank_, int step_, UnitId unit_) const {
+    return rank.has_value() && *rank == rank_ && step == step_ && unit == unit_;
+  }
+};
+
 struct PlanConfig final {
   int rank = 0;
   bool unified_comm_stream = false;
   bool emulated = false;  // collectives replaced by device copies (one GPU)
   bool check = false;     // add fill and check operations for the checked step
   int check_step = 0;     // the step whose collectives are checked
-  // Fault injection (LiveOptions): at `fail_step`, for `fail_unit` (kNoUnit: the first unit
-  // with parameters), when `rank == fail_rank`.
-  std::optional<int> fail_rank{};
-  std::string fail_op{};
-  int fail_step = 0;
-  UnitId fail_unit = kNoUnit;
+  FaultInjection fault{};
 };
 
 // A memory sample whose time is the time of event `slot` (for executors that time events).
@@ -254,6 +264,8 @@ class StreamPlanner final : public CommandSink {
              const CommandOrigin& origin, UnitId unit, int group = 0, int plane = 0);
   void Free(int stream, int buffer, MemoryCategory category, Bytes bytes,
             const CommandOrigin& origin, UnitId unit, int group = 0, int plane = 0);
+  void Memory(PlanOpKind kind, int stream, int buffer, MemoryCategory category, Bytes bytes,
+              const CommandOrigin& origin, UnitId unit, int group, int plane);
   // Orders `stream` after every use of `buffer` on other streams (adding waits if needed).
   void OrderAfterUses(int stream, int buffer, std::string_view why);
   int NewBuffer(PlanBuffer info);
