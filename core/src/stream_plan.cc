@@ -43,6 +43,16 @@ ExecutedOp ExecutedFrom(const PlanOp& op, int rank) {
 
 StreamPlanner::StreamPlanner(const Model& model, const ModelLayout& layout, PlanConfig config)
     : model_(model), layout_(layout), config_(std::move(config)) {
+  int groups = 0;
+  for (UnitId u = 0; u < layout_.num_units(); ++u) {
+    group_base_.push_back(groups);
+    groups += static_cast<int>(layout_.groups(u).size());
+  }
+  unsharded_.assign(static_cast<std::size_t>(groups) * 2, -1);
+  sharded_.assign(static_cast<std::size_t>(groups) * 2, -1);
+  grads_.assign(static_cast<std::size_t>(groups), -1);
+  sharded_grads_.assign(static_cast<std::size_t>(groups), -1);
+  last_gather_.assign(static_cast<std::size_t>(layout_.num_units()), GatherRecord{});
   if (config_.fault.unit == kNoUnit) {
     for (const Unit& u : model_.units()) {
       if (u.has_params()) {
@@ -70,7 +80,7 @@ std::vector<PlanOp> StreamPlanner::TakeNewOps() {
 }
 
 bool StreamPlanner::present(UnitId unit, int group, int plane) const {
-  return unsharded_.count({unit, group, plane}) != 0;
+  return unsharded_[static_cast<std::size_t>(PlaneSlot(unit, group, plane))] >= 0;
 }
 
 void StreamPlanner::Push(PlanOp op) {
@@ -98,9 +108,8 @@ int StreamPlanner::Record(int stream, bool timed) {
   slots_.push_back(SlotInfo{.stream = stream, .pos = pos_[s], .clock = clock_[s], .timed = timed});
   Push(PlanOp{.kind = PlanOpKind::kRecord, .stream = stream, .slot = slot});
   // Memory samples of this stream that wait for a time take this event's.
-  for (PendingSample& sample : samples_) {
-    if (sample.slot == -2 - stream) sample.slot = slot;
-  }
+  for (std::size_t i : untimed_samples_[s]) samples_[i].slot = slot;
+  untimed_samples_[s].clear();
   return slot;
 }
 
@@ -139,10 +148,14 @@ void StreamPlanner::Memory(PlanOpKind kind, int stream, int buffer, MemoryCatego
               .origin = origin});
   const auto delta = static_cast<std::int64_t>(bytes);
   Account(category, kind == PlanOpKind::kAlloc ? delta : -delta, origin, unit);
-  samples_.back().slot = -2 - stream;  // timed by the stream's next event
+  if (config_.memory_samples) {
+    samples_.back().slot = -1;  // timed by the stream's next event
+    untimed_samples_[static_cast<std::size_t>(stream)].push_back(samples_.size() - 1);
+  }
 }
 
-void StreamPlanner::OrderAfterUses(int stream, int buffer, std::string_view why) {
+void StreamPlanner::OrderAfterUses(int stream, int buffer, const CommandOrigin& origin, UnitId unit,
+                                   std::string_view op) {
   const auto& used = uses_[static_cast<std::size_t>(buffer)];
   for (int t = 0; t < kPlanStreams; ++t) {
     if (t == stream) continue;
@@ -153,7 +166,7 @@ void StreamPlanner::OrderAfterUses(int stream, int buffer, std::string_view why)
     warnings_.push_back(fmt::format(
         "rank {}: {}: stream {} was not ordered after stream {}'s last use of the buffer; the "
         "plan added an event wait",
-        config_.rank, why, stream, t));
+        config_.rank, Where(origin, unit, op), stream, t));
     const int slot = Record(t, /*timed=*/false);
     Wait(stream, slot);
   }
@@ -162,6 +175,7 @@ void StreamPlanner::OrderAfterUses(int stream, int buffer, std::string_view why)
 int StreamPlanner::NewBuffer(PlanBuffer info) {
   buffers_.push_back(info);
   uses_.push_back({});
+  filled_at_.push_back(0);
   return static_cast<int>(buffers_.size()) - 1;
 }
 
@@ -169,12 +183,15 @@ void StreamPlanner::Account(MemoryCategory category, std::int64_t delta,
                             const CommandOrigin& origin, UnitId unit) {
   Bytes& b = memory_[static_cast<std::size_t>(category)];
   b = static_cast<Bytes>(static_cast<std::int64_t>(b) + delta);
+  Bytes total = 0;
+  for (Bytes c : memory_) total += c;
+  peak_ = std::max(peak_, total);
+  if (!config_.memory_samples) return;
   PendingSample s;
   s.sample.rank = config_.rank;
   s.sample.bytes = memory_;
   s.sample.step = origin.step;
   s.sample.unit = unit;
-  peak_ = std::max(peak_, s.sample.total());
   samples_.push_back(std::move(s));
 }
 
@@ -201,6 +218,12 @@ int StreamPlanner::NewTimelineOp(TimelineOp op, OpSlots slots) {
   return static_cast<int>(timeline_.back().id);
 }
 
+void StreamPlanner::Reserve(std::size_t commands) {
+  // About four operations a command (an event or two around most of them).
+  ops_.reserve(ops_.size() + 4 * commands);
+  commands_.reserve(commands_.size() + commands);
+}
+
 Status StreamPlanner::Begin() {
   if (!slots_.empty()) return InternalError("StreamPlanner::Begin called twice");
   Record(kPlanCompute, /*timed=*/true);  // slot 0: the time base
@@ -217,7 +240,7 @@ Status StreamPlanner::Begin() {
                                            .plane = p,
                                            .bytes = bytes,
                                            .dtype = gl.dtype});
-        sharded_[{u.id(), g * 2 + p}] = b;
+        sharded_[static_cast<std::size_t>(PlaneSlot(u.id(), g, p))] = b;
         Alloc(kPlanCompute, b, MemoryCategory::kShardedParams, bytes, origin, u.id(), g, p);
         Push(PlanOp{.kind = PlanOpKind::kFillShard,
                     .stream = kPlanCompute,
@@ -315,7 +338,7 @@ Status StreamPlanner::LowerGather(const GatherCmd& cmd, const CommandOrigin& ori
       CollectivePart part{.group = piece.group,
                           .plane = p,
                           .buffer = out,
-                          .src_buffer = sharded_.at({cmd.unit, piece.group * 2 + p}),
+                          .src_buffer = sharded_buffer(cmd.unit, piece.group, p),
                           .bytes = out_bytes,
                           .shard_bytes = gl.shard_bytes[static_cast<std::size_t>(p)]};
       // In a W-rank ring each rank receives the W-1 shards it does not hold.
@@ -328,7 +351,7 @@ Status StreamPlanner::LowerGather(const GatherCmd& cmd, const CommandOrigin& ori
   for (const CollectivePart& part : parts) {
     Alloc(s, part.buffer, MemoryCategory::kUnshardedParams, part.bytes, origin, cmd.unit,
           part.group, part.plane);
-    unsharded_[{cmd.unit, part.group, part.plane}] = part.buffer;
+    unsharded_[static_cast<std::size_t>(PlaneSlot(cmd.unit, part.group, part.plane))] = part.buffer;
   }
   const int start = Record(s, /*timed=*/true);
   const bool fault_hang = Faulty(origin, cmd.unit, "hang");
@@ -354,7 +377,7 @@ Status StreamPlanner::LowerGather(const GatherCmd& cmd, const CommandOrigin& ori
   const Bytes moved = op.bytes;
   Push(std::move(op));
   for (const CollectivePart& part : parts) {
-    filled_at_[part.buffer] = pos_[static_cast<std::size_t>(s)];
+    filled_at_[static_cast<std::size_t>(part.buffer)] = pos_[static_cast<std::size_t>(s)];
   }
   const int end = Record(s, /*timed=*/true);
   TimelineOp t;
@@ -369,7 +392,8 @@ Status StreamPlanner::LowerGather(const GatherCmd& cmd, const CommandOrigin& ori
   t.microbatch = origin.microbatch;
   t.event = origin.event;
   const int id = NewTimelineOp(std::move(t), OpSlots{start, end});
-  last_gather_[cmd.unit] = GatherRecord{.end_slot = end, .timeline_id = id};
+  last_gather_[static_cast<std::size_t>(cmd.unit)] =
+      GatherRecord{.end_slot = end, .timeline_id = id};
   if (CheckThisStep(origin)) {
     for (const CollectivePart& part : parts) {
       const GroupLayout& gl = groups[static_cast<std::size_t>(part.group)];
@@ -389,21 +413,24 @@ Status StreamPlanner::LowerGather(const GatherCmd& cmd, const CommandOrigin& ori
 }
 
 Status StreamPlanner::LowerWaitGather(const WaitGatherCmd& cmd) {
-  auto it = last_gather_.find(cmd.unit);
-  if (it == last_gather_.end()) return Status::Ok();  // nothing was ever gathered (no params)
-  Wait(kPlanCompute, it->second.end_slot, it->second.timeline_id);
-  pending_waited_on_.push_back(it->second.timeline_id);
+  if (cmd.unit < 0 || cmd.unit >= model_.num_units()) {
+    return InternalError(fmt::format("wait for the gather of unknown unit id {}", cmd.unit));
+  }
+  const GatherRecord& last = last_gather_[static_cast<std::size_t>(cmd.unit)];
+  if (last.end_slot < 0) return Status::Ok();  // nothing was ever gathered (no params)
+  Wait(kPlanCompute, last.end_slot, last.timeline_id);
+  pending_waited_on_.push_back(last.timeline_id);
   return Status::Ok();
 }
 
 Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& origin) {
-  const std::string what = fmt::format("compute ({})", PhaseName(cmd.phase));
+  const auto what = [&] { return fmt::format("compute ({})", PhaseName(cmd.phase)); };
   if (cmd.unit != kNoUnit && (cmd.unit < 0 || cmd.unit >= model_.num_units())) {
     return InternalError(fmt::format("compute of unknown unit id {}", cmd.unit));
   }
   if (Faulty(origin, cmd.unit, "compute")) {
     fault_fired_ = true;
-    return StepFailed(fmt::format("{}: injected failure", Where(origin, cmd.unit, what)));
+    return StepFailed(fmt::format("{}: injected failure", Where(origin, cmd.unit, what())));
   }
   PlaneSet needs = cmd.needs;
   if (needs.empty()) {
@@ -415,8 +442,8 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
     for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
       const GroupLayout& gl = groups[static_cast<std::size_t>(g)];
       for (int p : PlanesOf(gl, needs)) {
-        auto it = unsharded_.find({cmd.unit, g, p});
-        if (it == unsharded_.end()) {
+        const int b = unsharded_[static_cast<std::size_t>(PlaneSlot(cmd.unit, g, p))];
+        if (b < 0) {
           std::string have = "nothing is";
           if (gl.num_planes == 2 && present(cmd.unit, g, 1 - p)) {
             have = fmt::format("only the {} plane is", PlaneName(gl, 1 - p));
@@ -425,16 +452,15 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
           const ParamSpec& first = unit.params()[static_cast<std::size_t>(gl.params.front().param)];
           return StepFailed(
               fmt::format("{}: missing {} plane of parameter '{}' (group {}, {}): {} unsharded",
-                          Where(origin, cmd.unit, what), PlaneName(gl, p), first.name, g,
+                          Where(origin, cmd.unit, what()), PlaneName(gl, p), first.name, g,
                           DTypeName(gl.dtype), have));
         }
-        const int b = it->second;
         // The compute stream must be ordered after the collective that filled the buffer.
-        if (clock_[kPlanCompute][kPlanAllGather] < filled_at_[b]) {
+        if (clock_[kPlanCompute][kPlanAllGather] < filled_at_[static_cast<std::size_t>(b)]) {
           return InternalError(fmt::format(
               "{}: reads the {} plane of group {} before the compute stream waited for its "
               "gather (no WaitGather)",
-              Where(origin, cmd.unit, what), PlaneName(gl, p), g));
+              Where(origin, cmd.unit, what()), PlaneName(gl, p), g));
         }
         reads.push_back(b);
       }
@@ -446,7 +472,8 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
   if (cmd.unit != kNoUnit && cmd.phase == Phase::kBackward) {
     const std::vector<GroupLayout>& groups = layout_.groups(cmd.unit);
     for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
-      if (grads_.count({cmd.unit, g}) != 0) continue;
+      int& slot = grads_[static_cast<std::size_t>(GroupSlot(cmd.unit, g))];
+      if (slot >= 0) continue;
       const GroupLayout& gl = groups[static_cast<std::size_t>(g)];
       const int b = NewBuffer(PlanBuffer{.role = BufferRole::kUnshardedGrad,
                                          .unit = cmd.unit,
@@ -454,7 +481,7 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
                                          .bytes = gl.grad_bytes(),
                                          .dtype = gl.reduce_dtype,
                                          .elements = gl.grad_elements()});
-      grads_[{cmd.unit, g}] = b;
+      slot = b;
       Alloc(kPlanCompute, b, MemoryCategory::kUnshardedGrads, gl.grad_bytes(), origin, cmd.unit, g);
       new_grads.push_back(b);
     }
@@ -473,10 +500,9 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
   // The compute reads the weights and writes the unit's unsharded gradients.
   for (int b : reads) uses_[static_cast<std::size_t>(b)][kPlanCompute] = pos_[kPlanCompute];
   if (cmd.unit != kNoUnit && cmd.phase == Phase::kBackward) {
-    for (const auto& [key, b] : grads_) {
-      if (key.first == cmd.unit) {
-        uses_[static_cast<std::size_t>(b)][kPlanCompute] = pos_[kPlanCompute];
-      }
+    for (int g = 0; g < static_cast<int>(layout_.groups(cmd.unit).size()); ++g) {
+      const int b = grads_[static_cast<std::size_t>(GroupSlot(cmd.unit, g))];
+      if (b >= 0) uses_[static_cast<std::size_t>(b)][kPlanCompute] = pos_[kPlanCompute];
     }
   }
   if (CheckThisStep(origin)) {
@@ -531,20 +557,20 @@ Status StreamPlanner::LowerRelease(const ReleaseCmd& cmd, const CommandOrigin& o
     }
     const GroupLayout& gl = groups[static_cast<std::size_t>(piece.group)];
     for (int p : PlanesOf(gl, piece.planes)) {
-      auto it = unsharded_.find({cmd.unit, piece.group, p});
-      if (it == unsharded_.end()) {
+      int& slot = unsharded_[static_cast<std::size_t>(PlaneSlot(cmd.unit, piece.group, p))];
+      if (slot < 0) {
         return InternalError(
             fmt::format("{}: release of the {} plane of group {}, which is not unsharded",
                         Where(origin, cmd.unit, "release"), PlaneName(gl, p), piece.group));
       }
-      OrderAfterUses(s, it->second, Where(origin, cmd.unit, "release"));
-      const Bytes bytes = buffers_[static_cast<std::size_t>(it->second)].bytes;
-      Free(s, it->second, MemoryCategory::kUnshardedParams, bytes, origin, cmd.unit, piece.group,
-           p);
+      const int buffer = slot;
+      OrderAfterUses(s, buffer, origin, cmd.unit, "release");
+      const Bytes bytes = buffers_[static_cast<std::size_t>(buffer)].bytes;
+      Free(s, buffer, MemoryCategory::kUnshardedParams, bytes, origin, cmd.unit, piece.group, p);
       last_free = static_cast<int>(ops_.size()) - 1;
       freed += bytes;
-      filled_at_.erase(it->second);
-      unsharded_.erase(it);
+      filled_at_[static_cast<std::size_t>(buffer)] = 0;
+      slot = -1;
     }
     planes = planes | piece.planes;
   }
@@ -576,8 +602,8 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
   // buffer is still allocated, as the autograd engine would.
   std::vector<int> grad_buffers;
   for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
-    auto it = grads_.find({cmd.unit, g});
-    if (it == grads_.end()) {
+    int& grad = grads_[static_cast<std::size_t>(GroupSlot(cmd.unit, g))];
+    if (grad < 0) {
       const GroupLayout& gl = groups[static_cast<std::size_t>(g)];
       const int b = NewBuffer(PlanBuffer{.role = BufferRole::kUnshardedGrad,
                                          .unit = cmd.unit,
@@ -595,11 +621,11 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
                     .group = g,
                     .origin = origin});
       }
-      it = grads_.emplace(std::make_pair(cmd.unit, g), b).first;
+      grad = b;
     }
-    grad_buffers.push_back(it->second);
+    grad_buffers.push_back(grad);
   }
-  for (int b : grad_buffers) OrderAfterUses(s, b, Where(origin, cmd.unit, "reduce_scatter"));
+  for (int b : grad_buffers) OrderAfterUses(s, b, origin, cmd.unit, "reduce_scatter");
   // The sharded gradients exist from the unit's first reduction on: that reduction's output
   // becomes them (FSDP2 keeps the first reduce-scatter output as the sharded gradient); a later
   // reduction's output is a buffer of its own while it runs, then added to them.
@@ -607,8 +633,8 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
   std::vector<CollectivePart> parts;
   for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
     const GroupLayout& gl = groups[static_cast<std::size_t>(g)];
-    auto it = sharded_grads_.find({cmd.unit, g});
-    if (it == sharded_grads_.end()) {
+    int& sharded = sharded_grads_[static_cast<std::size_t>(GroupSlot(cmd.unit, g))];
+    if (sharded < 0) {
       const int b = NewBuffer(
           PlanBuffer{.role = BufferRole::kShardedGrad,
                      .unit = cmd.unit,
@@ -617,14 +643,14 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
                      .dtype = gl.reduce_dtype,
                      .elements = all_reduce ? gl.grad_elements() : gl.grad_shard_elements});
       Alloc(s, b, MemoryCategory::kShardedGrads, buffers_.back().bytes, origin, cmd.unit, g);
-      it = sharded_grads_.emplace(std::make_pair(cmd.unit, g), b).first;
+      sharded = b;
     } else {
-      out_bytes += buffers_[static_cast<std::size_t>(it->second)].bytes;
+      out_bytes += buffers_[static_cast<std::size_t>(sharded)].bytes;
     }
     const PlanBuffer& in = buffers_[static_cast<std::size_t>(grad_buffers[g])];
-    const Bytes shard = buffers_[static_cast<std::size_t>(it->second)].bytes;
+    const Bytes shard = buffers_[static_cast<std::size_t>(sharded)].bytes;
     CollectivePart part{.group = g,
-                        .buffer = it->second,
+                        .buffer = sharded,
                         .src_buffer = grad_buffers[static_cast<std::size_t>(g)],
                         .bytes = in.bytes,
                         .shard_bytes = shard};
@@ -690,7 +716,7 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
     const int b = grad_buffers[static_cast<std::size_t>(g)];
     Free(s, b, MemoryCategory::kUnshardedGrads, buffers_[static_cast<std::size_t>(b)].bytes, origin,
          cmd.unit, g);
-    grads_.erase({cmd.unit, g});
+    grads_[static_cast<std::size_t>(GroupSlot(cmd.unit, g))] = -1;
   }
   return Status::Ok();
 }

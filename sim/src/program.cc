@@ -9,17 +9,18 @@ namespace fsdplab::sim {
 std::shared_ptr<const SimProgram> CompilePlan(const StreamPlanner& plan) {
   auto prog = std::make_shared<SimProgram>();
   const std::vector<PlanOp>& ops = plan.ops();
-  // The plan's set-up (before the first command) becomes the engine's initial memory; the
-  // stream positions of events are shifted by the operations dropped with it.
-  std::array<std::uint32_t, kNumStreams> dropped{};
+  // The plan's set-up (before the first command) becomes the engine's initial memory.
   std::size_t i = 0;
   for (; i < ops.size() && ops[i].command < 0; ++i) {
     const PlanOp& op = ops[i];
-    ++dropped[static_cast<std::size_t>(op.stream)];
     const auto c = static_cast<std::size_t>(op.category);
     if (op.kind == PlanOpKind::kAlloc) prog->initial_memory[c] += op.bytes;
     if (op.kind == PlanOpKind::kFree) prog->initial_memory[c] -= op.bytes;
   }
+  // Records take no time and change nothing in virtual time: the engine does without them, and
+  // a wait becomes "this many operations of that stream have completed" (those before the
+  // record). Events are always recorded before they are waited for.
+  std::vector<std::uint32_t> slot_count(static_cast<std::size_t>(plan.num_slots()), 0);
   prog->ops.reserve(ops.size() - i);
   for (const PlanCommand& pc : plan.commands()) {
     ProgCommand cmd;
@@ -29,6 +30,12 @@ std::shared_ptr<const SimProgram> CompilePlan(const StreamPlanner& plan) {
     cmd.origin = pc.origin;
     for (int k = pc.first; k < pc.end; ++k) {
       const PlanOp& op = ops[static_cast<std::size_t>(k)];
+      const auto s = static_cast<std::size_t>(op.stream);
+      if (op.kind == PlanOpKind::kRecord) {
+        slot_count[static_cast<std::size_t>(op.slot)] =
+            static_cast<std::uint32_t>(prog->stream_ops[s].size());
+        continue;
+      }
       ProgOp p;
       p.type = op.kind;
       p.stream = static_cast<std::int8_t>(op.stream);
@@ -45,16 +52,12 @@ std::shared_ptr<const SimProgram> CompilePlan(const StreamPlanner& plan) {
       p.us = op.us;
       p.bytes = op.bytes;
       if (op.kind == PlanOpKind::kWait) {
-        const int s = plan.slot_stream(op.slot);
-        p.wait_stream = static_cast<std::int8_t>(s);
-        // The record at that position has completed.
-        p.wait_count = static_cast<std::uint32_t>(plan.slot_position(op.slot) + 1) -
-                       dropped[static_cast<std::size_t>(s)];
+        p.wait_stream = static_cast<std::int8_t>(plan.slot_stream(op.slot));
+        p.wait_count = slot_count[static_cast<std::size_t>(op.slot)];
       }
       if (op.kind == PlanOpKind::kAlloc && op.category == MemoryCategory::kUnshardedParams) {
         cmd.gather_bytes += op.bytes;
       }
-      const auto s = static_cast<std::size_t>(op.stream);
       const auto index = static_cast<std::uint32_t>(prog->ops.size());
       if (op.kind == PlanOpKind::kCollective) {
         p.coll_seq = static_cast<std::uint32_t>(prog->collectives[s].size());
@@ -77,7 +80,9 @@ struct SimExecutor::State {
   State(const Model& model, ModelLayout l, const Policy& policy, int rank)
       : layout(std::move(l)),
         planner(model, layout,
-                PlanConfig{.rank = rank, .unified_comm_stream = policy.unified_comm_stream}) {}
+                PlanConfig{.rank = rank,
+                           .unified_comm_stream = policy.unified_comm_stream,
+                           .memory_samples = false}) {}
   ModelLayout layout;
   StreamPlanner planner;
   Status begun;
@@ -96,6 +101,10 @@ SimExecutor::SimExecutor(const Model& model, const Policy& policy, int world_siz
 SimExecutor::~SimExecutor() = default;
 
 std::size_t SimExecutor::size() const { return state_ ? state_->planner.ops().size() : 0; }
+
+void SimExecutor::Reserve(std::size_t commands) {
+  if (state_) state_->planner.Reserve(commands);
+}
 
 const StreamPlanner* SimExecutor::plan() const { return state_ ? &state_->planner : nullptr; }
 

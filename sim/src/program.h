@@ -1,7 +1,7 @@
 // Internal to the simulator: one rank's stream plan (core/stream_plan.h) compiled for the engine.
 // Nothing is decided here: every operation, byte count, stream, wait and memory effect comes from
-// the plan; the compile only turns event slots into completion counts and drops the plan's
-// set-up (the sharded parameters, which the engine counts from the start).
+// the plan; the compile only turns event slots into completion counts (dropping the records,
+// which take no virtual time) and the plan's set-up into the initial memory.
 #pragma once
 
 #include <array>

@@ -59,6 +59,13 @@ struct RankProgram {
 RankProgram BuildProgram(const Trace& trace, const Policy& policy, int world, int steps) {
   Scheduler sched(trace.model, policy, world);
   SimExecutor exec(trace.model, policy, world);
+  std::size_t events = 0;
+  for (const Step& step : trace.steps) {
+    for (const Microbatch& mb : step.microbatches) events += mb.events.size();
+  }
+  // A command or two per hook event, repeated over the steps replayed.
+  exec.Reserve(2 * events * static_cast<std::size_t>(steps) /
+               std::max<std::size_t>(1, trace.steps.size()));
   RankProgram rp;
   rp.status = ReplaySteps(trace, steps, sched, exec);
   rp.order = sched.order();

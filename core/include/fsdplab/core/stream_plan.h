@@ -37,11 +37,9 @@
 
 #include <array>
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <tuple>
 #include <vector>
 
 #include "fsdplab/core/command.h"
@@ -174,9 +172,10 @@ struct FaultInjection final {
 struct PlanConfig final {
   int rank = 0;
   bool unified_comm_stream = false;
-  bool emulated = false;  // collectives replaced by device copies (one GPU)
-  bool check = false;     // add fill and check operations for the checked step
-  int check_step = 0;     // the step whose collectives are checked
+  bool emulated = false;       // collectives replaced by device copies (one GPU)
+  bool check = false;          // add fill and check operations for the checked step
+  bool memory_samples = true;  // memory_samples(): for executors that time memory by events
+  int check_step = 0;          // the step whose collectives are checked
   FaultInjection fault{};
 };
 
@@ -198,6 +197,8 @@ class StreamPlanner final : public CommandSink {
 
   // Persistent buffers (sharded parameters) and the base event (slot 0).
   Status Begin();
+  // Room for about this many commands (a hint: the plan grows as needed).
+  void Reserve(std::size_t commands);
   // Appends the operations of one command.
   Status Lower(const Command& command);
   Status Execute(const Command& command) override { return Lower(command); }
@@ -225,7 +226,7 @@ class StreamPlanner final : public CommandSink {
   const std::vector<std::vector<int>>& step_end_slots() const { return step_end_slots_; }
   bool present(UnitId unit, int group, int plane) const;
   int sharded_buffer(UnitId unit, int group, int plane) const {
-    return sharded_.at({unit, group * 2 + plane});
+    return sharded_[static_cast<std::size_t>(PlaneSlot(unit, group, plane))];
   }
   // Bytes by category after every operation so far, and the largest total.
   const std::array<Bytes, kNumMemoryCategories>& memory() const { return memory_; }
@@ -267,7 +268,8 @@ class StreamPlanner final : public CommandSink {
   void Memory(PlanOpKind kind, int stream, int buffer, MemoryCategory category, Bytes bytes,
               const CommandOrigin& origin, UnitId unit, int group, int plane);
   // Orders `stream` after every use of `buffer` on other streams (adding waits if needed).
-  void OrderAfterUses(int stream, int buffer, std::string_view why);
+  void OrderAfterUses(int stream, int buffer, const CommandOrigin& origin, UnitId unit,
+                      std::string_view op);
   int NewBuffer(PlanBuffer info);
   void Account(MemoryCategory category, std::int64_t delta, const CommandOrigin& origin,
                UnitId unit);
@@ -289,16 +291,26 @@ class StreamPlanner final : public CommandSink {
   std::array<std::array<std::int64_t, kPlanStreams>, kPlanStreams> clock_{};
   // Per buffer: per stream, 1 + the position of its last use there (0: never used).
   std::vector<std::array<std::int64_t, kPlanStreams>> uses_;
-  std::map<std::tuple<UnitId, int, int>, int> unsharded_;  // (unit, group, plane) -> buffer
-  std::map<std::pair<UnitId, int>, int> sharded_;          // (unit, group*2+plane) -> buffer
-  std::map<std::pair<UnitId, int>, int> grads_;            // (unit, group) -> unsharded grads
-  std::map<std::pair<UnitId, int>, int> sharded_grads_;    // (unit, group) -> sharded grads
-  std::map<UnitId, GatherRecord> last_gather_;
-  std::map<int, std::int64_t> filled_at_;  // unsharded buffer -> its collective's position + 1
+  // Flat tables (no allocation per command): a group's slot is group_base_[unit] + group, a
+  // plane's is twice that plus the plane. -1: none.
+  int GroupSlot(UnitId unit, int group) const {
+    return group_base_[static_cast<std::size_t>(unit)] + group;
+  }
+  int PlaneSlot(UnitId unit, int group, int plane) const {
+    return GroupSlot(unit, group) * 2 + plane;
+  }
+  std::vector<int> group_base_;            // per unit
+  std::vector<int> unsharded_;             // per plane slot: the unsharded buffer
+  std::vector<int> sharded_;               // per plane slot: the sharded buffer
+  std::vector<int> grads_;                 // per group slot: the unsharded gradients
+  std::vector<int> sharded_grads_;         // per group slot: the sharded gradients
+  std::vector<GatherRecord> last_gather_;  // per unit
+  std::vector<std::int64_t> filled_at_;    // per buffer: its collective's position + 1
   std::vector<std::int64_t> pending_waited_on_;
   std::vector<TimelineOp> timeline_;
   std::vector<OpSlots> op_slots_;
   std::vector<PendingSample> samples_;
+  std::array<std::vector<std::size_t>, kPlanStreams> untimed_samples_;  // per stream
   std::vector<std::vector<int>> step_end_slots_;
   std::array<Bytes, kNumMemoryCategories> memory_{};
   Bytes peak_ = 0;

@@ -129,7 +129,8 @@ class SimExecutor final : public CommandSink {
   SimExecutor(const SimExecutor&) = delete;
   SimExecutor& operator=(const SimExecutor&) = delete;
   Status Execute(const Command& command) override;
-  std::size_t size() const;  // plan operations so far
+  std::size_t size() const;            // plan operations so far
+  void Reserve(std::size_t commands);  // a hint: about this many commands will come
   // The plan being built (null after Finish).
   const StreamPlanner* plan() const;
   // Hands the compiled program over (the executor is empty afterwards).
