@@ -1,5 +1,7 @@
 #include "fsdplab/core/policy.h"
 
+#include "fsdplab/core/size_text.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -19,45 +21,6 @@ std::string_view Trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())) != 0) s.remove_prefix(1);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())) != 0) s.remove_suffix(1);
   return s;
-}
-
-// Parses "50", "50M", "1.5G": a non-negative amount with an optional K/M/G/T suffix of `base`.
-std::optional<std::uint64_t> ParseAmount(std::string_view text, double base) {
-  text = Trim(text);
-  if (text.empty()) return std::nullopt;
-  double mult = 1;
-  switch (text.back()) {
-    case 'K':
-    case 'k': mult = base; break;
-    case 'M':
-    case 'm': mult = base * base; break;
-    case 'G':
-    case 'g': mult = base * base * base; break;
-    case 'T':
-    case 't': mult = base * base * base * base; break;
-    default: break;
-  }
-  if (mult != 1) text.remove_suffix(1);
-  if (text.empty() || text.front() == '-' || text.front() == '+') return std::nullopt;
-  std::string s(text);
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  if (end != s.c_str() + s.size() || !std::isfinite(v) || v < 0) return std::nullopt;
-  double total = v * mult;
-  if (total >= 1.8e19 || total != std::floor(total)) return std::nullopt;
-  return static_cast<std::uint64_t>(total);
-}
-
-// The largest suffix that divides `v` exactly: 50000000 -> "50M" (base 1000).
-std::string WithSuffix(std::uint64_t v, std::uint64_t base) {
-  if (v == 0) return "0";
-  const char* suffixes[] = {"", "K", "M", "G", "T"};
-  int k = 0;
-  while (k < 4 && v % base == 0) {
-    v /= base;
-    ++k;
-  }
-  return fmt::format("{}{}", v, suffixes[k]);
 }
 
 std::string JoinKeys() {
@@ -118,7 +81,7 @@ StatusOr<Budget> Budget::Parse(std::string_view text) {
   std::string_view t = Trim(text);
   Budget b;
   std::string_view amount = t;
-  double base = 1000;
+  std::uint64_t base = 1000;
   if (auto colon = t.find(':'); colon != std::string_view::npos) {
     std::string_view kind = Trim(t.substr(0, colon));
     amount = t.substr(colon + 1);
@@ -134,7 +97,7 @@ StatusOr<Budget> Budget::Parse(std::string_view text) {
           fmt::format("'{}' is not a budget: unknown kind '{}' ({})", text, kind, kBudgetForms));
     }
   }
-  std::optional<std::uint64_t> v = ParseAmount(amount, base);
+  std::optional<std::uint64_t> v = ParseSize(amount, base);
   // A number of units takes no suffix and no fraction.
   if (!v.has_value() || (b.kind == Kind::kUnits &&
                          Trim(amount).find_first_not_of("0123456789") != std::string_view::npos)) {
@@ -147,8 +110,8 @@ StatusOr<Budget> Budget::Parse(std::string_view text) {
 std::string Budget::ToString() const {
   switch (kind) {
     case Kind::kUnits: return fmt::format("{}", value);
-    case Kind::kElements: return "elements:" + WithSuffix(value, 1000);
-    case Kind::kBytes: return "bytes:" + WithSuffix(value, 1024);
+    case Kind::kElements: return "elements:" + SizeWithSuffix(value, 1000);
+    case Kind::kBytes: return "bytes:" + SizeWithSuffix(value, 1024);
   }
   return "?";
 }
