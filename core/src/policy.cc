@@ -176,15 +176,29 @@ std::string PrintBudgetField(const Policy& policy) {
   return (policy.*kMember).ToString();
 }
 
-Status ParseOrder(std::string_view value, Policy& policy) {
-  if (value == "registration") {
-    policy.order = PrefetchOrder::kRegistration;
-  } else if (value == "recorded") {
-    policy.order = PrefetchOrder::kRecorded;
-  } else {
-    return BadValue(value, "expected registration or recorded");
+// An enum field, read and printed through its name function (PrefetchOrderName, ...); kValues
+// are the values it may take, in the order the error lists them.
+template <auto kMember, auto kName, auto... kValues>
+Status ParseEnumField(std::string_view value, Policy& policy) {
+  for (auto e : {kValues...}) {
+    if (kName(e) == value) {
+      policy.*kMember = e;
+      return Status::Ok();
+    }
   }
-  return Status::Ok();
+  std::string accepted;  // "zero3, zero2 or no_shard"
+  std::size_t i = 0;
+  for (auto e : {kValues...}) {
+    if (i > 0) accepted += i + 1 == sizeof...(kValues) ? " or " : ", ";
+    accepted += kName(e);
+    ++i;
+  }
+  return BadValue(value, "expected " + accepted);
+}
+
+template <auto kMember, auto kName>
+std::string PrintEnumField(const Policy& policy) {
+  return std::string(kName(policy.*kMember));
 }
 
 Status ParseUnitSelection(std::string_view value, Policy& policy) {
@@ -211,30 +225,6 @@ Status ParseUnitSelection(std::string_view value, Policy& policy) {
   return Status::Ok();
 }
 
-Status ParseSharding(std::string_view value, Policy& policy) {
-  if (value == "zero3") {
-    policy.sharding = Sharding::kZero3;
-  } else if (value == "zero2") {
-    policy.sharding = Sharding::kZero2;
-  } else if (value == "no_shard") {
-    policy.sharding = Sharding::kNoShard;
-  } else {
-    return BadValue(value, "expected zero3, zero2 or no_shard");
-  }
-  return Status::Ok();
-}
-
-Status ParseOnDivergence(std::string_view value, Policy& policy) {
-  if (value == "error") {
-    policy.on_divergence = OnDivergence::kError;
-  } else if (value == "rerecord") {
-    policy.on_divergence = OnDivergence::kRerecord;
-  } else {
-    return BadValue(value, "expected error or rerecord");
-  }
-  return Status::Ok();
-}
-
 Status ParseReduceDType(std::string_view value, Policy& policy) {
   if (value == "param") {
     policy.reduce_dtype.reset();
@@ -251,8 +241,9 @@ constexpr PolicyField kPolicyFields[] = {
      .meta = "ORDER",
      .help = "prefetch order: registration (default) or recorded",
      .json = PolicyJson::kText,
-     .parse = ParseOrder,
-     .print = [](const Policy& p) { return std::string(PrefetchOrderName(p.order)); }},
+     .parse = ParseEnumField<&Policy::order, &PrefetchOrderName, PrefetchOrder::kRegistration,
+                             PrefetchOrder::kRecorded>,
+     .print = PrintEnumField<&Policy::order, &PrefetchOrderName>},
     {.key = "forward_prefetch",
      .meta = "BUDGET",
      .help = "forward prefetch budget: N units (1), units:N, elements:N[K|M|G] (1000s) or "
@@ -296,8 +287,9 @@ constexpr PolicyField kPolicyFields[] = {
      .meta = "MODE",
      .help = "zero3 (default), zero2 or no_shard",
      .json = PolicyJson::kText,
-     .parse = ParseSharding,
-     .print = [](const Policy& p) { return std::string(ShardingName(p.sharding)); }},
+     .parse = ParseEnumField<&Policy::sharding, &ShardingName, Sharding::kZero3, Sharding::kZero2,
+                             Sharding::kNoShard>,
+     .print = PrintEnumField<&Policy::sharding, &ShardingName>},
     {.key = "unified_comm_stream",
      .meta = "BOOL",
      .help = "true|false (false): all-gathers and reduce-scatters share one stream",
@@ -308,8 +300,9 @@ constexpr PolicyField kPolicyFields[] = {
      .meta = "ACTION",
      .help = "error (default) or rerecord: what a pass that leaves the recorded order does",
      .json = PolicyJson::kText,
-     .parse = ParseOnDivergence,
-     .print = [](const Policy& p) { return std::string(OnDivergenceName(p.on_divergence)); }},
+     .parse = ParseEnumField<&Policy::on_divergence, &OnDivergenceName, OnDivergence::kError,
+                             OnDivergence::kRerecord>,
+     .print = PrintEnumField<&Policy::on_divergence, &OnDivergenceName>},
     {
         .key = "reduce_dtype",
         .meta = "DTYPE",
