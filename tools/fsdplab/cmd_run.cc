@@ -17,7 +17,7 @@
 #include "fsdplab/core/report.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/host/live.h"
-#include "fsdplab/sim/synth.h"
+#include "fsdplab/synth/synth.h"
 #ifdef FSDPLAB_HAVE_CUDA
 #include "fsdplab/cuda/live.h"
 #endif
@@ -123,7 +123,7 @@ StatusOr<Trace> LoadLiveTrace(const Args& args) {
     return ReadTraceFile(args.positionals().front());
   }
   // A model small enough for one CPU process, with durations of a slow device.
-  sim::SynthConfig c;
+  synth::SynthConfig c;
   c.layers = 4;
   c.hidden = 256;
   c.ffn = 0;
@@ -151,11 +151,12 @@ StatusOr<Trace> LoadLiveTrace(const Args& args) {
     c.dtype = *d;
   }
   if (std::optional<std::string> v = args.Get("--recompute")) {
-    std::optional<sim::SynthRecompute> r = sim::ParseSynthRecompute(*v);
+    std::optional<synth::SynthRecompute> r = synth::ParseSynthRecompute(*v);
     if (!r) return UsageError(fmt::format("--recompute: unknown kind '{}'", *v));
     c.recompute = *r;
   }
-  return sim::SynthesizeTrace(c);
+  FSDP_RETURN_IF_ERROR(InFlags(synth::ValidateSynthConfig(c), FlagScope::kSynth));
+  return synth::SynthesizeTrace(c);
 }
 
 StatusOr<LiveOptions> LiveOptionsFromArgs(const Args& args, const Trace& trace) {

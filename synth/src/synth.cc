@@ -1,4 +1,4 @@
-#include "fsdplab/sim/synth.h"
+#include "fsdplab/synth/synth.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-namespace fsdplab::sim {
+namespace fsdplab::synth {
 namespace {
 
 using nlohmann::json;
@@ -157,38 +157,38 @@ std::optional<SynthRecompute> ParseSynthRecompute(std::string_view name) {
 }
 
 Status ValidateSynthConfig(const SynthConfig& c) {
-  auto bad = [](std::string_view flag, std::string why) {
-    return UsageError(fmt::format("{}: {}", flag, why));
+  auto bad = [](std::string_view field, std::string why) {
+    return UsageError(fmt::format("{}: {}", field, why));
   };
-  if (c.layers < 1) return bad("--layers", fmt::format("{} is not a positive count", c.layers));
-  if (c.hidden < 1) return bad("--hidden", fmt::format("{} is not positive", c.hidden));
-  if (c.ffn < 1) return bad("--ffn", fmt::format("{} is not positive", c.ffn));
-  if (c.vocab < 1) return bad("--vocab", fmt::format("{} is not positive", c.vocab));
-  if (c.heads < 1) return bad("--heads", fmt::format("{} is not positive", c.heads));
+  if (c.layers < 1) return bad("layers", fmt::format("{} is not a positive count", c.layers));
+  if (c.hidden < 1) return bad("hidden", fmt::format("{} is not positive", c.hidden));
+  if (c.ffn < 1) return bad("ffn", fmt::format("{} is not positive", c.ffn));
+  if (c.vocab < 1) return bad("vocab", fmt::format("{} is not positive", c.vocab));
+  if (c.heads < 1) return bad("heads", fmt::format("{} is not positive", c.heads));
   if (c.hidden % c.heads != 0) {
-    return bad("--heads", fmt::format("{} heads do not divide hidden size {}", c.heads, c.hidden));
+    return bad("heads", fmt::format("{} heads do not divide hidden size {}", c.heads, c.hidden));
   }
   if (c.kv_heads < 1 || c.kv_heads > c.heads || c.heads % c.kv_heads != 0) {
-    return bad("--kv-heads", fmt::format("{} must be between 1 and --heads {} and divide it",
-                                         c.kv_heads, c.heads));
+    return bad("kv_heads", fmt::format("{} must be between 1 and the {} heads and divide them",
+                                       c.kv_heads, c.heads));
   }
   if (c.dtype != DType::kBf16 && c.dtype != DType::kMxfp8) {
-    return bad("--dtype", "only bf16 and mxfp8 are supported");
+    return bad("dtype", "only bf16 and mxfp8 are supported");
   }
-  if (c.microbatches < 1) return bad("--microbatches", "must be at least 1");
-  if (c.steps < 1) return bad("--steps", "must be at least 1");
+  if (c.microbatches < 1) return bad("microbatches", "must be at least 1");
+  if (c.steps < 1) return bad("steps", "must be at least 1");
   if (c.shared_layers < 0 || c.shared_layers >= c.layers) {
-    return bad("--shared-layers",
-               fmt::format("{} must be in [0, --layers) = [0, {})", c.shared_layers, c.layers));
+    return bad("shared_layers",
+               fmt::format("{} must be in [0, layers) = [0, {})", c.shared_layers, c.layers));
   }
   if (!(c.tflops > 0) || !std::isfinite(c.tflops)) {
-    return bad("--tflops", "must be a positive number");
+    return bad("tflops", "must be a positive number");
   }
-  if (c.seq < 1) return bad("--seq", "must be positive");
-  if (c.micro_batch_size < 1) return bad("--micro-batch-size", "must be positive");
-  if (c.world_size < 1) return bad("--world-size", "must be positive");
+  if (c.seq < 1) return bad("seq", "must be positive");
+  if (c.micro_batch_size < 1) return bad("micro_batch_size", "must be positive");
+  if (c.world_size < 1) return bad("world_size", "must be positive");
   if (c.reverse_registration && c.shuffle_registration) {
-    return bad("--shuffle-registration", "cannot be combined with --reverse-registration");
+    return bad("shuffle_registration", "cannot be combined with reverse_registration");
   }
   return Status::Ok();
 }
@@ -322,4 +322,4 @@ StatusOr<Trace> SynthesizeTrace(const SynthConfig& c) {
   return trace;
 }
 
-}  // namespace fsdplab::sim
+}  // namespace fsdplab::synth
