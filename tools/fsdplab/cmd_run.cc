@@ -240,7 +240,15 @@ Status Run(const Args& args, bool record) {
     if (!args.Get("-o")) return UsageError("record needs -o FILE for the recorded trace");
     FSDP_RETURN_IF_ERROR(IntFlag(args, "--rank", record_rank, 0, options.world_size - 1));
   }
-  FSDP_ASSIGN_OR_RETURN(LiveResult result, RunOnBackend(backend, trace, options));
+  StatusOr<LiveResult> run = RunOnBackend(backend, trace, options);
+  if (!run.ok()) {
+    // Options the backend rejected name their fields; a step that failed is reported as it is.
+    const StatusCode code = run.status().code();
+    const bool step_failed = code == StatusCode::kStepFailed || code == StatusCode::kDeadlock ||
+                             code == StatusCode::kTimeout || code == StatusCode::kInternal;
+    return step_failed ? run.status() : InFlags(run.status(), FlagScope::kLive);
+  }
+  LiveResult result = std::move(*run);
 
   std::vector<std::string> check_errors;
   const LiveCheck& c = result.check;
