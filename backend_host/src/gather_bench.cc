@@ -118,6 +118,7 @@ class HostGatherBench final {
     bufs_.assign(wz, RankBuffers{});
     gemm_n_ = 0;
     Fill();
+    comm_.reset();  // before the control it refers to
     control_ = std::make_unique<RunControl>(kBenchTimeoutUs, c.world_size);
     comm_ = std::make_unique<Communicator>(*control_, c.world_size, op_name());
     desc_.kind = c.all_gather ? CollectiveKind::kAllGather : CollectiveKind::kReduceScatter;
