@@ -399,7 +399,7 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   if (overruns > 0) {
     result.notes.push_back(fmt::format(
         "emulated computes: {} lasted longer than their trace duration, by {:.1f} us on average: "
-        "writing the checked gradients took longer (--no-check removes the gradient writes)",
+        "writing the checked gradients took longer (a run without checks has no gradient writes)",
         overruns, overrun_sum / overruns));
   }
   tl.notes = result.notes;
