@@ -227,5 +227,28 @@ TEST(PolicyFlags, GridUnitListsUseSemicolons) {
   EXPECT_NE(g2.status().message().find("'lots' is not a budget"), std::string::npos);
 }
 
+TEST(FieldFlags, ErrorsNamingFieldsAreWrittenWithFlags) {
+  using cli::FlagScope;
+  using cli::InFlags;
+  // A leading field, and another field with an underscore later in the message.
+  const Status bench =
+      InFlags(UsageError("min_bytes: 5 must be positive and at most max_bytes (3)"),
+              FlagScope::kBenchGather);
+  EXPECT_EQ(bench.code(), StatusCode::kUsage);
+  EXPECT_EQ(bench.message(), "-b: 5 must be positive and at most -e (3)");
+  // Scopes keep their own flags: dtype is -d for bench-gather, --dtype for synth.
+  EXPECT_EQ(InFlags(UsageError("dtype: no"), FlagScope::kBenchGather).message(), "-d: no");
+  EXPECT_EQ(InFlags(UsageError("dtype: no"), FlagScope::kSynth).message(), "--dtype: no");
+  // Policy fields belong to every scope; a plain word is mapped only as the leading field.
+  EXPECT_EQ(
+      InFlags(InvalidInput("recompute_aware: needs order=recorded"), FlagScope::kLive).message(),
+      "--recompute-aware: needs order=recorded");
+  EXPECT_EQ(InFlags(UsageError("the op failed"), FlagScope::kBenchGather).message(),
+            "the op failed");
+  // Identifiers that merely contain a field are left alone.
+  EXPECT_EQ(InFlags(UsageError("x: my_world_size_2 is odd"), FlagScope::kLive).message(),
+            "x: my_world_size_2 is odd");
+}
+
 }  // namespace
 }  // namespace fsdplab
