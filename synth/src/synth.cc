@@ -110,23 +110,6 @@ Costs CostsOf(const SynthConfig& c, const SynthParamCounts& counts) {
   return k;
 }
 
-Event Hook(Op op, UnitId unit) {
-  Event e;
-  e.op = op;
-  e.unit = unit;
-  return e;
-}
-
-Event Compute(UnitId unit, Phase phase, double us, Bytes saved = 0) {
-  Event e;
-  e.op = Op::kCompute;
-  e.unit = unit;
-  e.phase = phase;
-  e.us = us;
-  e.saved_bytes = saved;
-  return e;
-}
-
 // A deterministic shuffle (std::shuffle's algorithm is left to the library).
 void Shuffle(std::vector<int>& v, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -245,38 +228,38 @@ StatusOr<Trace> SynthesizeTrace(const SynthConfig& c) {
   Costs k = CostsOf(c, counts);
   Microbatch mb;
   std::vector<Event>& ev = mb.events;
-  ev.push_back(Hook(Op::kPreForward, root));
+  ev.push_back(HookEvent(Op::kPreForward, root));
   for (UnitId u : calls) {
-    ev.push_back(Hook(Op::kPreForward, u));
-    ev.push_back(Compute(u, Phase::kForward, k.layer_fwd_us, k.fwd_saved));
-    ev.push_back(Hook(Op::kPostForward, u));
+    ev.push_back(HookEvent(Op::kPreForward, u));
+    ev.push_back(ComputeEvent(u, Phase::kForward, k.layer_fwd_us, k.fwd_saved));
+    ev.push_back(HookEvent(Op::kPostForward, u));
   }
-  ev.push_back(Compute(root, Phase::kForward, k.head_fwd_us, k.head_saved));
-  ev.push_back(Compute(kNoUnit, Phase::kForward, k.loss_us));
-  ev.push_back(Hook(Op::kPostForward, root));
-  ev.push_back(Hook(Op::kPreBackward, root));
-  ev.push_back(Compute(root, Phase::kBackward, k.head_bwd_us));
+  ev.push_back(ComputeEvent(root, Phase::kForward, k.head_fwd_us, k.head_saved));
+  ev.push_back(ComputeEvent(kNoUnit, Phase::kForward, k.loss_us));
+  ev.push_back(HookEvent(Op::kPostForward, root));
+  ev.push_back(HookEvent(Op::kPreBackward, root));
+  ev.push_back(ComputeEvent(root, Phase::kBackward, k.head_bwd_us));
   for (std::size_t i = calls.size(); i-- > 0;) {
     UnitId u = calls[i];
     switch (c.recompute) {
       case SynthRecompute::kReentrant:
-        ev.push_back(Hook(Op::kPreForward, u));
-        ev.push_back(Compute(u, Phase::kRecompute, k.recompute_us, k.recompute_saved));
-        ev.push_back(Hook(Op::kPostForward, u));
-        ev.push_back(Hook(Op::kPreBackward, u));
+        ev.push_back(HookEvent(Op::kPreForward, u));
+        ev.push_back(ComputeEvent(u, Phase::kRecompute, k.recompute_us, k.recompute_saved));
+        ev.push_back(HookEvent(Op::kPostForward, u));
+        ev.push_back(HookEvent(Op::kPreBackward, u));
         break;
       case SynthRecompute::kInside:
       case SynthRecompute::kSelective:
-        ev.push_back(Hook(Op::kPreBackward, u));
-        ev.push_back(Compute(u, Phase::kRecompute, k.recompute_us, k.recompute_saved));
+        ev.push_back(HookEvent(Op::kPreBackward, u));
+        ev.push_back(ComputeEvent(u, Phase::kRecompute, k.recompute_us, k.recompute_saved));
         break;
-      case SynthRecompute::kNone: ev.push_back(Hook(Op::kPreBackward, u)); break;
+      case SynthRecompute::kNone: ev.push_back(HookEvent(Op::kPreBackward, u)); break;
     }
-    ev.push_back(Compute(u, Phase::kBackward, k.layer_bwd_us));
+    ev.push_back(ComputeEvent(u, Phase::kBackward, k.layer_bwd_us));
     // One post_backward after the last of consecutive calls of the same unit.
-    if (i == 0 || calls[i - 1] != u) ev.push_back(Hook(Op::kPostBackward, u));
+    if (i == 0 || calls[i - 1] != u) ev.push_back(HookEvent(Op::kPostBackward, u));
   }
-  ev.push_back(Hook(Op::kPostBackward, root));
+  ev.push_back(HookEvent(Op::kPostBackward, root));
   Event end;
   end.op = Op::kBackwardEnd;
   ev.push_back(end);
