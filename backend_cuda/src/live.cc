@@ -31,11 +31,11 @@ StatusOr<Topology> Connect(const LiveOptions& options, const CudaRunOptions& cud
   const int visible = static_cast<int>(devices.size());
   if (cuda_options.emulate_world_size.has_value()) {
     const int w = *cuda_options.emulate_world_size;
-    if (w < 1) return UsageError(fmt::format("--emulate-world-size {} must be at least 1", w));
+    if (w < 1) return UsageError(fmt::format("emulate_world_size: {} must be at least 1", w));
     if (launch.mode != LaunchMode::kSingleProcess) {
       return UsageError(
-          "--emulate-world-size runs on one GPU in one process; it cannot be "
-          "combined with a multi-process launch");
+          "emulate_world_size: runs on one GPU in one process; it cannot be combined with a "
+          "multi-process launch");
     }
     t.config.devices = {0};
     t.config.ranks = {0};
@@ -45,10 +45,10 @@ StatusOr<Topology> Connect(const LiveOptions& options, const CudaRunOptions& cud
   }
   if (launch.mode == LaunchMode::kSingleProcess) {
     const int w = options.world_size;
-    if (w < 1) return UsageError(fmt::format("world size {} must be at least 1", w));
+    if (w < 1) return UsageError(fmt::format("world_size: {} must be at least 1", w));
     if (w > visible) {
       return Unavailable(fmt::format(
-          "world size {} needs {} GPUs in one process, {} visible: use --emulate-world-size {} "
+          "world size {} needs {} GPUs in one process, {} visible: use emulate_world_size {} "
           "on one GPU, or one process per GPU (FSDPLAB_RANK/FSDPLAB_WORLD_SIZE/"
           "FSDPLAB_MASTER_ADDR/FSDPLAB_MASTER_PORT, or mpirun)",
           w, w, visible, w));
@@ -125,7 +125,7 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
     std::optional<UnitId> u = trace.model.Find(options.fail_unit);
     if (!u.has_value()) {
       return UsageError(
-          fmt::format("--fail-unit '{}' is not a unit of the trace", options.fail_unit));
+          fmt::format("fail_unit: '{}' is not a unit of the trace", options.fail_unit));
     }
     cfg.fault.unit = *u;
   }

@@ -1,6 +1,8 @@
 // bench-gather on the host backend: the in-process collectives timed alone, a CPU GEMM timed
 // alone, and both launched together on every rank (the overlap a training step relies on).
 // Each measured operation is the same harness with different hooks, as in nccl-tests.
+#include "fsdplab/core/gather_bench.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -20,23 +23,6 @@ namespace fsdplab::host {
 namespace {
 
 constexpr TimeUs kBenchTimeoutUs = 120e6;
-
-std::string NcclTypeName(DType d) {
-  switch (d) {
-    case DType::kFp32: return "float";
-    case DType::kBf16: return "bfloat16";
-    case DType::kFp16: return "half";
-    case DType::kMxfp8: return "fp8";
-  }
-  return "?";
-}
-
-StatusOr<DType> BenchDType(const std::string& name) {
-  if (name == "float" || name == "fp32") return DType::kFp32;
-  if (name == "bfloat16" || name == "bf16") return DType::kBf16;
-  if (name == "half" || name == "fp16") return DType::kFp16;
-  return UsageError(fmt::format("unknown type '{}' for bench-gather (fp32, bf16, fp16)", name));
-}
 
 // Per-rank buffers for one size.
 struct RankBuffers {
@@ -111,244 +97,212 @@ Segment BenchSegment(DType dtype, bool all_gather, std::size_t shard_bytes) {
   return seg;
 }
 
-// The checks every benchmark shares: world size, sizes, iterations.
-Status CheckBenchOptions(const GatherBenchOptions& o) {
-  if (o.world_size < 1 || o.world_size > 256) {
-    return UsageError(fmt::format("world size {} is outside 1..256", o.world_size));
+// The element type of a host benchmark: one of the shared bench types with a DType.
+StatusOr<DType> HostBenchDType(const std::string& name) {
+  FSDP_ASSIGN_OR_RETURN(const BenchType type, FindBenchType(name));
+  if (!type.dtype) {
+    return UsageError(fmt::format("dtype: the host backend has no {} (bf16, fp16, fp32)", name));
   }
-  if (o.min_bytes == 0 || o.min_bytes > o.max_bytes) {
-    return UsageError(
-        fmt::format("-b {} must be positive and at most -e {}", o.min_bytes, o.max_bytes));
-  }
-  if (o.step_factor < 2 && o.min_bytes != o.max_bytes) {
-    return UsageError(fmt::format("-f {} must be at least 2", o.step_factor));
-  }
-  if (o.iters < 1) return UsageError(fmt::format("-n {} must be positive", o.iters));
-  if (o.warmup < 0) return UsageError(fmt::format("-w {} must not be negative", o.warmup));
-  return Status::Ok();
+  return *type.dtype;
 }
 
-}  // namespace
+// The hooks of one host benchmark: one thread per rank and wall-clock time, averaged over ranks.
+class HostGatherBench final {
+ public:
+  // Before the first Init the benchmark has one rank (the GEMM probe).
+  explicit HostGatherBench(DType dtype) : dtype_(dtype), bufs_(1) {}
 
-StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o) {
-  FSDP_RETURN_IF_ERROR(CheckBenchOptions(o));
-  const bool all_gather = o.op == "all_gather";
-  if (!all_gather && o.op != "reduce_scatter") {
-    return UsageError(fmt::format("unknown op '{}' (all_gather or reduce_scatter)", o.op));
-  }
-  FSDP_ASSIGN_OR_RETURN(const DType dtype, BenchDType(o.dtype));
-  const std::size_t esize = ElementSize(dtype);
-  const int w = o.world_size;
-  const auto wz = static_cast<std::size_t>(w);
-
-  // GEMM speed on this machine, for sizing the overlapped GEMM.
-  double flops_per_s = 1e9;
-  {
-    constexpr std::int64_t n0 = 128;
-    std::vector<float> a(n0 * n0, 1.0f), b(n0 * n0, 0.5f), c(n0 * n0);
-    const Clock::time_point t0 = Clock::now();
-    for (int k = 0; k < 4; ++k) SquareGemm(a, b, n0, c);
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (s > 0) flops_per_s = 4 * 2.0 * n0 * n0 * n0 / s;
+  Status Init(const BenchCase& c) {
+    c_ = c;
+    const auto wz = static_cast<std::size_t>(c.world_size);
+    bufs_.assign(wz, RankBuffers{});
+    gemm_n_ = 0;
+    Fill();
+    comm_.reset();  // before the control it refers to
+    control_ = std::make_unique<RunControl>(kBenchTimeoutUs, c.world_size);
+    comm_ = std::make_unique<Communicator>(*control_, c.world_size, op_name());
+    desc_.kind = c.all_gather ? CollectiveKind::kAllGather : CollectiveKind::kReduceScatter;
+    desc_.unit_name = "bench";
+    desc_.bytes = c.size_bytes;
+    failure_ = Status::Ok();
+    return Status::Ok();
   }
 
-  std::vector<GatherBenchRow> rows;
-  for (std::uint64_t requested = o.min_bytes; requested <= o.max_bytes;) {
-    // nccl-tests rounds the size down to a multiple of ranks x element size.
-    const std::size_t size = requested / (wz * esize) * (wz * esize);
-    const std::size_t shard = size / wz;  // bytes
-    const std::size_t shard_elems = shard / esize;
-    GatherBenchRow row;
-    row.size_bytes = size;
-    row.count = size / esize;
-    row.type = NcclTypeName(dtype);
+  StatusOr<TimeUs> Time(BenchWork work, std::int64_t gemm_n, int warmup, int iters) {
+    if (work == BenchWork::kGemm) {
+      SizeGemm(gemm_n);
+      // CPU GEMMs are slow: one warm-up call is enough.
+      OnEveryRank(world(), [&](int r) { Gemms(r, std::min(warmup, 1)); });
+      return Mean(OnEveryRank(world(), [&](int r) { Gemms(r, iters); })) * 1e6 / iters;
+    }
+    const bool in_place = work == BenchWork::kCollectiveInPlace;
+    if (in_place) PlaceInputsInOutputs();
+    OnEveryRank(world(), [&](int r) { Collectives(r, warmup, in_place); });
+    const double s = Mean(OnEveryRank(world(), [&](int r) { Collectives(r, iters, in_place); }));
+    FSDP_RETURN_IF_ERROR(failure_);
+    return s * 1e6 / iters;
+  }
 
-    std::vector<RankBuffers> bufs(wz);
-    auto fill = [&] {
-      for (int r = 0; r < w; ++r) {
-        RankBuffers& b = bufs[static_cast<std::size_t>(r)];
-        b.input.assign(all_gather ? shard : size, std::byte{0});
-        b.output.assign(all_gather ? size : shard, std::byte{0});
-        for (std::size_t i = 0; i < b.input.size() / esize; ++i) {
-          StoreElement(dtype, b.input.data(), i, InputValue(r, i));
-        }
+  // Both on every rank: a communication thread and a compute thread start at once.
+  StatusOr<OverlapTimes> TimeTogether(std::int64_t gemm_n, int iters) {
+    SizeGemm(gemm_n);
+    const auto wz = static_cast<std::size_t>(world());
+    std::vector<double> comm_s(wz), gemm_s(wz), both_s(wz);
+    {
+      std::barrier sync(2 * world());
+      std::vector<std::thread> threads;
+      auto timed = [&](std::vector<double>& out, int r, const std::function<void()>& body) {
+        sync.arrive_and_wait();
+        const Clock::time_point t0 = Clock::now();
+        body();
+        out[static_cast<std::size_t>(r)] = std::chrono::duration<double>(Clock::now() - t0).count();
+      };
+      for (int r = 0; r < world(); ++r) {
+        threads.emplace_back([&, r] { timed(comm_s, r, [&] { Collectives(r, iters, false); }); });
+        threads.emplace_back([&, r] { timed(gemm_s, r, [&] { Gemms(r, iters); }); });
       }
-    };
-    fill();
-    RunControl control(kBenchTimeoutUs, w);
-    Communicator comm(control, w, o.op);
-    CollectiveDesc desc;
-    desc.kind = all_gather ? CollectiveKind::kAllGather : CollectiveKind::kReduceScatter;
-    desc.unit_name = "bench";
-    desc.bytes = size;
-    Status failure;
-    std::mutex failure_mu;
-    auto collective = [&](int r, bool in_place) {
-      RankBuffers& b = bufs[static_cast<std::size_t>(r)];
-      Segment seg = BenchSegment(dtype, all_gather, shard);
-      if (in_place) {
-        // The input is this rank's slice of the output (all-gather) or the output is this rank's
-        // slice of the input (reduce-scatter).
-        seg.output =
-            all_gather ? b.output.data() : b.input.data() + static_cast<std::size_t>(r) * shard;
-        seg.input =
-            all_gather ? b.output.data() + static_cast<std::size_t>(r) * shard : b.input.data();
+      for (std::thread& t : threads) t.join();
+    }
+    FSDP_RETURN_IF_ERROR(failure_);
+    for (std::size_t r = 0; r < wz; ++r) both_s[r] = std::max(comm_s[r], gemm_s[r]);
+    return OverlapTimes{.collective_us = Mean(comm_s) * 1e6 / iters,
+                        .gemm_us = Mean(gemm_s) * 1e6 / iters,
+                        .together_us = Mean(both_s) * 1e6 / iters};
+  }
+
+  // Out of place: the outputs of the timed loop. In place overwrites a reduce-scatter's input, so
+  // one fresh call on fresh inputs is checked.
+  StatusOr<std::optional<std::uint64_t>> Check(bool in_place) {
+    if (in_place) {
+      Fill();
+      PlaceInputsInOutputs();
+      OnEveryRank(world(), [&](int r) { Collectives(r, 1, true); });
+      FSDP_RETURN_IF_ERROR(failure_);
+    }
+    const std::size_t shard_elems = c_.shard_bytes / c_.type.bytes;
+    std::uint64_t wrong = 0;
+    for (int r = 0; r < world(); ++r) {
+      const RankBuffers& b = bufs_[static_cast<std::size_t>(r)];
+      if (c_.all_gather) {
+        wrong += WrongGathered(dtype_, b.output.data(), c_.size_bytes / c_.type.bytes, shard_elems);
       } else {
-        seg.input = b.input.data();
-        seg.output = b.output.data();
+        const std::byte* out = in_place ? b.input.data() + Offset(r) : b.output.data();
+        wrong += WrongReduced(dtype_, out, r, world(), shard_elems);
       }
-      OpContext ctx{r, 0, 0, "bench", o.op};
-      StatusOr<CollectiveTimes> t = comm.Call(r, desc, std::span<const Segment>(&seg, 1), ctx);
+    }
+    return std::optional<std::uint64_t>(wrong);
+  }
+
+ private:
+  int world() const { return c_.world_size; }
+  std::string op_name() const { return c_.all_gather ? "all_gather" : "reduce_scatter"; }
+  std::size_t Offset(int r) const { return static_cast<std::size_t>(r) * c_.shard_bytes; }
+
+  void Fill() {
+    const std::size_t esize = c_.type.bytes;
+    for (int r = 0; r < world(); ++r) {
+      RankBuffers& b = bufs_[static_cast<std::size_t>(r)];
+      b.input.assign(c_.all_gather ? c_.shard_bytes : c_.size_bytes, std::byte{0});
+      b.output.assign(c_.all_gather ? c_.size_bytes : c_.shard_bytes, std::byte{0});
+      for (std::size_t i = 0; i < b.input.size() / esize; ++i) {
+        StoreElement(dtype_, b.input.data(), i, InputValue(r, i));
+      }
+    }
+  }
+
+  // All-gather in place: each rank's input is its slice of the output.
+  void PlaceInputsInOutputs() {
+    if (!c_.all_gather) return;
+    for (int r = 0; r < world(); ++r) {
+      RankBuffers& b = bufs_[static_cast<std::size_t>(r)];
+      std::copy(b.input.begin(), b.input.end(),
+                b.output.begin() + static_cast<std::ptrdiff_t>(Offset(r)));
+    }
+  }
+
+  // `n` calls of the collective on rank r; stops at the first failure (recorded once).
+  void Collectives(int r, int n, bool in_place) {
+    RankBuffers& b = bufs_[static_cast<std::size_t>(r)];
+    Segment seg = BenchSegment(dtype_, c_.all_gather, c_.shard_bytes);
+    if (in_place) {
+      // The input is this rank's slice of the output (all-gather) or the output is this rank's
+      // slice of the input (reduce-scatter).
+      seg.output = c_.all_gather ? b.output.data() : b.input.data() + Offset(r);
+      seg.input = c_.all_gather ? b.output.data() + Offset(r) : b.input.data();
+    } else {
+      seg.input = b.input.data();
+      seg.output = b.output.data();
+    }
+    const OpContext ctx{r, 0, 0, "bench", op_name()};
+    for (int k = 0; k < n; ++k) {
+      StatusOr<CollectiveTimes> t = comm_->Call(r, desc_, std::span<const Segment>(&seg, 1), ctx);
       if (!t.ok()) {
-        std::lock_guard<std::mutex> lock(failure_mu);
-        if (failure.ok()) failure = t.status();
-        return false;
-      }
-      return true;
-    };
-    auto run_collectives = [&](int r, int n, bool in_place) {
-      for (int k = 0; k < n; ++k) {
-        if (!collective(r, in_place)) return;
-      }
-    };
-
-    // Collective alone, out of place, then checked.
-    OnEveryRank(w, [&](int r) { run_collectives(r, o.warmup, false); });
-    row.time_us =
-        Mean(OnEveryRank(w, [&](int r) { run_collectives(r, o.iters, false); })) * 1e6 / o.iters;
-    FSDP_RETURN_IF_ERROR(failure);
-    auto count_wrong = [&](bool in_place) {
-      std::uint64_t wrong = 0;
-      for (int r = 0; r < w; ++r) {
-        const RankBuffers& b = bufs[static_cast<std::size_t>(r)];
-        if (all_gather) {
-          wrong += WrongGathered(dtype, b.output.data(), row.count, shard_elems);
-        } else {
-          const std::byte* out =
-              in_place ? b.input.data() + static_cast<std::size_t>(r) * shard : b.output.data();
-          wrong += WrongReduced(dtype, out, r, w, shard_elems);
-        }
-      }
-      return wrong;
-    };
-    if (o.check) row.wrong = count_wrong(false);
-
-    // In place: timed, then one fresh call checked (reduce-scatter in place overwrites its input).
-    if (all_gather) {
-      for (int r = 0; r < w; ++r) {
-        RankBuffers& b = bufs[static_cast<std::size_t>(r)];
-        std::copy(
-            b.input.begin(), b.input.end(),
-            b.output.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * shard));
+        std::lock_guard<std::mutex> lock(failure_mu_);
+        if (failure_.ok()) failure_ = t.status();
+        return;
       }
     }
-    row.inplace_time_us =
-        Mean(OnEveryRank(w, [&](int r) { run_collectives(r, o.iters, true); })) * 1e6 / o.iters;
-    FSDP_RETURN_IF_ERROR(failure);
-    if (o.check) {
-      fill();
-      if (all_gather) {
-        for (int r = 0; r < w; ++r) {
-          RankBuffers& b = bufs[static_cast<std::size_t>(r)];
-          std::copy(
-              b.input.begin(), b.input.end(),
-              b.output.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * shard));
-        }
-      }
-      OnEveryRank(w, [&](int r) { run_collectives(r, 1, true); });
-      FSDP_RETURN_IF_ERROR(failure);
-      row.inplace_wrong = count_wrong(true);
-    }
+  }
 
-    // GEMM alone, sized to take about as long as the collective.
-    std::int64_t n = static_cast<std::int64_t>(o.gemm_n);
-    if (n == 0) {
-      n = static_cast<std::int64_t>(std::cbrt(row.time_us * 1e-6 * flops_per_s / 2.0));
-      n = std::clamp<std::int64_t>(n, 16, 4096);
-    }
-    for (RankBuffers& b : bufs) {
+  void SizeGemm(std::int64_t n) {
+    if (n == gemm_n_) return;
+    gemm_n_ = n;
+    for (RankBuffers& b : bufs_) {
       b.a.assign(static_cast<std::size_t>(n * n), 0.25f);
       b.b.assign(static_cast<std::size_t>(n * n), 0.5f);
       b.c.assign(static_cast<std::size_t>(n * n), 0.0f);
     }
-    auto gemms = [&](int r, int count) {
-      RankBuffers& b = bufs[static_cast<std::size_t>(r)];
-      for (int k = 0; k < count; ++k) SquareGemm(b.a, b.b, n, b.c);
-    };
-    OnEveryRank(w, [&](int r) { gemms(r, std::min(o.warmup, 1)); });
-    row.gemm_alone_us = Mean(OnEveryRank(w, [&](int r) { gemms(r, o.iters); })) * 1e6 / o.iters;
-
-    // Both together: on every rank a communication thread and a compute thread start at once.
-    std::vector<double> comm_s(wz), gemm_s(wz), both_s(wz);
-    {
-      std::barrier sync(2 * w);
-      std::vector<std::thread> threads;
-      for (int r = 0; r < w; ++r) {
-        threads.emplace_back([&, r] {
-          sync.arrive_and_wait();
-          const Clock::time_point t0 = Clock::now();
-          run_collectives(r, o.iters, false);
-          comm_s[static_cast<std::size_t>(r)] =
-              std::chrono::duration<double>(Clock::now() - t0).count();
-        });
-        threads.emplace_back([&, r] {
-          sync.arrive_and_wait();
-          const Clock::time_point t0 = Clock::now();
-          gemms(r, o.iters);
-          gemm_s[static_cast<std::size_t>(r)] =
-              std::chrono::duration<double>(Clock::now() - t0).count();
-        });
-      }
-      for (std::thread& t : threads) t.join();
-      FSDP_RETURN_IF_ERROR(failure);
-      for (std::size_t r = 0; r < wz; ++r) both_s[r] = std::max(comm_s[r], gemm_s[r]);
-    }
-    row.together_us = Mean(both_s) * 1e6 / o.iters;
-    row.collective_under_overlap_us = Mean(comm_s) * 1e6 / o.iters;
-    row.gemm_under_overlap_us = Mean(gemm_s) * 1e6 / o.iters;
-    const double shorter = std::min(row.time_us, row.gemm_alone_us);
-    row.overlap_efficiency =
-        shorter > 0 ? (row.time_us + row.gemm_alone_us - row.together_us) / shorter : 0;
-    row.compute_slowdown =
-        row.gemm_alone_us > 0 ? row.gemm_under_overlap_us / row.gemm_alone_us - 1 : 0;
-
-    // algbw = size / time; busbw = algbw * (n - 1) / n for all-gather and reduce-scatter.
-    const double bus = w > 1 ? static_cast<double>(w - 1) / w : 0.0;
-    auto gbps = [&](TimeUs us) { return us > 0 ? static_cast<double>(size) / (us * 1e3) : 0; };
-    row.algbw_GBps = gbps(row.time_us);
-    row.busbw_GBps = row.algbw_GBps * bus;
-    row.inplace_algbw_GBps = gbps(row.inplace_time_us);
-    row.inplace_busbw_GBps = row.inplace_algbw_GBps * bus;
-    rows.push_back(row);
-
-    // Like nccl-tests: min, min*f, min*f^2, ... while not above max.
-    if (o.step_factor < 2 || requested > o.max_bytes / o.step_factor) break;
-    requested *= o.step_factor;
   }
-  return rows;
+
+  void Gemms(int r, int count) {
+    RankBuffers& b = bufs_[static_cast<std::size_t>(r)];
+    for (int k = 0; k < count; ++k) SquareGemm(b.a, b.b, gemm_n_, b.c);
+  }
+
+  DType dtype_;
+  BenchCase c_;
+  std::vector<RankBuffers> bufs_;
+  std::unique_ptr<RunControl> control_;
+  std::unique_ptr<Communicator> comm_;
+  CollectiveDesc desc_;
+  std::int64_t gemm_n_ = 0;
+  Status failure_;
+  std::mutex failure_mu_;
+};
+
+}  // namespace
+
+StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o) {
+  FSDP_ASSIGN_OR_RETURN(const DType dtype, HostBenchDType(o.dtype));
+  HostGatherBench bench(dtype);
+  // The GEMM: fp32 on one core per rank, small enough for a CPU.
+  const GemmSizing gemm{
+      .probe_n = 128, .probe_iters = 4, .min_n = 16, .max_n = 4096, .multiple = 1};
+  return fsdplab::RunGatherBench(o, o.world_size, HooksOf(bench, gemm));
 }
 
 StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions& o) {
-  FSDP_RETURN_IF_ERROR(CheckBenchOptions(o));
+  FSDP_RETURN_IF_ERROR(CheckGatherBenchOptions(o));
   if (o.world_size < 2) {
     return UsageError(fmt::format(
-        "--op concurrent needs at least 2 ranks (--world-size {}): with one rank the collectives "
-        "move nothing",
+        "world_size: the concurrent benchmark needs at least 2 ranks, not {}: with one rank the "
+        "collectives move nothing",
         o.world_size));
   }
-  FSDP_ASSIGN_OR_RETURN(const DType dtype, BenchDType(o.dtype));
-  const std::size_t esize = ElementSize(dtype);
+  FSDP_ASSIGN_OR_RETURN(const BenchType type, FindBenchType(o.dtype));
+  FSDP_ASSIGN_OR_RETURN(const DType dtype, HostBenchDType(o.dtype));
+  const std::size_t esize = type.bytes;
   const int w = o.world_size;
   const auto wz = static_cast<std::size_t>(w);
 
   std::vector<ContentionRow> rows;
-  for (std::uint64_t requested = o.min_bytes; requested <= o.max_bytes;) {
-    const std::size_t size = requested / (wz * esize) * (wz * esize);
+  for (const std::uint64_t requested : BenchSizes(o.min_bytes, o.max_bytes, o.step_factor)) {
+    const std::size_t size = std::max(wz * esize, requested / (wz * esize) * (wz * esize));
     const std::size_t shard = size / wz;
     const std::size_t shard_elems = shard / esize;
     ContentionRow row;
     row.size_bytes = size;
-    row.type = NcclTypeName(dtype);
+    row.type = std::string(type.nccl_name);
 
     // Per rank: the all-gather's shard and output, the reduce-scatter's input and output shard.
     struct Buffers {
@@ -480,8 +434,6 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
       }
     }
     rows.push_back(row);
-    if (o.step_factor < 2 || requested > o.max_bytes / o.step_factor) break;
-    requested *= o.step_factor;
   }
   return rows;
 }

@@ -24,25 +24,26 @@ constexpr int kMaxWorldSize = 256;
 
 Status CheckOptions(const Trace& trace, const LiveOptions& o, const HostRunOptions& h) {
   if (o.world_size < 1 || o.world_size > kMaxWorldSize) {
-    return UsageError(fmt::format("--world-size {} is outside 1..{}", o.world_size, kMaxWorldSize));
+    return UsageError(fmt::format("world_size: {} is outside 1..{}", o.world_size, kMaxWorldSize));
   }
-  if (o.steps < 1) return UsageError(fmt::format("--steps {} is not positive", o.steps));
+  if (o.steps < 1) return UsageError(fmt::format("steps: {} is not positive", o.steps));
   if (!(o.timeout_us > 0) || !std::isfinite(o.timeout_us)) {
-    return UsageError(fmt::format("the timeout ({} us) must be positive", o.timeout_us));
+    return UsageError(fmt::format("timeout_us: {} must be positive", o.timeout_us));
   }
   if (!(o.compute_scale > 0) || !std::isfinite(o.compute_scale)) {
-    return UsageError(fmt::format("--compute-scale {} must be positive", o.compute_scale));
+    return UsageError(fmt::format("compute_scale: {} must be positive", o.compute_scale));
   }
   if (h.gemm_tokens < 1 || h.gemm_tokens > (1 << 20)) {
-    return UsageError(fmt::format("--gemm-tokens {} is outside 1..{}", h.gemm_tokens, 1 << 20));
+    return UsageError(fmt::format("gemm_tokens: {} is outside 1..{}", h.gemm_tokens, 1 << 20));
   }
   if (!o.fail_op.empty() && o.fail_op != "compute" && o.fail_op != "mismatch" &&
       o.fail_op != "hang") {
-    return UsageError(fmt::format("unknown fault '{}' (compute, mismatch or hang)", o.fail_op));
+    return UsageError(
+        fmt::format("fail_op: unknown fault '{}' (compute, mismatch or hang)", o.fail_op));
   }
   if (o.fail_rank && (*o.fail_rank < 0 || *o.fail_rank >= o.world_size)) {
     return UsageError(
-        fmt::format("the failing rank {} is not one of the {} ranks", *o.fail_rank, o.world_size));
+        fmt::format("fail_rank: {} is not one of the {} ranks", *o.fail_rank, o.world_size));
   }
   if (trace.steps.empty()) return InvalidInput("the trace has no steps to run");
   return ValidatePolicy(o.policy, trace.model);
@@ -53,7 +54,7 @@ StatusOr<UnitId> FaultUnit(const Model& model, const LiveOptions& o) {
   if (!o.fail_unit.empty()) {
     std::optional<UnitId> id = model.Find(o.fail_unit);
     if (!id)
-      return InvalidInput(fmt::format("the failing unit '{}' is not in the model", o.fail_unit));
+      return InvalidInput(fmt::format("fail_unit: '{}' is not a unit of the model", o.fail_unit));
     return *id;
   }
   for (const Unit& u : model.units()) {
@@ -337,7 +338,7 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   if (overruns > 0) {
     result.notes.push_back(fmt::format(
         "emulated computes: {} lasted longer than their trace duration, by {:.1f} us on average: "
-        "writing the checked gradients took longer (--no-check removes the gradient writes)",
+        "writing the checked gradients took longer (a run without checks has no gradient writes)",
         overruns, overrun_sum / overruns));
   }
   tl.notes = result.notes;

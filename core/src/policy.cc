@@ -8,6 +8,9 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "fsdplab/core/policy_fields.h"
+#include "fsdplab/core/size_text.h"
+
 namespace fsdplab {
 namespace {
 
@@ -21,45 +24,6 @@ std::string_view Trim(std::string_view s) {
   return s;
 }
 
-// Parses "50", "50M", "1.5G": a non-negative amount with an optional K/M/G/T suffix of `base`.
-std::optional<std::uint64_t> ParseAmount(std::string_view text, double base) {
-  text = Trim(text);
-  if (text.empty()) return std::nullopt;
-  double mult = 1;
-  switch (text.back()) {
-    case 'K':
-    case 'k': mult = base; break;
-    case 'M':
-    case 'm': mult = base * base; break;
-    case 'G':
-    case 'g': mult = base * base * base; break;
-    case 'T':
-    case 't': mult = base * base * base * base; break;
-    default: break;
-  }
-  if (mult != 1) text.remove_suffix(1);
-  if (text.empty() || text.front() == '-' || text.front() == '+') return std::nullopt;
-  std::string s(text);
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  if (end != s.c_str() + s.size() || !std::isfinite(v) || v < 0) return std::nullopt;
-  double total = v * mult;
-  if (total >= 1.8e19 || total != std::floor(total)) return std::nullopt;
-  return static_cast<std::uint64_t>(total);
-}
-
-// The largest suffix that divides `v` exactly: 50000000 -> "50M" (base 1000).
-std::string WithSuffix(std::uint64_t v, std::uint64_t base) {
-  if (v == 0) return "0";
-  const char* suffixes[] = {"", "K", "M", "G", "T"};
-  int k = 0;
-  while (k < 4 && v % base == 0) {
-    v /= base;
-    ++k;
-  }
-  return fmt::format("{}{}", v, suffixes[k]);
-}
-
 std::string JoinKeys() {
   std::string out;
   for (std::string_view k : PolicyKeys()) {
@@ -67,10 +31,6 @@ std::string JoinKeys() {
     out += k;
   }
   return out;
-}
-
-Status BadValue(std::string_view key, std::string_view value, std::string_view accepted) {
-  return InvalidInput(fmt::format("{}: '{}' is not valid ({})", key, value, accepted));
 }
 
 std::optional<bool> ParseBoolText(std::string_view v) {
@@ -118,7 +78,7 @@ StatusOr<Budget> Budget::Parse(std::string_view text) {
   std::string_view t = Trim(text);
   Budget b;
   std::string_view amount = t;
-  double base = 1000;
+  std::uint64_t base = 1000;
   if (auto colon = t.find(':'); colon != std::string_view::npos) {
     std::string_view kind = Trim(t.substr(0, colon));
     amount = t.substr(colon + 1);
@@ -134,7 +94,7 @@ StatusOr<Budget> Budget::Parse(std::string_view text) {
           fmt::format("'{}' is not a budget: unknown kind '{}' ({})", text, kind, kBudgetForms));
     }
   }
-  std::optional<std::uint64_t> v = ParseAmount(amount, base);
+  std::optional<std::uint64_t> v = ParseSize(amount, base);
   // A number of units takes no suffix and no fraction.
   if (!v.has_value() || (b.kind == Kind::kUnits &&
                          Trim(amount).find_first_not_of("0123456789") != std::string_view::npos)) {
@@ -147,8 +107,8 @@ StatusOr<Budget> Budget::Parse(std::string_view text) {
 std::string Budget::ToString() const {
   switch (kind) {
     case Kind::kUnits: return fmt::format("{}", value);
-    case Kind::kElements: return "elements:" + WithSuffix(value, 1000);
-    case Kind::kBytes: return "bytes:" + WithSuffix(value, 1024);
+    case Kind::kElements: return "elements:" + SizeWithSuffix(value, 1000);
+    case Kind::kBytes: return "bytes:" + SizeWithSuffix(value, 1024);
   }
   return "?";
 }
@@ -159,19 +119,11 @@ bool UnitSelection::Selects(std::string_view unit_name) const {
 }
 
 const std::vector<std::string_view>& PolicyKeys() {
-  static const std::vector<std::string_view> keys = {
-      "order",
-      "forward_prefetch",
-      "backward_prefetch",
-      "unshard_all_planes_in_backward",
-      "recompute_aware",
-      "prefetch_first_unit",
-      "reshard_after_forward",
-      "sharding",
-      "unified_comm_stream",
-      "on_divergence",
-      "reduce_dtype",
-  };
+  static const std::vector<std::string_view> keys = [] {
+    std::vector<std::string_view> out;
+    for (const PolicyField& f : PolicyFields()) out.push_back(f.key);
+    return out;
+  }();
   return keys;
 }
 
@@ -192,94 +144,198 @@ std::string_view OnDivergenceName(OnDivergence on) {
   return on == OnDivergence::kRerecord ? "rerecord" : "error";
 }
 
-Status ApplyPolicyKey(std::string_view key_in, std::string_view value_in, Policy& policy) {
-  const std::string key = NormalizeKey(key_in);
-  const std::string_view value = Trim(value_in);
-  if (key == "order") {
-    if (value == "registration") {
-      policy.order = PrefetchOrder::kRegistration;
-    } else if (value == "recorded") {
-      policy.order = PrefetchOrder::kRecorded;
-    } else {
-      return BadValue(key, value, "expected registration or recorded");
-    }
-    return Status::Ok();
-  }
-  if (key == "forward_prefetch" || key == "backward_prefetch") {
-    StatusOr<Budget> b = Budget::Parse(value);
-    if (!b.ok()) return b.status().WithContext(key);
-    (key == "forward_prefetch" ? policy.forward_prefetch : policy.backward_prefetch) = *b;
-    return Status::Ok();
-  }
-  if (key == "unshard_all_planes_in_backward") {
-    UnitSelection sel;
-    if (value == "all") {
-      sel.all = true;
-    } else if (!value.empty() && value != "none") {
-      std::string_view rest = value;
-      while (true) {
-        std::size_t comma = rest.find(',');
-        std::string_view name = Trim(rest.substr(0, comma));
-        if (name.empty()) {
-          return BadValue(key, value,
-                          "expected all, none, or unit names separated by commas, without empty "
-                          "names");
-        }
-        if (name == "all") {
-          return BadValue(key, value, "'all' stands alone, not in a list of unit names");
-        }
-        sel.names.emplace_back(name);
-        if (comma == std::string_view::npos) break;
-        rest.remove_prefix(comma + 1);
-      }
-    }
-    policy.unshard_all_planes_in_backward = std::move(sel);
-    return Status::Ok();
-  }
-  if (key == "recompute_aware" || key == "prefetch_first_unit" || key == "reshard_after_forward" ||
-      key == "unified_comm_stream") {
-    std::optional<bool> b = ParseBoolText(value);
-    if (!b) return BadValue(key, value, "expected true or false");
-    if (key == "recompute_aware") policy.recompute_aware = *b;
-    if (key == "prefetch_first_unit") policy.prefetch_first_unit = *b;
-    if (key == "reshard_after_forward") policy.reshard_after_forward = *b;
-    if (key == "unified_comm_stream") policy.unified_comm_stream = *b;
-    return Status::Ok();
-  }
-  if (key == "sharding") {
-    if (value == "zero3") {
-      policy.sharding = Sharding::kZero3;
-    } else if (value == "zero2") {
-      policy.sharding = Sharding::kZero2;
-    } else if (value == "no_shard") {
-      policy.sharding = Sharding::kNoShard;
-    } else {
-      return BadValue(key, value, "expected zero3, zero2 or no_shard");
-    }
-    return Status::Ok();
-  }
-  if (key == "on_divergence") {
-    if (value == "error") {
-      policy.on_divergence = OnDivergence::kError;
-    } else if (value == "rerecord") {
-      policy.on_divergence = OnDivergence::kRerecord;
-    } else {
-      return BadValue(key, value, "expected error or rerecord");
-    }
-    return Status::Ok();
-  }
-  if (key == "reduce_dtype") {
-    if (value == "param") {
-      policy.reduce_dtype.reset();
+namespace {
+
+// The parsers and printers of the field table. Errors leave out the key: ApplyPolicyKey adds it.
+
+Status BadValue(std::string_view value, std::string_view accepted) {
+  return InvalidInput(fmt::format("'{}' is not valid ({})", value, accepted));
+}
+
+template <bool Policy::*kMember>
+Status ParseBoolField(std::string_view value, Policy& policy) {
+  std::optional<bool> b = ParseBoolText(value);
+  if (!b) return BadValue(value, "expected true or false");
+  policy.*kMember = *b;
+  return Status::Ok();
+}
+
+template <bool Policy::*kMember>
+std::string PrintBoolField(const Policy& policy) {
+  return policy.*kMember ? "true" : "false";
+}
+
+template <Budget Policy::*kMember>
+Status ParseBudgetField(std::string_view value, Policy& policy) {
+  FSDP_ASSIGN_OR_RETURN(policy.*kMember, Budget::Parse(value));
+  return Status::Ok();
+}
+
+template <Budget Policy::*kMember>
+std::string PrintBudgetField(const Policy& policy) {
+  return (policy.*kMember).ToString();
+}
+
+// An enum field, read and printed through its name function (PrefetchOrderName, ...); kValues
+// are the values it may take, in the order the error lists them.
+template <auto kMember, auto kName, auto... kValues>
+Status ParseEnumField(std::string_view value, Policy& policy) {
+  for (auto e : {kValues...}) {
+    if (kName(e) == value) {
+      policy.*kMember = e;
       return Status::Ok();
     }
-    std::optional<DType> d = ParseDType(value);
-    if (!d || *d == DType::kMxfp8)
-      return BadValue(key, value, "expected param, fp32, bf16 or fp16");
-    policy.reduce_dtype = *d;
+  }
+  std::string accepted;  // "zero3, zero2 or no_shard"
+  std::size_t i = 0;
+  for (auto e : {kValues...}) {
+    if (i > 0) accepted += i + 1 == sizeof...(kValues) ? " or " : ", ";
+    accepted += kName(e);
+    ++i;
+  }
+  return BadValue(value, "expected " + accepted);
+}
+
+template <auto kMember, auto kName>
+std::string PrintEnumField(const Policy& policy) {
+  return std::string(kName(policy.*kMember));
+}
+
+Status ParseUnitSelection(std::string_view value, Policy& policy) {
+  UnitSelection sel;
+  if (value == "all") {
+    sel.all = true;
+  } else if (!value.empty() && value != "none") {
+    std::string_view rest = value;
+    while (true) {
+      std::size_t comma = rest.find(',');
+      std::string_view name = Trim(rest.substr(0, comma));
+      if (name.empty()) {
+        return BadValue(value,
+                        "expected all, none, or unit names separated by commas, without empty "
+                        "names");
+      }
+      if (name == "all") return BadValue(value, "'all' stands alone, not in a list of unit names");
+      sel.names.emplace_back(name);
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
+  }
+  policy.unshard_all_planes_in_backward = std::move(sel);
+  return Status::Ok();
+}
+
+Status ParseReduceDType(std::string_view value, Policy& policy) {
+  if (value == "param") {
+    policy.reduce_dtype.reset();
     return Status::Ok();
   }
-  return InvalidInput(fmt::format("unknown policy key '{}' (keys: {})", key_in, JoinKeys()));
+  std::optional<DType> d = ParseDType(value);
+  if (!d || *d == DType::kMxfp8) return BadValue(value, "expected param, fp32, bf16 or fp16");
+  policy.reduce_dtype = *d;
+  return Status::Ok();
+}
+
+constexpr PolicyField kPolicyFields[] = {
+    {.key = "order",
+     .meta = "ORDER",
+     .help = "prefetch order: registration (default) or recorded",
+     .json = PolicyJson::kText,
+     .parse = ParseEnumField<&Policy::order, &PrefetchOrderName, PrefetchOrder::kRegistration,
+                             PrefetchOrder::kRecorded>,
+     .print = PrintEnumField<&Policy::order, &PrefetchOrderName>},
+    {.key = "forward_prefetch",
+     .meta = "BUDGET",
+     .help = "forward prefetch budget: N units (1), units:N, elements:N[K|M|G] (1000s) or "
+             "bytes:N[K|M|G] (1024s); 0 disables",
+     .json = PolicyJson::kText,
+     .parse = ParseBudgetField<&Policy::forward_prefetch>,
+     .print = PrintBudgetField<&Policy::forward_prefetch>},
+    {.key = "backward_prefetch",
+     .meta = "BUDGET",
+     .help = "backward prefetch budget, as --forward-prefetch",
+     .json = PolicyJson::kText,
+     .parse = ParseBudgetField<&Policy::backward_prefetch>,
+     .print = PrintBudgetField<&Policy::backward_prefetch>},
+    {.key = "unshard_all_planes_in_backward",
+     .meta = "UNITS",
+     .help = "units whose backward unshards gather rowwise with columnwise planes: all, none "
+             "(default) or comma-separated unit names",
+     .json = PolicyJson::kUnitList,
+     .parse = ParseUnitSelection,
+     .print = [](const Policy& p) { return SelectionText(p.unshard_all_planes_in_backward); }},
+    {.key = "recompute_aware",
+     .meta = "BOOL",
+     .help = "true|false (false): recompute events in the recorded backward order (needs --order "
+             "recorded)",
+     .json = PolicyJson::kBool,
+     .parse = ParseBoolField<&Policy::recompute_aware>,
+     .print = PrintBoolField<&Policy::recompute_aware>},
+    {.key = "prefetch_first_unit",
+     .meta = "BOOL",
+     .help = "true|false (true): gather the first unit before the forward begins",
+     .json = PolicyJson::kBool,
+     .parse = ParseBoolField<&Policy::prefetch_first_unit>,
+     .print = PrintBoolField<&Policy::prefetch_first_unit>},
+    {.key = "reshard_after_forward",
+     .meta = "BOOL",
+     .help = "true|false (true): free unsharded parameters after forward (the root keeps them)",
+     .json = PolicyJson::kBool,
+     .parse = ParseBoolField<&Policy::reshard_after_forward>,
+     .print = PrintBoolField<&Policy::reshard_after_forward>},
+    {.key = "sharding",
+     .meta = "MODE",
+     .help = "zero3 (default), zero2 or no_shard",
+     .json = PolicyJson::kText,
+     .parse = ParseEnumField<&Policy::sharding, &ShardingName, Sharding::kZero3, Sharding::kZero2,
+                             Sharding::kNoShard>,
+     .print = PrintEnumField<&Policy::sharding, &ShardingName>},
+    {.key = "unified_comm_stream",
+     .meta = "BOOL",
+     .help = "true|false (false): all-gathers and reduce-scatters share one stream",
+     .json = PolicyJson::kBool,
+     .parse = ParseBoolField<&Policy::unified_comm_stream>,
+     .print = PrintBoolField<&Policy::unified_comm_stream>},
+    {.key = "on_divergence",
+     .meta = "ACTION",
+     .help = "error (default) or rerecord: what a pass that leaves the recorded order does",
+     .json = PolicyJson::kText,
+     .parse = ParseEnumField<&Policy::on_divergence, &OnDivergenceName, OnDivergence::kError,
+                             OnDivergence::kRerecord>,
+     .print = PrintEnumField<&Policy::on_divergence, &OnDivergenceName>},
+    {
+        .key = "reduce_dtype",
+        .meta = "DTYPE",
+        .help = "gradient reduce dtype: param (default), fp32, bf16 or fp16",
+        .json = PolicyJson::kTextOrNull,
+        .parse = ParseReduceDType,
+        .print =
+            [](const Policy& p) {
+              return p.reduce_dtype ? std::string(DTypeName(*p.reduce_dtype))
+                                    : std::string("param");
+            },
+    },
+};
+
+}  // namespace
+
+std::span<const PolicyField> PolicyFields() { return kPolicyFields; }
+
+const PolicyField* FindPolicyField(std::string_view key) {
+  const std::string k = NormalizeKey(key);
+  for (const PolicyField& f : kPolicyFields) {
+    if (f.key == k) return &f;
+  }
+  return nullptr;
+}
+
+Status ApplyPolicyKey(std::string_view key, std::string_view value, Policy& policy) {
+  const PolicyField* f = FindPolicyField(key);
+  if (f == nullptr) {
+    return InvalidInput(fmt::format("unknown policy key '{}' (keys: {})", key, JoinKeys()));
+  }
+  Status s = f->parse(Trim(value), policy);
+  return s.ok() ? s : s.WithContext(f->key);
 }
 
 Status ApplyPolicyJson(std::string_view json_text, Policy& policy) {
@@ -288,6 +344,7 @@ Status ApplyPolicyJson(std::string_view json_text, Policy& policy) {
   if (!j.is_object()) return InvalidInput("policy: expected a JSON object of policy keys");
   // Keys in document order would be nicer, but every key is independent: apply in key order.
   for (const auto& [key, v] : j.items()) {
+    const PolicyField* f = FindPolicyField(key);
     std::string text;
     if (v.is_string()) {
       text = v.get<std::string>();
@@ -295,19 +352,17 @@ Status ApplyPolicyJson(std::string_view json_text, Policy& policy) {
       text = v.get<bool>() ? "true" : "false";
     } else if (v.is_number_unsigned() || v.is_number_integer()) {
       text = v.dump();
-    } else if (v.is_array() && NormalizeKey(key) == "unshard_all_planes_in_backward") {
-      UnitSelection sel;
+    } else if (v.is_array() && f != nullptr && f->json == PolicyJson::kUnitList) {
+      // A list of unit names: its text form joins them with commas.
       for (const auto& item : v) {
         if (!item.is_string()) {
           return InvalidInput(
               fmt::format("{}: expected a list of unit names, found {}", key, item.dump()));
         }
-        sel.names.push_back(item.get<std::string>());
+        text += (text.empty() ? "" : ",") + item.get<std::string>();
       }
-      policy.unshard_all_planes_in_backward = std::move(sel);
-      continue;
-    } else if (v.is_null() && NormalizeKey(key) == "reduce_dtype") {
-      text = "param";
+    } else if (v.is_null() && f != nullptr && f->json == PolicyJson::kTextOrNull) {
+      text = f->print(Policy{});  // the default
     } else {
       return InvalidInput(fmt::format("{}: unexpected value {}", key, v.dump()));
     }
@@ -340,43 +395,30 @@ Status ValidatePolicy(const Policy& policy, const Model& model) {
   return Status::Ok();
 }
 
-std::string PolicyKeyValue(const Policy& policy, std::string_view key_in) {
-  const std::string key = NormalizeKey(key_in);
-  auto b = [](bool v) { return std::string(v ? "true" : "false"); };
-  if (key == "order") return std::string(PrefetchOrderName(policy.order));
-  if (key == "forward_prefetch") return policy.forward_prefetch.ToString();
-  if (key == "backward_prefetch") return policy.backward_prefetch.ToString();
-  if (key == "unshard_all_planes_in_backward") {
-    return SelectionText(policy.unshard_all_planes_in_backward);
-  }
-  if (key == "recompute_aware") return b(policy.recompute_aware);
-  if (key == "prefetch_first_unit") return b(policy.prefetch_first_unit);
-  if (key == "reshard_after_forward") return b(policy.reshard_after_forward);
-  if (key == "sharding") return std::string(ShardingName(policy.sharding));
-  if (key == "unified_comm_stream") return b(policy.unified_comm_stream);
-  if (key == "on_divergence") return std::string(OnDivergenceName(policy.on_divergence));
-  if (key == "reduce_dtype") {
-    return policy.reduce_dtype ? std::string(DTypeName(*policy.reduce_dtype)) : "param";
-  }
-  return "";
+std::string PolicyKeyValue(const Policy& policy, std::string_view key) {
+  const PolicyField* f = FindPolicyField(key);
+  return f != nullptr ? f->print(policy) : "";
 }
 
 std::string PolicyToJson(const Policy& policy) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
-  for (std::string_view key : PolicyKeys()) {
-    std::string k(key);
-    if (key == "recompute_aware" || key == "prefetch_first_unit" ||
-        key == "reshard_after_forward" || key == "unified_comm_stream") {
-      j[k] = PolicyKeyValue(policy, key) == "true";
-    } else if (key == "unshard_all_planes_in_backward") {
-      const UnitSelection& sel = policy.unshard_all_planes_in_backward;
-      if (sel.all) {
-        j[k] = "all";
-      } else {
-        j[k] = sel.names;
+  for (const PolicyField& f : PolicyFields()) {
+    const std::string key(f.key);
+    const std::string text = f.print(policy);
+    if (f.json == PolicyJson::kBool) {
+      j[key] = text == "true";
+    } else if (f.json == PolicyJson::kUnitList && text != "all") {
+      // A list of names; "none" is the empty list.
+      std::vector<std::string> names;
+      for (std::string_view rest = text; text != "none";) {
+        const std::size_t comma = rest.find(',');
+        names.emplace_back(rest.substr(0, comma));
+        if (comma == std::string_view::npos) break;
+        rest.remove_prefix(comma + 1);
       }
+      j[key] = names;
     } else {
-      j[k] = PolicyKeyValue(policy, key);
+      j[key] = text;
     }
   }
   return j.dump();

@@ -1,5 +1,6 @@
 // Reads `fsdplab.trace` v1 with simdjson's on-demand API (DESIGN §5: the DOM is too slow for
 // large traces) and checks everything DESIGN §4.1 lists, naming the field and its position.
+// The JSON machinery is trace_json.h; the checks of events that need no JSON, trace_checks.h.
 //
 // One pass over the document: fields are taken in whatever order they come. Events are resolved
 // against the units as they are read, so when "steps" comes before "units" its raw text is kept
@@ -21,158 +22,21 @@
 
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/trace.h"
+#include "trace_checks.h"
+#include "trace_json.h"
 
 namespace fsdplab {
-
-std::string_view PhaseName(Phase phase) {
-  switch (phase) {
-    case Phase::kForward: return "forward";
-    case Phase::kBackward: return "backward";
-    case Phase::kRecompute: return "recompute";
-  }
-  return "unknown";
-}
-
-std::optional<Phase> ParsePhase(std::string_view name) {
-  if (name == "forward") return Phase::kForward;
-  if (name == "backward") return Phase::kBackward;
-  if (name == "recompute") return Phase::kRecompute;
-  return std::nullopt;
-}
-
-std::string_view OpName(Op op) {
-  switch (op) {
-    case Op::kPreForward: return "pre_forward";
-    case Op::kPostForward: return "post_forward";
-    case Op::kPreBackward: return "pre_backward";
-    case Op::kPostBackward: return "post_backward";
-    case Op::kCompute: return "compute";
-    case Op::kBackwardEnd: return "backward_end";
-    case Op::kCollective: return "collective";
-  }
-  return "unknown";
-}
-
-std::optional<Op> ParseOp(std::string_view name) {
-  // On the read path of every event: dispatch on the length first.
-  switch (name.size()) {
-    case 7:
-      if (name == "compute") return Op::kCompute;
-      break;
-    case 10:
-      if (name == "collective") return Op::kCollective;
-      break;
-    case 11:
-      if (name == "pre_forward") return Op::kPreForward;
-      break;
-    case 12:
-      if (name == "post_forward") return Op::kPostForward;
-      if (name == "pre_backward") return Op::kPreBackward;
-      if (name == "backward_end") return Op::kBackwardEnd;
-      break;
-    case 13:
-      if (name == "post_backward") return Op::kPostBackward;
-      break;
-    default: break;
-  }
-  return std::nullopt;
-}
-
-std::string_view CollectiveKindName(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::kAllGather: return "all_gather";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllReduce: return "all_reduce";
-  }
-  return "unknown";
-}
-
-std::optional<CollectiveKind> ParseCollectiveKind(std::string_view name) {
-  if (name == "all_gather") return CollectiveKind::kAllGather;
-  if (name == "reduce_scatter") return CollectiveKind::kReduceScatter;
-  if (name == "all_reduce") return CollectiveKind::kAllReduce;
-  return std::nullopt;
-}
-
 namespace {
 
+using internal::EventChecker;
+using internal::EventPath;
+using internal::JsonWalker;
+using internal::LineColumn;
+using internal::R;
 namespace od = simdjson::ondemand;
 
-constexpr std::size_t kMaxProblems = 1000;
 constexpr std::string_view kFormat = "fsdplab.trace";
 constexpr std::int64_t kVersion = 1;
-
-std::string EventPath(std::size_t s, std::size_t m, std::size_t e) {
-  return fmt::format("steps[{}].microbatches[{}].events[{}]", s, m, e);
-}
-
-// The checks on one event that need no JSON: pre/post pairing within the microbatch, and
-// durations, sizes and timestamps that are finite and not negative. Shared by the reader and
-// CheckTraceEvents.
-class EventChecker final {
- public:
-  explicit EventChecker(int num_units) : open_(2 * static_cast<std::size_t>(num_units), 0) {}
-
-  void BeginMicrobatch() {
-    for (std::size_t i : touched_) open_[i] = 0;
-    touched_.clear();
-  }
-
-  // `path()` is the event's position; `unit_ok` is false when the unit has already been
-  // reported (unknown or missing), so pairing is not checked for it. `add(msg)` records a problem.
-  template <typename PathFn, typename NameFn, typename AddFn>
-  void Check(const Event& ev, bool unit_ok, PathFn&& path, NameFn&& name_of, AddFn&& add_msg) {
-    auto add = [&](std::string_view field, std::string msg) {
-      add_msg(fmt::format("{}.{}: {}", path(), field, msg));
-    };
-    auto time_ok = [&](std::string_view field, TimeUs v, std::string_view what) {
-      if (!std::isfinite(v)) {
-        add(field, fmt::format("{} is not finite", what));
-        return false;
-      }
-      if (v < 0) {
-        add(field, fmt::format("negative {} {}", what, v));
-        return false;
-      }
-      return true;
-    };
-    if (ev.ts_us.has_value()) time_ok("ts_us", *ev.ts_us, "timestamp");
-    switch (ev.op) {
-      case Op::kCompute: time_ok("us", ev.us, "duration"); break;
-      case Op::kCollective: {
-        bool a = time_ok("start_us", ev.start_us, "timestamp");
-        bool b = time_ok("end_us", ev.end_us, "timestamp");
-        if (a && b && ev.end_us < ev.start_us) {
-          add("end_us",
-              fmt::format("collective ends ({}) before it starts ({})", ev.end_us, ev.start_us));
-        }
-        break;
-      }
-      case Op::kPreForward:
-      case Op::kPreBackward:
-      case Op::kPostForward:
-      case Op::kPostBackward: {
-        if (!unit_ok) break;
-        bool backward = ev.op == Op::kPreBackward || ev.op == Op::kPostBackward;
-        std::size_t slot = 2 * static_cast<std::size_t>(ev.unit) + (backward ? 1 : 0);
-        if (ev.op == Op::kPreForward || ev.op == Op::kPreBackward) {
-          if (open_[slot]++ == 0) touched_.push_back(slot);
-        } else if (open_[slot] == 0) {
-          add("op", fmt::format("{} of '{}' without an open {} in this microbatch", OpName(ev.op),
-                                name_of(ev.unit), backward ? "pre_backward" : "pre_forward"));
-        } else {
-          --open_[slot];
-        }
-        break;
-      }
-      case Op::kBackwardEnd: break;
-    }
-  }
-
- private:
-  std::vector<int> open_;  // per unit: open pre_forward, open pre_backward
-  std::vector<std::size_t> touched_;
-};
 
 struct SvHash {
   using is_transparent = void;
@@ -186,36 +50,6 @@ struct UnitRaw {
   std::vector<ParamSpec> params;
   RecomputeKind recompute = RecomputeKind::kNone;
 };
-
-std::string_view TypeText(od::value& v) {
-  od::json_type t;
-  if (v.type().get(t)) return "an unreadable value";
-  switch (t) {
-    case od::json_type::array: return "an array";
-    case od::json_type::object: return "an object";
-    case od::json_type::number: return "a number";
-    case od::json_type::string: return "a string";
-    case od::json_type::boolean: return "a boolean";
-    case od::json_type::null: return "null";
-  }
-  return "a value";
-}
-
-// 1-based line and column of byte `offset` in `text`.
-std::pair<std::size_t, std::size_t> LineColumn(std::string_view text, std::size_t offset) {
-  offset = std::min(offset, text.size());
-  std::size_t line = 1;
-  std::size_t col = 1;
-  for (std::size_t i = 0; i < offset; ++i) {
-    if (text[i] == '\n') {
-      ++line;
-      col = 1;
-    } else {
-      ++col;
-    }
-  }
-  return {line, col};
-}
 
 enum class EventKey {
   kOp,
@@ -261,16 +95,10 @@ EventKey EventKeyOf(std::string_view key) {
   return EventKey::kUnknown;
 }
 
-// The outcome of reading one value: fine, a problem already recorded (keep going), or the JSON
-// itself is unreadable (stop).
-enum class R { kOk, kBad, kFatal };
-
-class Reader final {
+class Reader final : public JsonWalker {
  public:
-  // `capacity`: bytes readable from text.data() (at least text.size()); with SIMDJSON_PADDING
-  // to spare the text is parsed in place, else it is copied into a padded buffer.
-  explicit Reader(std::string_view text, std::size_t capacity = 0)
-      : text_(text), capacity_(capacity) {}
+  // `capacity`: as JsonWalker's.
+  explicit Reader(std::string_view text, std::size_t capacity = 0) : JsonWalker(text, capacity) {}
 
   void Run();
 
@@ -301,36 +129,8 @@ class Reader final {
   ModelBuilder& builder() { return builder_; }
 
  private:
-  void Add(std::string msg) {
-    if (problems_.size() >= kMaxProblems) {
-      ++overflow_;
-      return;
-    }
-    problems_.push_back(InvalidInput(std::move(msg)));
-  }
-  // Records that the document is not readable JSON where the walk stopped.
-  R Fatal(simdjson::error_code err, const std::string& where);
-  // Reports a root that is not an object: valid JSON of another type, or not JSON at all.
-  void RootNotObject(od::document& doc, simdjson::error_code err);
   // Walks one document: the whole trace, or (`steps_only`) a deferred "steps" array.
   void Walk(std::string_view text, std::size_t base, bool steps_only);
-
-  template <typename Where>
-  R Str(od::value& v, std::string_view& out, Where&& where);
-  template <typename Where>
-  R Double(od::value& v, double& out, Where&& where);
-  template <typename Where>
-  R Int(od::value& v, std::int64_t& out, Where&& where);
-  template <typename Where>
-  R Obj(od::value& v, od::object& out, Where&& where);
-  template <typename Where>
-  R Arr(od::value& v, od::array& out, Where&& where);
-  // Calls `fn(key, value)` for each field of `obj`; stops at a fatal error.
-  template <typename Where, typename Fn>
-  R Fields(od::object& obj, Where&& where, Fn&& fn);
-  // Calls `fn(index, value)` for each element of `arr`; stops at a fatal error.
-  template <typename Where, typename Fn>
-  R Items(od::array& arr, Where&& where, Fn&& fn);
 
   R ParseMeta(od::value& v);
   R ParseUnits(od::value& v);
@@ -340,25 +140,16 @@ class Reader final {
   void IndexUnits();
   UnitId Lookup(std::string_view name);
 
-  std::string_view text_;
-  std::size_t capacity_ = 0;
-  od::document* doc_ = nullptr;      // the document being walked (for error locations)
-  const char* buf_begin_ = nullptr;  // start of its padded copy
-  const char* buf_end_ = nullptr;    // end of the document in that copy
-  std::size_t base_ = 0;             // offset of that document within text_
   std::string_view deferred_steps_;  // "steps" seen before "units": walked afterwards
   bool have_units_ = false;
   bool have_steps_ = false;
   std::optional<std::string> format_;
   std::optional<std::int64_t> version_;
-  bool fatal_ = false;
   std::size_t last_event_count_ = 0;
   bool format_seen_ = false;
   bool units_seen_ = false;
   bool version_seen_ = false;
   std::size_t deferred_offset_ = 0;
-  std::vector<Status> problems_;
-  std::size_t overflow_ = 0;
 
   TraceMeta meta_;
   std::vector<UnitRaw> units_;
@@ -370,226 +161,6 @@ class Reader final {
   std::string last_name_;
   UnitId last_id_ = kNoUnit;
 };
-
-// Errors after which the walk can go on: the value was not consumed and is skipped.
-bool Recoverable(simdjson::error_code err) {
-  return err == simdjson::INCORRECT_TYPE || err == simdjson::NUMBER_ERROR ||
-         err == simdjson::NUMBER_OUT_OF_RANGE;
-}
-
-void Reader::RootNotObject(od::document& doc, simdjson::error_code err) {
-  if (err != simdjson::INCORRECT_TYPE) {
-    Fatal(err, "");
-    return;
-  }
-  // Either valid JSON that is not an object, or not JSON at all (on-demand guesses a scalar's
-  // type from its first byte: "this" looks like a boolean until it is read).
-  od::json_type t;
-  if (auto e = doc.type().get(t)) {
-    Fatal(e, "");
-    return;
-  }
-  std::string_view what;
-  bool readable = false;
-  switch (t) {
-    case od::json_type::array:
-      what = "an array";
-      readable = true;
-      break;
-    case od::json_type::number: {
-      double d = 0;
-      readable = !doc.get_double().get(d);
-      what = "a number";
-      break;
-    }
-    case od::json_type::string: {
-      std::string_view sv;
-      readable = !doc.get_string().get(sv);
-      what = "a string";
-      break;
-    }
-    case od::json_type::boolean: {
-      bool b = false;
-      readable = !doc.get_bool().get(b);
-      what = "a boolean";
-      break;
-    }
-    case od::json_type::null: {
-      bool n = false;
-      readable = !doc.is_null().get(n) && n;
-      what = "null";
-      break;
-    }
-    case od::json_type::object: break;
-  }
-  fatal_ = true;
-  if (readable) {
-    Add(
-        fmt::format("a trace is a JSON object ({{\"format\": \"fsdplab.trace\", ...}}), but "
-                    "this document is {}",
-                    what));
-  } else {
-    std::size_t first = text_.find_first_not_of(" \t\r\n");
-    auto [line, col] = LineColumn(text_, first);
-    Add(fmt::format("not valid JSON at line {}, column {} (byte {}): unexpected '{}'", line, col,
-                    first, text_.substr(first, 1)));
-  }
-}
-
-R Reader::Fatal(simdjson::error_code err, const std::string& where) {
-  fatal_ = true;
-  if (err == simdjson::EMPTY) {
-    Add("not valid JSON: the document is empty");
-    return R::kFatal;
-  }
-  std::string loc;
-  const char* p = nullptr;
-  if (doc_ != nullptr && !doc_->current_location().get(p) && p != nullptr) {
-    std::size_t offset = base_ + static_cast<std::size_t>(p - buf_begin_);
-    auto [line, col] = LineColumn(text_, offset);
-    loc = fmt::format(" at line {}, column {} (byte {})", line, col, offset);
-  } else if (err == simdjson::TAPE_ERROR || err == simdjson::INCOMPLETE_ARRAY_OR_OBJECT ||
-             err == simdjson::UNCLOSED_STRING) {
-    loc = fmt::format(" at the end of the input (byte {}), which looks truncated", text_.size());
-  }
-  Add(fmt::format("{}not valid JSON{}: {}", where.empty() ? "" : where + ": ", loc,
-                  simdjson::error_message(err)));
-  return R::kFatal;
-}
-
-// The text of a string that holds no escape, straight from the document, or nullopt.
-std::optional<std::string_view> PlainString(const char* p, const char* end) {
-  const char* q = p;
-  while (q < end && *q != '"' && *q != '\\') ++q;
-  if (q < end && *q == '"') return std::string_view(p, static_cast<std::size_t>(q - p));
-  return std::nullopt;
-}
-
-template <typename Where>
-R Reader::Str(od::value& v, std::string_view& out, Where&& where) {
-  // Most strings (ops, unit names) have no escapes: view them in place instead of unescaping a
-  // copy into the parser's buffer. The view lives as long as the walk.
-  std::string_view tok = v.raw_json_token();
-  if (!tok.empty() && tok.front() == '"') {
-    if (auto plain = PlainString(tok.data() + 1, tok.data() + tok.size())) {
-      out = *plain;
-      return R::kOk;
-    }
-  }
-  auto err = v.get_string().get(out);
-  if (!err) return R::kOk;
-  if (err == simdjson::INCORRECT_TYPE) {
-    Add(fmt::format("{}: expected a string, got {}", where(), TypeText(v)));
-    return R::kBad;
-  }
-  return Fatal(err, where());
-}
-
-template <typename Where>
-R Reader::Double(od::value& v, double& out, Where&& where) {
-  auto err = v.get_double().get(out);
-  if (!err) return R::kOk;
-  if (err == simdjson::INCORRECT_TYPE) {
-    Add(fmt::format("{}: expected a number, got {}", where(), TypeText(v)));
-    return R::kBad;
-  }
-  if (Recoverable(err)) {
-    std::string_view raw = v.raw_json_token();
-    Add(fmt::format("{}: '{}' is not a finite number", where(),
-                    raw.substr(0, raw.find_last_not_of(" \t\r\n") + 1)));
-    return R::kBad;
-  }
-  return Fatal(err, where());
-}
-
-template <typename Where>
-R Reader::Int(od::value& v, std::int64_t& out, Where&& where) {
-  od::number n;
-  auto err = v.get_number().get(n);
-  if (err == simdjson::INCORRECT_TYPE) {
-    Add(fmt::format("{}: expected an integer, got {}", where(), TypeText(v)));
-    return R::kBad;
-  }
-  if (err) {
-    if (!Recoverable(err)) return Fatal(err, where());
-    std::string_view raw = v.raw_json_token();
-    Add(fmt::format("{}: '{}' is not an integer", where(),
-                    raw.substr(0, raw.find_last_not_of(" \t\r\n") + 1)));
-    return R::kBad;
-  }
-  switch (n.get_number_type()) {
-    case od::number_type::signed_integer: out = n.get_int64(); return R::kOk;
-    case od::number_type::floating_point_number: {
-      double d = n.get_double();
-      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e18) {
-        out = static_cast<std::int64_t>(d);
-        return R::kOk;
-      }
-      Add(fmt::format("{}: expected an integer, got {}", where(), d));
-      return R::kBad;
-    }
-    default: Add(fmt::format("{}: {} is too large", where(), n.get_uint64())); return R::kBad;
-  }
-}
-
-template <typename Where>
-R Reader::Obj(od::value& v, od::object& out, Where&& where) {
-  auto err = v.get_object().get(out);
-  if (!err) return R::kOk;
-  if (err == simdjson::INCORRECT_TYPE) {
-    Add(fmt::format("{}: expected an object, got {}", where(), TypeText(v)));
-    return R::kBad;
-  }
-  return Fatal(err, where());
-}
-
-template <typename Where>
-R Reader::Arr(od::value& v, od::array& out, Where&& where) {
-  auto err = v.get_array().get(out);
-  if (!err) return R::kOk;
-  if (err == simdjson::INCORRECT_TYPE) {
-    Add(fmt::format("{}: expected an array, got {}", where(), TypeText(v)));
-    return R::kBad;
-  }
-  return Fatal(err, where());
-}
-
-template <typename Where, typename Fn>
-R Reader::Fields(od::object& obj, Where&& where, Fn&& fn) {
-  bool bad = false;
-  for (auto fr : obj) {
-    od::field f;
-    if (auto err = std::move(fr).get(f)) return Fatal(err, where());
-    // Keys are read in place unless they hold an escape. The raw key is inside a string that
-    // stage 1 saw closed, so the scan stops at its closing quote.
-    std::string_view key;
-    const char* raw = reinterpret_cast<const char*>(f.key().raw());
-    if (auto plain = PlainString(raw, buf_end_)) {
-      key = *plain;
-    } else if (auto err = f.unescaped_key().get(key)) {
-      return Fatal(err, where());
-    }
-    R r = fn(key, f.value());
-    if (r == R::kFatal) return r;
-    bad = bad || r == R::kBad;
-  }
-  return bad ? R::kBad : R::kOk;
-}
-
-template <typename Where, typename Fn>
-R Reader::Items(od::array& arr, Where&& where, Fn&& fn) {
-  bool bad = false;
-  std::size_t i = 0;
-  for (auto er : arr) {
-    od::value v;
-    if (auto err = std::move(er).get(v)) return Fatal(err, fmt::format("{}[{}]", where(), i));
-    R r = fn(i, v);
-    if (r == R::kFatal) return r;
-    bad = bad || r == R::kBad;
-    ++i;
-  }
-  return bad ? R::kBad : R::kOk;
-}
 
 R Reader::ParseMeta(od::value& v) {
   od::object obj;
@@ -1107,7 +678,7 @@ void Reader::Walk(std::string_view text, std::size_t base, bool steps_only) {
   }
   od::object root;
   if (auto err = doc.get_object().get(root)) {
-    RootNotObject(doc, err);
+    RootNotObject(doc, err, "a trace is a JSON object ({\"format\": \"fsdplab.trace\", ...})");
     doc_ = nullptr;
     return;
   }
@@ -1183,7 +754,6 @@ void Reader::Run() {
 }
 
 }  // namespace
-
 namespace {
 
 StatusOr<Trace> Parse(std::string_view json_text, std::size_t capacity) {
@@ -1211,36 +781,6 @@ std::vector<Status> ValidateTraceText(std::string_view json_text) {
   Reader reader(json_text);
   reader.Run();
   return reader.TakeProblems();
-}
-
-std::vector<Status> CheckTraceEvents(const Trace& trace) {
-  std::vector<Status> problems;
-  const Model& model = trace.model;
-  EventChecker checker(model.num_units());
-  for (std::size_t s = 0; s < trace.steps.size(); ++s) {
-    const Step& step = trace.steps[s];
-    for (std::size_t m = 0; m < step.microbatches.size(); ++m) {
-      checker.BeginMicrobatch();
-      const std::vector<Event>& events = step.microbatches[m].events;
-      for (std::size_t e = 0; e < events.size(); ++e) {
-        const Event& ev = events[e];
-        auto path = [&] { return EventPath(s, m, e); };
-        auto add = [&](std::string msg) { problems.push_back(InvalidInput(std::move(msg))); };
-        bool unit_ok = ev.unit >= 0 && ev.unit < model.num_units();
-        const bool hook = ev.op == Op::kPreForward || ev.op == Op::kPostForward ||
-                          ev.op == Op::kPreBackward || ev.op == Op::kPostBackward;
-        if (ev.unit != kNoUnit && !unit_ok) {
-          add(fmt::format("{}.unit: unit id {} is not in the model ({} units)", path(), ev.unit,
-                          model.num_units()));
-        } else if (hook && ev.unit == kNoUnit) {
-          add(fmt::format("{}.unit: missing: a {} names its unit", path(), OpName(ev.op)));
-        }
-        checker.Check(
-            ev, unit_ok, path, [&](UnitId id) { return model.NameOf(id); }, add);
-      }
-    }
-  }
-  return problems;
 }
 
 }  // namespace fsdplab

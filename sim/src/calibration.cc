@@ -354,8 +354,8 @@ StatusOr<TierKind> InferTier(const NcclTestsResult& result, std::optional<TierKi
   int hosts = result.NumHosts();
   if (flag) {
     if (hosts > 1 && *flag == TierKind::kIntra) {
-      return InvalidInput(
-          fmt::format("{}: --tier intra, but the ranks run on {} hosts", result.source, hosts));
+      return InvalidInput(fmt::format("{}: tier intra was asked for, but the ranks run on {} hosts",
+                                      result.source, hosts));
     }
     return *flag;
   }

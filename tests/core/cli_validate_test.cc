@@ -183,7 +183,7 @@ TEST(PolicyFlags, BadValuesAreUsageErrorsNamingTheFlag) {
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), StatusCode::kUsage);
   EXPECT_EQ(p.status().message(),
-            "--sharding: sharding: 'zero9' is not valid (expected zero3, zero2 or no_shard)");
+            "--sharding: 'zero9' is not valid (expected zero3, zero2 or no_shard)");
   cli::Args unknown_unit = Parsed({"--unshard-all-planes-in-backward", "model.layers.7"});
   StatusOr<Policy> q = cli::PolicyFromArgs(unknown_unit, Layers());
   ASSERT_FALSE(q.ok());
@@ -225,6 +225,29 @@ TEST(PolicyFlags, GridUnitListsUseSemicolons) {
   StatusOr<std::vector<Policy>> g2 = cli::PolicyGridFromArgs(bad, Layers(), &varied);
   ASSERT_FALSE(g2.ok());
   EXPECT_NE(g2.status().message().find("'lots' is not a budget"), std::string::npos);
+}
+
+TEST(FieldFlags, ErrorsNamingFieldsAreWrittenWithFlags) {
+  using cli::FlagScope;
+  using cli::InFlags;
+  // A leading field, and another field with an underscore later in the message.
+  const Status bench =
+      InFlags(UsageError("min_bytes: 5 must be positive and at most max_bytes (3)"),
+              FlagScope::kBenchGather);
+  EXPECT_EQ(bench.code(), StatusCode::kUsage);
+  EXPECT_EQ(bench.message(), "-b: 5 must be positive and at most -e (3)");
+  // Scopes keep their own flags: dtype is -d for bench-gather, --dtype for synth.
+  EXPECT_EQ(InFlags(UsageError("dtype: no"), FlagScope::kBenchGather).message(), "-d: no");
+  EXPECT_EQ(InFlags(UsageError("dtype: no"), FlagScope::kSynth).message(), "--dtype: no");
+  // Policy fields belong to every scope; a plain word is mapped only as the leading field.
+  EXPECT_EQ(
+      InFlags(InvalidInput("recompute_aware: needs order=recorded"), FlagScope::kLive).message(),
+      "--recompute-aware: needs order=recorded");
+  EXPECT_EQ(InFlags(UsageError("the op failed"), FlagScope::kBenchGather).message(),
+            "the op failed");
+  // Identifiers that merely contain a field are left alone.
+  EXPECT_EQ(InFlags(UsageError("x: my_world_size_2 is odd"), FlagScope::kLive).message(),
+            "x: my_world_size_2 is odd");
 }
 
 }  // namespace

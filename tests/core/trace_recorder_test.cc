@@ -12,13 +12,6 @@ Model TwoUnits() {
   return std::move(b).Build().value();
 }
 
-Event Hook(Op op, UnitId u) {
-  Event e;
-  e.op = op;
-  e.unit = u;
-  return e;
-}
-
 TEST(TraceRecorder, GroupsEventsIntoStepsAndMicrobatches) {
   TraceMeta meta;
   meta.source = "live-host";
@@ -26,22 +19,22 @@ TEST(TraceRecorder, GroupsEventsIntoStepsAndMicrobatches) {
   meta.rank = 2;
   TraceRecorder rec(TwoUnits(), meta);
   // Add without BeginStep opens step 0 and its first microbatch.
-  rec.Add(Hook(Op::kPreForward, 0));
-  Event c = Hook(Op::kCompute, 0);
+  rec.Add(HookEvent(Op::kPreForward, 0));
+  Event c = HookEvent(Op::kCompute, 0);
   c.us = 5;
   c.ts_us = 100;
   rec.Add(c);
   ASSERT_NE(rec.current_events(), nullptr);
   // Patch the measured duration afterwards, as `fsdplab record` does.
   rec.current_events()->back().us = 7.5;
-  rec.Add(Hook(Op::kPostForward, 0));
+  rec.Add(HookEvent(Op::kPostForward, 0));
   rec.BeginMicrobatch();
-  rec.Add(Hook(Op::kPreForward, 0));
+  rec.Add(HookEvent(Op::kPreForward, 0));
   rec.EndStep();
   EXPECT_EQ(rec.current_events(), nullptr);  // no step open
   rec.BeginStep();
   rec.BeginMicrobatch();
-  rec.Add(Hook(Op::kBackwardEnd, kNoUnit));
+  rec.Add(HookEvent(Op::kBackwardEnd, kNoUnit));
   rec.EndStep();
   Trace t = std::move(rec).Finish();
   EXPECT_EQ(t.meta.source, "live-host");

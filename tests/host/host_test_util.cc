@@ -4,26 +4,6 @@
 #include <utility>
 
 namespace fsdplab::host::testing {
-namespace {
-
-Event Hook(Op op, UnitId unit) {
-  Event e;
-  e.op = op;
-  e.unit = unit;
-  return e;
-}
-
-Event Compute(UnitId unit, Phase phase, double us, Bytes saved = 0) {
-  Event e;
-  e.op = Op::kCompute;
-  e.unit = unit;
-  e.phase = phase;
-  e.us = us;
-  e.saved_bytes = saved;
-  return e;
-}
-
-}  // namespace
 
 Trace TinyTrace(const TinySpec& spec) {
   ModelBuilder b;
@@ -55,33 +35,33 @@ Trace TinyTrace(const TinySpec& spec) {
     for (int m = 0; m < spec.microbatches; ++m) {
       Microbatch mb;
       auto& ev = mb.events;
-      ev.push_back(Hook(Op::kPreForward, root));
-      ev.push_back(Compute(root, Phase::kForward, 50, 4096));
+      ev.push_back(HookEvent(Op::kPreForward, root));
+      ev.push_back(ComputeEvent(root, Phase::kForward, 50, 4096));
       for (UnitId l : layers) {
-        ev.push_back(Hook(Op::kPreForward, l));
-        ev.push_back(Compute(l, Phase::kForward, spec.layer_us, 8192));
-        ev.push_back(Hook(Op::kPostForward, l));
+        ev.push_back(HookEvent(Op::kPreForward, l));
+        ev.push_back(ComputeEvent(l, Phase::kForward, spec.layer_us, 8192));
+        ev.push_back(HookEvent(Op::kPostForward, l));
       }
-      ev.push_back(Compute(kNoUnit, Phase::kForward, 20));
-      ev.push_back(Hook(Op::kPostForward, root));
-      ev.push_back(Hook(Op::kPreBackward, root));
-      ev.push_back(Compute(root, Phase::kBackward, 100));
+      ev.push_back(ComputeEvent(kNoUnit, Phase::kForward, 20));
+      ev.push_back(HookEvent(Op::kPostForward, root));
+      ev.push_back(HookEvent(Op::kPreBackward, root));
+      ev.push_back(ComputeEvent(root, Phase::kBackward, 100));
       for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
         const UnitId l = *it;
         if (spec.recompute == RecomputeKind::kReentrant) {
-          ev.push_back(Hook(Op::kPreForward, l));
-          ev.push_back(Compute(l, Phase::kRecompute, spec.layer_us / 2, 8192));
-          ev.push_back(Hook(Op::kPostForward, l));
+          ev.push_back(HookEvent(Op::kPreForward, l));
+          ev.push_back(ComputeEvent(l, Phase::kRecompute, spec.layer_us / 2, 8192));
+          ev.push_back(HookEvent(Op::kPostForward, l));
         }
-        ev.push_back(Hook(Op::kPreBackward, l));
+        ev.push_back(HookEvent(Op::kPreBackward, l));
         if (spec.recompute == RecomputeKind::kInside) {
-          ev.push_back(Compute(l, Phase::kRecompute, spec.layer_us / 2, 4096));
+          ev.push_back(ComputeEvent(l, Phase::kRecompute, spec.layer_us / 2, 4096));
         }
-        ev.push_back(Compute(l, Phase::kBackward, 2 * spec.layer_us));
-        ev.push_back(Hook(Op::kPostBackward, l));
+        ev.push_back(ComputeEvent(l, Phase::kBackward, 2 * spec.layer_us));
+        ev.push_back(HookEvent(Op::kPostBackward, l));
       }
-      ev.push_back(Compute(root, Phase::kBackward, 100));
-      ev.push_back(Hook(Op::kPostBackward, root));
+      ev.push_back(ComputeEvent(root, Phase::kBackward, 100));
+      ev.push_back(HookEvent(Op::kPostBackward, root));
       Event end;
       end.op = Op::kBackwardEnd;
       ev.push_back(end);

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,10 @@ struct PolicyCase {
   ComputeMode compute = ComputeMode::kTimed;
   int world = 2;
 };
+
+// What gtest prints for a case (and ctest's discovered test name): its name, not a hex dump of the
+// struct, whose heap pointers would change the names from build to build.
+void PrintTo(const PolicyCase& c, std::ostream* os) { *os << c.name; }
 
 class ExactnessTest : public ::testing::TestWithParam<PolicyCase> {};
 

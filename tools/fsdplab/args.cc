@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "fsdplab/core/size_text.h"
+
 namespace fsdplab::cli {
 
 void Args::Declare(std::string name, ArgKind kind, std::string help, std::string metavar) {
@@ -95,29 +97,12 @@ std::string Args::FlagHelp() const {
 
 StatusOr<std::uint64_t> ParseSize(std::string_view text, std::string_view flag) {
   if (text.empty()) return UsageError(fmt::format("{}: empty size", flag));
-  std::string s(text);
-  double mult = 1;
-  char last = s.back();
-  switch (last) {
-    case 'K':
-    case 'k': mult = 1024.0; break;
-    case 'M':
-    case 'm': mult = 1024.0 * 1024; break;
-    case 'G':
-    case 'g': mult = 1024.0 * 1024 * 1024; break;
-    case 'T':
-    case 't': mult = 1024.0 * 1024 * 1024 * 1024; break;
-    default: break;
-  }
-  if (mult != 1) s.pop_back();
-  char* end = nullptr;
-  errno = 0;
-  double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(v) || v < 0) {
+  std::optional<std::uint64_t> v = fsdplab::ParseSize(text);
+  if (!v) {
     return UsageError(
         fmt::format("{}: '{}' is not a size (examples: 4096, 128K, 64M, 1G)", flag, text));
   }
-  return static_cast<std::uint64_t>(std::llround(v * mult));
+  return *v;
 }
 
 StatusOr<double> ParseDouble(std::string_view text, std::string_view flag) {

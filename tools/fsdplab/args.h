@@ -53,7 +53,7 @@ class Args final {
   bool help_ = false;
 };
 
-// Parses "128M", "1G", "4096", "1.5K" (powers of 1024). Errors name the flag.
+// Parses "128M", "1G", "4096", "1.5K" (powers of 1024; core/size_text.h). Errors name the flag.
 StatusOr<std::uint64_t> ParseSize(std::string_view text, std::string_view flag);
 StatusOr<double> ParseDouble(std::string_view text, std::string_view flag);
 StatusOr<std::int64_t> ParseInt(std::string_view text, std::string_view flag);

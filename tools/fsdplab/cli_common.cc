@@ -3,42 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 
 #include "fsdplab/core/file_util.h"
+#include "fsdplab/core/policy_fields.h"
 
 namespace fsdplab::cli {
 namespace {
-
-struct PolicyFlag {
-  std::string_view key;   // policy key (underscores)
-  std::string_view meta;  // metavar
-  std::string_view help;
-};
-
-constexpr PolicyFlag kPolicyFlags[] = {
-    {"order", "ORDER", "prefetch order: registration (default) or recorded"},
-    {"forward_prefetch", "BUDGET",
-     "forward prefetch budget: N units (1), units:N, elements:N[K|M|G] (1000s) or "
-     "bytes:N[K|M|G] (1024s); 0 disables"},
-    {"backward_prefetch", "BUDGET", "backward prefetch budget, as --forward-prefetch"},
-    {"unshard_all_planes_in_backward", "UNITS",
-     "units whose backward unshards gather rowwise with columnwise planes: all, none (default) "
-     "or comma-separated unit names"},
-    {"recompute_aware", "BOOL",
-     "true|false (false): recompute events in the recorded backward order (needs --order "
-     "recorded)"},
-    {"prefetch_first_unit", "BOOL",
-     "true|false (true): gather the first unit before the forward begins"},
-    {"reshard_after_forward", "BOOL",
-     "true|false (true): free unsharded parameters after forward (the root keeps them)"},
-    {"sharding", "MODE", "zero3 (default), zero2 or no_shard"},
-    {"unified_comm_stream", "BOOL",
-     "true|false (false): all-gathers and reduce-scatters share one stream"},
-    {"on_divergence", "ACTION",
-     "error (default) or rerecord: what a pass that leaves the recorded order does"},
-    {"reduce_dtype", "DTYPE", "gradient reduce dtype: param (default), fp32, bf16 or fp16"},
-};
 
 std::string FlagName(std::string_view key) {
   std::string name = "--" + std::string(key);
@@ -46,12 +18,11 @@ std::string FlagName(std::string_view key) {
   return name;
 }
 
-// The policy key of a flag, or empty when the flag is not a policy key.
-std::string_view KeyOfFlag(std::string_view flag) {
-  for (const PolicyFlag& f : kPolicyFlags) {
-    if (FlagName(f.key) == flag) return f.key;
-  }
-  return {};
+// The policy field of a flag, or nullptr when the flag is not a policy key.
+const PolicyField* FieldOfFlag(std::string_view flag) {
+  if (!flag.starts_with("--")) return nullptr;
+  const PolicyField* f = FindPolicyField(flag.substr(2));
+  return f != nullptr && FlagName(f->key) == flag ? f : nullptr;
 }
 
 // Defaults, then --policy FILE.
@@ -66,18 +37,18 @@ StatusOr<Policy> BasePolicy(const Args& args) {
   return policy;
 }
 
-Status ApplyFlag(std::string_view flag, std::string_view key, std::string_view value,
-                 Policy& policy) {
+// Errors name the flag where the policy names its field.
+Status ApplyFlag(std::string_view key, std::string_view value, Policy& policy) {
   Status s = ApplyPolicyKey(key, value, policy);
   if (s.ok()) return s;
-  return UsageError(fmt::format("{}: {}", flag, s.message()));
+  return UsageError(InFlags(s, FlagScope::kPolicy).message());
 }
 
 // The policy flags given, last occurrence of each, in command-line order of those occurrences.
 std::vector<std::pair<std::string, std::string>> GivenPolicyFlags(const Args& args) {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& [flag, value] : args.Given()) {
-    if (KeyOfFlag(flag).empty()) continue;
+    if (FieldOfFlag(flag) == nullptr) continue;
     auto same = [&](const auto& p) { return p.first == flag; };
     out.erase(std::remove_if(out.begin(), out.end(), same), out.end());
     out.emplace_back(flag, value);
@@ -101,7 +72,7 @@ std::vector<std::string> Split(std::string_view text, char sep) {
 void DeclarePolicyFlags(Args& args) {
   args.Declare("--policy", ArgKind::kValue,
                "read policy keys from a JSON object; flags given after it override", "FILE");
-  for (const PolicyFlag& f : kPolicyFlags) {
+  for (const PolicyField& f : PolicyFields()) {
     args.Declare(FlagName(f.key), ArgKind::kValue, std::string(f.help), std::string(f.meta));
   }
 }
@@ -109,9 +80,9 @@ void DeclarePolicyFlags(Args& args) {
 StatusOr<Policy> PolicyFromArgs(const Args& args, const Model& model) {
   FSDP_ASSIGN_OR_RETURN(Policy policy, BasePolicy(args));
   for (const auto& [flag, value] : args.Given()) {
-    std::string_view key = KeyOfFlag(flag);
-    if (key.empty()) continue;
-    FSDP_RETURN_IF_ERROR(ApplyFlag(flag, key, value, policy));
+    const PolicyField* f = FieldOfFlag(flag);
+    if (f == nullptr) continue;
+    FSDP_RETURN_IF_ERROR(ApplyFlag(f->key, value, policy));
   }
   FSDP_RETURN_IF_ERROR(ValidatePolicy(policy, model));
   return policy;
@@ -121,21 +92,21 @@ StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Model& 
                                                  std::vector<std::string>* varied_keys) {
   FSDP_ASSIGN_OR_RETURN(Policy base, BasePolicy(args));
   struct Dim {
-    std::string flag;
     std::string_view key;
     std::vector<std::string> values;
   };
   std::vector<Dim> dims;
   if (varied_keys != nullptr) varied_keys->clear();
   for (const auto& [flag, value] : GivenPolicyFlags(args)) {
-    std::string_view key = KeyOfFlag(flag);
+    const PolicyField* f = FieldOfFlag(flag);
+    const std::string_view key = f->key;
     // Unit lists use commas themselves: their alternatives are separated by ';'.
-    char sep = key == "unshard_all_planes_in_backward" ? ';' : ',';
-    Dim d{flag, key, Split(value, sep)};
+    const char sep = f->json == PolicyJson::kUnitList ? ';' : ',';
+    Dim d{key, Split(value, sep)};
     // Check every alternative alone, so an error names the bad one.
     for (const std::string& v : d.values) {
       Policy probe = base;
-      FSDP_RETURN_IF_ERROR(ApplyFlag(flag, key, v, probe));
+      FSDP_RETURN_IF_ERROR(ApplyFlag(key, v, probe));
     }
     if (d.values.size() > 1 && varied_keys != nullptr) varied_keys->emplace_back(key);
     dims.push_back(std::move(d));
@@ -148,7 +119,7 @@ StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Model& 
   for (std::size_t c = 0; c < combos; ++c) {
     Policy p = base;
     for (std::size_t k = 0; k < dims.size(); ++k) {
-      FSDP_RETURN_IF_ERROR(ApplyFlag(dims[k].flag, dims[k].key, dims[k].values[idx[k]], p));
+      FSDP_RETURN_IF_ERROR(ApplyFlag(dims[k].key, dims[k].values[idx[k]], p));
     }
     Status s = ValidatePolicy(p, model);
     if (s.ok()) {
@@ -166,6 +137,97 @@ StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Model& 
   }
   if (grid.empty()) return first_error;
   return grid;
+}
+
+namespace {
+
+// The one table of the fields that commands hand to the libraries, and the flags that set them.
+// Policy fields are not listed: `forward_prefetch` is `--forward-prefetch` (FlagName).
+struct FieldFlag {
+  FlagScope scope;
+  std::string_view field;
+  std::string_view flag;
+};
+
+constexpr FieldFlag kFieldFlags[] = {
+    {FlagScope::kBenchGather, "min_bytes", "-b"},
+    {FlagScope::kBenchGather, "max_bytes", "-e"},
+    {FlagScope::kBenchGather, "step_factor", "-f"},
+    {FlagScope::kBenchGather, "iters", "-n"},
+    {FlagScope::kBenchGather, "warmup", "-w"},
+    {FlagScope::kBenchGather, "check", "-c"},
+    {FlagScope::kBenchGather, "op", "--op"},
+    {FlagScope::kBenchGather, "dtype", "-d"},
+    {FlagScope::kBenchGather, "world_size", "--world-size"},
+    {FlagScope::kBenchGather, "gemm_n", "--gemm-n"},
+    {FlagScope::kBenchGather, "emulate_world_size", "--emulate-world-size"},
+    {FlagScope::kLive, "world_size", "--world-size"},
+    {FlagScope::kLive, "steps", "--steps"},
+    {FlagScope::kLive, "compute_scale", "--compute-scale"},
+    {FlagScope::kLive, "gemm_tokens", "--gemm-tokens"},
+    {FlagScope::kLive, "timeout_us", "--timeout"},
+    {FlagScope::kLive, "emulate_world_size", "--emulate-world-size"},
+    {FlagScope::kLive, "fail_rank", "--fail-rank"},
+    {FlagScope::kLive, "fail_op", "--fail-op"},
+    {FlagScope::kLive, "fail_step", "--fail-step"},
+    {FlagScope::kLive, "fail_unit", "--fail-unit"},
+    {FlagScope::kSynth, "layers", "--layers"},
+    {FlagScope::kSynth, "hidden", "--hidden"},
+    {FlagScope::kSynth, "ffn", "--ffn"},
+    {FlagScope::kSynth, "heads", "--heads"},
+    {FlagScope::kSynth, "kv_heads", "--kv-heads"},
+    {FlagScope::kSynth, "vocab", "--vocab"},
+    {FlagScope::kSynth, "seq", "--seq"},
+    {FlagScope::kSynth, "microbatches", "--microbatches"},
+    {FlagScope::kSynth, "dtype", "--dtype"},
+    {FlagScope::kSynth, "recompute", "--recompute"},
+    {FlagScope::kSynth, "tflops", "--tflops"},
+    {FlagScope::kSynth, "steps", "--steps"},
+    {FlagScope::kSynth, "shared_layers", "--shared-layers"},
+    {FlagScope::kSynth, "micro_batch_size", "--micro-batch-size"},
+    {FlagScope::kSynth, "world_size", "--world-size"},
+    {FlagScope::kSynth, "reverse_registration", "--reverse-registration"},
+    {FlagScope::kSynth, "shuffle_registration", "--shuffle-registration"},
+    {FlagScope::kSynth, "seed", "--seed"},
+};
+
+bool IsIdentChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; }
+
+// Replaces every whole-identifier `field` in `text` by `flag`.
+std::string ReplaceIdentifier(std::string text, std::string_view field, std::string_view flag) {
+  for (std::size_t at = text.find(field); at != std::string::npos; at = text.find(field, at)) {
+    const std::size_t end = at + field.size();
+    if ((at > 0 && IsIdentChar(text[at - 1])) || (end < text.size() && IsIdentChar(text[end]))) {
+      at = end;
+      continue;
+    }
+    text.replace(at, field.size(), flag);
+    at += flag.size();
+  }
+  return text;
+}
+
+}  // namespace
+
+Status InFlags(const Status& status, FlagScope scope) {
+  if (status.ok()) return status;
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (const FieldFlag& f : kFieldFlags) {
+    if (f.scope == scope) pairs.emplace_back(f.field, f.flag);
+  }
+  for (const PolicyField& f : PolicyFields()) pairs.emplace_back(f.key, FlagName(f.key));
+  std::string message = status.message();
+  for (const auto& [field, flag] : pairs) {
+    if (message.starts_with(field + ": ")) {
+      message.replace(0, field.size(), flag);
+      break;
+    }
+  }
+  // Other mentions only of fields whose names cannot be plain words.
+  for (const auto& [field, flag] : pairs) {
+    if (field.find('_') != std::string::npos) message = ReplaceIdentifier(message, field, flag);
+  }
+  return {status.code(), message};
 }
 
 Status EmitOutput(const Args& args, std::string_view text) {

@@ -1,6 +1,7 @@
 // Pieces every subcommand shares: policy flags, output files, error reporting.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,6 +22,14 @@ StatusOr<Policy> PolicyFromArgs(const Args& args, const Model& model);
 // combination. Keys with lists are returned in `varied_keys`.
 StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Model& model,
                                                  std::vector<std::string>* varied_keys);
+
+// The options whose fields a command's errors may name (each has its row in the one field ->
+// flag table of cli_common.cc; policy fields belong to every scope).
+enum class FlagScope : std::uint8_t { kPolicy, kBenchGather, kLive, kSynth };
+// Libraries name fields in their errors, the command line names flags: `status` with the fields
+// of `scope` that its message names (a leading "field: ", and every mention of a field with an
+// underscore in its name) written as their flags ("min_bytes: ..." -> "-b: ...").
+Status InFlags(const Status& status, FlagScope scope);
 
 // Writes `text` to the file named by -o (atomically) if given, else to stdout.
 Status EmitOutput(const Args& args, std::string_view text);

@@ -238,7 +238,9 @@ Status RunConcurrent(const Args& args, const GatherBenchOptions& o, const std::s
   if (backend != "host") {
     return UsageError(fmt::format("--backend: expected host or cuda, got '{}'", backend));
   }
-  FSDP_ASSIGN_OR_RETURN(const std::vector<ContentionRow> rows, host::RunContentionBench(o));
+  StatusOr<std::vector<ContentionRow>> measured = host::RunContentionBench(o);
+  if (!measured.ok()) return InFlags(measured.status(), FlagScope::kBenchGather);
+  const std::vector<ContentionRow>& rows = *measured;
   const std::string json = ContentionJson(o, rows, backend);
   if (auto file = args.Get("-J")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));
   fmt::print("{}", args.Has("--json") ? json : ContentionTable(o, rows, backend));
@@ -312,7 +314,7 @@ Status Run(const Args& args) {
     }
     return UsageError(fmt::format("--backend: expected host or cuda, got '{}'", backend));
   }();
-  if (!rows.ok()) return rows.status();
+  if (!rows.ok()) return InFlags(rows.status(), FlagScope::kBenchGather);
   const std::string json = Json(o, *rows, backend);
   if (auto file = args.Get("-J")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));
   if (auto file = args.Get("--nccl-out")) {
@@ -341,7 +343,10 @@ int RunBenchGather(const Argv& argv) {
   args.Declare("--op", ArgKind::kValue,
                "all_gather (default), reduce_scatter, or concurrent (both at once: contention)",
                "OP");
-  args.Declare("-d", ArgKind::kValue, "element type: bf16 (default), fp16 or fp32", "TYPE");
+  args.Declare("-d", ArgKind::kValue,
+               "element type: bf16 (default), fp16, fp32, or uint8 (cuda, all_gather); nccl-tests' "
+               "names bfloat16, half and float also",
+               "TYPE");
   args.Declare("--world-size", ArgKind::kValue, "ranks (default 2)", "N");
   args.Declare("--gemm-n", ArgKind::kValue,
                "overlapped GEMM size n (n x n x n); 0 (default) sizes it to match the collective",

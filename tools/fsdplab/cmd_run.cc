@@ -17,7 +17,8 @@
 #include "fsdplab/core/live.h"
 #include "fsdplab/core/report.h"
 #include "fsdplab/core/trace.h"
-#include "fsdplab/sim/synth.h"
+#include "backends.h"
+#include "fsdplab/synth/synth.h"
 
 namespace fsdplab::cli {
 namespace {
@@ -125,7 +126,7 @@ StatusOr<Trace> LoadLiveTrace(const Args& args) {
     return ReadTraceFile(args.positionals().front());
   }
   // A model small enough for one CPU process, with durations of a slow device.
-  sim::SynthConfig c;
+  synth::SynthConfig c;
   c.layers = 4;
   c.hidden = 256;
   c.ffn = 0;
@@ -153,11 +154,12 @@ StatusOr<Trace> LoadLiveTrace(const Args& args) {
     c.dtype = *d;
   }
   if (std::optional<std::string> v = args.Get("--recompute")) {
-    std::optional<sim::SynthRecompute> r = sim::ParseSynthRecompute(*v);
+    std::optional<synth::SynthRecompute> r = synth::ParseSynthRecompute(*v);
     if (!r) return UsageError(fmt::format("--recompute: unknown kind '{}'", *v));
     c.recompute = *r;
   }
-  return sim::SynthesizeTrace(c);
+  FSDP_RETURN_IF_ERROR(InFlags(synth::ValidateSynthConfig(c), FlagScope::kSynth));
+  return synth::SynthesizeTrace(c);
 }
 
 StatusOr<LiveOptions> LiveOptionsFromArgs(const Args& args, const Trace& trace) {
@@ -238,7 +240,15 @@ Status Run(const Args& args, bool record) {
     if (!args.Get("-o")) return UsageError("record needs -o FILE for the recorded trace");
     FSDP_RETURN_IF_ERROR(IntFlag(args, "--rank", record_rank, 0, options.world_size - 1));
   }
-  FSDP_ASSIGN_OR_RETURN(LiveResult result, RunOnBackend(args, backend, trace, options));
+  StatusOr<LiveResult> run = RunOnBackend(args, backend, trace, options);
+  if (!run.ok()) {
+    // Options the backend rejected name their fields; a step that failed is reported as it is.
+    const StatusCode code = run.status().code();
+    const bool step_failed = code == StatusCode::kStepFailed || code == StatusCode::kDeadlock ||
+                             code == StatusCode::kTimeout || code == StatusCode::kInternal;
+    return step_failed ? run.status() : InFlags(run.status(), FlagScope::kLive);
+  }
+  LiveResult result = std::move(*run);
 
   std::vector<std::string> check_errors;
   const LiveCheck& c = result.check;

@@ -4,7 +4,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/core/trace.h"
-#include "fsdplab/sim/synth.h"
+#include "fsdplab/synth/synth.h"
 
 namespace fsdplab::cli {
 namespace {
@@ -44,7 +44,7 @@ Status Run(const Args& args) {
   if (!args.positionals().empty()) {
     return UsageError(fmt::format("unexpected argument '{}'", args.positionals().front()));
   }
-  sim::SynthConfig c;
+  synth::SynthConfig c;
   FSDP_RETURN_IF_ERROR(NarrowFlag(args, "--layers", c.layers));
   FSDP_RETURN_IF_ERROR(IntFlag(args, "--hidden", c.hidden));
   FSDP_RETURN_IF_ERROR(IntFlag(args, "--ffn", c.ffn));
@@ -72,7 +72,7 @@ Status Run(const Args& args) {
     c.dtype = *d;
   }
   if (auto v = args.Get("--recompute")) {
-    std::optional<sim::SynthRecompute> r = sim::ParseSynthRecompute(*v);
+    std::optional<synth::SynthRecompute> r = synth::ParseSynthRecompute(*v);
     if (!r) {
       return UsageError(
           fmt::format("--recompute: expected none, reentrant, inside or selective, got '{}'", *v));
@@ -83,8 +83,9 @@ Status Run(const Args& args) {
   c.reverse_registration = args.Has("--reverse-registration");
   c.shuffle_registration = args.Has("--shuffle-registration");
 
-  FSDP_ASSIGN_OR_RETURN(sim::SynthParamCounts counts, sim::CountSynthParams(c));
-  FSDP_ASSIGN_OR_RETURN(Trace trace, sim::SynthesizeTrace(c));
+  FSDP_RETURN_IF_ERROR(InFlags(synth::ValidateSynthConfig(c), FlagScope::kSynth));
+  FSDP_ASSIGN_OR_RETURN(synth::SynthParamCounts counts, synth::CountSynthParams(c));
+  FSDP_ASSIGN_OR_RETURN(Trace trace, synth::SynthesizeTrace(c));
   std::string text = WriteTrace(trace);
   FSDP_RETURN_IF_ERROR(EmitOutput(args, text));
   TimeUs compute = 0;

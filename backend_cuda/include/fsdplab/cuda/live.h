@@ -37,16 +37,7 @@ StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o
 StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& options,
                                                      std::optional<int> emulate_world_size);
 
-// ---- Pieces of the benchmark that need no device (tested on the CPU).
-
-// Message sizes from min to max, multiplying by factor (nccl-tests -b -e -f); always holds max.
-std::vector<std::uint64_t> BenchSizes(std::uint64_t min_bytes, std::uint64_t max_bytes,
-                                      std::uint64_t factor);
-// busbw = algbw x factor: (n-1)/n for all-gather and reduce-scatter (nccl-tests).
-double BusBandwidthFactor(std::string_view op, int world_size);
-// Bytes of one element of a bench dtype ("bf16", "fp16", "fp32", "uint8"), or InvalidInput.
-StatusOr<std::uint64_t> BenchElementBytes(std::string_view dtype);
-// Fills algbw, busbw, overlap_efficiency and compute_slowdown from the measured times.
-void FillDerivedColumns(GatherBenchRow& row, std::string_view op, int world_size);
+// The benchmark's device-free pieces (sizes, bandwidths, types) are the shared harness's:
+// core/gather_bench.h.
 
 }  // namespace fsdplab::cuda

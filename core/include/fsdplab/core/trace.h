@@ -55,6 +55,25 @@ struct Event final {
   friend bool operator==(const Event&, const Event&) = default;
 };
 
+// A hook event (pre_forward, post_forward, pre_backward, post_backward, backward_end) of `unit`.
+inline Event HookEvent(Op op, UnitId unit) {
+  Event e;
+  e.op = op;
+  e.unit = unit;
+  return e;
+}
+
+// A compute of `unit` (kNoUnit: work no unit owns, such as the loss).
+inline Event ComputeEvent(UnitId unit, Phase phase, TimeUs us, Bytes saved_bytes = 0) {
+  Event e;
+  e.op = Op::kCompute;
+  e.unit = unit;
+  e.phase = phase;
+  e.us = us;
+  e.saved_bytes = saved_bytes;
+  return e;
+}
+
 struct Microbatch final {
   std::vector<Event> events;
   friend bool operator==(const Microbatch&, const Microbatch&) = default;

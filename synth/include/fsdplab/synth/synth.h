@@ -53,7 +53,7 @@
 #include "fsdplab/core/trace.h"
 #include "fsdplab/core/units.h"
 
-namespace fsdplab::sim {
+namespace fsdplab::synth {
 
 enum class SynthRecompute : std::uint8_t { kNone, kReentrant, kInside, kSelective };
 std::string_view SynthRecomputeName(SynthRecompute r);  // "none", "reentrant", ...
@@ -81,7 +81,7 @@ struct SynthConfig final {
   int world_size = 8;
 };
 
-// Checks the configuration; errors name the flag (--heads, ...).
+// Checks the configuration; errors name the field (`heads: ...`).
 Status ValidateSynthConfig(const SynthConfig& config);
 
 struct SynthParamCounts final {
@@ -95,4 +95,4 @@ StatusOr<SynthParamCounts> CountSynthParams(const SynthConfig& config);
 
 StatusOr<Trace> SynthesizeTrace(const SynthConfig& config);
 
-}  // namespace fsdplab::sim
+}  // namespace fsdplab::synth

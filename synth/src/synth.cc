@@ -1,4 +1,4 @@
-#include "fsdplab/sim/synth.h"
+#include "fsdplab/synth/synth.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-namespace fsdplab::sim {
+namespace fsdplab::synth {
 namespace {
 
 using nlohmann::json;
@@ -110,23 +110,6 @@ Costs CostsOf(const SynthConfig& c, const SynthParamCounts& counts) {
   return k;
 }
 
-Event Hook(Op op, UnitId unit) {
-  Event e;
-  e.op = op;
-  e.unit = unit;
-  return e;
-}
-
-Event Compute(UnitId unit, Phase phase, double us, Bytes saved = 0) {
-  Event e;
-  e.op = Op::kCompute;
-  e.unit = unit;
-  e.phase = phase;
-  e.us = us;
-  e.saved_bytes = saved;
-  return e;
-}
-
 // A deterministic shuffle (std::shuffle's algorithm is left to the library).
 void Shuffle(std::vector<int>& v, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -157,38 +140,38 @@ std::optional<SynthRecompute> ParseSynthRecompute(std::string_view name) {
 }
 
 Status ValidateSynthConfig(const SynthConfig& c) {
-  auto bad = [](std::string_view flag, std::string why) {
-    return UsageError(fmt::format("{}: {}", flag, why));
+  auto bad = [](std::string_view field, std::string why) {
+    return UsageError(fmt::format("{}: {}", field, why));
   };
-  if (c.layers < 1) return bad("--layers", fmt::format("{} is not a positive count", c.layers));
-  if (c.hidden < 1) return bad("--hidden", fmt::format("{} is not positive", c.hidden));
-  if (c.ffn < 1) return bad("--ffn", fmt::format("{} is not positive", c.ffn));
-  if (c.vocab < 1) return bad("--vocab", fmt::format("{} is not positive", c.vocab));
-  if (c.heads < 1) return bad("--heads", fmt::format("{} is not positive", c.heads));
+  if (c.layers < 1) return bad("layers", fmt::format("{} is not a positive count", c.layers));
+  if (c.hidden < 1) return bad("hidden", fmt::format("{} is not positive", c.hidden));
+  if (c.ffn < 1) return bad("ffn", fmt::format("{} is not positive", c.ffn));
+  if (c.vocab < 1) return bad("vocab", fmt::format("{} is not positive", c.vocab));
+  if (c.heads < 1) return bad("heads", fmt::format("{} is not positive", c.heads));
   if (c.hidden % c.heads != 0) {
-    return bad("--heads", fmt::format("{} heads do not divide hidden size {}", c.heads, c.hidden));
+    return bad("heads", fmt::format("{} heads do not divide hidden size {}", c.heads, c.hidden));
   }
   if (c.kv_heads < 1 || c.kv_heads > c.heads || c.heads % c.kv_heads != 0) {
-    return bad("--kv-heads", fmt::format("{} must be between 1 and --heads {} and divide it",
-                                         c.kv_heads, c.heads));
+    return bad("kv_heads", fmt::format("{} must be between 1 and the {} heads and divide them",
+                                       c.kv_heads, c.heads));
   }
   if (c.dtype != DType::kBf16 && c.dtype != DType::kMxfp8) {
-    return bad("--dtype", "only bf16 and mxfp8 are supported");
+    return bad("dtype", "only bf16 and mxfp8 are supported");
   }
-  if (c.microbatches < 1) return bad("--microbatches", "must be at least 1");
-  if (c.steps < 1) return bad("--steps", "must be at least 1");
+  if (c.microbatches < 1) return bad("microbatches", "must be at least 1");
+  if (c.steps < 1) return bad("steps", "must be at least 1");
   if (c.shared_layers < 0 || c.shared_layers >= c.layers) {
-    return bad("--shared-layers",
-               fmt::format("{} must be in [0, --layers) = [0, {})", c.shared_layers, c.layers));
+    return bad("shared_layers",
+               fmt::format("{} must be in [0, layers) = [0, {})", c.shared_layers, c.layers));
   }
   if (!(c.tflops > 0) || !std::isfinite(c.tflops)) {
-    return bad("--tflops", "must be a positive number");
+    return bad("tflops", "must be a positive number");
   }
-  if (c.seq < 1) return bad("--seq", "must be positive");
-  if (c.micro_batch_size < 1) return bad("--micro-batch-size", "must be positive");
-  if (c.world_size < 1) return bad("--world-size", "must be positive");
+  if (c.seq < 1) return bad("seq", "must be positive");
+  if (c.micro_batch_size < 1) return bad("micro_batch_size", "must be positive");
+  if (c.world_size < 1) return bad("world_size", "must be positive");
   if (c.reverse_registration && c.shuffle_registration) {
-    return bad("--shuffle-registration", "cannot be combined with --reverse-registration");
+    return bad("shuffle_registration", "cannot be combined with reverse_registration");
   }
   return Status::Ok();
 }
@@ -245,38 +228,38 @@ StatusOr<Trace> SynthesizeTrace(const SynthConfig& c) {
   Costs k = CostsOf(c, counts);
   Microbatch mb;
   std::vector<Event>& ev = mb.events;
-  ev.push_back(Hook(Op::kPreForward, root));
+  ev.push_back(HookEvent(Op::kPreForward, root));
   for (UnitId u : calls) {
-    ev.push_back(Hook(Op::kPreForward, u));
-    ev.push_back(Compute(u, Phase::kForward, k.layer_fwd_us, k.fwd_saved));
-    ev.push_back(Hook(Op::kPostForward, u));
+    ev.push_back(HookEvent(Op::kPreForward, u));
+    ev.push_back(ComputeEvent(u, Phase::kForward, k.layer_fwd_us, k.fwd_saved));
+    ev.push_back(HookEvent(Op::kPostForward, u));
   }
-  ev.push_back(Compute(root, Phase::kForward, k.head_fwd_us, k.head_saved));
-  ev.push_back(Compute(kNoUnit, Phase::kForward, k.loss_us));
-  ev.push_back(Hook(Op::kPostForward, root));
-  ev.push_back(Hook(Op::kPreBackward, root));
-  ev.push_back(Compute(root, Phase::kBackward, k.head_bwd_us));
+  ev.push_back(ComputeEvent(root, Phase::kForward, k.head_fwd_us, k.head_saved));
+  ev.push_back(ComputeEvent(kNoUnit, Phase::kForward, k.loss_us));
+  ev.push_back(HookEvent(Op::kPostForward, root));
+  ev.push_back(HookEvent(Op::kPreBackward, root));
+  ev.push_back(ComputeEvent(root, Phase::kBackward, k.head_bwd_us));
   for (std::size_t i = calls.size(); i-- > 0;) {
     UnitId u = calls[i];
     switch (c.recompute) {
       case SynthRecompute::kReentrant:
-        ev.push_back(Hook(Op::kPreForward, u));
-        ev.push_back(Compute(u, Phase::kRecompute, k.recompute_us, k.recompute_saved));
-        ev.push_back(Hook(Op::kPostForward, u));
-        ev.push_back(Hook(Op::kPreBackward, u));
+        ev.push_back(HookEvent(Op::kPreForward, u));
+        ev.push_back(ComputeEvent(u, Phase::kRecompute, k.recompute_us, k.recompute_saved));
+        ev.push_back(HookEvent(Op::kPostForward, u));
+        ev.push_back(HookEvent(Op::kPreBackward, u));
         break;
       case SynthRecompute::kInside:
       case SynthRecompute::kSelective:
-        ev.push_back(Hook(Op::kPreBackward, u));
-        ev.push_back(Compute(u, Phase::kRecompute, k.recompute_us, k.recompute_saved));
+        ev.push_back(HookEvent(Op::kPreBackward, u));
+        ev.push_back(ComputeEvent(u, Phase::kRecompute, k.recompute_us, k.recompute_saved));
         break;
-      case SynthRecompute::kNone: ev.push_back(Hook(Op::kPreBackward, u)); break;
+      case SynthRecompute::kNone: ev.push_back(HookEvent(Op::kPreBackward, u)); break;
     }
-    ev.push_back(Compute(u, Phase::kBackward, k.layer_bwd_us));
+    ev.push_back(ComputeEvent(u, Phase::kBackward, k.layer_bwd_us));
     // One post_backward after the last of consecutive calls of the same unit.
-    if (i == 0 || calls[i - 1] != u) ev.push_back(Hook(Op::kPostBackward, u));
+    if (i == 0 || calls[i - 1] != u) ev.push_back(HookEvent(Op::kPostBackward, u));
   }
-  ev.push_back(Hook(Op::kPostBackward, root));
+  ev.push_back(HookEvent(Op::kPostBackward, root));
   Event end;
   end.op = Op::kBackwardEnd;
   ev.push_back(end);
@@ -322,4 +305,4 @@ StatusOr<Trace> SynthesizeTrace(const SynthConfig& c) {
   return trace;
 }
 
-}  // namespace fsdplab::sim
+}  // namespace fsdplab::synth

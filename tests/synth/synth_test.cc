@@ -1,4 +1,4 @@
-#include "fsdplab/sim/synth.h"
+#include "fsdplab/synth/synth.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 
 #include "fsdplab/core/trace.h"
 
-namespace fsdplab::sim {
+namespace fsdplab::synth {
 namespace {
 
 SynthConfig Llama2_7B() {
@@ -62,19 +62,19 @@ TEST(SynthCounts, SharedLayersHaveNoUnitOfTheirOwn) {
   EXPECT_EQ(CountSynthParams(c)->total, 6333648896u);
 }
 
-TEST(SynthConfigCheck, NamesTheFlag) {
+TEST(SynthConfigCheck, NamesTheField) {
   SynthConfig c;
   c.heads = 16;
   c.kv_heads = 5;
   Status s = ValidateSynthConfig(c);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("--kv-heads"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().rfind("kv_heads: ", 0), 0u) << s.message();
   c = SynthConfig{};
   c.hidden = 1000;  // 16 heads do not divide 1000
-  EXPECT_NE(ValidateSynthConfig(c).message().find("--heads"), std::string::npos);
+  EXPECT_EQ(ValidateSynthConfig(c).message().rfind("heads: ", 0), 0u);
   c = SynthConfig{};
   c.shared_layers = 4;  // must leave layer 0
-  EXPECT_NE(ValidateSynthConfig(c).message().find("--shared-layers"), std::string::npos);
+  EXPECT_EQ(ValidateSynthConfig(c).message().rfind("shared_layers: ", 0), 0u);
   c = SynthConfig{};
   c.dtype = DType::kFp32;
   EXPECT_FALSE(ValidateSynthConfig(c).ok());
@@ -236,4 +236,4 @@ TEST(SynthTrace, MicrobatchesAndSteps) {
 }
 
 }  // namespace
-}  // namespace fsdplab::sim
+}  // namespace fsdplab::synth

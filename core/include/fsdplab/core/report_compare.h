@@ -1,0 +1,104 @@
+// A predicted report beside a measured one (`fsdplab compare`): read two fsdplab.report v1
+// documents, match their steps by index and their ops by kind, unit, phase, step, microbatch and
+// occurrence, and say whether the mean step time was predicted within a threshold.
+//
+//   FSDP_ASSIGN_OR_RETURN(ReportSummary pred, ParseReportSummary(text_a, "sim.json"));
+//   FSDP_ASSIGN_OR_RETURN(ReportSummary meas, ParseReportSummary(text_b, "run.json"));
+//   ReportComparison c = CompareReports(pred, meas, {.threshold_pct = 5, .top = 10});
+//   std::string json = ComparisonToJson(c);   // fsdplab.compare v1
+//   std::string text = ComparisonToText(c);   // for people
+//
+// Errors (malformed documents) name the document and the JSON field.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/units.h"
+
+namespace fsdplab {
+
+// What a comparison reads of one report. Missing optional numbers read as 0.
+struct ReportSummary final {
+  struct Step final {
+    int index = 0;
+    TimeUs time_us = 0;
+    TimeUs compute_us = 0;
+    TimeUs exposed_comm_us = 0;
+    TimeUs idle_us = 0;
+  };
+  struct Op final {
+    std::string kind;   // "compute", "all_gather", ...
+    std::string unit;   // "(none)" without one
+    std::string phase;  // computes only
+    int step = 0;
+    int microbatch = 0;
+    int occurrence = 0;  // among the ops with the same five keys, in document order
+    TimeUs dur_us = 0;
+  };
+  std::string file;  // the name given to ParseReportSummary
+  std::string source;
+  bool measured = false;
+  std::optional<std::string> policy_json;  // compared as a whole
+  std::vector<Step> steps;
+  std::vector<Op> ops;
+  bool has_ops = false;
+  TimeUs step_time_us = 0;
+  TimeUs exposed_comm_us = 0;
+  TimeUs idle_us = 0;
+};
+
+// Reads an fsdplab.report v1 document (steps with index and time_us, summary.step_time_us).
+StatusOr<ReportSummary> ParseReportSummary(std::string_view json_text, std::string_view file);
+
+struct CompareOptions final {
+  double threshold_pct = 5;  // the verdict: |step time error| within this
+  int top = 10;              // how many worst ops to list
+};
+
+struct ReportComparison final {
+  struct Step final {
+    int index = 0;
+    ReportSummary::Step predicted, measured;
+    double error_pct = 0;  // of time_us
+  };
+  struct OpRow final {
+    ReportSummary::Op key;  // dur_us unused
+    TimeUs predicted_us = 0;
+    TimeUs measured_us = 0;
+    double error_pct = 0;
+  };
+  struct Kind final {
+    std::string kind;  // "compute forward", "all_gather", ...
+    TimeUs predicted_us = 0;
+    TimeUs measured_us = 0;
+    double error_pct = 0;
+  };
+  std::string predicted_file, predicted_source;
+  std::string measured_file, measured_source;
+  std::vector<Step> steps;
+  std::vector<OpRow> ops;    // matched ops, in key order
+  std::vector<Kind> kinds;   // durations summed per kind
+  std::vector<OpRow> worst;  // by absolute difference, at most `top`
+  TimeUs step_time_predicted_us = 0, step_time_measured_us = 0;
+  double step_time_error_pct = 0;
+  TimeUs exposed_predicted_us = 0, exposed_measured_us = 0;
+  TimeUs idle_predicted_us = 0, idle_measured_us = 0;
+  double threshold_pct = 5;
+  bool within_threshold = false;
+  std::vector<std::string> warnings;
+  std::string verdict;  // "verdict: GOOD: step time predicted ..."
+};
+
+// (predicted - measured) / measured in percent; infinite when only the measurement is 0.
+double ErrorPct(double predicted, double measured);
+
+ReportComparison CompareReports(const ReportSummary& predicted, const ReportSummary& measured,
+                                const CompareOptions& options);
+std::string ComparisonToJson(const ReportComparison& comparison);  // fsdplab.compare v1
+std::string ComparisonToText(const ReportComparison& comparison);
+
+}  // namespace fsdplab

@@ -1,0 +1,149 @@
+#include "fsdplab/core/gather_bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+namespace fsdplab {
+namespace {
+
+constexpr std::array<BenchType, 4> kBenchTypes = {{
+    {"bf16", "bfloat16", 2, DType::kBf16},
+    {"fp16", "half", 2, DType::kFp16},
+    {"fp32", "float", 4, DType::kFp32},
+    {"uint8", "uint8", 1, std::nullopt},
+}};
+
+}  // namespace
+
+StatusOr<BenchType> FindBenchType(std::string_view name) {
+  for (const BenchType& t : kBenchTypes) {
+    if (name == t.name || name == t.nccl_name) return t;
+  }
+  return UsageError(
+      fmt::format("dtype: '{}' is not a bench type (bf16, fp16, fp32 or uint8)", name));
+}
+
+std::vector<std::uint64_t> BenchSizes(std::uint64_t min_bytes, std::uint64_t max_bytes,
+                                      std::uint64_t factor) {
+  std::vector<std::uint64_t> out;
+  for (std::uint64_t s = min_bytes; s <= max_bytes; s *= factor) {
+    out.push_back(s);
+    if (factor < 2 || s > max_bytes / factor) break;
+  }
+  return out;
+}
+
+double BusBandwidthFactor(std::string_view op, int world_size) {
+  (void)op;  // all-gather and reduce-scatter share (n-1)/n
+  if (world_size <= 0) return 0;
+  return static_cast<double>(world_size - 1) / world_size;
+}
+
+void FillDerivedColumns(GatherBenchRow& row, std::string_view op, int world_size) {
+  auto bw = [&](TimeUs us) {
+    return us > 0 ? static_cast<double>(row.size_bytes) / (us * 1e3) : 0;
+  };
+  row.algbw_GBps = bw(row.time_us);
+  row.busbw_GBps = row.algbw_GBps * BusBandwidthFactor(op, world_size);
+  row.inplace_algbw_GBps = bw(row.inplace_time_us);
+  row.inplace_busbw_GBps = row.inplace_algbw_GBps * BusBandwidthFactor(op, world_size);
+  const TimeUs shorter = std::min(row.time_us, row.gemm_alone_us);
+  row.overlap_efficiency =
+      shorter > 0 ? (row.time_us + row.gemm_alone_us - row.together_us) / shorter : 0;
+  row.compute_slowdown =
+      row.gemm_alone_us > 0 ? row.gemm_under_overlap_us / row.gemm_alone_us - 1 : 0;
+}
+
+Status CheckGatherBenchOptions(const GatherBenchOptions& o) {
+  if (o.world_size < 1 || o.world_size > 256) {
+    return UsageError(fmt::format("world_size: {} is outside 1..256", o.world_size));
+  }
+  if (o.min_bytes == 0 || o.min_bytes > o.max_bytes) {
+    return UsageError(fmt::format("min_bytes: {} must be positive and at most max_bytes ({})",
+                                  o.min_bytes, o.max_bytes));
+  }
+  if (o.step_factor < 2 && o.min_bytes != o.max_bytes) {
+    return UsageError(fmt::format("step_factor: {} must be at least 2", o.step_factor));
+  }
+  if (o.iters < 1) return UsageError(fmt::format("iters: {} must be positive", o.iters));
+  if (o.warmup < 0) return UsageError(fmt::format("warmup: {} must not be negative", o.warmup));
+  return Status::Ok();
+}
+
+StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o, int w,
+                                                     const GatherBenchHooks& hooks) {
+  FSDP_RETURN_IF_ERROR(CheckGatherBenchOptions(o));
+  const bool all_gather = o.op == "all_gather";
+  if (!all_gather && o.op != "reduce_scatter") {
+    return UsageError(fmt::format("op: '{}' is not all_gather or reduce_scatter", o.op));
+  }
+  if (w < 1) return UsageError(fmt::format("world_size: {} must be at least 1", w));
+  FSDP_ASSIGN_OR_RETURN(const BenchType type, FindBenchType(o.dtype));
+  if (!all_gather && !type.dtype.has_value()) {
+    return UsageError(fmt::format(
+        "dtype: reduce_scatter needs a floating-point type (bf16, fp16, fp32), not {}", type.name));
+  }
+
+  // The flop rate of this backend's GEMM, for sizing the overlapped GEMM.
+  const GemmSizing& g = hooks.gemm;
+  FSDP_ASSIGN_OR_RETURN(const TimeUs probe_us,
+                        hooks.time(BenchWork::kGemm, g.probe_n, 1, g.probe_iters));
+  const double n3 = static_cast<double>(g.probe_n) * static_cast<double>(g.probe_n) *
+                    static_cast<double>(g.probe_n);
+  const double flops_per_us = 2.0 * n3 / std::max(probe_us, 1e-3);
+
+  const auto wz = static_cast<std::uint64_t>(w);
+  std::vector<GatherBenchRow> rows;
+  for (const std::uint64_t requested : BenchSizes(o.min_bytes, o.max_bytes, o.step_factor)) {
+    // nccl-tests rounds the size down to a multiple of ranks x element size.
+    const std::uint64_t unit = wz * type.bytes;
+    const std::uint64_t size = std::max(unit, requested / unit * unit);
+    const BenchCase c{.all_gather = all_gather,
+                      .size_bytes = size,
+                      .shard_bytes = size / wz,
+                      .world_size = w,
+                      .type = type,
+                      .key = 0xb3e7c0deull ^ size};
+    GatherBenchRow row;
+    row.size_bytes = c.size_bytes;
+    row.count = c.size_bytes / type.bytes;
+    row.type = std::string(type.nccl_name);
+    FSDP_RETURN_IF_ERROR(hooks.init(c));
+
+    // The collective alone, out of place and in place, each checked after its timed loop.
+    FSDP_ASSIGN_OR_RETURN(row.time_us, hooks.time(BenchWork::kCollective, 0, o.warmup, o.iters));
+    if (o.check) {
+      FSDP_ASSIGN_OR_RETURN(const std::optional<std::uint64_t> wrong, hooks.check(false));
+      row.wrong = wrong.value_or(0);
+    }
+    FSDP_ASSIGN_OR_RETURN(row.inplace_time_us,
+                          hooks.time(BenchWork::kCollectiveInPlace, 0, o.warmup, o.iters));
+    if (o.check) {
+      FSDP_ASSIGN_OR_RETURN(const std::optional<std::uint64_t> wrong, hooks.check(true));
+      row.inplace_wrong = wrong.value_or(0);
+    }
+
+    // The GEMM alone, sized to take about as long as the collective unless gemm_n was given.
+    auto n = static_cast<std::int64_t>(o.gemm_n);
+    if (n == 0) {
+      n = static_cast<std::int64_t>(std::cbrt(row.time_us * flops_per_us / 2.0));
+      n = (n + g.multiple - 1) / g.multiple * g.multiple;
+      n = std::clamp<std::int64_t>(n, g.min_n, g.max_n);
+    }
+    FSDP_ASSIGN_OR_RETURN(row.gemm_alone_us, hooks.time(BenchWork::kGemm, n, o.warmup, o.iters));
+
+    // Both launched together.
+    FSDP_ASSIGN_OR_RETURN(const OverlapTimes both, hooks.time_together(n, o.iters));
+    row.collective_under_overlap_us = both.collective_us;
+    row.gemm_under_overlap_us = both.gemm_us;
+    row.together_us = both.together_us;
+    FillDerivedColumns(row, o.op, w);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace fsdplab

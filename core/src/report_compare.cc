@@ -1,0 +1,285 @@
+#include "fsdplab/core/report_compare.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <tuple>
+
+namespace fsdplab {
+namespace {
+
+using Json = nlohmann::json;
+using OJson = nlohmann::ordered_json;
+
+// Lenient readers: a missing field, or one of another type, reads as the default (never throws).
+double Num(const Json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
+}
+int Int(const Json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<int>() : 0;
+}
+std::string Text(const Json& j, const char* key, std::string fallback = "") {
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>()
+                                                                : fallback;
+}
+
+using OpKey = std::tuple<std::string, std::string, std::string, int, int, int>;
+
+OpKey KeyOf(const ReportSummary::Op& op) {
+  return {op.kind, op.unit, op.phase, op.step, op.microbatch, op.occurrence};
+}
+
+std::map<OpKey, const ReportSummary::Op*> IndexOps(const ReportSummary& report) {
+  std::map<OpKey, const ReportSummary::Op*> out;
+  for (const ReportSummary::Op& op : report.ops) out[KeyOf(op)] = &op;
+  return out;
+}
+
+OJson OpRowJson(const ReportComparison::OpRow& r) {
+  return OJson{{"kind", r.key.kind},
+               {"unit", r.key.unit},
+               {"phase", r.key.phase},
+               {"step", r.key.step},
+               {"microbatch", r.key.microbatch},
+               {"occurrence", r.key.occurrence},
+               {"predicted_us", r.predicted_us},
+               {"measured_us", r.measured_us},
+               {"error_pct", r.error_pct}};
+}
+
+}  // namespace
+
+StatusOr<ReportSummary> ParseReportSummary(std::string_view json_text, std::string_view file) {
+  const Json doc = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return InvalidInput(fmt::format("{}: not a JSON document", file));
+  }
+  if (Text(doc, "format") != "fsdplab.report") {
+    return InvalidInput(
+        fmt::format("{}: format is '{}', expected 'fsdplab.report'", file, Text(doc, "format")));
+  }
+  if (!doc.contains("version") || !doc["version"].is_number_integer() || doc["version"] != 1) {
+    return InvalidInput(fmt::format("{}: version must be 1", file));
+  }
+  if (!doc.contains("steps") || !doc["steps"].is_array()) {
+    return InvalidInput(fmt::format("{}: steps: missing or not a list", file));
+  }
+  ReportSummary r;
+  r.file = std::string(file);
+  for (std::size_t i = 0; i < doc["steps"].size(); ++i) {
+    const Json& s = doc["steps"][i];
+    for (const char* key : {"index", "time_us"}) {
+      if (!s.is_object() || !s.contains(key) || !s[key].is_number()) {
+        return InvalidInput(fmt::format("{}: steps[{}].{}: missing or not a number", file, i, key));
+      }
+    }
+    r.steps.push_back({.index = s["index"].get<int>(),
+                       .time_us = Num(s, "time_us"),
+                       .compute_us = Num(s, "compute_us"),
+                       .exposed_comm_us = Num(s, "exposed_comm_us"),
+                       .idle_us = Num(s, "idle_us")});
+  }
+  const Json& summary = doc.contains("summary") ? doc["summary"] : Json();
+  if (!summary.is_object() || !summary.contains("step_time_us") ||
+      !summary["step_time_us"].is_number()) {
+    return InvalidInput(fmt::format("{}: summary.step_time_us: missing or not a number", file));
+  }
+  r.step_time_us = Num(summary, "step_time_us");
+  r.exposed_comm_us = Num(summary, "exposed_comm_us");
+  r.idle_us = Num(summary, "idle_us");
+  r.source = Text(doc, "source");
+  r.measured = doc.contains("measured") && doc["measured"].is_boolean() && doc["measured"];
+  if (doc.contains("policy")) r.policy_json = doc["policy"].dump();
+  r.has_ops = doc.contains("ops") && doc["ops"].is_array();
+  if (r.has_ops) {
+    // kind, unit, phase, step, microbatch -> how many seen so far.
+    std::map<std::tuple<std::string, std::string, std::string, int, int>, int> seen;
+    for (const Json& op : doc["ops"]) {
+      ReportSummary::Op o;
+      o.kind = Text(op, "kind");
+      o.unit = Text(op, "unit", "(none)");
+      o.phase = o.kind == "compute" ? Text(op, "phase") : "";
+      o.step = Int(op, "step");
+      o.microbatch = Int(op, "microbatch");
+      o.occurrence = seen[{o.kind, o.unit, o.phase, o.step, o.microbatch}]++;
+      o.dur_us = Num(op, "dur_us");
+      r.ops.push_back(std::move(o));
+    }
+  }
+  return r;
+}
+
+double ErrorPct(double predicted, double measured) {
+  if (measured == 0) return predicted == 0 ? 0 : INFINITY;
+  return 100.0 * (predicted - measured) / measured;
+}
+
+ReportComparison CompareReports(const ReportSummary& pred, const ReportSummary& meas,
+                                const CompareOptions& options) {
+  ReportComparison c;
+  c.predicted_file = pred.file;
+  c.predicted_source = pred.source;
+  c.measured_file = meas.file;
+  c.measured_source = meas.source;
+  if (!meas.measured) c.warnings.push_back("the second report is not marked measured");
+  if (pred.measured) c.warnings.push_back("the first report is marked measured");
+  if (pred.policy_json && meas.policy_json && *pred.policy_json != *meas.policy_json) {
+    c.warnings.push_back("the two reports ran different policies");
+  }
+
+  // Per step, matched by index.
+  std::map<int, const ReportSummary::Step*> msteps;
+  for (const ReportSummary::Step& s : meas.steps) msteps[s.index] = &s;
+  for (const ReportSummary::Step& s : pred.steps) {
+    auto it = msteps.find(s.index);
+    if (it == msteps.end()) {
+      c.warnings.push_back(fmt::format("step {} is only in the predicted report", s.index));
+      continue;
+    }
+    c.steps.push_back({.index = s.index,
+                       .predicted = s,
+                       .measured = *it->second,
+                       .error_pct = ErrorPct(s.time_us, it->second->time_us)});
+  }
+
+  // Per op.
+  const auto pops = IndexOps(pred);
+  const auto mops = IndexOps(meas);
+  int only_pred = 0;
+  for (const auto& [key, op] : pops) {
+    auto it = mops.find(key);
+    if (it == mops.end()) {
+      ++only_pred;
+      continue;
+    }
+    ReportComparison::OpRow r{*op, op->dur_us, it->second->dur_us, 0};
+    r.error_pct = ErrorPct(r.predicted_us, r.measured_us);
+    c.ops.push_back(std::move(r));
+  }
+  const int only_meas = static_cast<int>(mops.size()) - static_cast<int>(c.ops.size());
+  if (pops.empty() || mops.empty()) {
+    c.warnings.push_back("a report has no \"ops\" section: no per-op comparison");
+  } else if (only_pred > 0 || only_meas > 0) {
+    c.warnings.push_back(fmt::format(
+        "{} ops only predicted, {} only measured (different schedules?)", only_pred, only_meas));
+  }
+  // Per kind: durations summed, so long ops weigh more.
+  std::map<std::string, std::pair<double, double>> by_kind;
+  for (const ReportComparison::OpRow& r : c.ops) {
+    const std::string kind = r.key.kind == "compute" ? "compute " + r.key.phase : r.key.kind;
+    by_kind[kind].first += r.predicted_us;
+    by_kind[kind].second += r.measured_us;
+  }
+  for (const auto& [kind, pm] : by_kind) {
+    c.kinds.push_back({kind, pm.first, pm.second, ErrorPct(pm.first, pm.second)});
+  }
+  // Worst ops by absolute difference (a 1 us op 50% off matters less than a 1 ms op 10% off).
+  c.worst = c.ops;
+  std::sort(c.worst.begin(), c.worst.end(), [](const auto& a, const auto& b) {
+    return std::fabs(a.predicted_us - a.measured_us) > std::fabs(b.predicted_us - b.measured_us);
+  });
+  const auto top = static_cast<std::size_t>(std::max(options.top, 0));
+  if (c.worst.size() > top) c.worst.resize(top);
+
+  c.step_time_predicted_us = pred.step_time_us;
+  c.step_time_measured_us = meas.step_time_us;
+  c.step_time_error_pct = ErrorPct(pred.step_time_us, meas.step_time_us);
+  c.exposed_predicted_us = pred.exposed_comm_us;
+  c.exposed_measured_us = meas.exposed_comm_us;
+  c.idle_predicted_us = pred.idle_us;
+  c.idle_measured_us = meas.idle_us;
+  c.threshold_pct = options.threshold_pct;
+  c.within_threshold = std::fabs(c.step_time_error_pct) <= options.threshold_pct;
+  c.verdict = fmt::format(
+      "verdict: {}: step time predicted {:.1f} us, measured {:.1f} us, error {:+.1f}% ({} the "
+      "{:g}% threshold)",
+      c.within_threshold ? "GOOD" : "OFF", c.step_time_predicted_us, c.step_time_measured_us,
+      c.step_time_error_pct, c.within_threshold ? "within" : "outside", c.threshold_pct);
+  return c;
+}
+
+std::string ComparisonToJson(const ReportComparison& c) {
+  OJson out;
+  out["format"] = "fsdplab.compare";
+  out["version"] = 1;
+  out["predicted"] = {{"file", c.predicted_file}, {"source", c.predicted_source}};
+  out["measured"] = {{"file", c.measured_file}, {"source", c.measured_source}};
+  OJson steps = OJson::array();
+  for (const ReportComparison::Step& s : c.steps) {
+    steps.push_back({{"index", s.index},
+                     {"predicted_us", s.predicted.time_us},
+                     {"measured_us", s.measured.time_us},
+                     {"error_pct", s.error_pct},
+                     {"compute_predicted_us", s.predicted.compute_us},
+                     {"compute_measured_us", s.measured.compute_us},
+                     {"exposed_predicted_us", s.predicted.exposed_comm_us},
+                     {"exposed_measured_us", s.measured.exposed_comm_us},
+                     {"idle_predicted_us", s.predicted.idle_us},
+                     {"idle_measured_us", s.measured.idle_us}});
+  }
+  out["steps"] = steps;
+  OJson kinds = OJson::array();
+  for (const ReportComparison::Kind& k : c.kinds) {
+    kinds.push_back({{"kind", k.kind},
+                     {"predicted_us", k.predicted_us},
+                     {"measured_us", k.measured_us},
+                     {"error_pct", k.error_pct}});
+  }
+  out["op_kinds"] = kinds;
+  OJson ops = OJson::array();
+  for (const ReportComparison::OpRow& r : c.ops) ops.push_back(OpRowJson(r));
+  out["ops"] = ops;
+  OJson worst = OJson::array();
+  for (const ReportComparison::OpRow& r : c.worst) worst.push_back(OpRowJson(r));
+  out["worst_ops"] = worst;
+  out["summary"] = {{"step_time_predicted_us", c.step_time_predicted_us},
+                    {"step_time_measured_us", c.step_time_measured_us},
+                    {"step_time_error_pct", c.step_time_error_pct},
+                    {"exposed_predicted_us", c.exposed_predicted_us},
+                    {"exposed_measured_us", c.exposed_measured_us},
+                    {"idle_predicted_us", c.idle_predicted_us},
+                    {"idle_measured_us", c.idle_measured_us},
+                    {"threshold_pct", c.threshold_pct},
+                    {"within_threshold", c.within_threshold}};
+  out["warnings"] = c.warnings;
+  out["verdict"] = c.verdict;
+  return out.dump(2) + "\n";
+}
+
+std::string ComparisonToText(const ReportComparison& c) {
+  std::string text =
+      "per step (predicted vs measured, error = (predicted - measured) / measured)\n";
+  text += fmt::format("  {:>4}  {:>12} {:>12} {:>8}  {:>12} {:>12}  {:>12} {:>12}  {:>12} {:>12}\n",
+                      "step", "time pred", "time meas", "error", "compute pred", "compute meas",
+                      "exposed pred", "exposed meas", "idle pred", "idle meas");
+  for (const ReportComparison::Step& s : c.steps) {
+    const ReportSummary::Step& p = s.predicted;
+    const ReportSummary::Step& m = s.measured;
+    text += fmt::format(
+        "  {:>4}  {:>12.1f} {:>12.1f} {:>+7.1f}%  {:>12.1f} {:>12.1f}  {:>12.1f} "
+        "{:>12.1f}  {:>12.1f} {:>12.1f}\n",
+        s.index, p.time_us, m.time_us, s.error_pct, p.compute_us, m.compute_us, p.exposed_comm_us,
+        m.exposed_comm_us, p.idle_us, m.idle_us);
+  }
+  text += "\nper op kind (summed durations)\n";
+  for (const ReportComparison::Kind& k : c.kinds) {
+    text += fmt::format("  {:<20} {:>12.1f} {:>12.1f} {:>+8.1f}%\n", k.kind, k.predicted_us,
+                        k.measured_us, k.error_pct);
+  }
+  text += fmt::format("\nworst ops ({} matched)\n", c.ops.size());
+  for (const ReportComparison::OpRow& r : c.worst) {
+    const std::string what =
+        r.key.kind == "compute" ? fmt::format("compute {}", r.key.phase) : r.key.kind;
+    text += fmt::format("  step {} mb {} {:<18} {:<22} #{:<2} {:>10.1f} {:>10.1f} {:>+8.1f}%\n",
+                        r.key.step, r.key.microbatch, what, r.key.unit, r.key.occurrence,
+                        r.predicted_us, r.measured_us, r.error_pct);
+  }
+  for (const std::string& w : c.warnings) text += "\nwarning: " + w;
+  text += "\n" + c.verdict + "\n";
+  return text;
+}
+
+}  // namespace fsdplab

@@ -1,0 +1,118 @@
+// The trace's vocabulary (op, phase and collective names) and the checks of its events.
+#include "trace_checks.h"
+
+#include <fmt/format.h>
+
+#include "fsdplab/core/trace.h"
+
+namespace fsdplab {
+
+std::string_view PhaseName(Phase phase) {
+  switch (phase) {
+    case Phase::kForward: return "forward";
+    case Phase::kBackward: return "backward";
+    case Phase::kRecompute: return "recompute";
+  }
+  return "unknown";
+}
+
+std::optional<Phase> ParsePhase(std::string_view name) {
+  if (name == "forward") return Phase::kForward;
+  if (name == "backward") return Phase::kBackward;
+  if (name == "recompute") return Phase::kRecompute;
+  return std::nullopt;
+}
+
+std::string_view OpName(Op op) {
+  switch (op) {
+    case Op::kPreForward: return "pre_forward";
+    case Op::kPostForward: return "post_forward";
+    case Op::kPreBackward: return "pre_backward";
+    case Op::kPostBackward: return "post_backward";
+    case Op::kCompute: return "compute";
+    case Op::kBackwardEnd: return "backward_end";
+    case Op::kCollective: return "collective";
+  }
+  return "unknown";
+}
+
+std::optional<Op> ParseOp(std::string_view name) {
+  // On the read path of every event: dispatch on the length first.
+  switch (name.size()) {
+    case 7:
+      if (name == "compute") return Op::kCompute;
+      break;
+    case 10:
+      if (name == "collective") return Op::kCollective;
+      break;
+    case 11:
+      if (name == "pre_forward") return Op::kPreForward;
+      break;
+    case 12:
+      if (name == "post_forward") return Op::kPostForward;
+      if (name == "pre_backward") return Op::kPreBackward;
+      if (name == "backward_end") return Op::kBackwardEnd;
+      break;
+    case 13:
+      if (name == "post_backward") return Op::kPostBackward;
+      break;
+    default: break;
+  }
+  return std::nullopt;
+}
+
+std::string_view CollectiveKindName(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllReduce: return "all_reduce";
+  }
+  return "unknown";
+}
+
+std::optional<CollectiveKind> ParseCollectiveKind(std::string_view name) {
+  if (name == "all_gather") return CollectiveKind::kAllGather;
+  if (name == "reduce_scatter") return CollectiveKind::kReduceScatter;
+  if (name == "all_reduce") return CollectiveKind::kAllReduce;
+  return std::nullopt;
+}
+
+namespace internal {
+
+std::string EventPath(std::size_t s, std::size_t m, std::size_t e) {
+  return fmt::format("steps[{}].microbatches[{}].events[{}]", s, m, e);
+}
+
+}  // namespace internal
+
+std::vector<Status> CheckTraceEvents(const Trace& trace) {
+  std::vector<Status> problems;
+  const Model& model = trace.model;
+  internal::EventChecker checker(model.num_units());
+  for (std::size_t s = 0; s < trace.steps.size(); ++s) {
+    const Step& step = trace.steps[s];
+    for (std::size_t m = 0; m < step.microbatches.size(); ++m) {
+      checker.BeginMicrobatch();
+      const std::vector<Event>& events = step.microbatches[m].events;
+      for (std::size_t e = 0; e < events.size(); ++e) {
+        const Event& ev = events[e];
+        auto path = [&] { return internal::EventPath(s, m, e); };
+        auto add = [&](std::string msg) { problems.push_back(InvalidInput(std::move(msg))); };
+        bool unit_ok = ev.unit >= 0 && ev.unit < model.num_units();
+        const bool hook = ev.op == Op::kPreForward || ev.op == Op::kPostForward ||
+                          ev.op == Op::kPreBackward || ev.op == Op::kPostBackward;
+        if (ev.unit != kNoUnit && !unit_ok) {
+          add(fmt::format("{}.unit: unit id {} is not in the model ({} units)", path(), ev.unit,
+                          model.num_units()));
+        } else if (hook && ev.unit == kNoUnit) {
+          add(fmt::format("{}.unit: missing: a {} names its unit", path(), OpName(ev.op)));
+        }
+        checker.Check(
+            ev, unit_ok, path, [&](UnitId id) { return model.NameOf(id); }, add);
+      }
+    }
+  }
+  return problems;
+}
+
+}  // namespace fsdplab

@@ -1,0 +1,155 @@
+// The bench-gather harness: its arithmetic, and the order in which it drives a backend's hooks
+// (a fake backend with fixed times, so every derived column is known by hand).
+#include "fsdplab/core/gather_bench.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace fsdplab {
+namespace {
+
+TEST(GatherBench, SizesFollowNcclTestsFlags) {
+  // -b 1M -e 8M -f 2: 1M, 2M, 4M, 8M.
+  EXPECT_EQ(BenchSizes(1 << 20, 8 << 20, 2),
+            (std::vector<std::uint64_t>{1 << 20, 2 << 20, 4 << 20, 8 << 20}));
+  // -b 1M -e 10M -f 4: 1M, 4M; 16M would pass the maximum (nccl-tests stops there too).
+  EXPECT_EQ(BenchSizes(1 << 20, 10 << 20, 4), (std::vector<std::uint64_t>{1 << 20, 4 << 20}));
+  EXPECT_EQ(BenchSizes(64, 64, 2), (std::vector<std::uint64_t>{64}));
+  EXPECT_EQ(BenchSizes(64, 64, 1), (std::vector<std::uint64_t>{64}));
+}
+
+TEST(GatherBench, DerivedColumns) {
+  GatherBenchRow row;
+  row.size_bytes = 1'000'000'000;  // 1 GB
+  row.time_us = 10'000;            // 10 ms -> algbw 100 GB/s
+  row.inplace_time_us = 20'000;    // 50 GB/s
+  row.gemm_alone_us = 8'000;
+  row.together_us = 12'000;           // alone sum 18 ms; 6 ms hidden of min(10, 8) = 8 ms
+  row.gemm_under_overlap_us = 9'000;  // 12.5% slower than alone
+  FillDerivedColumns(row, "all_gather", 8);
+  EXPECT_DOUBLE_EQ(row.algbw_GBps, 100.0);
+  EXPECT_DOUBLE_EQ(row.busbw_GBps, 87.5);  // 100 x 7/8
+  EXPECT_DOUBLE_EQ(row.inplace_busbw_GBps, 43.75);
+  EXPECT_DOUBLE_EQ(row.overlap_efficiency, 0.75);
+  EXPECT_DOUBLE_EQ(row.compute_slowdown, 0.125);
+  EXPECT_DOUBLE_EQ(BusBandwidthFactor("reduce_scatter", 1), 0.0);
+}
+
+TEST(GatherBench, TypesTakeOurNamesAndNcclTestsNames) {
+  EXPECT_EQ(FindBenchType("bf16")->bytes, 2u);
+  EXPECT_EQ(FindBenchType("bfloat16")->name, "bf16");
+  EXPECT_EQ(FindBenchType("fp32")->nccl_name, "float");
+  EXPECT_EQ(FindBenchType("half")->dtype, DType::kFp16);
+  EXPECT_FALSE(FindBenchType("uint8")->dtype.has_value());
+  const Status bad = FindBenchType("int4").status();
+  EXPECT_EQ(bad.code(), StatusCode::kUsage);
+  EXPECT_EQ(bad.message().rfind("dtype: ", 0), 0u) << bad.message();
+}
+
+TEST(GatherBench, OptionErrorsNameFields) {
+  GatherBenchOptions o;
+  o.min_bytes = 2 << 20;
+  o.max_bytes = 1 << 20;
+  EXPECT_EQ(CheckGatherBenchOptions(o).message().rfind("min_bytes: ", 0), 0u);
+  o.max_bytes = 4 << 20;
+  o.step_factor = 1;
+  EXPECT_EQ(CheckGatherBenchOptions(o).message().rfind("step_factor: ", 0), 0u);
+  o.step_factor = 2;
+  o.iters = 0;
+  EXPECT_EQ(CheckGatherBenchOptions(o).code(), StatusCode::kUsage);
+}
+
+// A backend whose collective takes 100 us out of place and 50 us in place, whose GEMM of n takes
+// n / 10 us (so the probe of n = 1000 gives 2e9 / 100 flop/us), and which hides the GEMM half.
+struct FakeBackend {
+  std::vector<std::string> calls;
+  std::vector<BenchCase> cases;
+
+  GatherBenchHooks Hooks() {
+    return {
+        .init =
+            [this](const BenchCase& c) {
+              cases.push_back(c);
+              calls.push_back("init");
+              return Status::Ok();
+            },
+        .time = [this](BenchWork work, std::int64_t n, int warmup, int iters) -> StatusOr<TimeUs> {
+          calls.push_back(fmt(work, n, warmup, iters));
+          if (work == BenchWork::kGemm) return static_cast<TimeUs>(n) / 10;
+          return work == BenchWork::kCollective ? 100.0 : 50.0;
+        },
+        .time_together = [this](std::int64_t n, int iters) -> StatusOr<OverlapTimes> {
+          calls.push_back("together " + std::to_string(n) + " " + std::to_string(iters));
+          const TimeUs gemm = static_cast<TimeUs>(n) / 10;
+          return OverlapTimes{
+              .collective_us = 110, .gemm_us = gemm * 1.5, .together_us = 100 + gemm / 2};
+        },
+        .check = [this](bool in_place) -> StatusOr<std::optional<std::uint64_t>> {
+          calls.push_back(in_place ? "check in place" : "check");
+          if (in_place) return std::optional<std::uint64_t>();
+          return std::optional<std::uint64_t>(3);
+        },
+        .gemm = {.probe_n = 1000, .probe_iters = 4, .min_n = 16, .max_n = 4096, .multiple = 8}};
+  }
+
+  static std::string fmt(BenchWork work, std::int64_t n, int warmup, int iters) {
+    const char* name = work == BenchWork::kGemm                ? "gemm"
+                       : work == BenchWork::kCollectiveInPlace ? "in place"
+                                                               : "collective";
+    return std::string(name) + " " + std::to_string(n) + " " + std::to_string(warmup) + " " +
+           std::to_string(iters);
+  }
+};
+
+TEST(GatherBench, HarnessDrivesTheHooksInNcclTestsOrder) {
+  GatherBenchOptions o;
+  o.min_bytes = 1000;  // rounded down to 3 ranks x 2 bytes: 996
+  o.max_bytes = 2000;  // 1998
+  o.iters = 7;
+  o.warmup = 2;
+  o.world_size = 3;
+  FakeBackend fake;
+  StatusOr<std::vector<GatherBenchRow>> rows = RunGatherBench(o, 3, fake.Hooks());
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_EQ(rows->size(), 2u);
+  // Probe: 2 x 1000^3 flop in 100 us = 2e7 flop/us. The GEMM for a 100 us collective:
+  // cbrt(100 x 2e7 / 2) = 1000, a multiple of 8.
+  const std::vector<std::string> per_size = {"init",           "collective 0 2 7", "check",
+                                             "in place 0 2 7", "check in place",   "gemm 1000 2 7",
+                                             "together 1000 7"};
+  std::vector<std::string> want = {"gemm 1000 1 4"};
+  want.insert(want.end(), per_size.begin(), per_size.end());
+  want.insert(want.end(), per_size.begin(), per_size.end());
+  EXPECT_EQ(fake.calls, want);
+  EXPECT_EQ(fake.cases[0].size_bytes, 996u);
+  EXPECT_EQ(fake.cases[0].shard_bytes, 332u);
+  EXPECT_EQ(fake.cases[1].size_bytes, 1998u);
+  const GatherBenchRow& r = (*rows)[0];
+  EXPECT_EQ(r.size_bytes, 996u);
+  EXPECT_EQ(r.count, 498u);
+  EXPECT_EQ(r.type, "bfloat16");
+  EXPECT_EQ(r.wrong, 3u);
+  EXPECT_EQ(r.inplace_wrong, 0u);  // not checkable: counts as none
+  EXPECT_DOUBLE_EQ(r.time_us, 100);
+  EXPECT_DOUBLE_EQ(r.inplace_time_us, 50);
+  EXPECT_DOUBLE_EQ(r.gemm_alone_us, 100);
+  EXPECT_DOUBLE_EQ(r.together_us, 150);  // (100 + 100 - 150) / 100 = 0.5 hidden
+  EXPECT_DOUBLE_EQ(r.overlap_efficiency, 0.5);
+  EXPECT_DOUBLE_EQ(r.compute_slowdown, 0.5);
+  EXPECT_DOUBLE_EQ(r.busbw_GBps, 996.0 / 100e3 * 2 / 3);
+}
+
+TEST(GatherBench, ReduceScatterNeedsAFloatType) {
+  GatherBenchOptions o;
+  o.op = "reduce_scatter";
+  o.dtype = "uint8";
+  FakeBackend fake;
+  const Status s = RunGatherBench(o, 2, fake.Hooks()).status();
+  EXPECT_EQ(s.code(), StatusCode::kUsage);
+  EXPECT_EQ(s.message().rfind("dtype: ", 0), 0u) << s.message();
+  EXPECT_TRUE(fake.calls.empty());
+}
+
+}  // namespace
+}  // namespace fsdplab

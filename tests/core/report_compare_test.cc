@@ -1,0 +1,88 @@
+// Comparing a predicted report with a measured one: matching, errors, the verdict, and documents
+// that are not reports.
+#include "fsdplab/core/report_compare.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace fsdplab {
+namespace {
+
+// A report with two steps (index 0 and 1) and three ops of step 1.
+std::string Report(double step_us, double gather_us, bool measured) {
+  return R"({"format": "fsdplab.report", "version": 1, "source": ")" +
+         std::string(measured ? "live-host" : "sim") + R"(", "measured": )" +
+         (measured ? "true" : "false") + R"(, "policy": {"order": "registration"},
+    "steps": [{"index": 0, "time_us": 1000}, {"index": 1, "time_us": )" +
+         std::to_string(step_us) + R"(, "compute_us": 80}],
+    "ops": [{"kind": "compute", "unit": "model.layers.0", "phase": "forward", "step": 1,
+             "microbatch": 0, "dur_us": 40},
+            {"kind": "all_gather", "unit": "model.layers.0", "step": 1, "microbatch": 0,
+             "dur_us": )" +
+         std::to_string(gather_us) + R"(},
+            {"kind": "all_gather", "unit": "model.layers.0", "step": 1, "microbatch": 0,
+             "dur_us": 10}],
+    "summary": {"step_time_us": )" +
+         std::to_string(step_us) + "}}";
+}
+
+TEST(ReportCompare, MatchesStepsAndOpsAndGivesTheVerdict) {
+  StatusOr<ReportSummary> pred = ParseReportSummary(Report(104, 30, false), "sim.json");
+  StatusOr<ReportSummary> meas = ParseReportSummary(Report(100, 20, true), "run.json");
+  ASSERT_TRUE(pred.ok()) << pred.status().ToString();
+  ASSERT_TRUE(meas.ok()) << meas.status().ToString();
+  // The two all-gathers share their five keys: occurrences 0 and 1.
+  ASSERT_EQ(pred->ops.size(), 3u);
+  EXPECT_EQ(pred->ops[2].occurrence, 1);
+  const ReportComparison c = CompareReports(*pred, *meas, {.threshold_pct = 5, .top = 1});
+  ASSERT_EQ(c.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(c.steps[1].error_pct, 4.0);  // (104 - 100) / 100
+  EXPECT_EQ(c.ops.size(), 3u);
+  // Per kind: all_gather 30 + 10 predicted vs 20 + 10 measured: +33.3%.
+  ASSERT_EQ(c.kinds.size(), 2u);
+  EXPECT_EQ(c.kinds[0].kind, "all_gather");
+  EXPECT_NEAR(c.kinds[0].error_pct, 100.0 / 3, 1e-9);
+  EXPECT_EQ(c.kinds[1].kind, "compute forward");
+  // The worst op is the gather 10 us off; --top 1 keeps it alone.
+  ASSERT_EQ(c.worst.size(), 1u);
+  EXPECT_EQ(c.worst[0].key.occurrence, 0);
+  EXPECT_DOUBLE_EQ(c.worst[0].predicted_us - c.worst[0].measured_us, 10);
+  EXPECT_TRUE(c.within_threshold);
+  EXPECT_TRUE(c.warnings.empty());
+  EXPECT_EQ(c.verdict.rfind("verdict: GOOD", 0), 0u) << c.verdict;
+  EXPECT_NE(ComparisonToJson(c).find("\"format\": \"fsdplab.compare\""), std::string::npos);
+}
+
+TEST(ReportCompare, WarnsWhenTheReportsAreSwapped) {
+  StatusOr<ReportSummary> meas = ParseReportSummary(Report(100, 20, true), "run.json");
+  ASSERT_TRUE(meas.ok());
+  const ReportComparison c = CompareReports(*meas, *meas, {});
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_EQ(c.warnings[0], "the first report is marked measured");
+}
+
+TEST(ReportCompare, RejectsWhatIsNotAReportNamingTheField) {
+  EXPECT_EQ(ParseReportSummary("[1]", "a.json").status().message(), "a.json: not a JSON document");
+  // A format of the wrong type is an error, not an exception.
+  EXPECT_EQ(ParseReportSummary(R"({"format": 3})", "a.json").status().message(),
+            "a.json: format is '', expected 'fsdplab.report'");
+  const Status no_time =
+      ParseReportSummary(R"({"format": "fsdplab.report", "version": 1, "steps": [{"index": 0}]})",
+                         "a.json")
+          .status();
+  EXPECT_EQ(no_time.message(), "a.json: steps[0].time_us: missing or not a number");
+  // Ops with fields of the wrong type read as defaults.
+  StatusOr<ReportSummary> odd = ParseReportSummary(
+      R"({"format": "fsdplab.report", "version": 1, "steps": [], "measured": "yes",
+          "summary": {"step_time_us": 1}, "ops": [{"kind": 1, "step": "x"}, 7]})",
+      "a.json");
+  ASSERT_TRUE(odd.ok()) << odd.status().ToString();
+  EXPECT_FALSE(odd->measured);
+  ASSERT_EQ(odd->ops.size(), 2u);
+  EXPECT_EQ(odd->ops[0].step, 0);
+  EXPECT_EQ(odd->ops[1].unit, "(none)");
+}
+
+}  // namespace
+}  // namespace fsdplab
