@@ -62,7 +62,8 @@ std::vector<Bytes> UseConsistentHalves(const NcclTestsResult& r, bool in_place,
     // The reference: the chord through the two neighbours, or the one neighbour at an end.
     double ref = 0;
     if (i > 0 && i + 1 < orig.size()) {
-      double b0 = static_cast<double>(orig[i - 1].bytes), b2 = static_cast<double>(orig[i + 1].bytes);
+      double b0 = static_cast<double>(orig[i - 1].bytes),
+             b2 = static_cast<double>(orig[i + 1].bytes);
       double w = (static_cast<double>(orig[i].bytes) - b0) / (b2 - b0);
       ref = orig[i - 1].time_us + w * (orig[i + 1].time_us - orig[i - 1].time_us);
     } else if (orig.size() > 1) {
@@ -185,14 +186,16 @@ StatusOr<CollectiveFit> FitNcclTests(const std::vector<const NcclTestsResult*>& 
     FitPoint fp{p.bytes, p.time_us, c.time_us, 100 * (c.time_us - p.time_us) / p.time_us,
                 c.segment};
     err.push_back(std::abs(fp.error_pct));
-    line_err.push_back(100 * std::abs(RingTimeUs(fit.line, p.bytes, fit.world_size) / p.time_us - 1));
+    line_err.push_back(100 *
+                       std::abs(RingTimeUs(fit.line, p.bytes, fit.world_size) / p.time_us - 1));
     if (std::abs(fp.error_pct) > kResidualPct) far.push_back(p.bytes);
     if (i > 0 && p.time_us < pts[i - 1].time_us * (1 - kFallPct / 100)) falls.push_back(p.bytes);
     fit.points.push_back(fp);
   }
   fit.max_error_pct = err.empty() ? 0 : *std::max_element(err.begin(), err.end());
   fit.median_error_pct = Median(err);
-  fit.line_max_error_pct = line_err.empty() ? 0 : *std::max_element(line_err.begin(), line_err.end());
+  fit.line_max_error_pct =
+      line_err.empty() ? 0 : *std::max_element(line_err.begin(), line_err.end());
   fit.line_median_error_pct = Median(line_err);
   if (!twice_apart.empty()) {
     fit.warnings.push_back(fmt::format(
@@ -214,9 +217,9 @@ StatusOr<CollectiveFit> FitNcclTests(const std::vector<const NcclTestsResult*>& 
         kFallPct, SizeList(falls)));
   }
   if (!far.empty()) {
-    fit.warnings.push_back(fmt::format(
-        "noisy data: {} size(s) lie more than {:.0f}% from the monotone curve: {} B", far.size(),
-        kResidualPct, SizeList(far)));
+    fit.warnings.push_back(
+        fmt::format("noisy data: {} size(s) lie more than {:.0f}% from the monotone curve: {} B",
+                    far.size(), kResidualPct, SizeList(far)));
   }
   for (const std::string& w : curve->warnings) fit.warnings.push_back(w);
   return fit;
@@ -336,8 +339,8 @@ DerivedTiers DeriveTierLines(const CalibratedCluster& cluster) {
   out.intra = {kDefaultIntraBandwidthGBps, kDefaultIntraLatencyUs, false};
   out.inter = {kDefaultInterBandwidthGBps, kDefaultInterLatencyUs, false};
   auto pick = [&](TierKind tier) -> const CollectiveFit* {
-    for (CollectiveKind kind : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter,
-                                CollectiveKind::kAllReduce}) {
+    for (CollectiveKind kind :
+         {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce}) {
       for (const CollectiveFit& f : cluster.fits) {
         if (f.collective == kind && f.tier == tier && !f.curve.empty()) return &f;
       }
@@ -354,10 +357,10 @@ DerivedTiers DeriveTierLines(const CalibratedCluster& cluster) {
     // The ring formula's bandwidth is the bus bandwidth (all_reduce's per pass as well).
     out.intra.bandwidth_GBps = f->curve.tail_busbw_GBps;
     out.intra.measured = true;
-    out.notes.push_back(fmt::format(
-        "intra line: {:.1f} GB/s {:.2f} us from the {} intra curve ({} ranks)",
-        out.intra.bandwidth_GBps, out.intra.latency_us, CollectiveLabel(f->collective),
-        f->world_size));
+    out.notes.push_back(
+        fmt::format("intra line: {:.1f} GB/s {:.2f} us from the {} intra curve ({} ranks)",
+                    out.intra.bandwidth_GBps, out.intra.latency_us, CollectiveLabel(f->collective),
+                    f->world_size));
   } else {
     out.notes.push_back(fmt::format(
         "intra: not measured; the default line {:g} GB/s {:g} us (calibrate a one-node run to "
@@ -374,8 +377,7 @@ DerivedTiers DeriveTierLines(const CalibratedCluster& cluster) {
     const double t0 = pass * f->curve.knots.front().time_us;
     if (nodes >= 2 && w % g == 0) {
       const double gd = g;
-      const double intra_slope =
-          g > 1 ? (gd - 1) / gd / (out.intra.bandwidth_GBps * 1e3) : 0.0;
+      const double intra_slope = g > 1 ? (gd - 1) / gd / (out.intra.bandwidth_GBps * 1e3) : 0.0;
       const double rest = slope - intra_slope;
       const double nd = nodes;
       if (rest > 0) {
@@ -405,20 +407,22 @@ DerivedTiers DeriveTierLines(const CalibratedCluster& cluster) {
         "set it)",
         kDefaultInterBandwidthGBps, kDefaultInterLatencyUs));
   }
-  for (CollectiveKind kind : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter,
-                              CollectiveKind::kAllReduce}) {
+  for (CollectiveKind kind :
+       {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce}) {
     for (TierKind tier : {TierKind::kIntra, TierKind::kInter}) {
       bool have = false;
-      for (const CollectiveFit& f : cluster.fits) have = have || (f.collective == kind && f.tier == tier);
+      for (const CollectiveFit& f : cluster.fits)
+        have = have || (f.collective == kind && f.tier == tier);
       if (have) continue;
       const TierLine& line = tier == TierKind::kIntra ? out.intra : out.inter;
       if (kind == CollectiveKind::kAllReduce) {
-        out.notes.push_back(fmt::format(
-            "all_reduce {}: no curve; costed as a reduce_scatter plus an all_gather", TierKindName(tier)));
+        out.notes.push_back(
+            fmt::format("all_reduce {}: no curve; costed as a reduce_scatter plus an all_gather",
+                        TierKindName(tier)));
       } else {
-        out.notes.push_back(fmt::format("{} {}: no curve; uses the {} line ({})", CollectiveLabel(kind),
-                                        TierKindName(tier), TierKindName(tier),
-                                        line.measured ? "measured" : "default"));
+        out.notes.push_back(fmt::format(
+            "{} {}: no curve; uses the {} line ({})", CollectiveLabel(kind), TierKindName(tier),
+            TierKindName(tier), line.measured ? "measured" : "default"));
       }
     }
   }

@@ -52,15 +52,14 @@ struct Bracket {
 Bracket Locate(const std::vector<double>& knots, double bytes) {
   if (bytes <= knots.front()) return {0, 0, 0};
   if (bytes >= knots.back()) return {knots.size() - 1, knots.size() - 1, 0};
-  std::size_t hi = static_cast<std::size_t>(
-      std::upper_bound(knots.begin(), knots.end(), bytes) - knots.begin());
+  std::size_t hi =
+      static_cast<std::size_t>(std::upper_bound(knots.begin(), knots.end(), bytes) - knots.begin());
   if (hi >= knots.size()) hi = knots.size() - 1;
   std::size_t lo = hi - 1;
   return {lo, hi, (bytes - knots[lo]) / (knots[hi] - knots[lo])};
 }
 
-double Interpolate(const std::vector<double>& knots, const std::vector<double>& tau,
-                   double bytes) {
+double Interpolate(const std::vector<double>& knots, const std::vector<double>& tau, double bytes) {
   Bracket br = Locate(knots, bytes);
   return tau[br.lo] + br.w_hi * (tau[br.hi] - tau[br.lo]);
 }
@@ -311,8 +310,8 @@ Status ValidateCurve(const CostCurve& curve) {
   }
   if (!(curve.tail_busbw_GBps > 0) || curve.tail_busbw_GBps > kMaxBusBandwidthGBps ||
       !std::isfinite(curve.tail_busbw_GBps)) {
-    return InvalidInput(fmt::format("tail_busbw_GBps: {} is outside (0, {}]",
-                                    curve.tail_busbw_GBps, kMaxBusBandwidthGBps));
+    return InvalidInput(fmt::format("tail_busbw_GBps: {} is outside (0, {}]", curve.tail_busbw_GBps,
+                                    kMaxBusBandwidthGBps));
   }
   return Status::Ok();
 }
@@ -419,9 +418,8 @@ StatusOr<CurveFit> FitCostCurve(std::vector<SizeTime> points, CollectiveKind col
     std::vector<double> tau = FitKnotTimes(pts, all, models[m]);
     bool within = true;
     for (std::size_t i = 0; i < n && within; ++i) {
-      double res = std::abs(Interpolate(models[m], tau, static_cast<double>(pts[i].bytes)) /
-                                pts[i].time_us -
-                            1);
+      double res = std::abs(
+          Interpolate(models[m], tau, static_cast<double>(pts[i].bytes)) / pts[i].time_us - 1);
       within = res <= std::max(3 * noise[i], kNoiseFloor);
     }
     if (within) {

@@ -55,8 +55,9 @@ std::vector<std::string_view> Fields(std::string_view s) {
 }
 
 bool AllDigits(std::string_view s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(),
-                                   [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c));
+  });
 }
 
 // Removes the tags that launchers put into output lines: `mpirun --tag-output` tags
@@ -194,8 +195,8 @@ class TextParser {
     if (line.front() == '#') return Comment(Trim(line.substr(1)), line, line_no);
     std::vector<std::string_view> f = Fields(line);
     // A result row starts with two integers (size, count) and a type name.
-    if (f.size() >= 3 && ParseIntegral<std::uint64_t>(f[0]) &&
-        ParseIntegral<std::uint64_t>(f[1]) && IsWordStart(f[2])) {
+    if (f.size() >= 3 && ParseIntegral<std::uint64_t>(f[0]) && ParseIntegral<std::uint64_t>(f[1]) &&
+        IsWordStart(f[2])) {
       return Row(f, line_no);
     }
     return Chatter(f, line_no);
@@ -478,19 +479,16 @@ bool LayoutAllows(const NcclTestsResult& r, CollectiveKind kind) {
   bool no_op = any.redop.empty() || any.redop == "none";
   std::optional<int> k = RanksFromRows(r);
   switch (kind) {
-    case CollectiveKind::kAllGather:
-      return no_op && (!k || *k >= 2);
-    case CollectiveKind::kReduceScatter:
-      return reduces && k && *k >= 2;
-    case CollectiveKind::kAllReduce:
-      return (reduces || any.redop.empty()) && (!k || *k == 1);
+    case CollectiveKind::kAllGather: return no_op && (!k || *k >= 2);
+    case CollectiveKind::kReduceScatter: return reduces && k && *k >= 2;
+    case CollectiveKind::kAllReduce: return (reduces || any.redop.empty()) && (!k || *k == 1);
   }
   return false;
 }
 
 std::string Where(const NcclTestsResult& b) {
-  if (b.first_line > 0) return fmt::format("block {} (lines {}-{})", b.block, b.first_line,
-                                           b.last_line);
+  if (b.first_line > 0)
+    return fmt::format("block {} (lines {}-{})", b.block, b.first_line, b.last_line);
   return fmt::format("block {}", b.block);
 }
 
@@ -537,16 +535,15 @@ Status ResolveRanks(NcclTestsResult& r, const NcclTestsOptions& options) {
 
 StatusOr<std::vector<NcclTestsResult>> Split(std::string_view text, std::string_view source) {
   std::string_view body = Trim(text);
-  StatusOr<std::vector<NcclTestsResult>> blocks =
-      !body.empty() && body.front() == '{' ? internal::ParseJsonBlocks(body, source)
-                                           : TextParser(source).Parse(text);
+  StatusOr<std::vector<NcclTestsResult>> blocks = !body.empty() && body.front() == '{'
+                                                      ? internal::ParseJsonBlocks(body, source)
+                                                      : TextParser(source).Parse(text);
   if (!blocks.ok()) return blocks.status();
   std::vector<NcclTestsResult> out = std::move(blocks).value();
   for (std::size_t i = 0; i < out.size(); ++i) {
     out[i].block = static_cast<int>(i + 1);
     out[i].blocks_in_file = static_cast<int>(out.size());
-    out[i].source =
-        out.size() == 1 ? std::string(source) : fmt::format("{}#{}", source, i + 1);
+    out[i].source = out.size() == 1 ? std::string(source) : fmt::format("{}#{}", source, i + 1);
     if (!out[i].collective_name.empty()) {
       out[i].collective = ParseCollectiveKind(out[i].collective_name);
     }
@@ -568,10 +565,10 @@ std::optional<Bytes> NcclTypeBytes(std::string_view type) {
     Bytes bytes;
   };
   static constexpr Entry kTypes[] = {
-      {"int8", 1},     {"char", 1},     {"uint8", 1},  {"f8e4m3", 1},  {"f8e5m2", 1},
-      {"fp8_e4m3", 1}, {"fp8_e5m2", 1}, {"half", 2},   {"float16", 2}, {"bfloat16", 2},
-      {"bf16", 2},     {"fp16", 2},     {"int32", 4},  {"int", 4},     {"uint32", 4},
-      {"float", 4},    {"float32", 4},  {"fp32", 4},   {"int64", 8},   {"uint64", 8},
+      {"int8", 1},     {"char", 1},     {"uint8", 1}, {"f8e4m3", 1},  {"f8e5m2", 1},
+      {"fp8_e4m3", 1}, {"fp8_e5m2", 1}, {"half", 2},  {"float16", 2}, {"bfloat16", 2},
+      {"bf16", 2},     {"fp16", 2},     {"int32", 4}, {"int", 4},     {"uint32", 4},
+      {"float", 4},    {"float32", 4},  {"fp32", 4},  {"int64", 8},   {"uint64", 8},
       {"double", 8},   {"float64", 8},
   };
   std::string lower = Lower(type);
@@ -680,12 +677,12 @@ StatusOr<std::vector<NcclTestsResult>> ParseNcclTestsBlocks(std::string_view tex
     }
     if (picked.empty()) {
       if (blocks.size() == 1 && !blocks.front().collective_name.empty()) {
-        return InvalidInput(fmt::format("{}: the file is {} output (from its {}) but {} {} was asked for",
-                                        source, blocks.front().collective_name,
-                                        blocks.front().collective_from, kCollectiveFlag, want));
+        return InvalidInput(fmt::format(
+            "{}: the file is {} output (from its {}) but {} {} was asked for", source,
+            blocks.front().collective_name, blocks.front().collective_from, kCollectiveFlag, want));
       }
-      return InvalidInput(fmt::format("{}: no {} results in this file; it holds {}", source, want,
-                                      Holds(blocks)));
+      return InvalidInput(
+          fmt::format("{}: no {} results in this file; it holds {}", source, want, Holds(blocks)));
     }
   } else {
     std::vector<const NcclTestsResult*> unknown;
@@ -694,9 +691,10 @@ StatusOr<std::vector<NcclTestsResult>> ParseNcclTestsBlocks(std::string_view tex
         picked.push_back(b);
       } else if (!b.collective_name.empty()) {
         if (notes) {
-          notes->push_back(fmt::format("{}: {} {} skipped (the cost model has all_gather, "
-                                       "reduce_scatter and all_reduce)",
-                                       source, Where(b), b.collective_name));
+          notes->push_back(
+              fmt::format("{}: {} {} skipped (the cost model has all_gather, "
+                          "reduce_scatter and all_reduce)",
+                          source, Where(b), b.collective_name));
         }
       } else {
         unknown.push_back(&b);
@@ -704,9 +702,9 @@ StatusOr<std::vector<NcclTestsResult>> ParseNcclTestsBlocks(std::string_view tex
     }
     if (!unknown.empty()) {
       const NcclTestsResult& u = *unknown.front();
-      std::string pick = blocks.size() > 1 ? fmt::format(" (with {} {} for this block)",
-                                                         kBlockFlag, u.block)
-                                           : std::string();
+      std::string pick = blocks.size() > 1
+                             ? fmt::format(" (with {} {} for this block)", kBlockFlag, u.block)
+                             : std::string();
       return InvalidInput(fmt::format(
           "{}: {}: cannot tell which collective this is (no 'Collective test starting' line, no "
           "test binary named, no telling file name); give {} all_gather|reduce_scatter|"
@@ -714,9 +712,9 @@ StatusOr<std::vector<NcclTestsResult>> ParseNcclTestsBlocks(std::string_view tex
           source, Where(u), kCollectiveFlag, pick));
     }
     if (picked.empty()) {
-      return InvalidInput(fmt::format(
-          "{}: no all_gather, reduce_scatter or all_reduce results; the file holds {}", source,
-          Holds(blocks)));
+      return InvalidInput(
+          fmt::format("{}: no all_gather, reduce_scatter or all_reduce results; the file holds {}",
+                      source, Holds(blocks)));
     }
   }
   for (NcclTestsResult& b : picked) FSDP_RETURN_IF_ERROR(ResolveRanks(b, options));
@@ -737,10 +735,10 @@ StatusOr<NcclTestsResult> ParseNcclTests(std::string_view text, std::string_view
   if (blocks.size() > 1) {
     std::set<std::string> kinds;
     for (const NcclTestsResult& b : blocks) kinds.insert(b.collective_name);
-    return InvalidInput(fmt::format(
-        "{}: the file holds {} result blocks ({}); give {}{} to pick one", source, blocks.size(),
-        Holds(blocks), kinds.size() > 1 ? std::string(kCollectiveFlag) + " C or " : "",
-        kBlockFlag));
+    return InvalidInput(
+        fmt::format("{}: the file holds {} result blocks ({}); give {}{} to pick one", source,
+                    blocks.size(), Holds(blocks),
+                    kinds.size() > 1 ? std::string(kCollectiveFlag) + " C or " : "", kBlockFlag));
   }
   return std::move(blocks.front());
 }

@@ -141,8 +141,8 @@ StatusOr<NcclTestsResult> NcclTestsJson(const json& doc, std::string_view source
 // `fsdplab bench-gather --json` (format "fsdplab.bench_gather", version 1).
 StatusOr<NcclTestsResult> BenchGatherJson(const json& doc, std::string_view source) {
   auto bad = [&](std::string_view what) {
-    return InvalidInput(fmt::format("{}: {} (a `fsdplab bench-gather --json` document)", source,
-                                    what));
+    return InvalidInput(
+        fmt::format("{}: {} (a `fsdplab bench-gather --json` document)", source, what));
   };
   if (doc.contains("version") && doc["version"] != 1) {
     return bad(fmt::format("version: {} (this fsdplab reads version 1)", doc["version"].dump()));

@@ -99,9 +99,11 @@ std::string Panel(const CollectiveFit& fit, double y0) {
   const double k_lo = std::log10(static_cast<double>(fit.curve.knots.front().bytes));
   const double k_hi = std::log10(static_cast<double>(fit.curve.knots.back().bytes));
   s += polyline(x_lo, x_hi, "stroke=\"#999\" stroke-dasharray=\"2,3\"", line);
-  s += polyline(x_lo, k_lo, "stroke=\"#1f77b4\" stroke-width=\"2\" stroke-dasharray=\"6,4\"", curve);
+  s +=
+      polyline(x_lo, k_lo, "stroke=\"#1f77b4\" stroke-width=\"2\" stroke-dasharray=\"6,4\"", curve);
   s += polyline(k_lo, k_hi, "stroke=\"#1f77b4\" stroke-width=\"2\"", curve);
-  s += polyline(k_hi, x_hi, "stroke=\"#1f77b4\" stroke-width=\"2\" stroke-dasharray=\"6,4\"", curve);
+  s +=
+      polyline(k_hi, x_hi, "stroke=\"#1f77b4\" stroke-width=\"2\" stroke-dasharray=\"6,4\"", curve);
   for (const FitPoint& p : fit.points) {
     s += fmt::format(
         "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"#d62728\"><title>{} B: measured {:.2f} "

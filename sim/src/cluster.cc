@@ -226,12 +226,13 @@ CollectiveCost Cluster::Cost(CollectiveKind kind, Bytes bytes, int group_size) c
   int node_count = (group_size + g - 1) / g;
   CollectiveCost in = intra_cost(g);
   out.tier = "inter+intra";
-  out.time_us = RingUs(node_count, bytes / static_cast<Bytes>(g), inter.latency_us,
-                       inter.bandwidth_GBps) +
-                in.time_us;
+  out.time_us =
+      RingUs(node_count, bytes / static_cast<Bytes>(g), inter.latency_us, inter.bandwidth_GBps) +
+      in.time_us;
   out.source = fmt::format("hierarchical: inter line ({}) + {}", line_kind, in.source);
-  out.detail = fmt::format("ring over {} nodes of 1/{} of the buffer at {:g} us, {:g} GB/s; then {}",
-                           node_count, g, inter.latency_us, inter.bandwidth_GBps, in.detail);
+  out.detail =
+      fmt::format("ring over {} nodes of 1/{} of the buffer at {:g} us, {:g} GB/s; then {}",
+                  node_count, g, inter.latency_us, inter.bandwidth_GBps, in.detail);
   return out;
 }
 
@@ -300,13 +301,13 @@ StatusOr<Cluster> ParseClusterJson(std::string_view json_text) {
       c.comm_contention = cc;
     } else if (key == "format") {
       if (value != "fsdplab.cluster") {
-        return InvalidInput(fmt::format("cluster.format: {} is not \"fsdplab.cluster\"",
-                                        value.dump()));
+        return InvalidInput(
+            fmt::format("cluster.format: {} is not \"fsdplab.cluster\"", value.dump()));
       }
     } else if (key == "version") {
       if (!value.is_number_integer() || value.get<int>() < 1 || value.get<int>() > 2) {
-        return InvalidInput(fmt::format(
-            "cluster.version: {} (this fsdplab reads versions 1 and 2)", value.dump()));
+        return InvalidInput(
+            fmt::format("cluster.version: {} (this fsdplab reads versions 1 and 2)", value.dump()));
       }
     } else if (key == "notes") {
       if (!value.is_array()) return InvalidInput("cluster.notes: expected a list of strings");

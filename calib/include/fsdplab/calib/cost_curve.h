@@ -29,8 +29,9 @@
 // repeated timings (`repeats`: nccl-tests prints every size twice, out of place and in place) or,
 // without them, the scatter of the sizes about the line through their neighbours, as the median
 // over the 3 sizes on either side: small latency-bound messages scatter by several percent, large
-// bandwidth-bound ones agree to a fraction of one. So clean data follow the measured curve through its protocol switches, and noisy data
-// get few knots: at the extreme one segment, which is then exactly the alpha-beta line (latency
+// bandwidth-bound ones agree to a fraction of one. So clean data follow the measured curve through
+// its protocol switches, and noisy data get few knots: at the extreme one segment, which is then
+// exactly the alpha-beta line (latency
 // >= 0) fitted to the same points.
 // The tail: a line fitted (relative error) to the sizes within `tail_span` of the largest; its
 // slope is the asymptotic bandwidth when the bandwidth term is at least half of the largest size's
@@ -102,7 +103,7 @@ std::vector<SizeTime> NormalisePoints(std::vector<SizeTime> points);
 struct CurveFitOptions final {
   double min_segment_ratio = 2.0;  // each segment spans at least this factor of sizes
   int max_knots = 32;
-  double tail_span = 4.0;       // the asymptotic bandwidth from sizes >= largest / tail_span
+  double tail_span = 4.0;  // the asymptotic bandwidth from sizes >= largest / tail_span
   // The spread of repeated timings per size (RepeatSpread: the out-of-place and in-place halves
   // of the rows, several runs); without them, the scatter between neighbouring sizes.
   std::map<Bytes, double> repeats;
@@ -136,8 +137,7 @@ struct Segment final {
 
 TimeUs RingTimeUs(const Segment& segment, Bytes total_bytes, int world_size);
 // Old cluster files: the segment whose range holds the size (the last one above it).
-TimeUs PredictCollectiveUs(const std::vector<Segment>& segments, Bytes total_bytes,
-                           int world_size);
+TimeUs PredictCollectiveUs(const std::vector<Segment>& segments, Bytes total_bytes, int world_size);
 Status ValidateSegments(const std::vector<Segment>& segments);
 
 // The least-squares (relative error) alpha-beta line through the points, latency >= 0 and

@@ -92,22 +92,22 @@ struct NcclDevice final {
 
 // One block: the output of one run of one test binary.
 struct NcclTestsResult final {
-  std::string source;   // file name, with "#N" when the file holds several blocks
-  int block = 1;        // 1-based position of the block in its file
+  std::string source;  // file name, with "#N" when the file holds several blocks
+  int block = 1;       // 1-based position of the block in its file
   int blocks_in_file = 1;
-  int first_line = 0;   // first line of the block (0 for JSON)
+  int first_line = 0;  // first line of the block (0 for JSON)
   int last_line = 0;
   std::string program;  // "all_gather_perf" when the block says so
   // The collective as nccl-tests names it ("all_gather", "alltoall", "sendrecv", ...); empty
   // when unknown. `collective` is set for the three the cost model knows.
   std::string collective_name;
   std::optional<CollectiveKind> collective;
-  std::string collective_from;  // where the name came from, for messages ("file name", ...)
-  int ranks = 0;                // number of ranks of the run (> 0 once resolved)
+  std::string collective_from;      // where the name came from, for messages ("file name", ...)
+  int ranks = 0;                    // number of ranks of the run (> 0 once resolved)
   std::vector<NcclDevice> devices;  // this block's device list, once per rank; may be empty
   std::optional<int> nthreads;
   std::optional<int> ngpus;
-  std::optional<int> ranks_hint;  // bench-gather's "N ranks"
+  std::optional<int> ranks_hint;         // bench-gather's "N ranks"
   std::optional<double> avg_busbw_GBps;  // `# Avg bus bandwidth`
   std::vector<NcclTestsRow> rows;        // in file order, size-0 rows included
 
@@ -147,13 +147,12 @@ StatusOr<std::vector<NcclTestsResult>> SplitNcclTests(std::string_view text,
 // The blocks of the collectives the cost model knows (all_gather, reduce_scatter, all_reduce),
 // with collective and ranks resolved; with options.collective, only that collective's blocks.
 // `notes` (may be null) receives what was skipped (blocks of other collectives).
-StatusOr<std::vector<NcclTestsResult>> ParseNcclTestsBlocks(std::string_view text,
-                                                            std::string_view source,
-                                                            const NcclTestsOptions& options = {},
-                                                            std::vector<std::string>* notes = nullptr);
-StatusOr<std::vector<NcclTestsResult>> ReadNcclTestsBlocks(const std::string& path,
-                                                           const NcclTestsOptions& options = {},
-                                                           std::vector<std::string>* notes = nullptr);
+StatusOr<std::vector<NcclTestsResult>> ParseNcclTestsBlocks(
+    std::string_view text, std::string_view source, const NcclTestsOptions& options = {},
+    std::vector<std::string>* notes = nullptr);
+StatusOr<std::vector<NcclTestsResult>> ReadNcclTestsBlocks(
+    const std::string& path, const NcclTestsOptions& options = {},
+    std::vector<std::string>* notes = nullptr);
 
 // Exactly one block: as ParseNcclTestsBlocks, and an error naming --collective / --block when the
 // file holds several.

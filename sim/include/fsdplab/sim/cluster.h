@@ -50,10 +50,10 @@
 #include <string_view>
 #include <vector>
 
+#include "fsdplab/calib/calibration.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/core/units.h"
-#include "fsdplab/calib/calibration.h"
 
 namespace fsdplab::sim {
 
