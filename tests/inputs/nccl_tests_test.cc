@@ -260,7 +260,6 @@ TEST(NcclTestsParse, TypeSizesAndNames) {
   EXPECT_FALSE(CollectiveFromName("broadcast.log").has_value());
 }
 
-
 std::string Slurp(const std::string& name) {
   StatusOr<std::string> s = ReadFile(kDir + name);
   EXPECT_TRUE(s.ok()) << name;
@@ -314,8 +313,7 @@ TEST(NcclTestsBlocks, PickedCollectiveEqualsTheBlockCutOut) {
     EXPECT_EQ(picked->avg_busbw_GBps, alone.avg_busbw_GBps);
   }
   // all_gather at 32 MiB: 125.45 us, as in the all_gather block (not the mean of five).
-  StatusOr<NcclTestsResult> ag =
-      ParseNcclTests(log, "multi.txt", Opts(CollectiveKind::kAllGather));
+  StatusOr<NcclTestsResult> ag = ParseNcclTests(log, "multi.txt", Opts(CollectiveKind::kAllGather));
   ASSERT_TRUE(ag.ok());
   for (const NcclTestsRow& row : ag->rows) {
     if (row.size_bytes == 33554432) {
@@ -326,8 +324,8 @@ TEST(NcclTestsBlocks, PickedCollectiveEqualsTheBlockCutOut) {
 
 TEST(NcclTestsBlocks, WithoutAFlagEveryKnownCollectiveSeparately) {
   std::vector<std::string> notes;
-  StatusOr<std::vector<NcclTestsResult>> blocks = ParseNcclTestsBlocks(
-      Slurp("multi_8xH100_script-5-collectives.txt"), "multi.txt", {}, &notes);
+  StatusOr<std::vector<NcclTestsResult>> blocks =
+      ParseNcclTestsBlocks(Slurp("multi_8xH100_script-5-collectives.txt"), "multi.txt", {}, &notes);
   ASSERT_TRUE(blocks.ok()) << blocks.status().ToString();
   ASSERT_EQ(blocks->size(), 3u);
   EXPECT_EQ((*blocks)[0].collective, CollectiveKind::kAllReduce);
@@ -346,8 +344,8 @@ TEST(NcclTestsBlocks, WithoutAFlagEveryKnownCollectiveSeparately) {
 TEST(NcclTestsBlocks, AnAbsentCollectiveIsNeverSubstituted) {
   NcclTestsOptions opts;
   opts.collective = CollectiveKind::kReduceScatter;
-  StatusOr<std::vector<NcclTestsResult>> r = ParseNcclTestsBlocks(
-      Slurp("multi_8xH100_all_reduce-then-all_gather.txt"), "two.txt", opts);
+  StatusOr<std::vector<NcclTestsResult>> r =
+      ParseNcclTestsBlocks(Slurp("multi_8xH100_all_reduce-then-all_gather.txt"), "two.txt", opts);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidInput);
   const std::string m = r.status().message();
@@ -390,7 +388,8 @@ TEST(NcclTestsBlocks, AmbiguousFilesNameTheFlagThatResolvesThem) {
   StatusOr<NcclTestsResult> r = ParseNcclTests(ar, "excerpt.txt");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("--collective"), std::string::npos) << r.status().message();
-  r = ParseNcclTests(ar, "excerpt.txt", Opts(std::nullopt, 8));  // --ranks alone: still the collective
+  r = ParseNcclTests(ar, "excerpt.txt",
+                     Opts(std::nullopt, 8));  // --ranks alone: still the collective
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("--collective"), std::string::npos) << r.status().message();
   r = ParseNcclTests(ar, "excerpt.txt", Opts(CollectiveKind::kAllReduce));
@@ -422,7 +421,7 @@ TEST(NcclTestsBlocks, SizeRestartsAndRedopChangesSplitBlocks) {
       "#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
       "1024 32 float none -1 20.5 0.05 0.04 0 21.0 0.05 0.04 0\n"
       "2048 64 float none -1 21.5 0.10 0.08 0 21.0 0.10 0.09 0\n"
-      "1024 32 float none -1 20.7 0.05 0.04 0 21.0 0.05 0.04 0\n"   // restart: a second run
+      "1024 32 float none -1 20.7 0.05 0.04 0 21.0 0.05 0.04 0\n"  // restart: a second run
       "2048 64 float none -1 21.9 0.10 0.08 0 21.0 0.10 0.09 0\n"
       "4096 128 float sum -1 30.0 0.10 0.08 0 31.0 0.10 0.09 0\n";  // redop changes
   StatusOr<std::vector<NcclTestsResult>> b = SplitNcclTests(t, "runs.txt");
@@ -437,7 +436,7 @@ TEST(NcclTestsBlocks, SizeRestartsAndRedopChangesSplitBlocks) {
 TEST(NcclTestsBlocks, ReadsBenchGatherOutput) {
   NcclTestsResult t = MustRead("bench-gather_host-2ranks_all_gather_stdout.txt");
   EXPECT_EQ(t.collective, CollectiveKind::kAllGather);
-  EXPECT_EQ(t.ranks, 2);  // "2 ranks" in its header (its count column is the whole buffer)
+  EXPECT_EQ(t.ranks, 2);          // "2 ranks" in its header (its count column is the whole buffer)
   ASSERT_EQ(t.rows.size(), 10u);  // 64 KiB .. 32 MiB
   EXPECT_EQ(t.rows[0].size_bytes, 65536u);
   EXPECT_FALSE(t.rows[0].in_place.has_value());  // the overlap columns are not an in-place half
