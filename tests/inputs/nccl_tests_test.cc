@@ -470,7 +470,49 @@ TEST(NcclTestsBlocks, EveryFileParsesOrNamesTheFix) {
                 m.find("--ranks") != std::string::npos || m.find("--block") != std::string::npos)
         << m;
   }
-  EXPECT_GE(files, 14);
+  EXPECT_GE(files, 15);
+}
+
+// The all_reduce pasted in nccl-tests issue #78: the binary named on the mpirun line, the old
+// header (redop, no root), no device list; all_reduce's size / count does not give the ranks.
+TEST(NcclTestsBlocks, OldFormatAllReduceNamedByItsCommandLine) {
+  StatusOr<NcclTestsResult> r =
+      ReadNcclTestsFile(kDir + "ar_256xV100_mpirun-oldformat_nccl-tests-issue78.txt");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--ranks"), std::string::npos) << r.status().message();
+  r = ReadNcclTestsFile(kDir + "ar_256xV100_mpirun-oldformat_nccl-tests-issue78.txt",
+                        Opts(std::nullopt, 256));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->collective, CollectiveKind::kAllReduce);
+  EXPECT_EQ(r->program, "all_reduce_perf");
+  EXPECT_EQ(r->ranks, 256);
+  ASSERT_EQ(r->rows.size(), 6u);
+  EXPECT_EQ(r->rows[0].redop, "sum");
+  EXPECT_FALSE(r->rows[0].root.has_value());
+  EXPECT_DOUBLE_EQ(r->rows[4].out_of_place->time_us, 16129);
+  EXPECT_DOUBLE_EQ(r->rows[4].in_place->time_us, 14383);
+}
+
+// nccl-tests 2.19's -I per-iteration columns after each half, and a timestamp: the halves are
+// found by the header's `time` columns (as writeResultHeader prints them).
+TEST(NcclTestsBlocks, PerIterationColumns) {
+  const std::string t =
+      "# Collective test starting: reduce_scatter_perf\n"
+      "#  Rank  0 Group  0 Pid 7 on h0 device  0 [0000:01:00] NVIDIA B200\n"
+      "#  Rank  1 Group  0 Pid 7 on h0 device  1 [0000:02:00] NVIDIA B200\n"
+      "#             size         count      type   redop    root     time   algbw   busbw  #wrong"
+      "    i_min    i_max    i_p99    i_cv%     time   algbw   busbw  #wrong    i_min    i_max"
+      "    i_p99    i_cv%            timestamp\n"
+      "        1048576        131072     float     sum      -1    20.50   51.15   25.58       0"
+      "    19.90    22.10    22.00     2.10    21.00   49.93   24.97       0    20.10    23.00"
+      "    22.90     2.50  2025-01-02 03:04:05\n";
+  StatusOr<NcclTestsResult> r = ParseNcclTests(t, "b200.txt");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->rows.size(), 1u);
+  EXPECT_EQ(r->ranks, 2);
+  EXPECT_DOUBLE_EQ(r->rows[0].out_of_place->time_us, 20.50);
+  EXPECT_DOUBLE_EQ(r->rows[0].in_place->time_us, 21.00);  // not i_min 19.90
+  EXPECT_DOUBLE_EQ(r->rows[0].in_place->busbw_GBps, 24.97);
 }
 
 }  // namespace
