@@ -437,6 +437,12 @@ StatusOr<CurveFit> FitCostCurve(std::vector<SizeTime> points, CollectiveKind col
     tau = {RingTimeUs(line, static_cast<Bytes>(use[0]), world_size),
            RingTimeUs(line, static_cast<Bytes>(use[1]), world_size)};
   }
+  // No segment implies a bus bandwidth above kMaxBusBandwidthGBps: knots tied to one time (a
+  // flat stretch) rise by the least a physical link needs (e.g. 5.6e-5 us over 128 B on 8 ranks).
+  const double min_slope = BusFactor(collective, world_size) / (kMaxBusBandwidthGBps * 1e3);
+  for (std::size_t k = 1; k < use.size(); ++k) {
+    tau[k] = std::max(tau[k], tau[k - 1] + (use[k] - use[k - 1]) * min_slope);
+  }
   for (std::size_t k = 0; k < use.size(); ++k) {
     out.curve.knots.push_back({static_cast<Bytes>(std::llround(use[k])), tau[k]});
   }

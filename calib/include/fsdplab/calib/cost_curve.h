@@ -11,8 +11,9 @@
 // Below the first knot the time is the first knot's (the measured latency); beyond the last it
 // grows at the asymptotic bandwidth measured on the largest sizes (`tail_busbw_GBps`, a bus
 // bandwidth: busbw = algbw x (W-1)/W for all_gather and reduce_scatter, x 2(W-1)/W for
-// all_reduce). Time therefore never decreases with size, and no bandwidth above
-// kMaxBusBandwidthGBps is ever implied.
+// all_reduce). Time therefore never decreases with size, and no segment between two knots, nor
+// the tail, implies a bus bandwidth above kMaxBusBandwidthGBps (a fitted flat stretch rises by the
+// least a physical link needs). Below the first knot the time is flat by definition.
 //
 // Other world sizes. The curve is measured over `world_size` ranks W. For W' ranks it is scaled
 // as a ring scales: W'-1 steps, each moving 1/W' of the buffer (the alpha-beta ring formula has
