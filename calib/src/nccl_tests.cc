@@ -526,8 +526,11 @@ Status ResolveRanks(NcclTestsResult& r, const NcclTestsOptions& options) {
         "count does not show it); give {} N",
         r.source, r.collective_name, r.collective_name, kRanksFlag));
   }
-  if (*ranks < 1) {
-    return InvalidInput(fmt::format("{}: {} ranks is not positive", r.source, *ranks));
+  if (*ranks < 2) {
+    return InvalidInput(fmt::format(
+        "{}: a run of {} rank measures no communication (a test binary started once per process "
+        "by mpirun or srun needs nccl-tests built with MPI=1; or give {} N if the file is wrong)",
+        r.source, *ranks, kRanksFlag));
   }
   r.ranks = *ranks;
   return Status::Ok();

@@ -493,6 +493,21 @@ TEST(NcclTestsBlocks, OldFormatAllReduceNamedByItsCommandLine) {
   EXPECT_DOUBLE_EQ(r->rows[4].in_place->time_us, 14383);
 }
 
+// mpirun starting a single-process build of nccl-tests once per rank: every copy is a 1-rank
+// run, which measures nothing; the message says why and what to do.
+TEST(NcclTestsBlocks, OneRankRunsAreRefusedWithTheReason) {
+  const std::string t =
+      "# Collective test starting: all_gather_perf\n"
+      "# nThread 1 nGpus 1 minBytes 1024 maxBytes 2048 step: 2(factor)\n"
+      "#  Rank  0 Group  0 Pid 7 on h0 device  0 [0000:01:00] NVIDIA H100\n"
+      "#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
+      "1024 256 float none -1 5.1 0.2 0.0 0 5.0 0.2 0.0 0\n"
+      "2048 512 float none -1 5.2 0.4 0.0 0 5.1 0.4 0.0 0\n";
+  StatusOr<NcclTestsResult> r = ParseNcclTests(t, "one.txt");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("MPI=1"), std::string::npos) << r.status().message();
+}
+
 // nccl-tests 2.19's -I per-iteration columns after each half, and a timestamp: the halves are
 // found by the header's `time` columns (as writeResultHeader prints them).
 TEST(NcclTestsBlocks, PerIterationColumns) {

@@ -199,7 +199,8 @@ Status Run(const Args& args) {
     if (!g.empty() && g.front()->ranks != r.ranks) {
       return InvalidInput(fmt::format(
           "{} {}: {} has {} ranks but {} has {}; one tier's curve is measured at one size of "
-          "world: calibrate them separately (or give --tier if one of them spans nodes)",
+          "world: pick one block with --block N, or calibrate the files separately (or give "
+          "--tier if one of them spans nodes)",
           CollectiveKindName(*r.collective), calib::TierKindName(tier), g.front()->source,
           g.front()->ranks, r.source, r.ranks));
     }
