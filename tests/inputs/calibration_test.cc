@@ -422,8 +422,43 @@ TEST(Calibration, InterLineFromAnotherCollectiveIsPhysical) {
   sim::CollectiveCost ag = c->Cost(CollectiveKind::kAllGather, b, 16);
   double rs_us = c->CollectiveUs(CollectiveKind::kReduceScatter, b, 16);
   EXPECT_EQ(ag.tier, "inter+intra");
+  EXPECT_DOUBLE_EQ(ag.time_us, c->CollectiveUs(CollectiveKind::kAllGather, b, 16));
   EXPECT_GT(ag.time_us, 0.6 * rs_us);
   EXPECT_LT(ag.time_us, 1.4 * rs_us);
+}
+
+// Cost() explains and CollectiveUs() (the simulator's hot path) does not: they must agree on
+// every case (curve or line, intra, inter, hierarchical, all_reduce as two collectives).
+TEST(Calibration, CostAndCollectiveUsAgree) {
+  StatusOr<NcclTestsResult> intra = ReadNcclTestsFile(kDir + "ag_8xH100_together-ring.txt");
+  StatusOr<NcclTestsResult> inter =
+      ReadNcclTestsFile(kDir + "ag_16xH100_2node_gke-a3mega-tcpxo_cluster-toolkit.txt");
+  StatusOr<NcclTestsResult> ar = ReadNcclTestsFile(kDir + "ar_8xH100_together-ring.txt");
+  ASSERT_TRUE(intra.ok() && inter.ok() && ar.ok());
+  CalibratedCluster cluster;
+  cluster.world_size = 32;
+  for (auto [r, tier] : {std::pair{&*intra, TierKind::kIntra}, std::pair{&*inter, TierKind::kInter},
+                         std::pair{&*ar, TierKind::kIntra}}) {
+    StatusOr<CollectiveFit> f = FitNcclTests(*r, tier, FitOptions{});
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    cluster.fits.push_back(*f);
+  }
+  StatusOr<Cluster> c = ParseClusterJson(CalibratedClusterJson(cluster));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  for (CollectiveKind k :
+       {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce}) {
+    for (int w : {1, 2, 8, 16, 32}) {
+      for (Bytes b : {Bytes{0}, Bytes{4096}, Bytes{25} << 20, Bytes{16} << 30}) {
+        EXPECT_DOUBLE_EQ(c->Cost(k, b, w).time_us, c->CollectiveUs(k, b, w))
+            << CollectiveKindName(k) << " " << w << " " << b;
+      }
+    }
+  }
+  EXPECT_EQ(c->Cost(CollectiveKind::kAllGather, 1 << 20, 16).tier, "inter");
+  EXPECT_EQ(c->Cost(CollectiveKind::kAllGather, 1 << 20, 32).tier, "inter");
+  EXPECT_EQ(c->Cost(CollectiveKind::kReduceScatter, 1 << 20, 32).tier, "inter+intra");
+  EXPECT_NE(c->Cost(CollectiveKind::kAllReduce, 1 << 20, 8).source.find("all_reduce intra"),
+            std::string::npos);
 }
 
 TEST(Calibration, RejectsWhatCannotBeFitted) {
