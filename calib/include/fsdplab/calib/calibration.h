@@ -10,10 +10,13 @@
 // Fitting. The out-of-place times (or in-place, FitOptions::in_place) of every size of every
 // block given (repeated runs on one cluster: their sizes pooled, repeats averaged) are fitted with
 // FitCostCurve; the measurement noise comes from every size timed twice (the out-of-place and
-// in-place halves, repeats across blocks). The fit keeps, for the report, each size's measured and
-// fitted time and error, the single alpha-beta line fitted to the same points (the baseline), and
-// warnings: noisy data (a size timed twice differing by more than 15%, the time falling by more
-// than 5% from one size to the next, a residual above 10%), and a sweep too narrow to extrapolate.
+// in-place halves, repeats across blocks). A row whose two halves disagree by more than 15% is
+// fitted with the half in line with the sizes beside it (the other caught a disturbance, which
+// the monotone curve would otherwise carry to every larger size). The fit keeps, for the report,
+// each size's measured and fitted time and error, the single alpha-beta line fitted to the same
+// points (the baseline), and warnings: noisy data (a size timed twice differing by more than 15%,
+// the time falling by more than 5% from one size to the next, a residual above 10%), and a sweep
+// too narrow to extrapolate.
 //
 // Tiers. An `intra` fit describes a collective whose ranks are all on one node; an `inter` fit
 // describes the measured collective over ranks that span nodes, as one flat ring over all its W
