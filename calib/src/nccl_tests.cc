@@ -411,9 +411,11 @@ class TextParser {
         std::string program = cur_.program, name = cur_.collective_name;
         std::string from = cur_.collective_from;
         Close();
-        // A sweep that restarts with the same columns and no header of its own is the same run
-        // repeated (nccl-tests -N): it keeps the device list and the name.
-        if (!changed) {
+        // A sweep that starts without a header of its own belongs to the same run: the run
+        // repeated (nccl-tests -N), or its next reduction op or type (-o all, -d all), which
+        // changes the redop column. It keeps the device list and the name. Only a table that
+        // never named its collective and changes its redop/root may be another collective.
+        if (!changed || !name.empty()) {
           cur_.devices = std::move(devices);
           cur_.nthreads = nthreads;
           cur_.ngpus = ngpus;

@@ -414,22 +414,35 @@ TEST(NcclTestsBlocks, AmbiguousFilesNameTheFlagThatResolvesThem) {
   EXPECT_EQ(r->ranks, 8);
 }
 
-// Tables run back to back without headers: a size restart or a change of redop starts a block.
+// Sweeps run back to back without headers: a size restart or a change of redop starts a block.
+// Within a run that named itself (all_reduce_perf -o all: one sweep per reduction op) every sweep
+// is that collective; in a table that never said, a changed redop may be another collective.
 TEST(NcclTestsBlocks, SizeRestartsAndRedopChangesSplitBlocks) {
-  const std::string t =
-      "# Collective test starting: all_gather_perf\n"
+  const std::string named =
+      "# Collective test starting: all_reduce_perf\n"
+      "#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
+      "1024 256 float sum -1 20.5 0.05 0.09 0 21.0 0.05 0.09 0\n"
+      "2048 512 float sum -1 21.5 0.10 0.17 0 21.0 0.10 0.17 0\n"
+      "1024 256 float sum -1 20.7 0.05 0.09 0 21.0 0.05 0.09 0\n"  // restart: -N 2
+      "2048 512 float sum -1 21.9 0.10 0.16 0 21.0 0.10 0.17 0\n"
+      "1024 256 float max -1 20.1 0.05 0.09 0 20.0 0.05 0.09 0\n"  // -o all: the next op
+      "2048 512 float max -1 20.9 0.10 0.17 0 21.0 0.10 0.17 0\n";
+  StatusOr<std::vector<NcclTestsResult>> b = SplitNcclTests(named, "runs.txt");
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_EQ(b->size(), 3u);
+  for (const NcclTestsResult& r : *b) EXPECT_EQ(r.collective_name, "all_reduce") << r.source;
+  EXPECT_DOUBLE_EQ((*b)[1].rows[0].out_of_place->time_us, 20.7);
+  EXPECT_EQ((*b)[2].rows[0].redop, "max");
+  const std::string unnamed =
       "#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
       "1024 32 float none -1 20.5 0.05 0.04 0 21.0 0.05 0.04 0\n"
       "2048 64 float none -1 21.5 0.10 0.08 0 21.0 0.10 0.09 0\n"
-      "1024 32 float none -1 20.7 0.05 0.04 0 21.0 0.05 0.04 0\n"  // restart: a second run
-      "2048 64 float none -1 21.9 0.10 0.08 0 21.0 0.10 0.09 0\n"
-      "4096 128 float sum -1 30.0 0.10 0.08 0 31.0 0.10 0.09 0\n";  // redop changes
-  StatusOr<std::vector<NcclTestsResult>> b = SplitNcclTests(t, "runs.txt");
+      "4096 128 float sum -1 30.0 0.10 0.08 0 31.0 0.10 0.09 0\n";
+  b = SplitNcclTests(unnamed, "tables.txt");
   ASSERT_TRUE(b.ok()) << b.status().ToString();
-  ASSERT_EQ(b->size(), 3u);
-  EXPECT_EQ((*b)[1].collective_name, "all_gather");  // the same run repeated keeps its name
-  EXPECT_EQ((*b)[2].collective_name, "");            // another collective, unnamed
-  EXPECT_DOUBLE_EQ((*b)[1].rows[0].out_of_place->time_us, 20.7);
+  ASSERT_EQ(b->size(), 2u);
+  EXPECT_EQ((*b)[0].collective_name, "");
+  EXPECT_EQ((*b)[1].collective_name, "");
 }
 
 // `fsdplab bench-gather`'s own standard output (table) and --json.

@@ -13,8 +13,11 @@
 // header that follows rows, at a row after the `# Avg bus bandwidth` footer, at a row whose size
 // is smaller than the previous one (the sweep restarted), and at a row whose redop/root columns
 // differ from the rows before it. `# Collective test concluded` ends one. Blocks without rows are
-// dropped. Each block keeps its own device list (a list repeated inside a block counts once, by
-// rank), its own header, footer and rows.
+// dropped. A block that starts without a header of its own (a repeated sweep, nccl-tests -N; the
+// next reduction op or type of -o all / -d all) keeps the name and device list of the run before
+// it, unless that run never named its collective and the redop/root columns change. Each block
+// keeps its own device list (a list repeated inside a block counts once, by rank), its own header,
+// footer and rows.
 //
 // Lines may carry `mpirun --tag-output` tags (`[1,0]<stdout>:`), anywhere in the line (output of
 // several processes interleaves), an `srun --label` prefix (`3: `) or an MPICH/Intel MPI rank
