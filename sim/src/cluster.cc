@@ -65,14 +65,23 @@ Status ParseSegments(const json& arr, std::string_view where, std::vector<Segmen
   return ValidateSegments(out).WithContext(where);
 }
 
-Status ParseCalibration(const json& obj, std::string_view where, TierCalibration& cal) {
+// A tier's model: a cost curve (an object) or version-1 segments (a list).
+Status ParseTierModel(const json& value, CollectiveKind kind, std::string_view where,
+                      TierModel& model) {
+  if (value.is_array()) return ParseSegments(value, where, model.segments);
+  FSDP_ASSIGN_OR_RETURN(model.curve, calib::ParseCostCurveJson(value.dump(), kind, where));
+  return Status::Ok();
+}
+
+Status ParseCalibration(const json& obj, CollectiveKind kind, std::string_view where,
+                        TierCalibration& cal) {
   if (!obj.is_object()) return InvalidInput(fmt::format("{}: expected an object", where));
   for (const auto& [key, value] : obj.items()) {
     std::string at = fmt::format("{}.{}", where, key);
     if (key == "intra") {
-      FSDP_RETURN_IF_ERROR(ParseSegments(value, at, cal.intra));
+      FSDP_RETURN_IF_ERROR(ParseTierModel(value, kind, at, cal.intra));
     } else if (key == "inter") {
-      FSDP_RETURN_IF_ERROR(ParseSegments(value, at, cal.inter));
+      FSDP_RETURN_IF_ERROR(ParseTierModel(value, kind, at, cal.inter));
     } else {
       return InvalidInput(fmt::format("{}: unknown tier (expected intra, inter)", at));
     }
@@ -111,10 +120,15 @@ json SegmentsJson(const std::vector<Segment>& segs) {
   return arr;
 }
 
+json TierModelJson(const TierModel& m) {
+  if (!m.curve.empty()) return json::parse(calib::CostCurveJson(m.curve));
+  return SegmentsJson(m.segments);
+}
+
 json CalibrationJson(const TierCalibration& cal) {
   json obj = json::object();
-  if (!cal.intra.empty()) obj["intra"] = SegmentsJson(cal.intra);
-  if (!cal.inter.empty()) obj["inter"] = SegmentsJson(cal.inter);
+  if (!cal.intra.empty()) obj["intra"] = TierModelJson(cal.intra);
+  if (!cal.inter.empty()) obj["inter"] = TierModelJson(cal.inter);
   return obj;
 }
 
@@ -130,27 +144,112 @@ TimeUs RingUs(int ranks, Bytes bytes, TimeUs latency_us, double bandwidth_GBps) 
   return (n - 1) * latency_us + (n - 1) / n * static_cast<double>(bytes) / (bandwidth_GBps * 1e3);
 }
 
+TimeUs TierModel::Us(Bytes bytes, int world_size) const {
+  if (!curve.empty()) return calib::CurveTimeUs(curve, bytes, world_size);
+  return PredictCollectiveUs(segments, bytes, world_size);
+}
+
+std::string TierModel::Describe(Bytes bytes, int world_size) const {
+  if (!curve.empty()) {
+    calib::CurvePoint p = calib::EvaluateCurve(curve, bytes, world_size);
+    return fmt::format("curve {} (measured on {} ranks)", p.Describe(curve), curve.world_size);
+  }
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    if (bytes < segments[i].max_bytes || i + 1 == segments.size()) {
+      return fmt::format("version-1 segment {}: {:g} us, {:g} GB/s", i, segments[i].latency_us,
+                         segments[i].bandwidth_GBps);
+    }
+  }
+  return "no model";
+}
+
+const TierCalibration& Cluster::calibration(CollectiveKind kind) const {
+  switch (kind) {
+    case CollectiveKind::kAllGather: return all_gather;
+    case CollectiveKind::kReduceScatter: return reduce_scatter;
+    case CollectiveKind::kAllReduce: return all_reduce;
+  }
+  return all_gather;
+}
+
 TimeUs Cluster::CollectiveUs(CollectiveKind kind, Bytes bytes) const {
   return CollectiveUs(kind, bytes, world_size);
 }
 
 TimeUs Cluster::CollectiveUs(CollectiveKind kind, Bytes bytes, int group_size) const {
+  // The simulator's hot path: the same cases as Cost(), without building the explanation.
   if (group_size <= 1) return 0;
-  if (kind == CollectiveKind::kAllReduce) {
+  const TierCalibration& cal = calibration(kind);
+  if (kind == CollectiveKind::kAllReduce && cal.empty()) {
     return CollectiveUs(CollectiveKind::kReduceScatter, bytes, group_size) +
            CollectiveUs(CollectiveKind::kAllGather, bytes, group_size);
   }
-  const TierCalibration& cal = kind == CollectiveKind::kAllGather ? all_gather : reduce_scatter;
-  int g = std::max(1, gpus_per_node);
+  const int g = std::max(1, gpus_per_node);
   auto intra_us = [&](int ranks) {
     return cal.intra.empty() ? RingUs(ranks, bytes, intra.latency_us, intra.bandwidth_GBps)
-                             : PredictCollectiveUs(cal.intra, bytes, ranks);
+                             : cal.intra.Us(bytes, ranks);
   };
   if (group_size <= g) return intra_us(group_size);
-  if (!cal.inter.empty()) return PredictCollectiveUs(cal.inter, bytes, group_size);
+  if (!cal.inter.empty()) return cal.inter.Us(bytes, group_size);
   int node_count = (group_size + g - 1) / g;
   return RingUs(node_count, bytes / static_cast<Bytes>(g), inter.latency_us, inter.bandwidth_GBps) +
          intra_us(g);
+}
+
+CollectiveCost Cluster::Cost(CollectiveKind kind, Bytes bytes, int group_size) const {
+  CollectiveCost out;
+  if (group_size <= 1) {
+    out.source = "one rank: no collective";
+    return out;
+  }
+  const std::string name(CollectiveKindName(kind));
+  const TierCalibration& cal = calibration(kind);
+  if (kind == CollectiveKind::kAllReduce && cal.empty()) {
+    CollectiveCost rs = Cost(CollectiveKind::kReduceScatter, bytes, group_size);
+    CollectiveCost ag = Cost(CollectiveKind::kAllGather, bytes, group_size);
+    out.time_us = rs.time_us + ag.time_us;
+    out.tier = rs.tier;
+    out.source = fmt::format("no all_reduce calibration: reduce_scatter ({}) + all_gather ({})",
+                             rs.source, ag.source);
+    out.detail = fmt::format("{}; {}", rs.detail, ag.detail);
+    return out;
+  }
+  const int g = std::max(1, gpus_per_node);
+  const std::string line_kind = defaults_used ? "default" : "from the cluster file";
+  auto intra_cost = [&](int ranks) {
+    CollectiveCost c;
+    c.tier = "intra";
+    if (!cal.intra.empty()) {
+      c.time_us = cal.intra.Us(bytes, ranks);
+      c.source = fmt::format("{} intra calibration", name);
+      c.detail = cal.intra.Describe(bytes, ranks);
+    } else {
+      c.time_us = RingUs(ranks, bytes, intra.latency_us, intra.bandwidth_GBps);
+      c.source = fmt::format("intra line ({})", line_kind);
+      c.detail = fmt::format("ring over {} ranks, {:g} us, {:g} GB/s", ranks, intra.latency_us,
+                             intra.bandwidth_GBps);
+    }
+    return c;
+  };
+  if (group_size <= g) return intra_cost(group_size);
+  if (!cal.inter.empty()) {
+    out.tier = "inter";
+    out.time_us = cal.inter.Us(bytes, group_size);
+    out.source = fmt::format("{} inter calibration", name);
+    out.detail = cal.inter.Describe(bytes, group_size);
+    return out;
+  }
+  int node_count = (group_size + g - 1) / g;
+  CollectiveCost in = intra_cost(g);
+  out.tier = "inter+intra";
+  out.time_us =
+      RingUs(node_count, bytes / static_cast<Bytes>(g), inter.latency_us, inter.bandwidth_GBps) +
+      in.time_us;
+  out.source = fmt::format("hierarchical: inter line ({}) + {}", line_kind, in.source);
+  out.detail =
+      fmt::format("ring over {} nodes of 1/{} of the buffer at {:g} us, {:g} GB/s; then {}",
+                  node_count, g, inter.latency_us, inter.bandwidth_GBps, in.detail);
+  return out;
 }
 
 Status ValidateCluster(const Cluster& c) {
@@ -202,19 +301,36 @@ StatusOr<Cluster> ParseClusterJson(std::string_view json_text) {
       if (!value.is_object()) return InvalidInput("cluster.calibration: expected an object");
       for (const auto& [ckey, cvalue] : value.items()) {
         std::string at = "cluster.calibration." + ckey;
-        if (ckey == "all_gather") {
-          FSDP_RETURN_IF_ERROR(ParseCalibration(cvalue, at, c.all_gather));
-        } else if (ckey == "reduce_scatter") {
-          FSDP_RETURN_IF_ERROR(ParseCalibration(cvalue, at, c.reduce_scatter));
-        } else {
-          return InvalidInput(
-              fmt::format("{}: unknown collective (expected all_gather, reduce_scatter)", at));
+        std::optional<CollectiveKind> kind = ParseCollectiveKind(ckey);
+        if (!kind) {
+          return InvalidInput(fmt::format(
+              "{}: unknown collective (expected all_gather, reduce_scatter, all_reduce)", at));
         }
+        TierCalibration& cal = *kind == CollectiveKind::kAllGather       ? c.all_gather
+                               : *kind == CollectiveKind::kReduceScatter ? c.reduce_scatter
+                                                                         : c.all_reduce;
+        FSDP_RETURN_IF_ERROR(ParseCalibration(cvalue, *kind, at, cal));
       }
     } else if (key == "comm_contention") {
       CommContention cc;
       FSDP_RETURN_IF_ERROR(ParseCommContention(value, "cluster.comm_contention", cc));
       c.comm_contention = cc;
+    } else if (key == "format") {
+      if (value != "fsdplab.cluster") {
+        return InvalidInput(
+            fmt::format("cluster.format: {} is not \"fsdplab.cluster\"", value.dump()));
+      }
+    } else if (key == "version") {
+      if (!value.is_number_integer() || value.get<int>() < 1 || value.get<int>() > 2) {
+        return InvalidInput(
+            fmt::format("cluster.version: {} (this fsdplab reads versions 1 and 2)", value.dump()));
+      }
+    } else if (key == "notes") {
+      if (!value.is_array()) return InvalidInput("cluster.notes: expected a list of strings");
+      for (const json& n : value) {
+        if (!n.is_string()) return InvalidInput("cluster.notes: expected a list of strings");
+        c.notes.push_back(n.get<std::string>());
+      }
     } else if (key == "defaults_used" || key == "description" || key == "source") {
       // Printed back by ClusterToJson or added by tools; informational.
     } else {
@@ -234,17 +350,21 @@ StatusOr<Cluster> ReadClusterFile(const std::string& path) {
 
 std::string ClusterToJson(const Cluster& c) {
   json doc = {
+      {"format", "fsdplab.cluster"},
+      {"version", 2},
       {"world_size", c.world_size},
       {"gpus_per_node", c.gpus_per_node},
       {"intra", {{"bandwidth_GBps", c.intra.bandwidth_GBps}, {"latency_us", c.intra.latency_us}}},
       {"inter", {{"bandwidth_GBps", c.inter.bandwidth_GBps}, {"latency_us", c.inter.latency_us}}},
       {"compute_scale", c.compute_scale}};
-  if (!c.all_gather.empty() || !c.reduce_scatter.empty()) {
+  if (!c.all_gather.empty() || !c.reduce_scatter.empty() || !c.all_reduce.empty()) {
     json cal = json::object();
     if (!c.all_gather.empty()) cal["all_gather"] = CalibrationJson(c.all_gather);
     if (!c.reduce_scatter.empty()) cal["reduce_scatter"] = CalibrationJson(c.reduce_scatter);
+    if (!c.all_reduce.empty()) cal["all_reduce"] = CalibrationJson(c.all_reduce);
     doc["calibration"] = cal;
   }
+  if (!c.notes.empty()) doc["notes"] = c.notes;
   if (c.comm_contention) {
     doc["comm_contention"] = {{"all_gather", c.comm_contention->all_gather},
                               {"reduce_scatter", c.comm_contention->reduce_scatter}};
@@ -260,7 +380,9 @@ std::string DescribeCluster(const Cluster& c) {
       c.world_size, c.nodes(), c.nodes() == 1 ? "" : "s", std::min(c.world_size, c.gpus_per_node),
       c.intra.bandwidth_GBps, c.intra.latency_us, c.inter.bandwidth_GBps, c.inter.latency_us,
       c.compute_scale);
-  if (!c.all_gather.empty() || !c.reduce_scatter.empty()) s += ", calibrated";
+  if (!c.all_gather.empty() || !c.reduce_scatter.empty() || !c.all_reduce.empty()) {
+    s += ", calibrated";
+  }
   if (c.comm_contention) {
     s += fmt::format(", comm contention: all-gather x{:g}, reduce-scatter x{:g} while both run",
                      1 + c.comm_contention->all_gather, 1 + c.comm_contention->reduce_scatter);

@@ -1,23 +1,36 @@
-#include "fsdplab/sim/calibration.h"
+#include "fsdplab/calib/calibration.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "fsdplab/calib/cost_curve.h"
+#include "fsdplab/calib/nccl_tests.h"
+#include "fsdplab/core/file_util.h"
 #include "fsdplab/sim/cluster.h"
-#include "fsdplab/sim/nccl_tests.h"
 
-namespace fsdplab::sim {
+namespace fsdplab::calib {
 namespace {
+
+using sim::Cluster;
+using sim::ParseClusterJson;
 
 const std::string kDir = std::string(FSDPLAB_TEST_DATA_DIR) + "/nccl-tests/";
 
 // time = (W-1)*alpha + (W-1)/W * bytes / (bw * 1e3).
 double Ring(double alpha_us, double bw_GBps, int w, double bytes) {
   return (w - 1) * alpha_us + (w - 1.0) / w * bytes / (bw_GBps * 1e3);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  std::size_t n = v.size();
+  return n == 0 ? 0 : n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // An nccl-tests table generated from one alpha-beta line.
@@ -35,135 +48,292 @@ std::string GeneratedTable(double alpha_us, double bw_GBps, int w) {
   return t;
 }
 
-TEST(Calibration, RecoversAKnownLineExactly) {
-  // alpha 5 us, 150 GB/s, 8 ranks: one segment, the same two numbers back.
+// Every block of every nccl-tests output in the test data folder (so a log dropped there is
+// checked too), with the collective and ranks resolved; files that need a flag are skipped here
+// (EveryFileParsesOrNamesTheFix covers them).
+struct Block {
+  std::string file;
+  NcclTestsResult result;
+};
+std::vector<Block> AllBlocks() {
+  std::vector<Block> out;
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(kDir)) {
+    if (e.path().extension() == ".txt" || e.path().extension() == ".json")
+      files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files) {
+    StatusOr<std::vector<NcclTestsResult>> blocks = ReadNcclTestsBlocks(f.string());
+    if (!blocks.ok()) continue;
+    for (NcclTestsResult& b : *blocks) out.push_back({f.filename().string(), std::move(b)});
+  }
+  return out;
+}
+
+bool IsHostBench(const NcclTestsResult& r) { return r.program == "fsdplab bench-gather"; }
+
+TEST(CostCurve, RecoversAnAlphaBetaLineExactly) {
+  // alpha 5 us, 150 GB/s, 8 ranks: a line is one segment, and it is the line.
   StatusOr<NcclTestsResult> r = ParseNcclTests(GeneratedTable(5.0, 150.0, 8), "gen.txt");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->ranks, 8);  // 1024 B = 8 ranks x 32 elements x 4 B
   StatusOr<CollectiveFit> fit = FitNcclTests(*r, TierKind::kIntra, FitOptions{});
   ASSERT_TRUE(fit.ok()) << fit.status().ToString();
-  ASSERT_EQ(fit->segments.size(), 1u);
-  EXPECT_NEAR(fit->segments[0].latency_us, 5.0, 1e-9);
-  EXPECT_NEAR(fit->segments[0].bandwidth_GBps, 150.0, 1e-7);
-  EXPECT_EQ(fit->segments[0].min_bytes, 0u);
-  EXPECT_EQ(fit->segments[0].max_bytes, 1024u * 1024 * 1024);
+  EXPECT_EQ(fit->curve.knots.size(), 2u);
   EXPECT_EQ(fit->points.size(), 21u);  // 2^10 .. 2^30; the size-0 row is skipped
-  EXPECT_LT(fit->max_error_pct, 1e-9);
+  EXPECT_LT(fit->max_error_pct, 1e-6);
+  EXPECT_NEAR(fit->curve.tail_busbw_GBps, 150.0, 1e-6);
+  EXPECT_TRUE(fit->tail_measured);
+  // Between and beyond the measured sizes the curve is the same line: at 3 GiB,
+  // 7*5 + 7/8 * 3221225472 / 150e3 = 35 + 18790.48 us.
+  EXPECT_NEAR(CurveTimeUs(fit->curve, 3221225472, 8), 35 + 7.0 / 8 * 3221225472 / 150e3, 1e-6);
+  EXPECT_NEAR(CurveTimeUs(fit->curve, 3000000, 8), Ring(5, 150, 8, 3000000), 1e-6);
 }
 
-TEST(Calibration, RecoversTwoRegimesAndPutsTheBreakInBetween) {
-  // Below 8 MiB: alpha 4 us, 50 GB/s; from 8 MiB: alpha 20 us, 300 GB/s (W = 8).
-  std::vector<SizeTime> pts;
-  for (Bytes b = 1024; b <= (Bytes{1} << 30); b *= 2) {
-    bool big = b >= (Bytes{8} << 20);
-    pts.push_back({b, Ring(big ? 20.0 : 4.0, big ? 300.0 : 50.0, 8, static_cast<double>(b))});
-  }
-  StatusOr<std::vector<Segment>> segs = FitSegments(pts, 8, FitOptions{});
-  ASSERT_TRUE(segs.ok()) << segs.status().ToString();
-  ASSERT_EQ(segs->size(), 2u);  // a third segment would not lower the (zero) error
-  EXPECT_NEAR((*segs)[0].latency_us, 4.0, 1e-9);
-  EXPECT_NEAR((*segs)[0].bandwidth_GBps, 50.0, 1e-7);
-  EXPECT_NEAR((*segs)[1].latency_us, 20.0, 1e-7);
-  EXPECT_NEAR((*segs)[1].bandwidth_GBps, 300.0, 1e-6);
-  // The lines cross where 28 + 7/8 b/5e4 = 140 + 7/8 b/3e5, i.e. at b = 7,680,000 B, which
-  // lies between the measured 4 MiB and 8 MiB: the boundary is there.
-  EXPECT_NEAR(static_cast<double>((*segs)[0].max_bytes), 7680000.0, 1.0);
-  EXPECT_EQ((*segs)[1].min_bytes, (*segs)[0].max_bytes);
-  EXPECT_TRUE(ValidateSegments(*segs).ok());
+TEST(CostCurve, EvaluationBelowBetweenBeyondAndAtOtherWorldSizes) {
+  // Knots measured on 8 ranks; tail 350 GB/s bus bandwidth (all_gather: busbw = 7/8 algbw).
+  CostCurve c;
+  c.collective = CollectiveKind::kAllGather;
+  c.world_size = 8;
+  c.knots = {{1000, 30.0}, {1000000, 40.0}, {100000000, 300.0}};
+  c.tail_busbw_GBps = 350.0;
+  ASSERT_TRUE(ValidateCurve(c).ok());
+  // Below the first knot: the latency, 30 us.
+  EXPECT_DOUBLE_EQ(CurveTimeUs(c, 10, 8), 30.0);
+  EXPECT_EQ(EvaluateCurve(c, 10, 8).segment, -1);
+  // Between: 30 + (500500 - 1000) / 999000 * 10 = 35 us, segment 0.
+  EXPECT_DOUBLE_EQ(CurveTimeUs(c, 500500, 8), 35.0);
+  EXPECT_EQ(EvaluateCurve(c, 500500, 8).segment, 0);
+  // Beyond: 300 + (2e8 - 1e8) * (7/8) / 350e3 = 300 + 250 = 550 us, the tail.
+  EXPECT_DOUBLE_EQ(CurveTimeUs(c, 200000000, 8), 550.0);
+  EXPECT_EQ(EvaluateCurve(c, 200000000, 8).segment, 2);
+  // 16 ranks: 15/7 x time_8(b x 8/16). b = 2e6 -> time_8(1e6) = 40 -> 85.714 us.
+  EXPECT_NEAR(CurveTimeUs(c, 2000000, 16), 40.0 * 15 / 7, 1e-9);
+  // Nothing moves: no time.
+  EXPECT_EQ(CurveTimeUs(c, 0, 8), 0.0);
+  EXPECT_EQ(CurveTimeUs(c, 1000, 1), 0.0);
 }
 
-TEST(Calibration, NoisyRowsStillGetAPartition) {
-  // A noisy host reduce-scatter (times scattered 0.6x..1.6x around 60 us + b/1 GB/s): the k with
-  // the smallest maximum error is not the k with the smallest RMS error, so no k is within the
-  // 0.5-point tolerance of both. This used to fail with "no partition found"; now the smallest k
-  // within the tolerance of the best maximum error is used, and that is never worse than one line.
-  const std::vector<SizeTime> pts = {
-      {262144, 352.56},      {524288, 776.34},      {1048576, 1530.54},   {2097152, 1878.56},
-      {4194304, 3151.14},    {8388608, 11601.75},   {16777216, 18080.36}, {33554432, 52664.71},
-      {67108864, 100227.66}, {134217728, 172112.67}};
-  StatusOr<std::vector<Segment>> segs = FitSegments(pts, 2, FitOptions{});
-  ASSERT_TRUE(segs.ok()) << segs.status().ToString();
-  EXPECT_TRUE(ValidateSegments(*segs).ok());
-  FitOptions one;
-  one.max_segments = 1;
-  StatusOr<std::vector<Segment>> line = FitSegments(pts, 2, one);
-  ASSERT_TRUE(line.ok()) << line.status().ToString();
-  auto max_error = [&](const std::vector<Segment>& s) {
-    double worst = 0;
-    for (const SizeTime& p : pts) {
-      worst = std::max(worst, std::fabs(PredictCollectiveUs(s, p.bytes, 2) / p.time_us - 1));
-    }
-    return worst;
-  };
-  EXPECT_LE(max_error(*segs), max_error(*line) + 0.005);
-}
-
-// On the real 8xH100 all-gather (NCCL ring, 128 B .. 8 GiB) one line is far off near the
-// protocol switch while 4 segments follow the curve. Measured with this code (out-of-place):
-// one line: max |error| 19.47%; 4 segments: max |error| 5.53%.
-TEST(Calibration, PiecewiseBeatsOneLineOnRealH100Data) {
-  StatusOr<NcclTestsResult> r = ReadNcclTestsFile(kDir + "ag_8xH100_together-ring.txt");
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  FitOptions one;
-  one.max_segments = 1;
-  StatusOr<CollectiveFit> line = FitNcclTests(*r, TierKind::kIntra, one);
-  StatusOr<CollectiveFit> pw = FitNcclTests(*r, TierKind::kIntra, FitOptions{});
-  ASSERT_TRUE(line.ok() && pw.ok());
-  EXPECT_EQ(pw->points.size(), 27u);
-  EXPECT_GT(line->max_error_pct, 19.0);
-  EXPECT_LT(pw->max_error_pct, 6.0);
-  EXPECT_LT(pw->max_error_pct, line->max_error_pct / 2);
-  EXPECT_TRUE(ValidateSegments(pw->segments).ok());
-}
-
-TEST(Calibration, PiecewiseOnEveryRealFile) {
-  // Every real output calibrates with at most 4 segments to within 13% at every size. Measured
-  // max |error|: ag 8xH100 5.53%, rs 8xH100 12.76% (noisy latency-bound rows: 41.94 us at 128 B
-  // against 34-36 us around it), ag 8xA100 5.61%, rs 8xA100 5.91%, ag 16xH100 4.12%.
-  for (const char* name :
-       {"ag_8xH100_together-ring.txt", "rs_8xH100_together-ring.txt",
-        "ag_8xA100-40GB_superbench-oldformat.txt", "rs_8xA100-40GB_superbench-oldformat.txt",
-        "ag_16xH100_2node_gke-a3mega-tcpxo_cluster-toolkit.txt"}) {
-    StatusOr<NcclTestsResult> r = ReadNcclTestsFile(kDir + name);
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    StatusOr<TierKind> tier = InferTier(*r, std::nullopt, 8);
-    ASSERT_TRUE(tier.ok());
-    StatusOr<CollectiveFit> fit = FitNcclTests(*r, *tier, FitOptions{});
-    ASSERT_TRUE(fit.ok()) << name << ": " << fit.status().ToString();
-    EXPECT_LE(fit->segments.size(), 4u) << name;
-    EXPECT_LT(fit->max_error_pct, 13.0) << name;
-    for (const Segment& s : fit->segments) {
-      EXPECT_GE(s.latency_us, 0) << name;
-      EXPECT_GT(s.bandwidth_GBps, 0) << name;
-    }
-  }
-}
-
-TEST(Calibration, PredictUsesTheRingFormulaOfTheRightSegment) {
-  std::vector<Segment> segs = {{0, 1000000, 10.0, 100.0}, {1000000, 8000000, 20.0, 200.0}};
-  // 8,000,000 B over 8 ranks is past the last max: the last segment,
-  // 7*20 + 7/8 * 8e6 / 2e5 = 140 + 35 = 175 us.
-  EXPECT_DOUBLE_EQ(PredictCollectiveUs(segs, 8000000, 8), 175.0);
-  // 800,000 B: the first segment, 7*10 + 7/8 * 8e5 / 1e5 = 70 + 7 = 77 us.
-  EXPECT_DOUBLE_EQ(PredictCollectiveUs(segs, 800000, 8), 77.0);
-  // Exactly 1,000,000 B starts the second segment: 7*20 + 7/8 * 1e6 / 2e5 = 144.375 us.
-  EXPECT_DOUBLE_EQ(PredictCollectiveUs(segs, 1000000, 8), 144.375);
-  // Another world size uses the same line: W = 2, 1e6 B: 20 + 1/2 * 1e6 / 2e5 = 22.5 us.
-  EXPECT_DOUBLE_EQ(PredictCollectiveUs(segs, 1000000, 2), 22.5);
-  EXPECT_EQ(PredictCollectiveUs(segs, 0, 8), 0.0);        // nothing to move
-  EXPECT_EQ(PredictCollectiveUs(segs, 1000000, 1), 0.0);  // one rank
-  EXPECT_EQ(PredictCollectiveUs({}, 1000000, 8), 0.0);
-}
-
-TEST(Calibration, ValidateSegmentsNamesTheProblem) {
-  EXPECT_FALSE(ValidateSegments({}).ok());
-  Status s = ValidateSegments({{0, 100, 1.0, 10.0}, {200, 300, 1.0, 10.0}});
+TEST(CostCurve, ValidateNamesTheProblem) {
+  CostCurve c;
+  c.world_size = 8;
+  c.knots = {{1000, 30.0}, {2000, 20.0}};
+  c.tail_busbw_GBps = 100;
+  Status s = ValidateCurve(c);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("segments[1]"), std::string::npos) << s.message();
-  s = ValidateSegments({{0, 100, -1.0, 10.0}});
-  EXPECT_NE(s.message().find("latency_us"), std::string::npos) << s.message();
-  s = ValidateSegments({{5, 100, 1.0, 10.0}});
-  EXPECT_NE(s.message().find("start at min_bytes 0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("knots[1].time_us"), std::string::npos) << s.message();
+  c.knots = {{1000, 30.0}, {2000, 40.0}};
+  c.tail_busbw_GBps = 1e4;  // unphysical
+  s = ValidateCurve(c);
+  EXPECT_NE(s.message().find("tail_busbw_GBps"), std::string::npos) << s.message();
+  c.tail_busbw_GBps = 100;
+  c.world_size = 1;
+  EXPECT_FALSE(ValidateCurve(c).ok());
+}
+
+// A sweep that never leaves the latency-bound regime cannot say how time grows beyond it: the
+// curve continues at the largest size's algbw (pessimistic, physical), and says so.
+TEST(CostCurve, LatencyBoundSweepIsTooNarrowToExtrapolate) {
+  std::vector<SizeTime> pts;
+  for (Bytes b = 1024; b <= 65536; b *= 2) pts.push_back({b, 30.0 + 1e-5 * static_cast<double>(b)});
+  StatusOr<CurveFit> fit = FitCostCurve(pts, CollectiveKind::kReduceScatter, 8);
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  EXPECT_FALSE(fit->tail_measured);
+  ASSERT_FALSE(fit->warnings.empty());
+  EXPECT_NE(fit->warnings.front().find("too narrow to extrapolate"), std::string::npos);
+  // Largest: 65536 B in 30.65536 us; beyond it 30.65536 us per 65536 B more. At 131072 B:
+  // 2 x 30.65536 = 61.31 us (a flat segment would have said 30.66).
+  EXPECT_NEAR(CurveTimeUs(fit->curve, 131072, 8), 2 * 30.65536, 1e-6);
+}
+
+// Every real output: time never decreases with size, and no step between neighbouring byte
+// counts (continuity), also across knots; no implied bus bandwidth is unphysical.
+TEST(CostCurve, ContinuousAndMonotoneOnEveryRealFile) {
+  std::vector<Block> blocks = AllBlocks();
+  ASSERT_GE(blocks.size(), 10u);
+  for (const Block& b : blocks) {
+    StatusOr<CollectiveFit> fit = FitNcclTests(b.result, TierKind::kIntra, FitOptions{});
+    ASSERT_TRUE(fit.ok()) << b.file << ": " << fit.status().ToString();
+    const CostCurve& c = fit->curve;
+    EXPECT_TRUE(ValidateCurve(c).ok()) << b.file;
+    const int w = c.world_size;
+    double prev = 0;
+    for (double x = 1; x < 4.0 * static_cast<double>(c.knots.back().bytes); x *= 1.07) {
+      double t = CurveTimeUs(c, static_cast<Bytes>(x), w);
+      EXPECT_GE(t, prev - 1e-9) << b.file << " at " << x;
+      prev = t;
+    }
+    for (const Knot& k : c.knots) {
+      double before = CurveTimeUs(c, k.bytes - 1, w), at = CurveTimeUs(c, k.bytes, w);
+      double after = CurveTimeUs(c, k.bytes + 1, w);
+      EXPECT_LT(std::abs(at - before), 1e-3 * at) << b.file << " jump below " << k.bytes;
+      EXPECT_LT(std::abs(after - at), 1e-3 * at) << b.file << " jump above " << k.bytes;
+    }
+    // Between two knots the marginal bus bandwidth is physical (no flat, infinitely fast stretch).
+    for (std::size_t k = 1; k < c.knots.size(); ++k) {
+      double dt = c.knots[k].time_us - c.knots[k - 1].time_us;
+      double db = static_cast<double>(c.knots[k].bytes - c.knots[k - 1].bytes);
+      EXPECT_LE(BusFactor(c.collective, w) * db / (dt * 1e3), kMaxBusBandwidthGBps * (1 + 1e-9))
+          << b.file << " segment " << k - 1;
+    }
+    EXPECT_GT(c.tail_busbw_GBps, 0) << b.file;
+    EXPECT_LE(c.tail_busbw_GBps, kMaxBusBandwidthGBps) << b.file;
+  }
+}
+
+// Leave every other size out (at sizes >= 64 KB), fit on the rest, predict the sizes left out.
+// Measured with this code (held-out median / max |error| %, and the single alpha-beta line's max
+// on the same rows): ag 16xH100 GKE 1.25 / 10.56 (line 24.68); ag 8xA100 1.66 / 10.32 (40.54);
+// ag 8xH100 ring 2.19 / 11.01 (18.74); ag 8xH100 nvls 1.52 / 16.32 (20.10); ar 8xH100 ring
+// 0.90 / 41.04 (44.24: a 524288 B row measured 69 us between 38 and 47); rs 8xA100 1.45 / 16.23
+// (50.62); rs 8xH100 ring 1.16 / 3.04 (10.74); rs 8xH100 nvls 2.47 / 8.63 (14.18).
+// Every GPU output must reach a median of 3% and no output may be worse than the line at its
+// maximum. The CPU runs of bench-gather on this shared machine scatter by tens of percent (their
+// median is not held to 3%; their maximum still is to the line's).
+TEST(Calibration, HeldOutEveryOtherSize) {
+  std::vector<Block> blocks = AllBlocks();
+  for (const Block& b : blocks) {
+    NcclTestsResult train = b.result;
+    train.rows.clear();
+    std::vector<NcclTestsRow> held;
+    int k = 0;
+    for (const NcclTestsRow& row : b.result.rows) {
+      if (row.size_bytes < 65536) {
+        train.rows.push_back(row);
+      } else if (k++ % 2 == 0) {
+        train.rows.push_back(row);
+      } else {
+        held.push_back(row);
+      }
+    }
+    if (held.size() < 2) continue;
+    StatusOr<CollectiveFit> fit = FitNcclTests(train, TierKind::kIntra, FitOptions{});
+    ASSERT_TRUE(fit.ok()) << b.file << ": " << fit.status().ToString();
+    std::vector<double> err, line_err;
+    for (const NcclTestsRow& row : held) {
+      double m = row.out_of_place->time_us;
+      err.push_back(100 *
+                    std::abs(CurveTimeUs(fit->curve, row.size_bytes, b.result.ranks) / m - 1));
+      line_err.push_back(100 *
+                         std::abs(RingTimeUs(fit->line, row.size_bytes, b.result.ranks) / m - 1));
+    }
+    double med = Median(err), max = *std::max_element(err.begin(), err.end());
+    double line_max = *std::max_element(line_err.begin(), line_err.end());
+    std::cout << fmt::format(
+        "held-out {} {}: median {:.2f}% max {:.2f}% (line median {:.2f}% max "
+        "{:.2f}%)\n",
+        b.result.source, b.result.collective_name, med, max, Median(line_err), line_max);
+    if (!IsHostBench(b.result)) {
+      EXPECT_LE(med, 3.0) << b.result.source;
+    }
+    EXPECT_LE(max, line_max + 1e-9) << b.result.source;
+  }
+}
+
+// A linearly spaced sweep (nccl-tests -i 1M: 1, 2, ..., 64 MiB) on 8 ranks, across a protocol
+// switch (time = the larger of 35 + 7/8 b / 100e3 and 140 + 7/8 b / 300e3 us, continuous at
+// 12 MB), with a deterministic +-3% scatter on each half of each row (out of place x (1 + 0.03
+// sin 2.3i), in place x (1 + 0.03 cos 1.7i)): the curve must not chase the scatter between
+// close sizes (each segment spans at least 2x in size). Held out: every other size. Measured:
+// 6 knots, median 2.02%, max 4.58%; the single line's max 18.93%.
+TEST(Calibration, HeldOutOnANoisyLinearSweep) {
+  std::string t =
+      "# Collective test starting: all_gather_perf\n"
+      "#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n";
+  for (int i = 1; i <= 64; ++i) {
+    double b = i * 1048576.0;
+    double us = std::max(35 + 7.0 / 8 * b / 100e3, 140 + 7.0 / 8 * b / 300e3);
+    t += fmt::format("{:.0f} {:.0f} float none -1 {:.4f} 1 1 0 {:.4f} 1 1 0\n", b, b / 32,
+                     us * (1 + 0.03 * std::sin(2.3 * i)), us * (1 + 0.03 * std::cos(1.7 * i)));
+  }
+  StatusOr<NcclTestsResult> r = ParseNcclTests(t, "linear.txt");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  NcclTestsResult train = *r;
+  train.rows.clear();
+  std::vector<NcclTestsRow> held;
+  for (std::size_t i = 0; i < r->rows.size(); ++i) {
+    (i % 2 == 0 ? train.rows : held).push_back(r->rows[i]);
+  }
+  StatusOr<CollectiveFit> fit = FitNcclTests(train, TierKind::kIntra, FitOptions{});
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  std::vector<double> err, line_err;
+  for (const NcclTestsRow& row : held) {
+    double m = row.out_of_place->time_us;
+    err.push_back(100 * std::abs(CurveTimeUs(fit->curve, row.size_bytes, 8) / m - 1));
+    line_err.push_back(100 * std::abs(RingTimeUs(fit->line, row.size_bytes, 8) / m - 1));
+  }
+  double max = 0, line_max = 0;
+  for (double e : err) max = std::max(max, e);
+  for (double e : line_err) line_max = std::max(line_max, e);
+  std::cout << fmt::format(
+      "linear sweep: {} knots, held-out median {:.2f}% max {:.2f}% (line "
+      "{:.2f}%)\n",
+      fit->curve.knots.size(), Median(err), max, line_max);
+  EXPECT_LE(Median(err), 3.0);
+  EXPECT_LE(max, line_max);
+  EXPECT_LE(max, 6.0);  // within twice the scatter
+}
+
+// Fit on the sizes up to a quarter of the largest, predict the rest. On the wide sweeps (up to at
+// least 1 GiB, from at most 1 MiB) every prediction is within 15%.
+TEST(Calibration, ExtrapolatesFourTimesBeyondTheFittedSizes) {
+  int wide = 0;
+  for (const Block& b : AllBlocks()) {
+    Bytes largest = 0, smallest = ~Bytes{0};
+    for (const NcclTestsRow& row : b.result.rows) {
+      if (row.size_bytes == 0) continue;
+      largest = std::max(largest, row.size_bytes);
+      smallest = std::min(smallest, row.size_bytes);
+    }
+    if (largest < (Bytes{1} << 30) || smallest > (Bytes{1} << 20)) continue;
+    ++wide;
+    NcclTestsResult train = b.result;
+    train.rows.clear();
+    std::vector<NcclTestsRow> rest;
+    for (const NcclTestsRow& row : b.result.rows) {
+      (row.size_bytes * 4 <= largest ? train.rows : rest).push_back(row);
+    }
+    StatusOr<CollectiveFit> fit = FitNcclTests(train, TierKind::kIntra, FitOptions{});
+    ASSERT_TRUE(fit.ok()) << b.file << ": " << fit.status().ToString();
+    for (const NcclTestsRow& row : rest) {
+      double m = row.out_of_place->time_us;
+      double e = 100 * (CurveTimeUs(fit->curve, row.size_bytes, b.result.ranks) / m - 1);
+      std::cout << fmt::format("extrapolated {} {} at {} B: {:+.2f}%\n", b.result.source,
+                               b.result.collective_name, row.size_bytes, e);
+      EXPECT_LE(std::abs(e), 15.0) << b.result.source << " at " << row.size_bytes;
+    }
+  }
+  EXPECT_GE(wide, 8);
+}
+
+// Tables that restart their sweep are several runs: their repeated sizes are averaged and their
+// spread is reported as run-to-run noise.
+TEST(Calibration, WarnsAboutNoisyData) {
+  std::string t = GeneratedTable(5.0, 150.0, 8);
+  std::string noisy = t;
+  // Second run of the same sweep, 30% slower at 1 MiB (1048576 B = 8 x 32768 x 4).
+  noisy += "# Collective test starting: all_gather_perf\n";
+  noisy += fmt::format("1048576 32768 float none -1 {:.6f} 1 1 0 {:.6f} 1 1 0\n",
+                       1.3 * Ring(5, 150, 8, 1048576), 1.3 * Ring(5, 150, 8, 1048576));
+  StatusOr<std::vector<NcclTestsResult>> blocks = ParseNcclTestsBlocks(noisy, "runs.txt");
+  ASSERT_TRUE(blocks.ok()) << blocks.status().ToString();
+  ASSERT_EQ(blocks->size(), 2u);
+  StatusOr<CollectiveFit> fit =
+      FitNcclTests({&(*blocks)[0], &(*blocks)[1]}, TierKind::kIntra, FitOptions{});
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  bool run_to_run = false;
+  for (const std::string& w : fit->warnings) {
+    run_to_run = run_to_run || (w.find("run-to-run") != std::string::npos &&
+                                w.find("1048576") != std::string::npos);
+  }
+  EXPECT_TRUE(run_to_run) << fmt::format("{}", fmt::join(fit->warnings, "\n"));
+  // The clean table alone warns of nothing.
+  StatusOr<NcclTestsResult> clean = ParseNcclTests(t, "gen.txt");
+  ASSERT_TRUE(clean.ok());
+  StatusOr<CollectiveFit> quiet = FitNcclTests(*clean, TierKind::kIntra, FitOptions{});
+  ASSERT_TRUE(quiet.ok());
+  EXPECT_TRUE(quiet->warnings.empty()) << fmt::format("{}", fmt::join(quiet->warnings, "\n"));
 }
 
 TEST(Calibration, TierFromHostsFlagOrSize) {
@@ -183,72 +353,119 @@ TEST(Calibration, TierFromHostsFlagOrSize) {
   EXPECT_FALSE(InferTier(two_hosts, TierKind::kIntra, 8).ok());  // contradicts the hosts
 }
 
-TEST(Calibration, ClusterFileSchemaAndRoundTrip) {
+// The cluster file: the simulator reads back exactly the curves calibrate fitted; the tier lines
+// come only from data of their tier, and what fell back is noted.
+TEST(Calibration, ClusterFileCarriesTheCurvesAndNotes) {
   StatusOr<NcclTestsResult> ag = ReadNcclTestsFile(kDir + "ag_8xH100_together-ring.txt");
   StatusOr<NcclTestsResult> rs = ReadNcclTestsFile(kDir + "rs_8xH100_together-ring.txt");
   ASSERT_TRUE(ag.ok() && rs.ok());
   CalibratedCluster cluster;
   cluster.world_size = 8;
-  cluster.gpus_per_node = 8;
   StatusOr<CollectiveFit> f1 = FitNcclTests(*ag, TierKind::kIntra, FitOptions{});
   StatusOr<CollectiveFit> f2 = FitNcclTests(*rs, TierKind::kIntra, FitOptions{});
   ASSERT_TRUE(f1.ok() && f2.ok());
   cluster.fits = {*f1, *f2};
   std::string text = CalibratedClusterJson(cluster);
   nlohmann::json j = nlohmann::json::parse(text);
-  EXPECT_EQ(j["world_size"], 8);
-  EXPECT_EQ(j["gpus_per_node"], 8);
-  EXPECT_EQ(j["compute_scale"], 1.0);
-  // The intra line: latency of the smallest-size segment, bandwidth of the largest-size one.
-  EXPECT_DOUBLE_EQ(j["intra"]["latency_us"].get<double>(), f1->segments.front().latency_us);
-  EXPECT_DOUBLE_EQ(j["intra"]["bandwidth_GBps"].get<double>(), f1->segments.back().bandwidth_GBps);
-  // Not measured: the simulator's defaults.
+  EXPECT_EQ(j["format"], "fsdplab.cluster");
+  EXPECT_EQ(j["version"], 2);
+  // The intra line: the all_gather curve's asymptotic busbw, and its smallest-size time per
+  // ring step.
+  EXPECT_DOUBLE_EQ(j["intra"]["bandwidth_GBps"].get<double>(), f1->curve.tail_busbw_GBps);
+  EXPECT_DOUBLE_EQ(j["intra"]["latency_us"].get<double>(), f1->curve.knots.front().time_us / 7);
+  // Not measured: the defaults, and a note saying so.
   EXPECT_EQ(j["inter"]["bandwidth_GBps"], 45.0);
   EXPECT_EQ(j["inter"]["latency_us"], 20.0);
-  ASSERT_TRUE(j["calibration"]["all_gather"]["intra"].is_array());
-  EXPECT_EQ(j["calibration"]["all_gather"]["intra"][0]["min_bytes"], 0);
-  EXPECT_FALSE(j["calibration"]["all_gather"].contains("inter"));
-  StatusOr<std::vector<Segment>> back =
-      ReadCalibrationSegments(text, CollectiveKind::kReduceScatter, TierKind::kIntra);
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
-  EXPECT_EQ(*back, f2->segments);
-  // A null max_bytes on the last segment means unbounded.
-  StatusOr<std::vector<Segment>> unbounded = ReadCalibrationSegments(
-      R"({"calibration": {"all_gather": {"inter": [
-          {"min_bytes": 0, "max_bytes": 65536, "latency_us": 8, "bandwidth_GBps": 5},
-          {"min_bytes": 65536, "max_bytes": null, "latency_us": 12, "bandwidth_GBps": 40}]}}})",
-      CollectiveKind::kAllGather, TierKind::kInter);
-  ASSERT_TRUE(unbounded.ok()) << unbounded.status().ToString();
-  EXPECT_EQ(unbounded->size(), 2u);
-}
-
-// The simulator reads back what calibrate writes, contention included; without a measurement
-// the key is absent and the simulator's cluster has none.
-TEST(Calibration, ClusterFileCommContentionReadsBack) {
-  CalibratedCluster cluster;
-  cluster.world_size = 2;
-  cluster.gpus_per_node = 2;
-  StatusOr<Cluster> plain = ParseClusterJson(CalibratedClusterJson(cluster));
-  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
-  EXPECT_FALSE(plain->comm_contention.has_value());
-
-  cluster.comm_contention = CommContention{0.48, 0.41};
-  std::string text = CalibratedClusterJson(cluster);
-  nlohmann::json j = nlohmann::json::parse(text);
-  EXPECT_DOUBLE_EQ(j["comm_contention"]["all_gather"].get<double>(), 0.48);
-  EXPECT_DOUBLE_EQ(j["comm_contention"]["reduce_scatter"].get<double>(), 0.41);
+  std::string notes = j["notes"].dump();
+  EXPECT_NE(notes.find("inter: not measured"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("all_reduce intra: no curve"), std::string::npos) << notes;
   StatusOr<Cluster> back = ParseClusterJson(text);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
-  ASSERT_TRUE(back->comm_contention.has_value());
-  EXPECT_EQ(*back->comm_contention, *cluster.comm_contention);
-  EXPECT_EQ(back->world_size, 2);
+  EXPECT_EQ(back->all_gather.intra.curve, f1->curve);
+  EXPECT_EQ(back->reduce_scatter.intra.curve, f2->curve);
+  EXPECT_EQ(back->notes.size(), j["notes"].size());
+  for (Bytes b : {Bytes{1000}, Bytes{25} << 20, Bytes{3} << 30, Bytes{64} << 30}) {
+    EXPECT_DOUBLE_EQ(back->CollectiveUs(CollectiveKind::kAllGather, b),
+                     CurveTimeUs(f1->curve, b, 8));
+  }
+  // Round trip through the simulator's writer.
+  StatusOr<Cluster> again = ParseClusterJson(sim::ClusterToJson(*back));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, *back);
+}
+
+// A reduce_scatter-only multi-node calibration used to write the inter tier at 10,000 GB/s, so
+// an all_gather across nodes cost next to nothing. The inter line now reproduces the measured
+// curve through the hierarchical model.
+TEST(Calibration, InterLineFromAnotherCollectiveIsPhysical) {
+  // The 16xH100 all_gather stands in for a multi-node reduce_scatter measurement.
+  StatusOr<NcclTestsResult> r =
+      ReadNcclTestsFile(kDir + "ag_16xH100_2node_gke-a3mega-tcpxo_cluster-toolkit.txt", {});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  r->collective = CollectiveKind::kReduceScatter;
+  StatusOr<CollectiveFit> fit = FitNcclTests(*r, TierKind::kInter, FitOptions{});
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  CalibratedCluster cluster;
+  cluster.world_size = 16;
+  cluster.gpus_per_node = 8;
+  cluster.fits = {*fit};
+  DerivedTiers tiers = DeriveTierLines(cluster);
+  // Hand-derived: the curve's tail slope is (15/16) / (189.7e3) us/B; the default intra line
+  // takes (7/8) / 360e3 of it; the rest is (1/2) / 8 / (B_inter * 1e3): B_inter ~ 24.8 GB/s (the
+  // a3-mega's 200 Gb/s NIC per GPU is 25 GB/s).
+  EXPECT_NEAR(tiers.inter.bandwidth_GBps, 24.8, 0.5);
+  StatusOr<Cluster> c = ParseClusterJson(CalibratedClusterJson(cluster));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  // A 25 MB all_gather over 16 ranks: no all_gather curve, so hierarchical over the inter line;
+  // within 40% of what the reduce_scatter curve says for the same size (not 20x faster).
+  const Bytes b = 25 << 20;
+  sim::CollectiveCost ag = c->Cost(CollectiveKind::kAllGather, b, 16);
+  double rs_us = c->CollectiveUs(CollectiveKind::kReduceScatter, b, 16);
+  EXPECT_EQ(ag.tier, "inter+intra");
+  EXPECT_DOUBLE_EQ(ag.time_us, c->CollectiveUs(CollectiveKind::kAllGather, b, 16));
+  EXPECT_GT(ag.time_us, 0.6 * rs_us);
+  EXPECT_LT(ag.time_us, 1.4 * rs_us);
+}
+
+// Cost() explains and CollectiveUs() (the simulator's hot path) does not: they must agree on
+// every case (curve or line, intra, inter, hierarchical, all_reduce as two collectives).
+TEST(Calibration, CostAndCollectiveUsAgree) {
+  StatusOr<NcclTestsResult> intra = ReadNcclTestsFile(kDir + "ag_8xH100_together-ring.txt");
+  StatusOr<NcclTestsResult> inter =
+      ReadNcclTestsFile(kDir + "ag_16xH100_2node_gke-a3mega-tcpxo_cluster-toolkit.txt");
+  StatusOr<NcclTestsResult> ar = ReadNcclTestsFile(kDir + "ar_8xH100_together-ring.txt");
+  ASSERT_TRUE(intra.ok() && inter.ok() && ar.ok());
+  CalibratedCluster cluster;
+  cluster.world_size = 32;
+  for (auto [r, tier] : {std::pair{&*intra, TierKind::kIntra}, std::pair{&*inter, TierKind::kInter},
+                         std::pair{&*ar, TierKind::kIntra}}) {
+    StatusOr<CollectiveFit> f = FitNcclTests(*r, tier, FitOptions{});
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    cluster.fits.push_back(*f);
+  }
+  StatusOr<Cluster> c = ParseClusterJson(CalibratedClusterJson(cluster));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  for (CollectiveKind k :
+       {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce}) {
+    for (int w : {1, 2, 8, 16, 32}) {
+      for (Bytes b : {Bytes{0}, Bytes{4096}, Bytes{25} << 20, Bytes{16} << 30}) {
+        EXPECT_DOUBLE_EQ(c->Cost(k, b, w).time_us, c->CollectiveUs(k, b, w))
+            << CollectiveKindName(k) << " " << w << " " << b;
+      }
+    }
+  }
+  EXPECT_EQ(c->Cost(CollectiveKind::kAllGather, 1 << 20, 16).tier, "inter");
+  EXPECT_EQ(c->Cost(CollectiveKind::kAllGather, 1 << 20, 32).tier, "inter");
+  EXPECT_EQ(c->Cost(CollectiveKind::kReduceScatter, 1 << 20, 32).tier, "inter+intra");
+  EXPECT_NE(c->Cost(CollectiveKind::kAllReduce, 1 << 20, 8).source.find("all_reduce intra"),
+            std::string::npos);
 }
 
 TEST(Calibration, RejectsWhatCannotBeFitted) {
-  EXPECT_FALSE(FitSegments({{1024, 10.0}, {2048, 11.0}}, 1, FitOptions{}).ok());  // one rank
-  EXPECT_FALSE(FitSegments({{0, 1.0}, {1024, 10.0}}, 8, FitOptions{}).ok());      // one size left
-  EXPECT_FALSE(FitSegments({{1024, 0.0}, {2048, 11.0}}, 8, FitOptions{}).ok());   // zero time
+  EXPECT_FALSE(FitCostCurve({{1024, 10.0}, {2048, 11.0}}, CollectiveKind::kAllGather, 1).ok());
+  EXPECT_FALSE(FitCostCurve({{0, 1.0}, {1024, 10.0}}, CollectiveKind::kAllGather, 8).ok());
+  EXPECT_FALSE(FitCostCurve({{1024, 0.0}, {2048, 11.0}}, CollectiveKind::kAllGather, 8).ok());
 }
 
 }  // namespace
-}  // namespace fsdplab::sim
+}  // namespace fsdplab::calib

@@ -11,7 +11,6 @@
 
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/trace.h"
-#include "fsdplab/sim/calibration.h"
 #include "fsdplab/sim/cluster.h"
 
 namespace fsdplab {
@@ -55,13 +54,91 @@ TEST_F(CliTest, CalibrateWritesAClusterFileTheReaderAccepts) {
   nlohmann::json j = nlohmann::json::parse(*text);
   EXPECT_EQ(j["world_size"], 16);    // the larger measured world
   EXPECT_EQ(j["gpus_per_node"], 8);  // 8 devices on the one host of the 8-GPU run
-  StatusOr<std::vector<sim::Segment>> intra =
-      sim::ReadCalibrationSegments(*text, CollectiveKind::kAllGather, sim::TierKind::kIntra);
-  StatusOr<std::vector<sim::Segment>> inter =
-      sim::ReadCalibrationSegments(*text, CollectiveKind::kAllGather, sim::TierKind::kInter);
-  ASSERT_TRUE(intra.ok() && inter.ok());
-  EXPECT_FALSE(intra->empty());
-  EXPECT_FALSE(inter->empty());  // 16 ranks, no device list, 8 per node: spans nodes
+  StatusOr<sim::Cluster> c = sim::ParseClusterJson(*text);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->all_gather.intra.empty());
+  EXPECT_FALSE(c->all_gather.inter.empty());  // 16 ranks, no device list, 8 per node: spans nodes
+  EXPECT_EQ(c->all_gather.inter.curve.world_size, 16);
+}
+
+// A script's log of five collectives: with --collective only that one is calibrated, with the
+// values of its own block; without, every known collective separately.
+TEST_F(CliTest, CalibrateMultiCollectiveLog) {
+  const std::string log = kNccl + "multi_8xH100_script-5-collectives.txt";
+  std::string cluster = (dir_ / "cluster.json").string();
+  ASSERT_EQ(Run("calibrate " + log + " --collective all_gather -o " + cluster), 0) << Slurp("err");
+  StatusOr<sim::Cluster> c = sim::ReadClusterFile(cluster);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->reduce_scatter.empty());
+  EXPECT_TRUE(c->all_reduce.empty());
+  std::string alone = (dir_ / "alone.json").string();
+  ASSERT_EQ(Run("calibrate " + kNccl + "ag_8xH100_together-ring.txt -o " + alone), 0)
+      << Slurp("err");
+  StatusOr<sim::Cluster> a = sim::ReadClusterFile(alone);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(c->all_gather, a->all_gather);  // the same curve as the block cut out
+  ASSERT_EQ(Run("calibrate " + log + " -o " + cluster), 0) << Slurp("err");
+  EXPECT_NE(Slurp("out").find("alltoall skipped"), std::string::npos) << Slurp("out");
+  c = sim::ReadClusterFile(cluster);
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->all_gather.intra.empty());
+  EXPECT_FALSE(c->reduce_scatter.intra.empty());
+  EXPECT_FALSE(c->all_reduce.intra.empty());
+  EXPECT_EQ(c->gpus_per_node, 8);  // five device lists of the same 8 GPUs: still 8 per node
+  // all_gather's asymptotic bandwidth is its own (~360 GB/s), not a mix with all_reduce's.
+  EXPECT_NEAR(c->all_gather.intra.curve.tail_busbw_GBps, 360, 10);
+  // Asking for a collective the log lacks: exit 2, and what it holds.
+  EXPECT_EQ(Run("calibrate " + kNccl +
+                "multi_8xH100_all_reduce-then-all_gather.txt "
+                "--collective reduce_scatter"),
+            2);
+  EXPECT_NE(Slurp("err").find("no reduce_scatter results"), std::string::npos) << Slurp("err");
+}
+
+TEST_F(CliTest, CalibratePlotAndBenchGatherOutput) {
+  std::string svg = (dir_ / "fit.svg").string();
+  ASSERT_EQ(
+      Run("calibrate " + kNccl + "bench-gather_host-2ranks_all_gather_stdout.txt --plot " + svg), 0)
+      << Slurp("err");
+  StatusOr<std::string> text = ReadFile(svg);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(text->rfind("<svg", 0), 0u);
+  EXPECT_NE(text->find("all_gather intra (2 ranks)"), std::string::npos);
+  EXPECT_NE(text->find("</svg>"), std::string::npos);
+  // The report shows measured, fitted and error per size.
+  EXPECT_NE(Slurp("out").find("measured us"), std::string::npos);
+}
+
+TEST_F(CliTest, CostPrintsTimeBandwidthTierAndSegment) {
+  std::string cluster = (dir_ / "cluster.json").string();
+  ASSERT_EQ(Run("calibrate " + kNccl + "ag_8xH100_together-ring.txt -o " + cluster), 0)
+      << Slurp("err");
+  ASSERT_EQ(Run("cost --cluster " + cluster +
+                " --collective all_gather --world-size 8 --bytes 1K,64M,16G --json"),
+            0)
+      << Slurp("err");
+  nlohmann::json j = nlohmann::json::parse(Slurp("out"));
+  ASSERT_EQ(j["sizes"].size(), 3u);
+  // 64 MiB was measured at 210.89 us; the curve passes within the fit's error (1%) of it, and
+  // algbw = 67108864 B / time, busbw = algbw x 7/8.
+  const nlohmann::json& mid = j["sizes"][1];
+  const double t = mid["time_us"].get<double>();
+  EXPECT_NEAR(t, 210.89, 0.01 * 210.89);
+  EXPECT_NEAR(mid["algbw_GBps"].get<double>(), 67108864 / t / 1e3, 1e-9);
+  EXPECT_NEAR(mid["busbw_GBps"].get<double>(), 67108864 / t / 1e3 * 7 / 8, 1e-9);
+  EXPECT_EQ(mid["tier"], "intra");
+  EXPECT_NE(mid["detail"].get<std::string>().find("segment"), std::string::npos);
+  // 16 GiB is beyond the sweep: the asymptotic bandwidth.
+  EXPECT_NE(j["sizes"][2]["detail"].get<std::string>().find("asymptotic"), std::string::npos);
+  // reduce_scatter was not calibrated: the intra line, and the notes say why.
+  ASSERT_EQ(Run("cost --cluster " + cluster + " --collective reduce_scatter --bytes 1M"), 0);
+  EXPECT_NE(Slurp("out").find("intra line"), std::string::npos) << Slurp("out");
+  EXPECT_NE(Slurp("out").find("reduce_scatter intra: no curve"), std::string::npos);
+  EXPECT_EQ(Run("cost --cluster " + cluster + " --collective broadcast --bytes 1M"), 1);
+  EXPECT_EQ(Run("cost --collective all_gather --bytes 1M"), 1);
+  EXPECT_EQ(Run("cost --cluster " + (dir_ / "missing.json").string() +
+                " --collective all_gather --bytes 1M"),
+            2);
 }
 
 TEST_F(CliTest, CalibrateErrors) {
@@ -125,7 +202,7 @@ TEST_F(CliTest, CalibrateContentionGoesToTheClusterFile) {
   StatusOr<sim::Cluster> c = sim::ReadClusterFile(cluster);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_TRUE(c->comm_contention.has_value());
-  EXPECT_EQ(*c->comm_contention, (sim::CommContention{0.48, 0.41}));
+  EXPECT_EQ(*c->comm_contention, (calib::CommContention{0.48, 0.41}));
   EXPECT_EQ(c->world_size, 8);
   EXPECT_FALSE(c->all_gather.intra.empty());
 
@@ -147,7 +224,7 @@ TEST_F(CliTest, CalibrateContentionGoesToTheClusterFile) {
   c = sim::ReadClusterFile(cluster);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->world_size, 2);
-  EXPECT_EQ(*c->comm_contention, (sim::CommContention{0.0, 0.2}));
+  EXPECT_EQ(*c->comm_contention, (calib::CommContention{0.0, 0.2}));
 }
 
 TEST_F(CliTest, CalibrateContentionErrors) {

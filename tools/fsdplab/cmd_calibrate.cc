@@ -6,40 +6,47 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
-#include <tuple>
+#include <optional>
 #include <utility>
 
 #include "cli_common.h"
 #include "commands.h"
+#include "fsdplab/calib/calibration.h"
+#include "fsdplab/calib/nccl_tests.h"
+#include "fsdplab/calib/plot.h"
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/sim/calibration.h"
-#include "fsdplab/sim/nccl_tests.h"
 
 namespace fsdplab::cli {
 namespace {
 
 constexpr std::string_view kUsage =
-    "fsdplab calibrate FILE... [--tier intra|inter] [--ranks N] [--gpus-per-node N] "
-    "[--segments K] [--contention BENCH.json] [-o cluster.json] [--json]";
+    "fsdplab calibrate FILE... [--collective C] [--block N] [--tier intra|inter] [--ranks N] "
+    "[--gpus-per-node N] [--in-place] [--contention BENCH.json] [-o cluster.json] "
+    "[--plot FILE.svg] [--json]";
 constexpr std::string_view kDescription =
-    "Reads all_gather_perf / reduce_scatter_perf output of nccl-tests (the text table or the JSON\n"
-    "file of nccl-tests 2.19+), fits the ring alpha-beta model piecewise over message size, "
-    "prints\n"
-    "measured vs fitted time per size with the error, and writes a cluster file for\n"
-    "`fsdplab simulate --cluster`. The collective, the number of ranks and the tier come from the\n"
-    "file when it says them (device list, `Collective test starting`, file name); the flags give\n"
-    "them when it does not. --contention adds the communication contention measured by\n"
+    "Reads nccl-tests output (all_gather_perf, reduce_scatter_perf, all_reduce_perf: a log of one\n"
+    "test or of a script that ran several, mpirun/srun-tagged lines, the JSON file of\n"
+    "nccl-tests 2.19+) and `fsdplab bench-gather`'s output (table, --json or --nccl-out). Each\n"
+    "collective's blocks are fitted separately, merged across files by collective and tier, with\n"
+    "a continuous, monotone cost curve (time never falls with size; beyond the largest size it\n"
+    "grows at the measured asymptotic bandwidth). Prints measured vs fitted time per size with\n"
+    "the error, beside one alpha-beta line's, warns about noisy data and sweeps too narrow to\n"
+    "extrapolate, and writes a cluster file for `fsdplab simulate --cluster` and `fsdplab cost`.\n"
+    "The collective, the number of ranks and the tier come from the file when it says them\n"
+    "(`Collective test starting`, the binary's name, the device list, the file name); the flags\n"
+    "give them when it does not, and --collective picks one collective out of a log of several\n"
+    "(a collective the log lacks is an error, never another one). --contention adds the\n"
+    "communication contention measured by\n"
     "`fsdplab bench-gather --op concurrent -J BENCH.json` (how much slower an all-gather and a\n"
     "reduce-scatter run while both are in progress) to the cluster file; given alone, it writes\n"
     "a cluster file with the default link lines and that contention.";
 
 // Devices per host, the largest over all outputs; nullopt when no output lists devices.
-std::optional<int> GpusPerNodeFromDevices(const std::vector<sim::NcclTestsResult>& results) {
+std::optional<int> GpusPerNodeFromDevices(const std::vector<calib::NcclTestsResult>& results) {
   std::optional<int> best;
-  for (const sim::NcclTestsResult& r : results) {
+  for (const calib::NcclTestsResult& r : results) {
     std::map<std::string, int> per_host;
-    for (const sim::NcclDevice& d : r.devices) ++per_host[d.hostname];
+    for (const calib::NcclDevice& d : r.devices) ++per_host[d.hostname];
     for (const auto& [host, n] : per_host) best = std::max(best.value_or(0), n);
   }
   return best;
@@ -47,7 +54,7 @@ std::optional<int> GpusPerNodeFromDevices(const std::vector<sim::NcclTestsResult
 
 // The contention measured by `fsdplab bench-gather --op concurrent -J FILE`.
 struct MeasuredContention {
-  sim::CommContention factors;
+  calib::CommContention factors;
   std::optional<int> world_size;
   std::string statistic;           // how the file summarised its rows (bench-gather: time-weighted)
   std::vector<std::string> notes;  // values clamped to 0
@@ -136,7 +143,7 @@ Status Run(const Args& args) {
   if (args.positionals().empty() && !contention_file) {
     return UsageError("give at least one nccl-tests output file (or --contention FILE)");
   }
-  sim::NcclTestsOptions parse_opts;
+  calib::NcclTestsOptions parse_opts;
   if (auto v = args.Get("--ranks")) {
     FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--ranks"));
     if (n < 2) return UsageError("--ranks: a collective needs at least 2 ranks");
@@ -144,36 +151,36 @@ Status Run(const Args& args) {
   }
   if (auto v = args.Get("--collective")) {
     std::optional<CollectiveKind> kind = ParseCollectiveKind(*v);
-    if (!kind) return UsageError(fmt::format("--collective: unknown collective '{}'", *v));
+    if (!kind) {
+      return UsageError(fmt::format(
+          "--collective: unknown collective '{}' (all_gather, reduce_scatter, all_reduce)", *v));
+    }
     parse_opts.collective = kind;
   }
-  std::optional<sim::TierKind> tier_flag;
+  if (auto v = args.Get("--block")) {
+    FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--block"));
+    if (n < 1) return UsageError("--block: blocks are numbered from 1");
+    parse_opts.block = static_cast<int>(n);
+  }
+  std::optional<calib::TierKind> tier_flag;
   if (auto v = args.Get("--tier")) {
-    tier_flag = sim::ParseTierKind(*v);
+    tier_flag = calib::ParseTierKind(*v);
     if (!tier_flag) return UsageError(fmt::format("--tier: expected intra or inter, got '{}'", *v));
   }
-  sim::FitOptions fit_opts;
+  calib::FitOptions fit_opts;
   fit_opts.in_place = args.Has("--in-place");
-  if (auto v = args.Get("--segments")) {
-    FSDP_ASSIGN_OR_RETURN(std::int64_t k, ParseInt(*v, "--segments"));
-    if (k < 1 || k > 16) return UsageError("--segments: expected 1 to 16");
-    fit_opts.max_segments = static_cast<int>(k);
-  }
   double compute_scale = 1.0;
   if (auto v = args.Get("--compute-scale")) {
     FSDP_ASSIGN_OR_RETURN(compute_scale, ParseDouble(*v, "--compute-scale"));
     if (!(compute_scale > 0)) return UsageError("--compute-scale: must be positive");
   }
 
-  std::vector<sim::NcclTestsResult> results;
+  std::vector<calib::NcclTestsResult> results;
+  std::vector<std::string> notes;
   for (const std::string& path : args.positionals()) {
-    FSDP_ASSIGN_OR_RETURN(sim::NcclTestsResult r, sim::ReadNcclTestsFile(path, parse_opts));
-    if (!r.collective) {
-      return InvalidInput(fmt::format(
-          "{}: cannot tell which collective this is; give --collective all_gather|reduce_scatter",
-          path));
-    }
-    results.push_back(std::move(r));
+    FSDP_ASSIGN_OR_RETURN(std::vector<calib::NcclTestsResult> blocks,
+                          calib::ReadNcclTestsBlocks(path, parse_opts, &notes));
+    for (calib::NcclTestsResult& b : blocks) results.push_back(std::move(b));
   }
   std::optional<int> gpn_from_devices = GpusPerNodeFromDevices(results);
   int gpus_per_node = gpn_from_devices.value_or(8);
@@ -183,38 +190,34 @@ Status Run(const Args& args) {
     gpus_per_node = static_cast<int>(g);
   }
 
-  // Group outputs by (collective, tier, ranks); fit each group.
-  using Key = std::tuple<CollectiveKind, sim::TierKind, int>;
-  std::map<Key, std::vector<const sim::NcclTestsResult*>> groups;
-  for (const sim::NcclTestsResult& r : results) {
-    FSDP_ASSIGN_OR_RETURN(sim::TierKind tier, sim::InferTier(r, tier_flag, gpus_per_node));
-    groups[{*r.collective, tier, r.ranks}].push_back(&r);
+  // Group blocks by (collective, tier); fit each group.
+  using Key = std::pair<CollectiveKind, calib::TierKind>;
+  std::map<Key, std::vector<const calib::NcclTestsResult*>> groups;
+  for (const calib::NcclTestsResult& r : results) {
+    FSDP_ASSIGN_OR_RETURN(calib::TierKind tier, calib::InferTier(r, tier_flag, gpus_per_node));
+    std::vector<const calib::NcclTestsResult*>& g = groups[{*r.collective, tier}];
+    if (!g.empty() && g.front()->ranks != r.ranks) {
+      return InvalidInput(fmt::format(
+          "{} {}: {} has {} ranks but {} has {}; one tier's curve is measured at one size of "
+          "world: pick one block with --block N, or calibrate the files separately (or give "
+          "--tier if one of them spans nodes)",
+          CollectiveKindName(*r.collective), calib::TierKindName(tier), g.front()->source,
+          g.front()->ranks, r.source, r.ranks));
+    }
+    g.push_back(&r);
   }
-  std::set<std::pair<CollectiveKind, sim::TierKind>> seen;
-  sim::CalibratedCluster cluster;
+  calib::CalibratedCluster cluster;
   cluster.gpus_per_node = gpus_per_node;
   cluster.compute_scale = compute_scale;
   cluster.world_size = 0;
   std::string text;
   nlohmann::ordered_json fits_json = nlohmann::ordered_json::array();
   for (const auto& [key, group] : groups) {
-    auto [kind, tier, ranks] = key;
-    if (!seen.insert({kind, tier}).second) {
-      return InvalidInput(
-          fmt::format("{} {}: outputs with different numbers of ranks; calibrate them separately",
-                      CollectiveKindName(kind), sim::TierKindName(tier)));
-    }
-    FSDP_ASSIGN_OR_RETURN(sim::CollectiveFit fit, sim::FitNcclTests(group, tier, fit_opts));
-    sim::FitOptions one = fit_opts;
-    one.max_segments = 1;
-    FSDP_ASSIGN_OR_RETURN(sim::CollectiveFit line, sim::FitNcclTests(group, tier, one));
-    text += sim::FormatFit(fit);
-    text += fmt::format("  (one line over all sizes: max |error| {:.2f}%, median {:.2f}%)\n\n",
-                        line.max_error_pct, line.median_error_pct);
-    nlohmann::ordered_json fj = nlohmann::ordered_json::parse(sim::FitToJson(fit));
-    fj["single_line_max_error_pct"] = line.max_error_pct;
-    fits_json.push_back(std::move(fj));
-    cluster.world_size = std::max(cluster.world_size, ranks);
+    FSDP_ASSIGN_OR_RETURN(calib::CollectiveFit fit,
+                          calib::FitNcclTests(group, key.second, fit_opts));
+    text += calib::FormatFit(fit) + "\n";
+    fits_json.push_back(nlohmann::ordered_json::parse(calib::FitToJson(fit)));
+    cluster.world_size = std::max(cluster.world_size, fit.world_size);
     cluster.fits.push_back(std::move(fit));
   }
   nlohmann::ordered_json contention_json;
@@ -247,17 +250,31 @@ Status Run(const Args& args) {
                        {"reduce_scatter", m.factors.reduce_scatter},
                        {"notes", m.notes}};
   }
-  std::string cluster_json = sim::CalibratedClusterJson(cluster);
+  if (cluster.world_size == 0) cluster.world_size = 8;
+  std::string cluster_json = calib::CalibratedClusterJson(cluster);
+  const calib::DerivedTiers tiers = calib::DeriveTierLines(cluster);
+  if (!cluster.fits.empty()) {
+    text += "notes:\n";
+    for (const std::string& n : notes) text += fmt::format("  {}\n", n);
+    for (const std::string& n : tiers.notes) text += fmt::format("  {}\n", n);
+    text += "\n";
+  }
+  if (auto plot = args.Get("--plot")) {
+    if (cluster.fits.empty()) return UsageError("--plot: no nccl-tests output to plot");
+    FSDP_RETURN_IF_ERROR(WriteFileAtomic(*plot, calib::FitPlotSvg(cluster.fits)));
+  }
   if (auto out = args.Get("-o")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*out, cluster_json));
 
   if (args.Has("--json")) {
     nlohmann::ordered_json doc;
     doc["fits"] = std::move(fits_json);
+    doc["notes"] = notes;
     if (contention_file) doc["comm_contention"] = std::move(contention_json);
     doc["cluster"] = nlohmann::ordered_json::parse(cluster_json);
     fmt::print("{}\n", doc.dump(2));
   } else {
     fmt::print("{}", text);
+    if (auto plot = args.Get("--plot")) fmt::print("plot written to {}\n", *plot);
     if (auto out = args.Get("-o")) {
       fmt::print("cluster file written to {}\n", *out);
     } else {
@@ -277,10 +294,15 @@ int RunCalibrate(const Argv& argv) {
                "TIER");
   args.Declare("--ranks", ArgKind::kValue, "number of ranks when the output does not show it", "N");
   args.Declare("--collective", ArgKind::kValue,
-               "all_gather or reduce_scatter when neither the output nor its name says it", "C");
+               "all_gather, reduce_scatter or all_reduce: names the collective of an output that "
+               "does not say it, and picks its blocks out of a log of several",
+               "C");
+  args.Declare("--block", ArgKind::kValue,
+               "use only the N-th result block of each file (1-based), for logs whose blocks do "
+               "not say which collective they are",
+               "N");
   args.Declare("--gpus-per-node", ArgKind::kValue,
                "GPUs per node (default: from the device list, else 8)", "N");
-  args.Declare("--segments", ArgKind::kValue, "at most K segments per fit (default 4)", "K");
   args.Declare("--in-place", ArgKind::kSwitch, "fit the in-place times (default out-of-place)");
   args.Declare("--compute-scale", ArgKind::kValue, "compute_scale of the cluster file (1.0)", "X");
   args.Declare("--contention", ArgKind::kValue,
@@ -288,6 +310,8 @@ int RunCalibrate(const Argv& argv) {
                "(all-gather and reduce-scatter slowdown while both run) goes to the cluster file",
                "FILE");
   args.Declare("-o", ArgKind::kValue, "write the cluster file to FILE", "FILE");
+  args.Declare("--plot", ArgKind::kValue,
+               "draw measured vs fitted time per collective on log-log axes to FILE.svg", "FILE");
   args.Declare("--json", ArgKind::kSwitch, "print the fits and the cluster as JSON");
   if (Status s = args.Parse(); !s.ok()) return Fail("calibrate", s);
   if (args.help()) return PrintHelp(kUsage, kDescription, args);

@@ -17,7 +17,6 @@
 #include "fsdplab/core/live.h"
 #include "fsdplab/core/report.h"
 #include "fsdplab/core/trace.h"
-#include "backends.h"
 #include "fsdplab/synth/synth.h"
 
 namespace fsdplab::cli {

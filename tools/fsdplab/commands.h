@@ -14,6 +14,7 @@ int RunSchedule(const Argv& argv);
 int RunSimulate(const Argv& argv);
 int RunSweep(const Argv& argv);
 int RunCalibrate(const Argv& argv);
+int RunCost(const Argv& argv);
 int RunSynth(const Argv& argv);
 int RunLive(const Argv& argv, bool record);  // `run` and `record`
 int RunCompare(const Argv& argv);

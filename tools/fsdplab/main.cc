@@ -32,6 +32,8 @@ constexpr Subcommand kSubcommands[] = {
      fsdplab::cli::RunBenchGather},
     {"calibrate", "fit the collective cost model to nccl-tests output; write a cluster file",
      fsdplab::cli::RunCalibrate},
+    {"cost", "a collective's time per size under a cluster file, and which tier and segment",
+     fsdplab::cli::RunCost},
     {"validate", "check a trace; list every problem", fsdplab::cli::RunValidate},
     {"order", "print the forward and backward execution orders of a trace", fsdplab::cli::RunOrder},
     {"schedule", "print the scheduler's command stream for each step", fsdplab::cli::RunSchedule},

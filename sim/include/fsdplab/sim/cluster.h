@@ -6,21 +6,26 @@
 //   TimeUs t = c.CollectiveUs(CollectiveKind::kAllGather, /*bytes=*/64 << 20);
 //   std::string json = ClusterToJson(c);           // printed back in every report
 //
-// Cluster file (DESIGN §4.2):
-//   {"world_size": 64, "gpus_per_node": 8,
+// Cluster file (DESIGN §4.2; format "fsdplab.cluster", version 2, as `fsdplab calibrate` writes
+// it; the format/version keys are optional and files without them, version 1, still load):
+//   {"format": "fsdplab.cluster", "version": 2, "world_size": 64, "gpus_per_node": 8,
 //    "intra": {"bandwidth_GBps": 360, "latency_us": 10},
 //    "inter": {"bandwidth_GBps": 45, "latency_us": 20},
 //    "compute_scale": 1.0,
-//    "calibration": {"all_gather": {"intra": [{"min_bytes": 0, "max_bytes": 8388608,
-//                                              "latency_us": 4.1, "bandwidth_GBps": 120.5}, ...],
-//                                   "inter": [...]},
-//                    "reduce_scatter": {...}},
+//    "calibration": {"all_gather": {"intra": {"world_size": 8, "knots": [{"bytes": 128,
+//                                             "time_us": 35.05}, ...], "tail_busbw_GBps": 360},
+//                                   "inter": {...}},
+//                    "reduce_scatter": {...}, "all_reduce": {...}},
+//    "notes": ["inter: not measured; the default line 45 GB/s 20 us", ...],
 //    "comm_contention": {"all_gather": 0.42, "reduce_scatter": 0.9}}
-// "calibration" is optional (`fsdplab calibrate` writes it; segments as in sim/calibration.h).
-// "comm_contention" is optional (`fsdplab calibrate --contention` writes it from `fsdplab
-// bench-gather --op concurrent`; see CommContention in sim/calibration.h): while an all-gather and
-// a reduce-scatter are in progress at once the all-gather runs (1 + all_gather) times slower and
-// the reduce-scatter (1 + reduce_scatter) times slower. Both values are >= 0 (a missing one is
+// "calibration" is optional: per collective and tier a cost curve (calib/cost_curve.h), or, in a
+// version-1 file, a list of segments [{"min_bytes", "max_bytes", "latency_us",
+// "bandwidth_GBps"}, ...] each costed as its own ring line (calib::PredictCollectiveUs).
+// "notes" (optional) says which collectives and tiers fell back to lines, and why; it is printed
+// back. "comm_contention" is optional (`fsdplab calibrate --contention` writes it from `fsdplab
+// bench-gather --op concurrent`; see CommContention in calib/calibration.h): while an all-gather
+// and a reduce-scatter are in progress at once the all-gather runs (1 + all_gather) times slower
+// and the reduce-scatter (1 + reduce_scatter) times slower. Both values are >= 0 (a missing one is
 // 0); "source" and "statistic" inside it (as bench-gather writes them) are informational.
 //
 // Cost model. `bytes` is the collective's full (unsharded) buffer: the all-gather output or the
@@ -28,15 +33,16 @@
 // bandwidth B (GB/s = 1e3 bytes/us) costs
 //     ring(n, bytes) = (n-1) * a + (n-1)/n * bytes / (B * 1e3).
 // A group within one node (W <= gpus_per_node) is one intra ring, or, when the cluster has an
-// intra calibration for that collective, PredictCollectiveUs(intra segments, bytes, W): the
-// measured curve per size regime replaces the line. A group spanning N nodes of G GPUs
-// (W = N*G) with an inter calibration uses PredictCollectiveUs(inter segments, bytes, W) (the
-// calibration measured the whole multi-node collective). Without one it is hierarchical: an
-// inter-node ring between the N GPUs of the same local rank moves that local rank's 1/G slice
-// of the buffer, then an intra-node ring over G GPUs moves the whole buffer (a reduce-scatter
-// runs the same two phases in the other order, at the same cost):
+// intra calibration for that collective, its curve at W ranks: the measured curve replaces the
+// line. A group spanning N nodes of G GPUs (W = N*G) with an inter calibration uses that curve at
+// W ranks (the calibration measured the whole multi-node collective). Without one it is
+// hierarchical: an inter-node ring between the N GPUs of the same local rank moves that local
+// rank's 1/G slice of the buffer, then an intra-node ring (or curve) over G GPUs moves the whole
+// buffer (a reduce-scatter runs the same two phases in the other order, at the same cost):
 //     hier(bytes) = ring_inter(N, bytes / G) + intra(G, bytes).
-// An all-reduce costs a reduce-scatter plus an all-gather. A world of one rank costs nothing.
+// An all-reduce uses its own calibration when the cluster has one, else costs a reduce-scatter
+// plus an all-gather. A world of one rank costs nothing. Cost() says which tier, curve segment or
+// line gave a time (`fsdplab cost` prints it).
 #pragma once
 
 #include <optional>
@@ -44,12 +50,19 @@
 #include <string_view>
 #include <vector>
 
+#include "fsdplab/calib/calibration.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/core/units.h"
-#include "fsdplab/sim/calibration.h"
 
 namespace fsdplab::sim {
+
+// The measured parts of the cluster come from the calibration library.
+using calib::CommContention;
+using calib::CostCurve;
+using calib::PredictCollectiveUs;
+using calib::Segment;
+using calib::ValidateSegments;
 
 // One link tier: bus bandwidth and per-step latency of a ring.
 struct LinkTier final {
@@ -58,11 +71,31 @@ struct LinkTier final {
   friend bool operator==(const LinkTier&, const LinkTier&) = default;
 };
 
+// One collective's measured cost on one tier: a cost curve (version-2 files) or the per-segment
+// ring lines of a version-1 file. Empty when not measured.
+struct TierModel final {
+  CostCurve curve;
+  std::vector<Segment> segments;
+  bool empty() const { return curve.empty() && segments.empty(); }
+  TimeUs Us(Bytes bytes, int world_size) const;
+  // "curve segment 3: 4194304 .. 8388608 B", "version-1 segment 1", ...
+  std::string Describe(Bytes bytes, int world_size) const;
+  friend bool operator==(const TierModel&, const TierModel&) = default;
+};
+
 struct TierCalibration final {
-  std::vector<Segment> intra;  // measured on one node
-  std::vector<Segment> inter;  // measured across nodes
+  TierModel intra;  // measured on one node
+  TierModel inter;  // measured across nodes
   bool empty() const { return intra.empty() && inter.empty(); }
   friend bool operator==(const TierCalibration&, const TierCalibration&) = default;
+};
+
+// A collective's time and where it came from.
+struct CollectiveCost final {
+  TimeUs time_us = 0;
+  std::string tier;    // "intra", "inter", "inter+intra" (hierarchical); "" for one rank
+  std::string source;  // "all_gather intra curve", "intra line (default)", ...
+  std::string detail;  // the segment of the curve, or the line's parameters
 };
 
 struct Cluster final {
@@ -73,6 +106,9 @@ struct Cluster final {
   double compute_scale = 1.0;
   TierCalibration all_gather;
   TierCalibration reduce_scatter;
+  TierCalibration all_reduce;  // empty: an all-reduce costs a reduce-scatter plus an all-gather
+  // What the file says fell back to lines or defaults (`fsdplab calibrate` writes them).
+  std::vector<std::string> notes;
   // While an all-gather and a reduce-scatter are in progress at once, the all-gather runs
   // (1 + all_gather) times slower and the reduce-scatter (1 + reduce_scatter) times slower
   // (measured by `fsdplab bench-gather --op concurrent`). Unset: none. The simulator's
@@ -88,6 +124,9 @@ struct Cluster final {
   TimeUs CollectiveUs(CollectiveKind kind, Bytes bytes) const;
   // The same, for a group of `group_size` ranks (consecutive ranks, filling nodes first).
   TimeUs CollectiveUs(CollectiveKind kind, Bytes bytes, int group_size) const;
+  // The same, with the tier and the segment or line that gave the time.
+  CollectiveCost Cost(CollectiveKind kind, Bytes bytes, int group_size) const;
+  const TierCalibration& calibration(CollectiveKind kind) const;
 
   friend bool operator==(const Cluster&, const Cluster&) = default;
 };

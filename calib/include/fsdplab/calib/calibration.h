@@ -1,0 +1,166 @@
+// Calibration of the collective cost model from nccl-tests output: one continuous, monotone cost
+// curve (calib/cost_curve.h) per collective and tier, the report that shows the fit, and the
+// cluster file the simulator reads (sim/cluster.h).
+//
+//   StatusOr<std::vector<NcclTestsResult>> blocks = ReadNcclTestsBlocks("ag.txt");
+//   StatusOr<CollectiveFit> fit = FitNcclTests(blocks->front(), TierKind::kIntra, FitOptions{});
+//   fmt::print("{}", FormatFit(*fit));     // measured vs fitted per size, error, warnings
+//   TimeUs t = CurveTimeUs(fit->curve, 64 << 20, 8);
+//
+// Fitting. The out-of-place times (or in-place, FitOptions::in_place) of every size of every
+// block given (repeated runs on one cluster: their sizes pooled, repeats averaged) are fitted with
+// FitCostCurve; the measurement noise comes from every size timed twice (the out-of-place and
+// in-place halves, repeats across blocks). A row whose two halves disagree by more than 15% is
+// fitted with the half in line with the sizes beside it (the other caught a disturbance, which
+// the monotone curve would otherwise carry to every larger size). The fit keeps, for the report,
+// each size's measured and fitted time and error, the single alpha-beta line fitted to the same
+// points (the baseline), and warnings: noisy data (a size timed twice differing by more than 15%,
+// the time falling by more than 5% from one size to the next, a residual above 10%), and a sweep
+// too narrow to extrapolate.
+//
+// Tiers. An `intra` fit describes a collective whose ranks are all on one node; an `inter` fit
+// describes the measured collective over ranks that span nodes, as one flat ring over all its W
+// ranks.
+//
+// Cluster file (format "fsdplab.cluster", version 2; sim/cluster.h reads it, and still reads the
+// version-1 files with per-segment lines):
+//   {"format": "fsdplab.cluster", "version": 2, "world_size": 8, "gpus_per_node": 8,
+//    "intra": {"bandwidth_GBps": 357.9, "latency_us": 4.9},
+//    "inter": {"bandwidth_GBps": 45, "latency_us": 20},
+//    "compute_scale": 1.0,
+//    "calibration": {"all_gather": {"intra": {"world_size": 8,
+//                                             "knots": [{"bytes": 128, "time_us": 35.05}, ...],
+//                                             "tail_busbw_GBps": 360.4}},
+//                    "reduce_scatter": {...}, "all_reduce": {...}},
+//    "notes": ["inter: not measured; the default line 45 GB/s 20 us", ...],
+//    "comm_contention": {"all_gather": 0.48, "reduce_scatter": 0.41}}
+// The tier lines ("intra", "inter") serve the collectives a tier has no curve for. Each is set
+// only by data of its own tier (all_gather preferred, then reduce_scatter, then all_reduce):
+// intra's latency is the smallest size's time per ring step and its bandwidth the curve's
+// asymptotic bus bandwidth; inter's are the ones that make the simulator's hierarchical model
+// (sim/cluster.h: an inter-node ring over the nodes moving 1/G of the buffer, then the intra ring)
+// reproduce the measured smallest-size time and asymptotic slope. A tier without data keeps the
+// default line (intra 360 GB/s 3 us, inter 45 GB/s 20 us), and a collective without a curve
+// of a tier uses that tier's line: each such fallback is a note in the file and in the report.
+// "comm_contention" is written only when it was measured (`fsdplab calibrate --contention FILE`
+// with the output of `fsdplab bench-gather --op concurrent -J FILE`).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdplab/calib/cost_curve.h"
+#include "fsdplab/calib/nccl_tests.h"
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/trace.h"
+#include "fsdplab/core/units.h"
+
+namespace fsdplab::calib {
+
+enum class TierKind : std::uint8_t { kIntra, kInter };
+std::string_view TierKindName(TierKind tier);  // "intra", "inter"
+std::optional<TierKind> ParseTierKind(std::string_view name);
+
+// The tier lines a cluster has when nothing measured them.
+inline constexpr double kDefaultIntraBandwidthGBps = 360.0;
+inline constexpr double kDefaultIntraLatencyUs = 3.0;
+inline constexpr double kDefaultInterBandwidthGBps = 45.0;
+inline constexpr double kDefaultInterLatencyUs = 20.0;
+
+struct FitOptions final {
+  CurveFitOptions curve;
+  bool in_place = false;  // fit the in-place times instead of out-of-place
+};
+
+struct FitPoint final {
+  Bytes bytes = 0;
+  TimeUs measured_us = 0;
+  TimeUs fitted_us = 0;
+  double error_pct = 0;  // 100 * (fitted - measured) / measured
+  int segment = 0;       // as CurvePoint::segment
+};
+
+struct CollectiveFit final {
+  CollectiveKind collective = CollectiveKind::kAllGather;
+  TierKind tier = TierKind::kIntra;
+  int world_size = 0;
+  std::vector<std::string> sources;
+  CostCurve curve;
+  std::vector<FitPoint> points;  // every measured size
+  double max_error_pct = 0;      // of |error_pct|
+  double median_error_pct = 0;   // of |error_pct|
+  Segment line;                  // the single alpha-beta line on the same points
+  double line_max_error_pct = 0;
+  double line_median_error_pct = 0;
+  double noise_pct = 0;               // the noise the curve was fitted against
+  bool tail_measured = true;          // false: the sweep is too narrow to extrapolate
+  std::vector<std::string> warnings;  // noisy data, narrow sweep
+};
+
+// The points of one block (size 0 skipped, repeats averaged), sorted by size.
+StatusOr<std::vector<SizeTime>> PointsOf(const NcclTestsResult& result, bool in_place);
+
+// The tier of a block: `flag` when given (checked against the device list's hosts), else
+// from the hostnames of the device list (one host: intra), else intra when the ranks fit in one
+// node of `gpus_per_node`.
+StatusOr<TierKind> InferTier(const NcclTestsResult& result, std::optional<TierKind> flag,
+                             int gpus_per_node);
+
+// Fits several blocks of the same collective, tier and world size together (repeated runs on
+// one cluster: their points are pooled, repeated sizes averaged).
+StatusOr<CollectiveFit> FitNcclTests(const std::vector<const NcclTestsResult*>& results,
+                                     TierKind tier, const FitOptions& options);
+StatusOr<CollectiveFit> FitNcclTests(const NcclTestsResult& result, TierKind tier,
+                                     const FitOptions& options);
+
+// The table printed by `fsdplab calibrate`: the curve's knots, then per size measured, fitted and
+// error, the summary beside the single line's, and the warnings.
+std::string FormatFit(const CollectiveFit& fit);
+// One fit as a JSON object (curve, points, errors, warnings) for `--json`.
+std::string FitToJson(const CollectiveFit& fit);
+
+// The cost curve's object in the cluster file, and back (errors name `where` and the field).
+std::string CostCurveJson(const CostCurve& curve);
+StatusOr<CostCurve> ParseCostCurveJson(std::string_view json_text, CollectiveKind collective,
+                                       std::string_view where);
+
+// Communication contention: while an all-gather and a reduce-scatter are in progress at once
+// (on the two communication streams; they share links, copy engines and cores), the all-gather
+// runs (1 + all_gather) times slower and the reduce-scatter (1 + reduce_scatter) times slower.
+// 0 = independent, 1 = twice as slow. Measured by `fsdplab bench-gather --op concurrent`; the
+// cluster file's "comm_contention" (sim/cluster.h).
+struct CommContention final {
+  double all_gather = 0;
+  double reduce_scatter = 0;
+  friend bool operator==(const CommContention&, const CommContention&) = default;
+};
+
+// A tier line: the ring alpha-beta parameters the simulator uses where it has no curve.
+struct TierLine final {
+  double bandwidth_GBps = 0;
+  TimeUs latency_us = 0;
+  bool measured = false;
+};
+
+struct CalibratedCluster final {
+  int world_size = 8;
+  int gpus_per_node = 8;
+  double compute_scale = 1.0;
+  std::vector<CollectiveFit> fits;
+  std::optional<CommContention> comm_contention;  // written when measured
+};
+
+// The tier lines of a calibrated cluster (see "Tiers" above), with the notes on every fallback.
+struct DerivedTiers final {
+  TierLine intra;
+  TierLine inter;
+  std::vector<std::string> notes;
+};
+DerivedTiers DeriveTierLines(const CalibratedCluster& cluster);
+
+// The cluster file (schema above), pretty-printed.
+std::string CalibratedClusterJson(const CalibratedCluster& cluster);
+
+}  // namespace fsdplab::calib

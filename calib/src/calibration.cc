@@ -1,0 +1,458 @@
+#include "fsdplab/calib/calibration.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace fsdplab::calib {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// Thresholds of the noise warnings.
+constexpr double kTwiceTimedPct = 15;  // a size timed twice differing by more than this
+constexpr double kFallPct = 5;         // time falling by more than this from one size to the next
+constexpr double kResidualPct = 10;    // a measured size this far from the curve
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string SizeList(const std::vector<Bytes>& sizes) {
+  std::vector<std::string> parts;
+  for (std::size_t i = 0; i < sizes.size() && i < 6; ++i) parts.push_back(std::to_string(sizes[i]));
+  if (sizes.size() > 6) parts.push_back(fmt::format("... ({} sizes)", sizes.size()));
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+const char* CollectiveLabel(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllReduce: return "all_reduce";
+  }
+  return "?";
+}
+
+// A size timed twice (a row's out-of-place and in-place halves) whose two times disagree by more
+// than kTwiceTimedPct has caught a disturbance in one of them. When the fitted half is further
+// from the line through the sizes beside it than the other half is, the other half is used
+// instead. `pts` are the block's points (sorted, one per size); returns the sizes changed.
+std::vector<Bytes> UseConsistentHalves(const NcclTestsResult& r, bool in_place,
+                                       std::vector<SizeTime>& pts) {
+  std::map<Bytes, TimeUs> other;
+  for (const NcclTestsRow& row : r.rows) {
+    const std::optional<NcclTiming>& t = in_place ? row.out_of_place : row.in_place;
+    if (row.size_bytes > 0 && t && t->time_us > 0) other[row.size_bytes] = t->time_us;
+  }
+  std::vector<Bytes> changed;
+  const std::vector<SizeTime> orig = pts;
+  for (std::size_t i = 0; i < pts.size(); ++i) {
+    auto it = other.find(pts[i].bytes);
+    if (it == other.end()) continue;
+    const double mine = orig[i].time_us, theirs = it->second;
+    if (100 * std::abs(mine - theirs) / (0.5 * (mine + theirs)) <= kTwiceTimedPct) continue;
+    // The reference: the chord through the two neighbours, or the one neighbour at an end.
+    double ref = 0;
+    if (i > 0 && i + 1 < orig.size()) {
+      double b0 = static_cast<double>(orig[i - 1].bytes),
+             b2 = static_cast<double>(orig[i + 1].bytes);
+      double w = (static_cast<double>(orig[i].bytes) - b0) / (b2 - b0);
+      ref = orig[i - 1].time_us + w * (orig[i + 1].time_us - orig[i - 1].time_us);
+    } else if (orig.size() > 1) {
+      ref = orig[i == 0 ? 1 : i - 1].time_us;
+    } else {
+      continue;
+    }
+    if (std::abs(std::log(theirs / ref)) < std::abs(std::log(mine / ref))) {
+      pts[i].time_us = theirs;
+      changed.push_back(pts[i].bytes);
+    }
+  }
+  return changed;
+}
+
+}  // namespace
+
+std::string_view TierKindName(TierKind tier) {
+  return tier == TierKind::kIntra ? "intra" : "inter";
+}
+
+std::optional<TierKind> ParseTierKind(std::string_view name) {
+  if (name == "intra") return TierKind::kIntra;
+  if (name == "inter") return TierKind::kInter;
+  return std::nullopt;
+}
+
+StatusOr<std::vector<SizeTime>> PointsOf(const NcclTestsResult& result, bool in_place) {
+  std::vector<SizeTime> pts;
+  for (const NcclTestsRow& row : result.rows) {
+    if (row.size_bytes == 0) continue;
+    const std::optional<NcclTiming>& t = in_place ? row.in_place : row.out_of_place;
+    if (!t) {
+      return InvalidInput(fmt::format("{}:{}: size {} has no {} time{}", result.source, row.line,
+                                      row.size_bytes, in_place ? "in-place" : "out-of-place",
+                                      in_place ? " (drop --in-place)" : ""));
+    }
+    if (!(t->time_us > 0)) {
+      return InvalidInput(fmt::format("{}:{}: size {} has a time of {} us", result.source, row.line,
+                                      row.size_bytes, t->time_us));
+    }
+    pts.push_back({row.size_bytes, t->time_us});
+  }
+  return NormalisePoints(std::move(pts));
+}
+
+StatusOr<TierKind> InferTier(const NcclTestsResult& result, std::optional<TierKind> flag,
+                             int gpus_per_node) {
+  int hosts = result.NumHosts();
+  if (flag) {
+    if (hosts > 1 && *flag == TierKind::kIntra) {
+      return InvalidInput(
+          fmt::format("{}: --tier intra, but the ranks run on {} hosts", result.source, hosts));
+    }
+    return *flag;
+  }
+  if (hosts > 0) return hosts == 1 ? TierKind::kIntra : TierKind::kInter;
+  return result.ranks <= gpus_per_node ? TierKind::kIntra : TierKind::kInter;
+}
+
+StatusOr<CollectiveFit> FitNcclTests(const std::vector<const NcclTestsResult*>& results,
+                                     TierKind tier, const FitOptions& options) {
+  if (results.empty()) return UsageError("no nccl-tests output to fit");
+  const NcclTestsResult& first = *results.front();
+  if (!first.collective) {
+    return InvalidInput(fmt::format(
+        "{}: cannot tell which collective this is; give {} all_gather|reduce_scatter|all_reduce",
+        first.source, kCollectiveFlag));
+  }
+  CollectiveFit fit;
+  fit.collective = *first.collective;
+  fit.tier = tier;
+  fit.world_size = first.ranks;
+  std::vector<SizeTime> all;
+  // Every timing of each size, for the noise: both halves of a row, and repeats across blocks.
+  std::map<Bytes, std::vector<TimeUs>> timings;
+  std::vector<Bytes> twice_apart, replaced;
+  for (const NcclTestsResult* r : results) {
+    if (r->collective != first.collective || r->ranks != first.ranks) {
+      return InvalidInput(
+          fmt::format("{}: cannot fit together with {} (different collective or "
+                      "number of ranks)",
+                      r->source, first.source));
+    }
+    FSDP_ASSIGN_OR_RETURN(std::vector<SizeTime> pts, PointsOf(*r, options.in_place));
+    std::vector<Bytes> swapped = UseConsistentHalves(*r, options.in_place, pts);
+    replaced.insert(replaced.end(), swapped.begin(), swapped.end());
+    all.insert(all.end(), pts.begin(), pts.end());
+    fit.sources.push_back(r->source);
+    std::map<Bytes, std::vector<TimeUs>> mine;
+    for (const NcclTestsRow& row : r->rows) {
+      if (row.size_bytes == 0) continue;
+      for (const std::optional<NcclTiming>& t : {row.out_of_place, row.in_place}) {
+        if (t && t->time_us > 0) mine[row.size_bytes].push_back(t->time_us);
+      }
+    }
+    for (auto& [bytes, ts] : mine) {
+      timings[bytes].insert(timings[bytes].end(), ts.begin(), ts.end());
+    }
+  }
+  for (const auto& [bytes, ts] : timings) {
+    if (ts.size() < 2) continue;
+    auto [lo, hi] = std::minmax_element(ts.begin(), ts.end());
+    if (100 * (*hi - *lo) / (0.5 * (*hi + *lo)) > kTwiceTimedPct) twice_apart.push_back(bytes);
+  }
+  CurveFitOptions curve_opts = options.curve;
+  if (curve_opts.repeats.empty()) curve_opts.repeats = RepeatSpread(timings);
+  StatusOr<CurveFit> curve = FitCostCurve(all, fit.collective, fit.world_size, curve_opts);
+  if (!curve.ok()) return curve.status().WithContext(first.source);
+  fit.curve = curve->curve;
+  fit.noise_pct = 100 * curve->noise;
+  fit.tail_measured = curve->tail_measured;
+  const std::vector<SizeTime> pts = NormalisePoints(all);
+  FSDP_ASSIGN_OR_RETURN(fit.line, FitAlphaBetaLine(pts, fit.world_size));
+  std::vector<double> err, line_err;
+  std::vector<Bytes> far, falls;
+  for (std::size_t i = 0; i < pts.size(); ++i) {
+    const SizeTime& p = pts[i];
+    CurvePoint c = EvaluateCurve(fit.curve, p.bytes, fit.world_size);
+    FitPoint fp{p.bytes, p.time_us, c.time_us, 100 * (c.time_us - p.time_us) / p.time_us,
+                c.segment};
+    err.push_back(std::abs(fp.error_pct));
+    line_err.push_back(100 *
+                       std::abs(RingTimeUs(fit.line, p.bytes, fit.world_size) / p.time_us - 1));
+    if (std::abs(fp.error_pct) > kResidualPct) far.push_back(p.bytes);
+    if (i > 0 && p.time_us < pts[i - 1].time_us * (1 - kFallPct / 100)) falls.push_back(p.bytes);
+    fit.points.push_back(fp);
+  }
+  fit.max_error_pct = err.empty() ? 0 : *std::max_element(err.begin(), err.end());
+  fit.median_error_pct = Median(err);
+  fit.line_max_error_pct =
+      line_err.empty() ? 0 : *std::max_element(line_err.begin(), line_err.end());
+  fit.line_median_error_pct = Median(line_err);
+  if (!twice_apart.empty()) {
+    fit.warnings.push_back(fmt::format(
+        "noisy data: run-to-run, {} size(s) timed twice (out of place and in place, or in "
+        "several runs) differ by more than {:.0f}%: {} B",
+        twice_apart.size(), kTwiceTimedPct, SizeList(twice_apart)));
+  }
+  if (!replaced.empty()) {
+    fit.warnings.push_back(fmt::format(
+        "noisy data: at {} B the two halves of the row disagree by more than {:.0f}% and the "
+        "{} time is out of line with the sizes beside it; the {} time is fitted there",
+        SizeList(replaced), kTwiceTimedPct, options.in_place ? "in-place" : "out-of-place",
+        options.in_place ? "out-of-place" : "in-place"));
+  }
+  if (!falls.empty()) {
+    fit.warnings.push_back(fmt::format(
+        "noisy data: neighbours disagree, the time falls by more than {:.0f}% from the size "
+        "before at {} B",
+        kFallPct, SizeList(falls)));
+  }
+  if (!far.empty()) {
+    fit.warnings.push_back(
+        fmt::format("noisy data: {} size(s) lie more than {:.0f}% from the monotone curve: {} B",
+                    far.size(), kResidualPct, SizeList(far)));
+  }
+  for (const std::string& w : curve->warnings) fit.warnings.push_back(w);
+  return fit;
+}
+
+StatusOr<CollectiveFit> FitNcclTests(const NcclTestsResult& result, TierKind tier,
+                                     const FitOptions& options) {
+  return FitNcclTests(std::vector<const NcclTestsResult*>{&result}, tier, options);
+}
+
+std::string FormatFit(const CollectiveFit& fit) {
+  const CostCurve& c = fit.curve;
+  std::string out =
+      fmt::format("{} {} ({} ranks) from {}\n", CollectiveKindName(fit.collective),
+                  TierKindName(fit.tier), fit.world_size, fmt::join(fit.sources, ", "));
+  out += fmt::format(
+      "  curve: {} knots, continuous and monotone; below {} B the latency {:.2f} us; beyond {} B "
+      "the asymptotic bus bandwidth {:.1f} GB/s{}\n",
+      c.knots.size(), c.knots.front().bytes, c.knots.front().time_us, c.knots.back().bytes,
+      c.tail_busbw_GBps, fit.tail_measured ? "" : " (not measured: see the warning)");
+  out += fmt::format("  {:>14}  {:>12}  {:>12}  {:>8}  {:>11}  {:>8}  {}\n", "size (B)",
+                     "measured us", "fitted us", "error %", "busbw GB/s", "line %", "segment");
+  const double factor = BusFactor(fit.collective, fit.world_size);
+  for (const FitPoint& p : fit.points) {
+    double busbw = factor * static_cast<double>(p.bytes) / (p.measured_us * 1e3);
+    double line = 100 * (RingTimeUs(fit.line, p.bytes, fit.world_size) / p.measured_us - 1);
+    out += fmt::format("  {:>14}  {:>12.2f}  {:>12.2f}  {:>+8.2f}  {:>11.2f}  {:>+8.2f}  {}\n",
+                       p.bytes, p.measured_us, p.fitted_us, p.error_pct, busbw, line,
+                       p.segment < 0 ? std::string("latency") : std::to_string(p.segment));
+  }
+  out += fmt::format(
+      "  max |error| {:.2f}%  median |error| {:.2f}%  (one alpha-beta line, {:.2f} us {:.1f} "
+      "GB/s: max {:.2f}%, median {:.2f}%); noise {:.2f}%\n",
+      fit.max_error_pct, fit.median_error_pct, fit.line.latency_us, fit.line.bandwidth_GBps,
+      fit.line_max_error_pct, fit.line_median_error_pct, fit.noise_pct);
+  for (const std::string& w : fit.warnings) out += fmt::format("  warning: {}\n", w);
+  return out;
+}
+
+std::string CostCurveJson(const CostCurve& curve) {
+  json knots = json::array();
+  for (const Knot& k : curve.knots) knots.push_back({{"bytes", k.bytes}, {"time_us", k.time_us}});
+  json j = {{"world_size", curve.world_size},
+            {"knots", std::move(knots)},
+            {"tail_busbw_GBps", curve.tail_busbw_GBps}};
+  return j.dump();
+}
+
+StatusOr<CostCurve> ParseCostCurveJson(std::string_view json_text, CollectiveKind collective,
+                                       std::string_view where) {
+  json doc = json::parse(json_text.begin(), json_text.end(), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return InvalidInput(fmt::format("{}: expected an object", where));
+  }
+  CostCurve c;
+  c.collective = collective;
+  for (const auto& [key, value] : doc.items()) {
+    std::string at = fmt::format("{}.{}", where, key);
+    if (key == "world_size") {
+      if (!value.is_number_integer()) return InvalidInput(at + ": expected an integer");
+      c.world_size = value.get<int>();
+    } else if (key == "tail_busbw_GBps") {
+      if (!value.is_number()) return InvalidInput(at + ": expected a number");
+      c.tail_busbw_GBps = value.get<double>();
+    } else if (key == "knots") {
+      if (!value.is_array()) return InvalidInput(at + ": expected a list");
+      for (std::size_t i = 0; i < value.size(); ++i) {
+        const json& k = value[i];
+        std::string ki = fmt::format("{}[{}]", at, i);
+        if (!k.is_object() || !k.contains("bytes") || !k["bytes"].is_number_unsigned() ||
+            !k.contains("time_us") || !k["time_us"].is_number()) {
+          return InvalidInput(ki + ": expected {\"bytes\": N, \"time_us\": T}");
+        }
+        c.knots.push_back({k["bytes"].get<Bytes>(), k["time_us"].get<double>()});
+      }
+    } else if (key == "source" || key == "sources" || key == "note") {
+      // Informational.
+    } else {
+      return InvalidInput(
+          fmt::format("{}: unknown key (expected world_size, knots, tail_busbw_GBps)", at));
+    }
+  }
+  FSDP_RETURN_IF_ERROR(ValidateCurve(c).WithContext(where));
+  return c;
+}
+
+std::string FitToJson(const CollectiveFit& fit) {
+  json j;
+  j["collective"] = std::string(CollectiveKindName(fit.collective));
+  j["tier"] = std::string(TierKindName(fit.tier));
+  j["world_size"] = fit.world_size;
+  j["sources"] = fit.sources;
+  j["curve"] = json::parse(CostCurveJson(fit.curve));
+  json pts = json::array();
+  for (const FitPoint& p : fit.points) {
+    pts.push_back({{"bytes", p.bytes},
+                   {"measured_us", p.measured_us},
+                   {"fitted_us", p.fitted_us},
+                   {"error_pct", p.error_pct},
+                   {"segment", p.segment}});
+  }
+  j["points"] = std::move(pts);
+  j["max_error_pct"] = fit.max_error_pct;
+  j["median_error_pct"] = fit.median_error_pct;
+  j["single_line"] = {{"latency_us", fit.line.latency_us},
+                      {"bandwidth_GBps", fit.line.bandwidth_GBps},
+                      {"max_error_pct", fit.line_max_error_pct},
+                      {"median_error_pct", fit.line_median_error_pct}};
+  j["noise_pct"] = fit.noise_pct;
+  j["tail_measured"] = fit.tail_measured;
+  j["warnings"] = fit.warnings;
+  return j.dump();
+}
+
+DerivedTiers DeriveTierLines(const CalibratedCluster& cluster) {
+  DerivedTiers out;
+  out.intra = {kDefaultIntraBandwidthGBps, kDefaultIntraLatencyUs, false};
+  out.inter = {kDefaultInterBandwidthGBps, kDefaultInterLatencyUs, false};
+  auto pick = [&](TierKind tier) -> const CollectiveFit* {
+    for (CollectiveKind kind :
+         {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce}) {
+      for (const CollectiveFit& f : cluster.fits) {
+        if (f.collective == kind && f.tier == tier && !f.curve.empty()) return &f;
+      }
+    }
+    return nullptr;
+  };
+  // Time and slope per byte of one ring pass (all_reduce is two: reduce-scatter + all-gather).
+  auto per_pass = [](const CollectiveFit& f) {
+    return f.collective == CollectiveKind::kAllReduce ? 0.5 : 1.0;
+  };
+  if (const CollectiveFit* f = pick(TierKind::kIntra)) {
+    const double w = f->world_size;
+    out.intra.latency_us = per_pass(*f) * f->curve.knots.front().time_us / (w - 1);
+    // The ring formula's bandwidth is the bus bandwidth (all_reduce's per pass as well).
+    out.intra.bandwidth_GBps = f->curve.tail_busbw_GBps;
+    out.intra.measured = true;
+    out.notes.push_back(
+        fmt::format("intra line: {:.1f} GB/s {:.2f} us from the {} intra curve ({} ranks)",
+                    out.intra.bandwidth_GBps, out.intra.latency_us, CollectiveLabel(f->collective),
+                    f->world_size));
+  } else {
+    out.notes.push_back(fmt::format(
+        "intra: not measured; the default line {:g} GB/s {:g} us (calibrate a one-node run to "
+        "set it)",
+        kDefaultIntraBandwidthGBps, kDefaultIntraLatencyUs));
+  }
+  if (const CollectiveFit* f = pick(TierKind::kInter)) {
+    const int w = f->world_size;
+    const int g = std::max(1, cluster.gpus_per_node);
+    const int nodes = w / g;
+    const double pass = per_pass(*f);
+    // us per byte of the whole buffer, beyond the largest measured size, for one pass.
+    const double slope = pass * BusFactor(f->collective, w) / (f->curve.tail_busbw_GBps * 1e3);
+    const double t0 = pass * f->curve.knots.front().time_us;
+    if (nodes >= 2 && w % g == 0) {
+      const double gd = g;
+      const double intra_slope = g > 1 ? (gd - 1) / gd / (out.intra.bandwidth_GBps * 1e3) : 0.0;
+      const double rest = slope - intra_slope;
+      const double nd = nodes;
+      if (rest > 0) {
+        out.inter.bandwidth_GBps = (nd - 1) / (nd * gd) / (rest * 1e3);
+      } else {
+        out.inter.bandwidth_GBps = f->curve.tail_busbw_GBps;
+        out.notes.push_back(fmt::format(
+            "inter: the {}-rank curve is no slower than the intra line, so the hierarchical "
+            "model cannot place the inter-node share; the inter line takes the flat ring's "
+            "asymptotic bus bandwidth",
+            w));
+      }
+      out.inter.latency_us = std::max(0.0, (t0 - (gd - 1) * out.intra.latency_us) / (nd - 1));
+    } else {
+      out.inter.bandwidth_GBps = f->curve.tail_busbw_GBps;
+      out.inter.latency_us = t0 / (w - 1);
+    }
+    out.inter.bandwidth_GBps = std::min(out.inter.bandwidth_GBps, kMaxBusBandwidthGBps);
+    out.inter.measured = true;
+    out.notes.push_back(fmt::format(
+        "inter line: {:.1f} GB/s {:.2f} us from the {} inter curve ({} ranks, {} per node), as "
+        "the hierarchical model needs them to reproduce it",
+        out.inter.bandwidth_GBps, out.inter.latency_us, CollectiveLabel(f->collective), w, g));
+  } else {
+    out.notes.push_back(fmt::format(
+        "inter: not measured; the default line {:g} GB/s {:g} us (calibrate a multi-node run to "
+        "set it)",
+        kDefaultInterBandwidthGBps, kDefaultInterLatencyUs));
+  }
+  for (CollectiveKind kind :
+       {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce}) {
+    for (TierKind tier : {TierKind::kIntra, TierKind::kInter}) {
+      bool have = false;
+      for (const CollectiveFit& f : cluster.fits)
+        have = have || (f.collective == kind && f.tier == tier);
+      if (have) continue;
+      const TierLine& line = tier == TierKind::kIntra ? out.intra : out.inter;
+      if (kind == CollectiveKind::kAllReduce) {
+        out.notes.push_back(
+            fmt::format("all_reduce {}: no curve; costed as a reduce_scatter plus an all_gather",
+                        TierKindName(tier)));
+      } else {
+        out.notes.push_back(fmt::format(
+            "{} {}: no curve; uses the {} line ({})", CollectiveLabel(kind), TierKindName(tier),
+            TierKindName(tier), line.measured ? "measured" : "default"));
+      }
+    }
+  }
+  return out;
+}
+
+std::string CalibratedClusterJson(const CalibratedCluster& cluster) {
+  DerivedTiers tiers = DeriveTierLines(cluster);
+  json j = json::object();
+  j["format"] = "fsdplab.cluster";
+  j["version"] = 2;
+  j["world_size"] = cluster.world_size;
+  j["gpus_per_node"] = cluster.gpus_per_node;
+  j["intra"] = {{"bandwidth_GBps", tiers.intra.bandwidth_GBps},
+                {"latency_us", tiers.intra.latency_us}};
+  j["inter"] = {{"bandwidth_GBps", tiers.inter.bandwidth_GBps},
+                {"latency_us", tiers.inter.latency_us}};
+  j["compute_scale"] = cluster.compute_scale;
+  json cal = json::object();
+  for (const CollectiveFit& f : cluster.fits) {
+    cal[std::string(CollectiveKindName(f.collective))][std::string(TierKindName(f.tier))] =
+        json::parse(CostCurveJson(f.curve));
+  }
+  j["calibration"] = std::move(cal);
+  j["notes"] = tiers.notes;
+  if (cluster.comm_contention) {
+    j["comm_contention"] = {{"all_gather", cluster.comm_contention->all_gather},
+                            {"reduce_scatter", cluster.comm_contention->reduce_scatter}};
+  }
+  return j.dump(2) + "\n";
+}
+
+}  // namespace fsdplab::calib
