@@ -23,9 +23,18 @@ class CudaBackend final : public Backend {
              "W"}};
   }
   StatusOr<RunOutcome> Run(const RunRequest& request) const override {
+    FSDP_ASSIGN_OR_RETURN(CudaRunOptions options, Options(request.backend_flags));
+    return RunLiveSteps(*request.trace, request.options, options);
+  }
+  StatusOr<std::vector<GatherBenchRow>> BenchGather(const BenchRequest& request) const override {
+    FSDP_ASSIGN_OR_RETURN(CudaRunOptions options, Options(request.backend_flags));
+    return RunGatherBench(request.options, options.emulate_world_size);
+  }
+
+ private:
+  static StatusOr<CudaRunOptions> Options(const std::map<std::string, std::string>& flags) {
     CudaRunOptions options;
-    if (auto it = request.backend_flags.find("--emulate-world-size");
-        it != request.backend_flags.end()) {
+    if (auto it = flags.find("--emulate-world-size"); it != flags.end()) {
       const std::string& v = it->second;
       int w = 0;
       auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), w);
@@ -35,7 +44,7 @@ class CudaBackend final : public Backend {
       }
       options.emulate_world_size = w;
     }
-    return RunLiveSteps(*request.trace, request.options, options);
+    return options;
   }
 };
 

@@ -32,6 +32,12 @@ class HostBackend final : public Backend {
     }
     return RunLiveSteps(*request.trace, request.options, options);
   }
+  StatusOr<std::vector<GatherBenchRow>> BenchGather(const BenchRequest& request) const override {
+    return RunGatherBench(request.options);
+  }
+  StatusOr<std::vector<ContentionRow>> BenchContention(const BenchRequest& request) const override {
+    return RunContentionBench(request.options);
+  }
 };
 
 }  // namespace

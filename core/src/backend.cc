@@ -4,6 +4,13 @@
 
 namespace fsdplab {
 
+StatusOr<std::vector<ContentionRow>> Backend::BenchContention(const BenchRequest&) const {
+  return UsageError(fmt::format(
+      "op: concurrent is measured on the host backend only (the {} backend has no concurrent "
+      "mode yet)",
+      name()));
+}
+
 Status BackendRegistry::Register(std::unique_ptr<Backend> backend) {
   if (Find(backend->name()) != nullptr) {
     return InternalError(fmt::format("backend '{}' registered twice", backend->name()));

@@ -249,10 +249,4 @@ int PrintHelp(std::string_view usage, std::string_view description, const Args& 
   return 0;
 }
 
-Status NoCudaBackend() {
-  return Unavailable(
-      "this build has no CUDA backend (configure with nvcc present and "
-      "-DFSDPLAB_ENABLE_CUDA=ON); use --backend host");
-}
-
 }  // namespace fsdplab::cli

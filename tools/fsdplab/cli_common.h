@@ -40,7 +40,4 @@ int Fail(std::string_view command, const Status& status);
 // Prints the help text for a command: usage line, description, flags.
 int PrintHelp(std::string_view usage, std::string_view description, const Args& args);
 
-// The error for `--backend cuda` in a build without backend_cuda.
-Status NoCudaBackend();
-
 }  // namespace fsdplab::cli

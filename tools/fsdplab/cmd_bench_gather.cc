@@ -11,14 +11,11 @@
 #include <optional>
 #include <utility>
 
+#include "backends.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/live.h"
-#include "fsdplab/host/live.h"
-#ifdef FSDPLAB_HAVE_CUDA
-#include "fsdplab/cuda/live.h"
-#endif
 
 namespace fsdplab::cli {
 namespace {
@@ -226,19 +223,13 @@ std::string ContentionJson(const GatherBenchOptions& o, const std::vector<Conten
 }
 
 // --op concurrent: the contention benchmark.
-Status RunConcurrent(const Args& args, const GatherBenchOptions& o, const std::string& backend) {
+Status RunConcurrent(const Args& args, const GatherBenchOptions& o, const ChosenBackend& chosen) {
   if (args.Get("--nccl-out")) {
     return UsageError("--nccl-out: --op concurrent has no nccl-tests equivalent; use -J FILE");
   }
-  if (backend == "cuda") {
-    return UsageError(
-        "--op concurrent is measured on the host backend only (the CUDA backend has no "
-        "concurrent mode yet)");
-  }
-  if (backend != "host") {
-    return UsageError(fmt::format("--backend: expected host or cuda, got '{}'", backend));
-  }
-  StatusOr<std::vector<ContentionRow>> measured = host::RunContentionBench(o);
+  const std::string& backend = chosen.name;
+  StatusOr<std::vector<ContentionRow>> measured =
+      chosen.backend->BenchContention(BenchRequest{.options = o, .backend_flags = chosen.flags});
   if (!measured.ok()) return InFlags(measured.status(), FlagScope::kBenchGather);
   const std::vector<ContentionRow>& rows = *measured;
   const std::string json = ContentionJson(o, rows, backend);
@@ -256,7 +247,8 @@ Status Run(const Args& args) {
     return UsageError(fmt::format("unexpected argument '{}'", args.positionals().front()));
   }
   GatherBenchOptions o;
-  const std::string backend = args.Get("--backend").value_or("host");
+  FSDP_ASSIGN_OR_RETURN(ChosenBackend chosen, ChooseBackend(args));
+  const std::string& backend = chosen.name;
   if (auto v = args.Get("-b")) {
     FSDP_ASSIGN_OR_RETURN(o.min_bytes, ParseSize(*v, "-b"));
   }
@@ -290,30 +282,9 @@ Status Run(const Args& args) {
     if (n < 0 || n > 16384) return UsageError("--gemm-n: must be in 0..16384");
     o.gemm_n = static_cast<std::uint64_t>(n);
   }
-  std::optional<int> emulate;
-  if (args.Get("--emulate-world-size")) {
-    int w = 0;
-    FSDP_RETURN_IF_ERROR(int_flag("--emulate-world-size", w, 1, 1 << 16));
-    emulate = w;
-  }
-  if (o.op == "concurrent") {
-    if (emulate) return UsageError("--emulate-world-size is for --backend cuda on one GPU");
-    return RunConcurrent(args, o, backend);
-  }
-  StatusOr<std::vector<GatherBenchRow>> rows = [&]() -> StatusOr<std::vector<GatherBenchRow>> {
-    if (backend == "host") {
-      if (emulate) return UsageError("--emulate-world-size is for --backend cuda on one GPU");
-      return host::RunGatherBench(o);
-    }
-    if (backend == "cuda") {
-#ifdef FSDPLAB_HAVE_CUDA
-      return fsdplab::cuda::RunGatherBench(o, emulate);
-#else
-      return NoCudaBackend();
-#endif
-    }
-    return UsageError(fmt::format("--backend: expected host or cuda, got '{}'", backend));
-  }();
+  if (o.op == "concurrent") return RunConcurrent(args, o, chosen);
+  StatusOr<std::vector<GatherBenchRow>> rows =
+      chosen.backend->BenchGather(BenchRequest{.options = o, .backend_flags = chosen.flags});
   if (!rows.ok()) return InFlags(rows.status(), FlagScope::kBenchGather);
   const std::string json = Json(o, *rows, backend);
   if (auto file = args.Get("-J")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));
@@ -332,7 +303,7 @@ Status Run(const Args& args) {
 
 int RunBenchGather(const Argv& argv) {
   Args args(argv);
-  args.Declare("--backend", ArgKind::kValue, "host (default) or cuda", "NAME");
+  DeclareBackendFlags(args);
   args.Declare("-b", ArgKind::kValue, "smallest message, bytes (suffixes K M G; default 32M)",
                "SIZE");
   args.Declare("-e", ArgKind::kValue, "largest message, bytes (default: -b)", "SIZE");
@@ -351,10 +322,6 @@ int RunBenchGather(const Argv& argv) {
   args.Declare("--gemm-n", ArgKind::kValue,
                "overlapped GEMM size n (n x n x n); 0 (default) sizes it to match the collective",
                "N");
-  args.Declare("--emulate-world-size", ArgKind::kValue,
-               "cuda on one GPU: each collective becomes a device copy of what a rank of a "
-               "W-rank ring receives",
-               "W");
   args.Declare("--json", ArgKind::kSwitch, "print JSON instead of the table");
   args.Declare("-J", ArgKind::kValue, "also write the JSON to FILE", "FILE");
   args.Declare("--nccl-out", ArgKind::kValue,

@@ -44,12 +44,7 @@ constexpr std::string_view kRecordDescription =
     "the measured collectives. `fsdplab validate` and `fsdplab simulate` read it back.";
 
 void DeclareLiveFlags(Args& args, bool record) {
-  std::string backends;
-  for (const Backend* b : Backends().backends()) {
-    backends += fmt::format("{}{}: {}", backends.empty() ? "" : "; ", b->name(), b->summary());
-  }
-  args.Declare("--backend", ArgKind::kValue,
-               fmt::format("where to run (default host); in this build: {}", backends), "NAME");
+  DeclareBackendFlags(args);
   args.Declare("--synth", ArgKind::kSwitch,
                "run a synthetic GPT-like model instead of a TRACE (see the model flags)");
   args.Declare("--layers", ArgKind::kValue, "--synth: layer calls (default 4)", "L");
@@ -71,12 +66,6 @@ void DeclareLiveFlags(Args& args, bool record) {
   args.Declare("--compute", ArgKind::kValue, "timed (default) or gemm", "MODE");
   args.Declare("--compute-scale", ArgKind::kValue,
                "multiply the trace's compute durations by F (timed compute; default 1)", "F");
-  // Each backend's own flags.
-  for (const Backend* b : Backends().backends()) {
-    for (const BackendFlag& f : b->flags()) {
-      args.Declare(f.flag, ArgKind::kValue, f.help, f.metavar);
-    }
-  }
   args.Declare("--timeout", ArgKind::kValue,
                "seconds any wait may last before the run is aborted (default 30)", "SECONDS");
   args.Declare("--seed", ArgKind::kValue, "seed of parameters and inputs (default 2026)", "N");
@@ -202,27 +191,6 @@ StatusOr<LiveOptions> LiveOptionsFromArgs(const Args& args, const Trace& trace) 
   return o;
 }
 
-// The chosen backend from the registry, with the flags that belong to it; another backend's
-// flag is a usage error that names its backend.
-StatusOr<LiveResult> RunOnBackend(const Args& args, const std::string& name, const Trace& trace,
-                                  const LiveOptions& options) {
-  const Backend* backend = Backends().Find(name);
-  if (backend == nullptr) return Backends().UnknownBackend(name);
-  RunRequest request{.trace = &trace, .options = options};
-  for (const Backend* b : Backends().backends()) {
-    for (const BackendFlag& f : b->flags()) {
-      std::optional<std::string> v = args.Get(f.flag);
-      if (!v) continue;
-      if (b != backend) {
-        return UsageError(fmt::format("{} is a flag of the {} backend, not of --backend {}", f.flag,
-                                      b->name(), name));
-      }
-      request.backend_flags[f.flag] = *v;
-    }
-  }
-  return backend->Run(request);
-}
-
 std::string LiveClusterJson(const std::string& backend, const LiveOptions& o) {
   return fmt::format(
       R"({{"backend": "{}", "world_size": {}, "compute": "{}", "compute_scale": {}, "host_cores": {}}})",
@@ -231,7 +199,8 @@ std::string LiveClusterJson(const std::string& backend, const LiveOptions& o) {
 }
 
 Status Run(const Args& args, bool record) {
-  const std::string backend = args.Get("--backend").value_or("host");
+  FSDP_ASSIGN_OR_RETURN(ChosenBackend chosen, ChooseBackend(args));
+  const std::string& backend = chosen.name;
   FSDP_ASSIGN_OR_RETURN(Trace trace, LoadLiveTrace(args));
   FSDP_ASSIGN_OR_RETURN(LiveOptions options, LiveOptionsFromArgs(args, trace));
   int record_rank = 0;
@@ -239,7 +208,8 @@ Status Run(const Args& args, bool record) {
     if (!args.Get("-o")) return UsageError("record needs -o FILE for the recorded trace");
     FSDP_RETURN_IF_ERROR(IntFlag(args, "--rank", record_rank, 0, options.world_size - 1));
   }
-  StatusOr<LiveResult> run = RunOnBackend(args, backend, trace, options);
+  StatusOr<LiveResult> run = chosen.backend->Run(
+      RunRequest{.trace = &trace, .options = options, .backend_flags = chosen.flags});
   if (!run.ok()) {
     // Options the backend rejected name their fields; a step that failed is reported as it is.
     const StatusCode code = run.status().code();

@@ -36,6 +36,12 @@ struct RunRequest final {
   std::map<std::string, std::string> backend_flags{};  // this backend's flags that were given
 };
 
+// A bench-gather run on a backend (nccl-tests style; core/gather_bench.h is the harness).
+struct BenchRequest final {
+  GatherBenchOptions options;
+  std::map<std::string, std::string> backend_flags{};
+};
+
 // What a live run produced: the measured timeline, the orders prefetches followed, the
 // recorded traces, the checks and notes (see LiveResult).
 using RunOutcome = LiveResult;
@@ -47,6 +53,11 @@ class Backend {
   virtual std::string_view summary() const = 0;  // one line for --help
   virtual std::vector<BackendFlag> flags() const { return {}; }
   virtual StatusOr<RunOutcome> Run(const RunRequest& request) const = 0;
+  // bench-gather: all_gather or reduce_scatter over the sizes, with and without a GEMM.
+  virtual StatusOr<std::vector<GatherBenchRow>> BenchGather(const BenchRequest& request) const = 0;
+  // bench-gather --op concurrent: how an all-gather and a reduce-scatter slow each other.
+  // Unavailable unless the backend has that mode.
+  virtual StatusOr<std::vector<ContentionRow>> BenchContention(const BenchRequest& request) const;
 };
 
 class BackendRegistry final {
