@@ -13,6 +13,19 @@ std::string_view PlaneName(const GroupLayout& group, int plane) {
   return plane == kRowwisePlane ? "rowwise" : "columnwise";
 }
 
+// The timeline op the plan records for one command: what it is and where it came from.
+TimelineOp Planned(Track track, OpKind kind, UnitId unit, Phase phase, const CommandOrigin& o) {
+  TimelineOp t;
+  t.track = track;
+  t.kind = kind;
+  t.unit = unit;
+  t.phase = phase;
+  t.step = o.step;
+  t.microbatch = o.microbatch;
+  t.event = o.event;
+  return t;
+}
+
 }  // namespace
 
 std::string_view PlanOpKindName(PlanOpKind kind) {
@@ -380,17 +393,10 @@ Status StreamPlanner::LowerGather(const GatherCmd& cmd, const CommandOrigin& ori
     filled_at_[static_cast<std::size_t>(part.buffer)] = pos_[static_cast<std::size_t>(s)];
   }
   const int end = Record(s, /*timed=*/true);
-  TimelineOp t;
-  t.track = Track::kAllGather;
-  t.kind = OpKind::kAllGather;
-  t.unit = cmd.unit;
-  t.phase = cmd.phase;
+  TimelineOp t = Planned(Track::kAllGather, OpKind::kAllGather, cmd.unit, cmd.phase, origin);
   t.reason = cmd.reason;
   t.planes = planes;
   t.bytes = moved;
-  t.step = origin.step;
-  t.microbatch = origin.microbatch;
-  t.event = origin.event;
   const int id = NewTimelineOp(std::move(t), OpSlots{start, end});
   last_gather_[static_cast<std::size_t>(cmd.unit)] =
       GatherRecord{.end_slot = end, .timeline_id = id};
@@ -518,14 +524,7 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
     }
   }
   const int end = Record(kPlanCompute, /*timed=*/true);
-  TimelineOp t;
-  t.track = Track::kCompute;
-  t.kind = OpKind::kCompute;
-  t.unit = cmd.unit;
-  t.phase = cmd.phase;
-  t.step = origin.step;
-  t.microbatch = origin.microbatch;
-  t.event = origin.event;
+  TimelineOp t = Planned(Track::kCompute, OpKind::kCompute, cmd.unit, cmd.phase, origin);
   for (std::int64_t id : std::exchange(pending_waited_on_, {})) t.waited_on.push_back(id);
   NewTimelineOp(std::move(t), OpSlots{start, end});
   Free(kPlanCompute, -1, MemoryCategory::kActivations, cmd.freed_bytes, origin, cmd.unit);
@@ -576,15 +575,9 @@ Status StreamPlanner::LowerRelease(const ReleaseCmd& cmd, const CommandOrigin& o
   }
   if (freed == 0) return Status::Ok();
   const int slot = Record(s, /*timed=*/true);
-  TimelineOp t;
-  t.track = Track::kAllGather;
-  t.kind = OpKind::kRelease;
-  t.unit = cmd.unit;
+  TimelineOp t = Planned(Track::kAllGather, OpKind::kRelease, cmd.unit, Phase::kForward, origin);
   t.planes = planes;
   t.bytes = freed;
-  t.step = origin.step;
-  t.microbatch = origin.microbatch;
-  t.event = origin.event;
   ops_[static_cast<std::size_t>(last_free)].timeline_op = NewTimelineOp(t, OpSlots{slot, slot});
   return Status::Ok();
 }
@@ -685,15 +678,10 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
   const Bytes moved = op.bytes;
   Push(std::move(op));
   const int end = Record(s, /*timed=*/true);
-  TimelineOp t;
-  t.track = s == kPlanAllGather ? Track::kAllGather : Track::kReduceScatter;
-  t.kind = all_reduce ? OpKind::kAllReduce : OpKind::kReduceScatter;
-  t.unit = cmd.unit;
-  t.phase = Phase::kBackward;
+  TimelineOp t = Planned(s == kPlanAllGather ? Track::kAllGather : Track::kReduceScatter,
+                         all_reduce ? OpKind::kAllReduce : OpKind::kReduceScatter, cmd.unit,
+                         Phase::kBackward, origin);
   t.bytes = moved;
-  t.step = origin.step;
-  t.microbatch = origin.microbatch;
-  t.event = origin.event;
   NewTimelineOp(std::move(t), OpSlots{start, end});
   if (CheckThisStep(origin)) {
     for (const CollectivePart& part : parts) {
