@@ -20,9 +20,11 @@ try:
     from torch.utils.checkpoint import checkpoint
 
     TORCH_ERROR = None
+    TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 except ImportError as e:  # a failure, not a skip: the test set-up installs python3-torch
     torch = None
     TORCH_ERROR = e
+    TORCH2 = False
 
 FSDPLAB_BIN = os.environ.get("FSDPLAB_BIN", "")
 RECORDER_DIR = os.environ.get(
@@ -150,7 +152,8 @@ BACKWARD_ORDER = ["model", "model.layers.3", "model.layers.0", "model.layers.1",
 #  - backward: the engine runs layers.3 (second call) and reaches layers.0's output once the
 #    residual and layers.3's own input gradient have both arrived; a unit's post_backward comes
 #    with its last parameter gradient (AccumulateGrad nodes run first when ready, so before the
-#    next unit's pre_backward). layers.1's fc1 is recomputed during its backward, outside its
+#    next unit's pre_backward). layers.3 ran twice in forward, so it has two backward computes:
+#    its second call's ends when layers.0's backward starts over it. layers.1's fc1 is recomputed during its backward, outside its
 #    hooks: an inside recomputation (compute, phase recompute, no pre_forward). layers.2's
 #    reentrant checkpoint reruns its forward through its hooks (pre_forward / compute recompute /
 #    post_forward) and then its own backward. layers.3's first call brings a second pre_backward
@@ -181,6 +184,7 @@ MICROBATCH_EVENTS = [
     ("compute", None, "forward"),
     ("pre_backward", "model", None),
     ("pre_backward", L3, None),
+    ("compute", L3, "backward"),  # its second call's backward, ended by layers.0's
     ("pre_backward", L0, None),
     ("compute", L0, "backward"),
     ("post_backward", L0, None),
@@ -306,7 +310,10 @@ class TinyLMTraceTest(unittest.TestCase):
             self.assertEqual(events[i1 - 1]["op"], "pre_backward")
             self.assertEqual(events[i1 - 1]["unit"], L1)
             # Reentrant (layers.2): pre_forward / compute / post_forward during the backward.
-            self.assertEqual(shape_of(events[i2 - 1 : i2 + 2]), MICROBATCH_EVENTS[31:34])
+            self.assertEqual(
+                shape_of(events[i2 - 1 : i2 + 2]),
+                [("pre_forward", L2, None), ("compute", L2, "recompute"), ("post_forward", L2, None)],
+            )
             # The only pre_forwards during backward are layers.2's.
             self.assertEqual(
                 [e["unit"] for e in events[first_backward:] if e["op"] == "pre_forward"], [L2]
@@ -316,7 +323,8 @@ class TinyLMTraceTest(unittest.TestCase):
         for mb in range(2):
             events = self.events(mb)
             computes = [e for e in events if e["op"] == "compute"]
-            self.assertEqual(len(computes), 15)
+            # 7 forward calls + the loss + 6 backward computes (layers.3 twice) + 2 recomputes.
+            self.assertEqual(len(computes), 16)
             for e in computes:
                 self.assertGreater(e["us"], 0, e)
             # Hook events carry when they happened, in order.
@@ -340,8 +348,13 @@ class TinyLMTraceTest(unittest.TestCase):
         block_bytes = 4 * (tokens * H + 2 * tokens + tokens * H + tokens * 2 * H)
         self.assertEqual(block_bytes, 4224)
         self.assertEqual(compute(L0, "forward")["saved_bytes"], block_bytes)
-        # layers.1's fc1 input is kept by its checkpoint, not by autograd: 4224 - 16*16*4.
-        self.assertEqual(compute(L1, "forward")["saved_bytes"], block_bytes - 4 * tokens * H)
+        # layers.1's fc1 input is kept by its checkpoint. torch 2.x's non-reentrant checkpoint
+        # saves its inputs through autograd (so the block keeps 4224 bytes, as without the
+        # checkpoint); torch 1.13's keeps them in a Python closure that saved-tensor hooks do not
+        # see: 4224 - 16*16*4 = 3200 (the recorder undercounts there by those 1024 bytes).
+        expected_l1 = block_bytes if TORCH2 else block_bytes - 4 * tokens * H
+        self.assertEqual(expected_l1, 4224 if TORCH2 else 3200)
+        self.assertEqual(compute(L1, "forward")["saved_bytes"], expected_l1)
         # layers.2's forward ran under the reentrant checkpoint (no grad): it keeps nothing; its
         # recomputation keeps what a plain block keeps.
         self.assertNotIn("saved_bytes", compute(L2, "forward"))
@@ -353,8 +366,9 @@ class TinyLMTraceTest(unittest.TestCase):
         out = fsdplab_json(self, "validate", self.path, "--json")
         (f,) = out["files"]
         self.assertTrue(f["valid"], f["problems"])
-        # 43 events per microbatch (MICROBATCH_EVENTS), two microbatches.
-        self.assertEqual((f["units"], f["steps"], f["events"]), (6, 1, 2 * 43))
+        # 44 events per microbatch (MICROBATCH_EVENTS), two microbatches.
+        self.assertEqual(len(MICROBATCH_EVENTS), 44)
+        self.assertEqual((f["units"], f["steps"], f["events"]), (6, 1, 2 * 44))
 
     def test_fsdplab_order_recorded_is_the_call_order(self):
         order = fsdplab_json(self, "order", self.path, "--order", "recorded", "--json")
