@@ -281,13 +281,18 @@ def _has_post_accumulate_grad_hook():
     return hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 
 
+def _has_hook_kwarg(name):
+    """Whether register_forward_hook takes `name` (torch >= 2.0: prepend; >= 2.1: always_call)."""
+    try:
+        return name in inspect.signature(torch.nn.Module.register_forward_hook).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _has_always_call():
     """Whether forward hooks can run when the forward raises (torch >= 2.1): what closes a
     recomputation that a non-reentrant checkpoint stops early."""
-    try:
-        return "always_call" in inspect.signature(torch.nn.Module.register_forward_hook).parameters
-    except (TypeError, ValueError):
-        return False
+    return _has_hook_kwarg("always_call")
 
 
 def _fsdp_state_and_groups(module):
@@ -386,6 +391,7 @@ class Recorder:
         self._module_pre_backward = hooks == "auto" and _has_full_backward_pre_hook()
         self._post_accumulate = hooks == "auto" and _has_post_accumulate_grad_hook()
         self._always_call = _has_always_call()
+        self._prepend = _has_hook_kwarg("prepend")
         self._handles = []
         self._leaf_handles = []
         self._hooked_params = {}  # id(tensor) -> (weakref, handle)
@@ -588,10 +594,17 @@ class Recorder:
         """Registered when a step opens, after whatever hooks FSDP has, and removed when it
         closes."""
         always = {"always_call": True} if self._always_call else {}
+        # Before FSDP's forward hooks: FSDP's unshard comes after the unit's pre_forward and its
+        # reshard after its post_forward (both bracketed, so not compute), and the post-forward
+        # hook sees the unsharded parameters (autograd's leaves), whose gradients end the
+        # unit's backward before FSDP reduce-scatters them.
+        first = {"prepend": True} if self._prepend else {}
         for u in self._units:
             m = u.module
-            self._handles.append(m.register_forward_pre_hook(self._make_pre_forward(u)))
-            self._handles.append(m.register_forward_hook(self._make_post_forward(u), **always))
+            self._handles.append(m.register_forward_pre_hook(self._make_pre_forward(u), **first))
+            self._handles.append(
+                m.register_forward_hook(self._make_post_forward(u), **always, **first)
+            )
             if self._module_pre_backward:
                 self._handles.append(
                     m.register_full_backward_pre_hook(self._make_module_pre_backward(u))
