@@ -407,6 +407,7 @@ class Recorder:
         qualnames, self.detected_by = detect_units(self._model, self._units_arg)
         self._units = self._build_units(qualnames, self._root_name)
         self._fsdp_modules = {id(m) for m in self._model.modules() if _is_fsdp2_module(m)}
+        self._classes = [type(self._model)] + [type(u.module) for u in self._units]
         # FSDP2 swaps unsharded parameters in during forward: hook those as they appear.
         self._lazy_params = bool(self._fsdp_modules)
 
@@ -522,7 +523,13 @@ class Recorder:
 
     def _check_model_unchanged(self):
         """fully_shard applied after the recorder was created: detect the units again (a warning
-        says so), or fail if steps were already recorded with the old units."""
+        says so), or fail if steps were already recorded with the old units. fully_shard changes
+        the class of the modules it shards (the root and the units, as FSDP2 is used): a cheap
+        look at those comes first."""
+        classes = [type(self._model)] + [type(u.module) for u in self._units]
+        if classes == self._classes:
+            return
+        self._classes = classes
         now = {id(m) for m in self._model.modules() if _is_fsdp2_module(m)}
         if now == self._fsdp_modules:
             return
