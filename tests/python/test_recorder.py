@@ -695,6 +695,34 @@ class RecorderBehaviourTest(unittest.TestCase):
         self.assertTrue(out["files"][0]["valid"], out["files"][0]["problems"])
         self.assertEqual(out["files"][0]["events"], 2 * len(MICROBATCH_EVENTS))
 
+    def test_readme_example_runs_as_copied(self):
+        # The README's recording example, run as written by this test's Python (it runs from the
+        # clone's root; here the recorder's folder is on PYTHONPATH instead, so that the trace
+        # lands in a temporary folder), then the README's next command on the trace it wrote.
+        readme = os.path.join(RECORDER_DIR, "..", "..", "README.md")
+        with open(readme, encoding="utf-8") as f:
+            text = f.read()
+        section = text.split("## Recording your own PyTorch step", 1)[1]
+        code = section.split("```python\n", 1)[1].split("```", 1)[0]
+        self.assertIn('sys.path.insert(0, "tools/torch")', code)
+        self.assertTrue(os.path.isfile(os.path.join(RECORDER_DIR, "fsdplab_record.py")))
+        self.assertIn("build/tools/fsdplab simulate trace.json --order recorded", section)
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, PYTHONPATH=RECORDER_DIR)
+            p = subprocess.run(
+                [sys.executable, "-c", code], cwd=tmp, env=env, capture_output=True, text=True,
+                timeout=300,
+            )
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(p.stderr, "")  # no warning either
+            path = os.path.join(tmp, "trace.json")
+            out = fsdplab_json(self, "validate", path, "--json")
+            # Root + 4 layers; per microbatch: 5 forward pairs and computes (15), the loss (1), 5
+            # backward pairs and computes (15), backward_end (1) = 32; two microbatches.
+            self.assertEqual((out["files"][0]["units"], out["files"][0]["events"]), (5, 64))
+            report = fsdplab_json(self, "simulate", path, "--order", "recorded", "--json")
+            self.assertEqual(report["errors"], [])
+
     def test_rank_path(self):
         self.assertEqual(fsdplab_record.rank_path("t.json", 3, 8), "t.rank3.json")
         self.assertEqual(fsdplab_record.rank_path("out/t.json", 0, 1), "out/t.json")

@@ -49,8 +49,8 @@ CUDA (designed, not run here: no GPU on the machines this was written on): marks
 recorded on the current (compute) stream and read after the step, so a unit's compute is the
 compute stream's time between its hooks; FSDP's waits for an all-gather are stream waits on that
 stream, so the time between the events recorded around FSDP's methods is the stream's wait and
-copy-out, excluded like on the CPU. A collective's end is an event recorded on FSDP's all-gather
-stream right after the unshard returned (it completes when the all-gather does).
+copy-out, excluded like on the CPU. Collective bounds are those compute-stream events too (issue
+to ready as the compute stream sees it), not events on FSDP's all-gather stream.
 """
 
 import contextlib
@@ -330,6 +330,7 @@ _FSDP_STATE_METHODS = ("_root_pre_forward", "_pre_backward", "_root_post_backwar
 # prologue, an explicit prefetch); the others, outside a microbatch, ran after its backward_end.
 _FSDP_OPENS_PASS = frozenset(("_root_pre_forward", "pre_forward", "unshard", "wait_for_unshard"))
 _MISSING = object()
+_NO_INPUT_GRAD_WARNING = "Full backward hook is firing when gradients are computed with respect"
 
 
 def _all_gather_bytes(result, u):
@@ -427,11 +428,15 @@ class Recorder:
         self._check_model_unchanged()
         self._begin_step()
         try:
-            if self._saved_bytes:
-                with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            with warnings.catch_warnings():
+                # torch 2.x warns when the backward hook of a unit without parameters fires with
+                # no input that needs a gradient: the recorder's hook, which expects that.
+                warnings.filterwarnings("ignore", message=_NO_INPUT_GRAD_WARNING)
+                if self._saved_bytes:
+                    with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                        yield self
+                else:
                     yield self
-            else:
-                yield self
         except BaseException:
             self._active = False
             self._clear_step()
