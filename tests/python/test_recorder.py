@@ -1239,6 +1239,9 @@ class Fsdp2Test(unittest.TestCase):
                     self.assertLess(e["us"], self.DELAY_S * 1e6, e)
             excluded = self.traces[r]["meta"]["recorder"]["fsdp_excluded_us"]
             self.assertGreaterEqual(excluded, 5 * self.DELAY_S * 1e6)
+            # FSDP's methods nest (pre_forward calls unshard): counted once, so no more than
+            # the microbatch's span (timestamps start at 0 at its first event).
+            self.assertLessEqual(excluded, self.events(r)[-1]["ts_us"])
 
     def test_unit_backward_ends_before_its_reduce_scatter(self):
         for r in range(2):

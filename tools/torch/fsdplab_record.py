@@ -706,6 +706,7 @@ class Recorder:
         m = self._mark()
         frame = _Frame(None, "fsdp")
         self._stack.append(frame)
+        self._fsdp_depth += 1
         token = [frame, u, name, group, m, t0, None]
         if group is not None:
             if name == "unshard":
@@ -738,7 +739,9 @@ class Recorder:
             if not before.endswith("POST_BACKWARD") and u.index not in self._reduced:
                 self._reduced.add(u.index)
                 self._emit_collective("reduce_scatter", u, u.param_bytes, start, m)
-        self._fsdp_ns += t1 - t0
+        self._fsdp_depth -= 1
+        if self._fsdp_depth == 0:  # FSDP's methods nest (pre_forward calls unshard): once
+            self._fsdp_ns += t1 - t0
         self._hook_ns += time.perf_counter_ns() - t1
         self._hook_calls += 1
 
@@ -759,6 +762,7 @@ class Recorder:
         self._pending_gathers = {}  # id(FSDP param group) -> (unit, bytes, start mark)
         self._reduced = set()  # units whose reduce-scatter this backward has recorded
         self._fsdp_states = []
+        self._fsdp_depth = 0  # FSDP methods open now (they nest)
         self._end_requeued = 0
         self._world_size = 1
         dist = getattr(torch, "distributed", None)
