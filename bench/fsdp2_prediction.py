@@ -20,8 +20,12 @@
 communication and peak memory, and the error.
 
 Measured exposed communication: the CPU computes and communicates on the same thread, so every
-collective blocks it: the time inside the recorded step's collectives (the union of the recorded
-`collective` intervals, rank 0). Needs torch 2.x (fully_shard); see bench/fsdp2_prediction.sh.
+collective blocks it: the time inside the recorded steps' collectives (the union of the recorded
+`collective` intervals), whether transferring or waiting for the other rank. The simulator
+splits that into exposed communication (a transfer in progress) and idle (waiting for the other
+rank to arrive): both are printed against it. Each recorded step is also compared with its own
+simulation (same compute): that error is the model's, free of the machine's drift between
+steps. Needs torch 2.x (fully_shard); see bench/fsdp2_prediction.sh.
 """
 
 import argparse
@@ -224,9 +228,10 @@ def run(args):
         with open(os.path.join(args.out, f"measured.rank{r}.json"), encoding="utf-8") as f:
             ranks.append(json.load(f))
     per_step = [max(a, b) for a, b in zip(ranks[0]["step_times_us"], ranks[1]["step_times_us"])]
-    exposed, compute, excluded, spans = measured_from_trace(args.out)
+    exposed, compute, excluded, spans, blocked = measured_from_trace(args.out)
     summary = {
         "recorded_step_spans_us": spans,
+        "recorded_step_comm_us": blocked,
         "step_time_us": statistics.median(per_step),
         "step_times_us": per_step,
         "exposed_comm_us": exposed,
@@ -253,46 +258,68 @@ def union_length(intervals):
 
 
 def measured_from_trace(out):
-    """From rank 0's recorded steps, the median over steps of: the union of its collectives (all
-    blocking on the CPU), its compute, and its span; and the time the recorder excluded as
-    FSDP's own work, per step."""
-    with open(os.path.join(out, "traces", "trace.rank0.json"), encoding="utf-8") as f:
-        trace = json.load(f)
-    exposed, compute, span = [], [], []
-    for step in trace["steps"]:
-        events = [e for mb in step["microbatches"] for e in mb["events"]]
-        coll = [(e["start_us"], e["end_us"]) for e in events if e["op"] == "collective"]
-        exposed.append(union_length(coll))
-        compute.append(sum(e["us"] for e in events if e["op"] == "compute"))
-        span.append(max(e.get("ts_us", 0.0) for e in events))
-    excluded = trace["meta"]["recorder"].get("fsdp_excluded_us", 0.0) / len(trace["steps"])
-    return statistics.median(exposed), statistics.median(compute), excluded, span
+    """From the recorded steps: per step, the larger of the two ranks' spans (first event to
+    backward_end) and of their time inside collectives (the union of the recorded `collective`
+    intervals: on the CPU each blocks the thread that computes, whether it transfers or waits
+    for the other rank); the median of those over steps; rank 0's median compute, and the time
+    the recorder excluded as FSDP's own work per step."""
+    per_rank = []
+    for r in range(2):
+        with open(os.path.join(out, "traces", f"trace.rank{r}.json"), encoding="utf-8") as f:
+            trace = json.load(f)
+        rows = []
+        for step in trace["steps"]:
+            events = [e for mb in step["microbatches"] for e in mb["events"]]
+            coll = [(e["start_us"], e["end_us"]) for e in events if e["op"] == "collective"]
+            rows.append(
+                (
+                    max(e.get("ts_us", 0.0) for e in events),
+                    union_length(coll),
+                    sum(e["us"] for e in events if e["op"] == "compute"),
+                )
+            )
+        excluded = trace["meta"]["recorder"].get("fsdp_excluded_us", 0.0) / len(trace["steps"])
+        per_rank.append((rows, excluded))
+    spans = [max(a[0], b[0]) for a, b in zip(per_rank[0][0], per_rank[1][0])]
+    blocked = [max(a[1], b[1]) for a, b in zip(per_rank[0][0], per_rank[1][0])]
+    compute = statistics.median(row[2] for row in per_rank[0][0])
+    return statistics.median(blocked), compute, per_rank[0][1], spans, blocked
 
 
 def compare(args):
     with open(os.path.join(args.out, "measured.json"), encoding="utf-8") as f:
         m = json.load(f)
     steps = m["step_times_us"]
+    spread = 100.0 * (max(steps) - min(steps)) / m["step_time_us"]
     print(
         f"measured (torch {m['torch']}, FSDP2, gloo, 2 ranks): step {m['step_time_us']:.0f} us "
-        f"(median of {len(steps)}; min {min(steps):.0f}, max {max(steps):.0f}), exposed "
-        f"communication {m['exposed_comm_us']:.0f} us, peak memory {m['peak_memory_bytes']} B"
+        f"(median of {len(steps)}; min {min(steps):.0f}, max {max(steps):.0f}: a spread of "
+        f"{spread:.0f}% of the median), time in collectives {m['exposed_comm_us']:.0f} us, "
+        f"peak memory {m['peak_memory_bytes']} B"
     )
     spans = ", ".join(f"{x:.0f}" for x in m["recorded_step_spans_us"])
     print(
-        f"recorded steps (rank 0, median): compute {m['recorded_compute_us']:.0f} us, FSDP's own "
-        f"time {m['fsdp_excluded_us']:.0f} us of which collectives {m['exposed_comm_us']:.0f} "
-        f"us; each recorded step's span: {spans} us"
+        f"recorded steps: {spans} us; rank 0's compute {m['recorded_compute_us']:.0f} us and "
+        f"FSDP's own time {m['fsdp_excluded_us']:.0f} us per step (medians)"
     )
-    fmt = "{:<34s} {:>12s} {:>12s} {:>8s}"
+    fmt = "{:<44s} {:>12s} {:>12s} {:>8s}"
     for path in args.reports:
         with open(path, encoding="utf-8") as f:
-            s = json.load(f)["summary"]
+            report = json.load(f)
+        s = report["summary"]
         print(f"\n{os.path.basename(path)}")
         print(fmt.format("", "predicted", "measured", "error"))
+        # Each recorded step against its own simulation (the same compute, so the machine's
+        # drift between steps cancels): what the communication model gets right or wrong.
+        for i, (step, span) in enumerate(zip(report["steps"], m["recorded_step_spans_us"])):
+            err = 100.0 * (step["time_us"] - span) / span
+            print(fmt.format(f"recorded step {i} (us)", f"{step['time_us']:.0f}", f"{span:.0f}",
+                             f"{err:+.1f}%"))
+        pred_blocked = s["exposed_comm_us"] + s["idle_us"]
         for name, pred, meas in (
-            ("step time (us)", s["step_time_us"], m["step_time_us"]),
+            ("step time, median of unrecorded steps (us)", s["step_time_us"], m["step_time_us"]),
             ("exposed communication (us)", s["exposed_comm_us"], m["exposed_comm_us"]),
+            ("exposed communication + idle (us)", pred_blocked, m["exposed_comm_us"]),
             ("peak memory (bytes)", s["peak_memory_bytes"], m["peak_memory_bytes"]),
         ):
             err = 100.0 * (pred - meas) / meas if meas else float("nan")
