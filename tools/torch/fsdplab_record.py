@@ -768,10 +768,13 @@ class Recorder:
         dist = getattr(torch, "distributed", None)
         if dist is not None and dist.is_available() and dist.is_initialized():
             self._world_size = dist.get_world_size()
-        self._param_ptrs = set()
-        for p in self._model.parameters():
-            with contextlib.suppress(RuntimeError, NotImplementedError, TypeError):
-                self._param_ptrs.add(p.data_ptr())
+        self._param_ptrs = set()  # where the parameters are now (the units' slots hold them all)
+        for u in self._units:
+            for module, attr in u.param_slots:
+                p = module._parameters.get(attr)
+                if p is not None:
+                    with contextlib.suppress(RuntimeError, NotImplementedError, TypeError):
+                        self._param_ptrs.add(p.data_ptr())
         self._reset_microbatch()
         self._register_hooks()
         self._active = True
