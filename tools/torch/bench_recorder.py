@@ -75,6 +75,7 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-saved-bytes", action="store_true", help="without saved-tensor hooks")
+    ap.add_argument("--hooks", default="auto", help="the recorder's hooks= (auto or tensor)")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -87,6 +88,7 @@ def main():
         recorded,
         units=lambda n, m: n.startswith("encoder.layers.") and n.count(".") == 2,
         saved_bytes=not args.no_saved_bytes,
+        hooks=args.hooks,
     )
     batches = [
         torch.randint(0, args.vocab, (args.batch, args.seq)) for _ in range(args.microbatches)

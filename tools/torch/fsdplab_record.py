@@ -1158,23 +1158,31 @@ class Recorder:
     # Saved-tensor hooks: count the activations each open forward / recompute keeps for
     # backward. Parameters (and views of them) are not activations.
     def _pack(self, t):
-        if not self._active or not self._stack:
+        if not self._active:
             return t
-        frame = self._stack[-1]
+        stack = self._stack
+        if not stack:
+            return t
+        frame = stack[-1]
         if frame.phase == "backward" or frame.phase == "fsdp":
             return t
         t0 = time.perf_counter_ns()
+        self._hook_calls += 1
         try:
             ptr = t.data_ptr()
         except (RuntimeError, NotImplementedError, TypeError):  # no storage to measure
             ptr = None
+        # Cheapest tests first: a parameter's own storage, then one already counted, then a
+        # view of a parameter (a slice of MultiheadAttention's in_proj_weight starts elsewhere).
         if ptr is not None and ptr not in self._param_ptrs:
-            base = t._base if t._base is not None else t
-            key = (ptr, t.numel(), t.dtype)
-            if not isinstance(base, torch.nn.Parameter) and key not in frame.saved_keys:
-                frame.saved_keys.add(key)
-                frame.saved += t.numel() * t.element_size()
-        self._hook_calls += 1
+            n = t.numel()
+            key = (ptr, n, t.dtype)
+            keys = frame.saved_keys
+            if key not in keys:
+                base = t._base if t._base is not None else t  # FSDP's unsharded parameters
+                if not isinstance(base, torch.nn.Parameter):  # are not in _param_ptrs
+                    keys.add(key)
+                    frame.saved += n * t.element_size()
         self._hook_ns += time.perf_counter_ns() - t0
         return t
 
