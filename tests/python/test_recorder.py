@@ -1243,6 +1243,21 @@ class Fsdp2Test(unittest.TestCase):
             # the microbatch's span (timestamps start at 0 at its first event).
             self.assertLessEqual(excluded, self.events(r)[-1]["ts_us"])
 
+    def test_saved_bytes_exclude_fsdp_parameters(self):
+        # By hand, 4 x 8 = 32 tokens: a block saves fc1's input (32 x 16 fp32 = 2048 bytes) and
+        # relu's output (32 x 32 = 4096; fc2 saves the same tensor) = 6144; the root saves the
+        # token ids for the embedding (32 int64 = 256) and the head's input (2048) = 2304. The
+        # unsharded parameters that FSDP swaps in (which linear saves too) are not activations.
+        for r in range(2):
+            saved = {
+                e["unit"]: e.get("saved_bytes", 0)
+                for e in self.events(r)
+                if e["op"] == "compute" and e["phase"] == "forward" and e["unit"]
+            }
+            self.assertEqual(
+                saved, {"model": 2304, "model.layers.0": 6144, "model.layers.1": 6144}
+            )
+
     def test_unit_backward_ends_before_its_reduce_scatter(self):
         for r in range(2):
             events = self.events(r)
