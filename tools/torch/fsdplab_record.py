@@ -236,7 +236,7 @@ class _CpuClock:
     def __init__(self):
         self.marks = []
 
-    def mark(self, stream=None):
+    def mark(self):
         self.marks.append(time.perf_counter_ns())
         return len(self.marks) - 1
 
@@ -248,20 +248,16 @@ class _CpuClock:
 
 
 class _CudaClock:
-    """Marks are CUDA events on the current stream (or the one given); read once, after the step
-    has ended."""
+    """Marks are CUDA events on the current stream; read once, after the step has ended."""
 
     name = "cuda"
 
     def __init__(self):
         self.marks = []
 
-    def mark(self, stream=None):
+    def mark(self):
         ev = torch.cuda.Event(enable_timing=True)
-        if stream is None:
-            ev.record()
-        else:
-            ev.record(stream)
+        ev.record()
         self.marks.append(ev)
         return len(self.marks) - 1
 
@@ -306,7 +302,7 @@ def _fsdp_state_and_groups(module):
     except (AssertionError, AttributeError, RuntimeError):
         return None, []
     groups = getattr(state, "_fsdp_param_groups", None)
-    if groups is None:  # torch 2.4 - 2.9: one group per state
+    if groups is None:  # earlier FSDP2: one group per state
         group = getattr(state, "_fsdp_param_group", None)
         groups = [group] if group is not None else []
     return state, list(groups)
