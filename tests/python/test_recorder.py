@@ -1239,6 +1239,13 @@ class Fsdp2Test(unittest.TestCase):
                     self.assertLess(e["us"], self.DELAY_S * 1e6, e)
             excluded = self.traces[r]["meta"]["recorder"]["fsdp_excluded_us"]
             self.assertGreaterEqual(excluded, 5 * self.DELAY_S * 1e6)
+            # FSDP's work outside its collectives (copies, casts) is kept as computes without a
+            # unit, besides the loss: within what was excluded, and at least one (the root's
+            # unshard copies its shard in and out).
+            unitless = [e["us"] for e in self.events(r) if e["op"] == "compute" and not e["unit"]]
+            self.assertGreater(len(unitless), 1)
+            # The loss (a sum over 4 x 8 x 32 logits) is well under 10 ms.
+            self.assertLess(sum(unitless), excluded + 10000)
             # FSDP's methods nest (pre_forward calls unshard): counted once, so no more than
             # the microbatch's span (timestamps start at 0 at its first event).
             self.assertLessEqual(excluded, self.events(r)[-1]["ts_us"])

@@ -218,9 +218,9 @@ class _Frame:
     inside recomputation frame (`inside`) stays open between the modules it recomputes (`leaf`
     is the module running now, None between two of them)."""
 
-    __slots__ = ("unit", "phase", "segments", "saved", "saved_keys", "leaf", "inside")
+    __slots__ = ("unit", "phase", "segments", "saved", "saved_keys", "leaf", "inside", "name")
 
-    def __init__(self, unit, phase, leaf=None, inside=False):
+    def __init__(self, unit, phase, leaf=None, inside=False, name=None):
         self.unit = unit  # _Unit, or None for work outside every unit (the loss) or FSDP's
         self.phase = phase
         self.segments = []  # (mark, mark) pairs
@@ -228,6 +228,7 @@ class _Frame:
         self.saved_keys = set()
         self.leaf = leaf  # the module of an inside recomputation running now
         self.inside = inside
+        self.name = name  # the event's label ("fsdp": FSDP's own work outside collectives)
 
 
 class _CpuClock:
@@ -351,6 +352,9 @@ class Recorder:
       saved_bytes: measure the activations autograd saves (saved-tensor hooks).
       param_dtype: trace dtype for every parameter ("bf16", ...), e.g. the gather dtype of a
         mixed-precision policy; None reads each parameter's dtype.
+      fsdp_work: with FSDP2, write FSDP's own work outside its collectives (copies in and out of
+        the gather buffers, casts, gradient division) as computes without a unit, so that a
+        replay keeps that time; False drops it. Never part of a unit's compute.
 
     Create it after ``fully_shard``: FSDP2 units are found by what fully_shard made of the
     modules. A recorder created before is re-detected when its first step opens (with a
@@ -367,6 +371,7 @@ class Recorder:
         hooks="auto",
         saved_bytes=True,
         param_dtype=None,
+        fsdp_work=True,
     ):
         if hooks not in ("auto", "tensor"):
             raise ValueError(f"fsdplab_record: hooks={hooks!r}: expected 'auto' or 'tensor'")
@@ -378,6 +383,7 @@ class Recorder:
             )
         self._model = model
         self._param_dtype = param_dtype
+        self._fsdp_work = fsdp_work
         self._root_name = root_name
         self._units_arg = units
         self._saved_bytes = saved_bytes and hasattr(torch.autograd.graph, "saved_tensors_hooks")
@@ -702,6 +708,8 @@ class Recorder:
         m = self._mark()
         frame = _Frame(None, "fsdp")
         self._stack.append(frame)
+        if self._fsdp_depth == 0:
+            self._fsdp_collectives = []  # (start, end) marks of collectives inside this bracket
         self._fsdp_depth += 1
         token = [frame, u, name, group, m, t0, None]
         if group is not None:
@@ -738,11 +746,27 @@ class Recorder:
         self._fsdp_depth -= 1
         if self._fsdp_depth == 0:  # FSDP's methods nest (pre_forward calls unshard): once
             self._fsdp_ns += t1 - t0
+            self._emit_fsdp_work(start, m)
         self._hook_ns += time.perf_counter_ns() - t1
         self._hook_calls += 1
 
     def _emit_collective(self, kind, u, nbytes, start, end):
         self._events.append(("collective", (kind, u, nbytes, start, end), end))
+        if self._fsdp_depth > 0:
+            self._fsdp_collectives.append((start, end))
+
+    def _emit_fsdp_work(self, start, end):
+        """FSDP's own work outside its collectives (copying shards in and out of the gather
+        buffers, casting, dividing gradients) keeps the compute stream busy too: one compute
+        without a unit for the outermost bracket less the collectives inside it (a segment given
+        backwards subtracts). Traces have no event labels yet (the reader rejects "name"), so it
+        reads like the loss: work outside every unit."""
+        if not self._fsdp_work:
+            return
+        frame = _Frame(None, "backward" if self._in_backward else "forward", name="fsdp")
+        frame.segments.append((start, end))
+        frame.segments.extend((b, a) for a, b in self._fsdp_collectives if a >= start)
+        self._events.append(("compute", frame, start))
 
     # ----------------------------------------------------------------------------------------
     # Step state
@@ -759,6 +783,7 @@ class Recorder:
         self._reduced = set()  # units whose reduce-scatter this backward has recorded
         self._fsdp_states = []
         self._fsdp_depth = 0  # FSDP methods open now (they nest)
+        self._fsdp_collectives = []
         self._end_requeued = 0
         self._world_size = 1
         dist = getattr(torch, "distributed", None)
@@ -872,6 +897,8 @@ class Recorder:
                     }
                     if frame.saved:
                         ev["saved_bytes"] = frame.saved
+                    if frame.name == "fsdp" and ev["us"] <= 0:
+                        continue  # the bracket was all collective
                 elif op == "backward_end":
                     ev = {"op": op}
                 else:
