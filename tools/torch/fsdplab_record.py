@@ -27,7 +27,8 @@ What is recorded (DESIGN section 4.1):
     out, reshard, reduce-scatter, its root callbacks) is not compute: each FSDP parameter group's
     methods are bracketed while recording and that time is excluded from every unit. The
     all-gathers and reduce-scatters are written as measured ``collective`` events (kind, unit,
-    bytes, start_us, end_us; all-gather: from its issue to the end of the wait for it).
+    bytes, start_us, end_us; all-gather: from its issue to the end of the wait for it), and the
+    rest of FSDP's work (copies, casts) as computes without a unit (``fsdp_work``).
 
 Units: PyTorch FSDP2 (``fully_shard``) modules and Megatron-FSDP unit modules are found by class
 name and attributes (no import of the FSDP packages); otherwise module names, a predicate, or by
