@@ -7,12 +7,15 @@ scripts/setup.sh makes (${XDG_CACHE_HOME:-~/.cache}/fsdplab/torch2-venv/bin/pyth
 
 The model is the one of the recorder's field report: an embedding, torch.nn.TransformerEncoder
 (6 layers, d_model 256, 4 heads, feed-forward 1024) and a head; units are the root and each
-layer. Three copies with the same weights run the same steps in turn (so that drift in the
-machine's speed hits them alike): plain, with a recorder attached but idle (no rec.step()), and
-recorded (every step inside rec.step()). Times are the process's CPU time per step, median over
-the steps; the overheads are relative to the plain step, as a ratio of medians and as the median
-of each step's ratio to the plain step run beside it (less sensitive to drift). Also prints the hooks a recorded step
-fires and the time spent inside them as the recorder measures it (rec.overhead()).
+layer. Three runs take turns, step by step (so that drift in the machine's speed hits them
+alike): plain (a copy never attached), and one model with a recorder
+attached, stepped outside rec.step() (idle) and inside it (recording). Times are the process's
+CPU time per step, median over the steps. Idle is compared with plain (a different copy of the
+same weights: copies alone differ by a few percent here, so this is the noise of the comparison;
+an idle recorder has no hook at all), recording with idle (the same model); as a ratio of
+medians and as the median of each step's ratio to the step run beside it. Also prints the hooks
+a recorded step fires and the time spent inside them as the recorder measures it
+(rec.overhead()).
 """
 
 import argparse
@@ -79,11 +82,12 @@ def main():
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
+    # "idle" and "recording" are the same model (the recorder attached to it runs its steps
+    # outside and inside rec.step()): copies of a model at other addresses differ by a few
+    # percent by themselves, which the "plain" copy (never attached) shows.
     plain = Lm(args.layers, args.d_model, args.vocab)
-    idle = copy.deepcopy(plain)
     recorded = copy.deepcopy(plain)
-    idle_rec = fsdplab_record.Recorder(idle, units=lambda n, m: n.startswith("encoder.layers.")
-                                       and n.count(".") == 2)
+    idle = recorded
     rec = fsdplab_record.Recorder(
         recorded,
         units=lambda n, m: n.startswith("encoder.layers.") and n.count(".") == 2,
@@ -109,12 +113,11 @@ def main():
             times[k].append(cpu_us(runs[k]))
     after = rec.overhead()
     med = {k: statistics.median(v) for k, v in times.items()}
-    # Paired: each step against the plain step run next to it, so that slow drift cancels.
+    # Paired: each step against the step run next to it, so that slow drift cancels. Recording
+    # against idle: the same model, with and without rec.step().
     paired = {
-        k: statistics.median(
-            100.0 * (a - b) / b for a, b in zip(times[k], times["plain"])
-        )
-        for k in ("idle", "recording")
+        k: statistics.median(100.0 * (a - b) / b for a, b in zip(times[k], times[ref]))
+        for k, ref in (("idle", "plain"), ("recording", "idle"))
     }
     hooks = (after["hook_calls"] - before["hook_calls"]) / args.steps
     inside = (after["hook_total_us"] - before["hook_total_us"]) / args.steps
@@ -124,17 +127,16 @@ def main():
         f"{args.threads} thread(s), {len(rec.units)} units"
     )
     print(f"step without recorder   {med['plain']:12.1f} us CPU (median of {args.steps})")
-    for k in ("idle", "recording"):
-        pct = 100.0 * (med[k] - med["plain"]) / med["plain"]
+    for k, ref in (("idle", "plain"), ("recording", "idle")):
+        pct = 100.0 * (med[k] - med[ref]) / med[ref]
         print(
-            f"step, recorder {k:9s}{med[k]:12.1f} us   overhead {pct:+6.2f}% of medians, "
+            f"step, recorder {k:9s}{med[k]:12.1f} us   vs {ref:5s} {pct:+6.2f}% of medians, "
             f"{paired[k]:+6.2f}% paired (median of per-step ratios)"
         )
     spread = statistics.pstdev(times["plain"]) / med["plain"] * 100.0
     print(f"plain step spread (stdev/median) {spread:.2f}%: the noise floor of the overheads")
     print(f"hooks per recorded step {hooks:10.0f}, inside hooks {inside:10.1f} us per step "
           f"({100.0 * inside / med['plain']:.2f}% of a plain step)")
-    idle_rec.remove()
     rec.remove()
 
 
