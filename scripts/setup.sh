@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
 # Installs what fsdplab needs from Debian's packages, only what is missing. Sourced by demo.sh and
 # test.sh; safe to run again.
+#
+#   bash scripts/setup.sh            Debian's packages (python3-torch is torch 1.13)
+#   bash scripts/setup.sh --torch2   also a virtual environment with torch 2.x from PyPI, for the
+#                                    recorder's tests under current torch (real FSDP2, checkpoint
+#                                    early stop, selective checkpoints)
+#
+# The torch 2.x environment lives outside the clone, in
+# ${XDG_CACHE_HOME:-$HOME/.cache}/fsdplab/torch2-venv (FSDPLAB_TORCH2_VENV overrides it), so every
+# clone on the machine shares one. Made once: `pip install torch numpy` took 5 min 46 s here and
+# the environment is 5.4 GB (PyPI's torch brings its CUDA libraries, unused on the CPU). It is
+# complete when its marker file exists; an interrupted install is removed and made again.
 set -euo pipefail
 
 FSDPLAB_PACKAGES=(cmake g++ make libboost-graph-dev nlohmann-json3-dev libfmt-dev
-  libsimdjson-dev libgtest-dev libgmock-dev libbenchmark-dev clang-format python3-torch)
+  libsimdjson-dev libgtest-dev libgmock-dev libbenchmark-dev clang-format python3-torch
+  python3-venv)
 
 missing=()
 for p in "${FSDPLAB_PACKAGES[@]}"; do
@@ -16,4 +28,29 @@ if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+if [ "${1:-}" = "--torch2" ]; then
+  venv="${FSDPLAB_TORCH2_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/fsdplab/torch2-venv}"
+  marker="$venv/.fsdplab-complete"
+  if [ -f "$marker" ] && "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
+    :
+  else
+    # Made before this marker existed (or by hand): kept when its torch imports.
+    if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
+      touch "$marker"
+    else
+      echo "fsdplab setup: making $venv with torch 2.x from PyPI (once; about 6 min and" \
+        "5.4 GB)" >&2
+      rm -rf "$venv"
+      mkdir -p "$(dirname "$venv")"
+      start=$SECONDS
+      /usr/bin/python3 -m venv "$venv"
+      "$venv/bin/python" -m pip install -q --disable-pip-version-check torch numpy >&2
+      touch "$marker"
+      echo "fsdplab setup: $("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)')" \
+        "in $((SECONDS - start)) s, $(du -sh "$venv" | cut -f1)" >&2
+    fi
+  fi
+  echo "$venv/bin/python"
 fi

@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/trace.h"
+#include "fsdplab/core/trace_structure.h"
 
 namespace fsdplab::cli {
 namespace {
@@ -34,6 +35,9 @@ FileResult Check(const std::string& path) {
   // The common case reads once; only an invalid trace is walked again to list every problem.
   StatusOr<Trace> trace = ParseTrace(*text);
   if (trace.ok()) {
+    // Fields are valid; now what the scheduler relies on (pairs closed in the right phase).
+    for (const Status& s : CheckTraceStructure(*trace)) r.problems.push_back(s.message());
+    if (!r.problems.empty()) return r;
     r.valid = true;
     r.units = trace->model.num_units();
     r.steps = trace->steps.size();
@@ -62,7 +66,10 @@ int RunValidate(const Argv& argv) {
         "fsdplab validate TRACE... [--json] [-o FILE]",
         "Checks each trace against the fsdplab.trace v1 format: JSON syntax, fields,\n"
         "units (unique names, parents, no cycle, each parameter owned once) and events\n"
-        "(known units, every post after its pre, durations and sizes not negative).\n"
+        "(known units, every post after its pre, durations and sizes not negative), and the\n"
+        "structure the scheduler relies on: each unit's pre/post pairs close in the right phase\n"
+        "(forwards before the backward, recomputations before the unit's backward goes on,\n"
+        "backwards before backward_end), and computes inside their phase.\n"
         "Prints 'TRACE: valid (N units, S steps, E events)' or every problem, one per\n"
         "line. Exit status: 0 all valid, 1 bad usage, 2 a trace is invalid.",
         args);

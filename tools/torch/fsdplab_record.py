@@ -16,9 +16,19 @@ What is recorded (DESIGN section 4.1):
     ``compute`` per unit and phase with the unit's own time (nested units excluded) and the bytes
     autograd saved for backward (``saved_bytes``) where saved-tensor hooks can see them;
   * recomputation: a unit's forward hooks firing during backward is a reentrant recomputation
-    (pre_forward, compute phase "recompute", post_forward); a forward of a module that holds a
-    unit's parameters, during backward and outside that unit's hooks, is an inside recomputation
-    (a ``compute`` of the unit with phase "recompute").
+    (pre_forward, compute phase "recompute", post_forward), whatever torch.utils.checkpoint mode
+    ran it (reentrant, non-reentrant, selective); a forward of modules that hold a unit's
+    parameters, during backward and outside that unit's hooks, is an inside recomputation (one
+    ``compute`` of the unit with phase "recompute", however many of its modules ran again).
+    Non-reentrant checkpoints of torch >= 2.1 stop a recomputation early by raising inside the
+    recomputed forward; the recorder's forward hooks are registered with ``always_call`` so they
+    still close it (older torch: it is closed at the next backward event);
+  * FSDP2: the time FSDP spends in its own hooks (unshard and the wait for the all-gather, copy
+    out, reshard, reduce-scatter, its root callbacks) is not compute: each FSDP parameter group's
+    methods are bracketed while recording and that time is excluded from every unit. The
+    all-gathers and reduce-scatters are written as measured ``collective`` events (kind, unit,
+    bytes, start_us, end_us; all-gather: from its issue to the end of the wait for it), and the
+    rest of FSDP's work (copies, casts) as computes without a unit (``fsdp_work``).
 
 Units: PyTorch FSDP2 (``fully_shard``) modules and Megatron-FSDP unit modules are found by class
 name and attributes (no import of the FSDP packages); otherwise module names, a predicate, or by
@@ -32,11 +42,20 @@ queued on the autograd engine. Durations come from CUDA events resolved after th
 synchronises inside it) when the model is on a GPU, else from the monotonic clock.
 
 The recorder never changes results: hooks return nothing and the saved-tensor hooks store the
-tensor itself. Outside ``rec.step()`` the hooks return at once. Its own cost is in
-``rec.overhead()`` and in the trace's meta.recorder.
+tensor itself. Hooks exist only inside ``rec.step()``: they are registered when it opens (so
+after FSDP's own hooks) and removed when it closes, so an attached recorder costs nothing
+between recorded steps. Its own cost is in ``rec.overhead()`` and in the trace's meta.recorder.
+
+CUDA (designed, not run here: no GPU on the machines this was written on): marks are CUDA events
+recorded on the current (compute) stream and read after the step, so a unit's compute is the
+compute stream's time between its hooks; FSDP's waits for an all-gather are stream waits on that
+stream, so the time between the events recorded around FSDP's methods is the stream's wait and
+copy-out, excluded like on the CPU. Collective bounds are those compute-stream events too (issue
+to ready as the compute stream sees it), not events on FSDP's all-gather stream.
 """
 
 import contextlib
+import inspect
 import json
 import os
 import tempfile
@@ -166,9 +185,12 @@ class _Unit:
         "trainable",
         "recompute_seen",
         "fw_depth",
+        "fw_calls",
+        "bw_done",
         "bw_frame",
         "grads_seen",
         "remaining",
+        "param_bytes",
     )
 
     def __init__(self, index, name, qualname, module):
@@ -182,23 +204,32 @@ class _Unit:
         self.trainable = False  # has parameters that require grad (at construction)
         self.recompute_seen = set()  # "reentrant", "inside"
         self.fw_depth = 0  # open forward / recompute frames of this unit
+        self.fw_calls = 0  # ordinary forward calls in this microbatch
+        self.bw_done = 0  # backward computes emitted in this microbatch
         self.bw_frame = None  # the open backward frame
         self.grads_seen = set()  # parameter slots whose gradient arrived in this backward pass
         self.remaining = 0  # gradients still to come before post_backward
+        self.param_bytes = 0  # bytes of the unit's trainable parameters (reduce-scatter size)
 
 
 class _Frame:
-    """An open span of one unit's compute: the time and saved bytes attributed to it."""
+    """An open span of one unit's compute: the time and saved bytes attributed to it.
 
-    __slots__ = ("unit", "phase", "segments", "saved", "saved_keys", "leaf")
+    phase "fsdp" is FSDP's own work (no unit): its time is excluded from every compute. An
+    inside recomputation frame (`inside`) stays open between the modules it recomputes (`leaf`
+    is the module running now, None between two of them)."""
 
-    def __init__(self, unit, phase, leaf=None):
-        self.unit = unit  # _Unit, or None for work outside every unit (the loss)
+    __slots__ = ("unit", "phase", "segments", "saved", "saved_keys", "leaf", "inside", "name")
+
+    def __init__(self, unit, phase, leaf=None, inside=False, name=None):
+        self.unit = unit  # _Unit, or None for work outside every unit (the loss) or FSDP's
         self.phase = phase
         self.segments = []  # (mark, mark) pairs
         self.saved = 0
         self.saved_keys = set()
-        self.leaf = leaf  # the leaf module of an inside recomputation
+        self.leaf = leaf  # the module of an inside recomputation running now
+        self.inside = inside
+        self.name = name  # the event's label ("fsdp": FSDP's own work outside collectives)
 
 
 class _CpuClock:
@@ -248,6 +279,65 @@ def _has_post_accumulate_grad_hook():
     return hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 
 
+def _has_hook_kwarg(name):
+    """Whether register_forward_hook takes `name` (torch >= 2.0: prepend; >= 2.1: always_call)."""
+    try:
+        return name in inspect.signature(torch.nn.Module.register_forward_hook).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _has_always_call():
+    """Whether forward hooks can run when the forward raises (torch >= 2.1): what closes a
+    recomputation that a non-reentrant checkpoint stops early."""
+    return _has_hook_kwarg("always_call")
+
+
+def _fsdp_state_and_groups(module):
+    """FSDP2's state of a module and its parameter groups (one per dtype / mesh), found by
+    attribute so that nothing of torch.distributed.fsdp is imported."""
+    get_state = getattr(module, "_get_fsdp_state", None)
+    if get_state is None:
+        return None, []
+    try:
+        state = get_state()
+    except (AssertionError, AttributeError, RuntimeError):
+        return None, []
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:  # earlier FSDP2: one group per state
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [group] if group is not None else []
+    return state, list(groups)
+
+
+# FSDP2's methods whose time is FSDP's own work, bracketed while recording. A parameter group's
+# methods are looked up on the instance each time FSDP calls them, so an instance attribute
+# wraps them; the state's hooks that are registered once (its forward hooks) call these.
+_FSDP_GROUP_METHODS = (
+    "pre_forward",
+    "post_forward",
+    "pre_backward",
+    "post_backward",
+    "unshard",
+    "wait_for_unshard",
+    "reshard",
+    "finalize_backward",
+)
+_FSDP_STATE_METHODS = ("_root_pre_forward", "_pre_backward", "_root_post_backward_final_callback")
+# The FSDP methods that may run before anything of a microbatch was recorded (the root's forward
+# prologue, an explicit prefetch); the others, outside a microbatch, ran after its backward_end.
+_FSDP_OPENS_PASS = frozenset(("_root_pre_forward", "pre_forward", "unshard", "wait_for_unshard"))
+_MISSING = object()
+_NO_INPUT_GRAD_WARNING = "Full backward hook is firing when gradients are computed with respect"
+
+
+def _all_gather_bytes(result, u):
+    """The bytes an all-gather produces (FSDP's padded output), else the unit's parameters."""
+    out = getattr(result, "all_gather_output", None)
+    if isinstance(out, torch.Tensor):
+        return int(out.numel() * out.element_size())
+    return u.param_bytes
+
 class Recorder:
     """Records the steps run inside ``with rec.step():`` and writes them with ``save``.
 
@@ -263,6 +353,13 @@ class Recorder:
       saved_bytes: measure the activations autograd saves (saved-tensor hooks).
       param_dtype: trace dtype for every parameter ("bf16", ...), e.g. the gather dtype of a
         mixed-precision policy; None reads each parameter's dtype.
+      fsdp_work: with FSDP2, write FSDP's own work outside its collectives (copies in and out of
+        the gather buffers, casts, gradient division) as computes without a unit, so that a
+        replay keeps that time; False drops it. Never part of a unit's compute.
+
+    Create it after ``fully_shard``: FSDP2 units are found by what fully_shard made of the
+    modules. A recorder created before is re-detected when its first step opens (with a
+    warning); once steps are recorded, a model whose units changed is an error.
     """
 
     def __init__(
@@ -275,6 +372,7 @@ class Recorder:
         hooks="auto",
         saved_bytes=True,
         param_dtype=None,
+        fsdp_work=True,
     ):
         if hooks not in ("auto", "tensor"):
             raise ValueError(f"fsdplab_record: hooks={hooks!r}: expected 'auto' or 'tensor'")
@@ -286,6 +384,9 @@ class Recorder:
             )
         self._model = model
         self._param_dtype = param_dtype
+        self._fsdp_work = fsdp_work
+        self._root_name = root_name
+        self._units_arg = units
         self._saved_bytes = saved_bytes and hasattr(torch.autograd.graph, "saved_tensors_hooks")
         if timing == "auto":
             on_cuda = any(p.is_cuda for p in model.parameters())
@@ -293,18 +394,26 @@ class Recorder:
         self._timing = timing
         self._module_pre_backward = hooks == "auto" and _has_full_backward_pre_hook()
         self._post_accumulate = hooks == "auto" and _has_post_accumulate_grad_hook()
-
-        qualnames, self.detected_by = detect_units(model, units)
-        self._units = self._build_units(qualnames, root_name)
+        self._always_call = _has_always_call()
+        self._prepend = _has_hook_kwarg("prepend")
         self._handles = []
+        self._leaf_handles = []
         self._hooked_params = {}  # id(tensor) -> (weakref, handle)
+        self._fsdp_patched = []  # (object, attribute, previous instance value or _MISSING)
         self._steps = []
         self._active = False
         self._hook_calls = 0
         self._hook_ns = 0
+        self._fsdp_ns = 0  # wall time inside FSDP's own methods while recording
+        self._detect()
+
+    def _detect(self):
+        qualnames, self.detected_by = detect_units(self._model, self._units_arg)
+        self._units = self._build_units(qualnames, self._root_name)
+        self._fsdp_modules = {id(m) for m in self._model.modules() if _is_fsdp2_module(m)}
+        self._classes = [type(self._model)] + [type(u.module) for u in self._units]
         # FSDP2 swaps unsharded parameters in during forward: hook those as they appear.
-        self._lazy_params = self.detected_by == "fsdp2"
-        self._register_hooks()
+        self._lazy_params = bool(self._fsdp_modules)
 
     # ----------------------------------------------------------------------------------------
     # Public API
@@ -319,13 +428,18 @@ class Recorder:
         """Records one training step: every forward / backward (microbatch) run inside."""
         if self._active:
             raise RuntimeError("fsdplab_record: rec.step() is already open")
+        self._check_model_unchanged()
         self._begin_step()
         try:
-            if self._saved_bytes:
-                with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            with warnings.catch_warnings():
+                # torch 2.x warns when the backward hook of a unit without parameters fires with
+                # no input that needs a gradient: the recorder's hook, which expects that.
+                warnings.filterwarnings("ignore", message=_NO_INPUT_GRAD_WARNING)
+                if self._saved_bytes:
+                    with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                        yield self
+                else:
                     yield self
-            else:
-                yield self
         except BaseException:
             self._active = False
             self._clear_step()
@@ -372,21 +486,17 @@ class Recorder:
                     "params": u.params,
                 }
             )
-        meta = {
-            "source": "torch",
-            "world_size": world_size,
-            "rank": rank,
-            "recorder": {
-                "torch": str(torch.__version__),
-                "units_from": self.detected_by,
-                "timing": self._timing,
-                "pre_backward": "module-hook" if self._module_pre_backward else "tensor-hook",
-                "post_backward": (
-                    "post-accumulate-grad-hook" if self._post_accumulate else "grad-hook"
-                ),
-                **self.overhead(),
-            },
+        recorder = {
+            "torch": str(torch.__version__),
+            "units_from": self.detected_by,
+            "timing": self._timing,
+            "pre_backward": "module-hook" if self._module_pre_backward else "tensor-hook",
+            "post_backward": ("post-accumulate-grad-hook" if self._post_accumulate else "grad-hook"),
+            **self.overhead(),
         }
+        if self._lazy_params:
+            recorder["fsdp_excluded_us"] = round(self._fsdp_ns / 1000.0, 3)
+        meta = {"source": "torch", "world_size": world_size, "rank": rank, "recorder": recorder}
         return {
             "format": _TRACE_FORMAT,
             "version": _TRACE_VERSION,
@@ -413,17 +523,37 @@ class Recorder:
         return out
 
     def remove(self):
-        """Removes every hook the recorder installed."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        self._remove_leaf_hooks()
-        for _, handle in self._hooked_params.values():
-            handle.remove()
-        self._hooked_params.clear()
+        """Removes every hook the recorder installed (none is left outside rec.step() anyway)."""
+        self._remove_hooks()
 
     # ----------------------------------------------------------------------------------------
     # Model structure
+
+    def _check_model_unchanged(self):
+        """fully_shard applied after the recorder was created: detect the units again (a warning
+        says so), or fail if steps were already recorded with the old units. fully_shard changes
+        the class of the modules it shards (the root and the units, as FSDP2 is used): a cheap
+        look at those comes first."""
+        classes = [type(self._model)] + [type(u.module) for u in self._units]
+        if classes == self._classes:
+            return
+        self._classes = classes
+        now = {id(m) for m in self._model.modules() if _is_fsdp2_module(m)}
+        if now == self._fsdp_modules:
+            return
+        if self._steps:
+            raise RuntimeError(
+                "fsdplab_record: the model's FSDP2 modules changed (fully_shard after steps were "
+                "recorded); create a new Recorder after fully_shard"
+            )
+        before = self.detected_by
+        self._detect()
+        warnings.warn(
+            f"fsdplab_record: fully_shard was applied after the Recorder was created; units "
+            f"detected again ({before} -> {self.detected_by}: {len(self._units)} units). Create "
+            "the Recorder after fully_shard.",
+            stacklevel=3,
+        )
 
     def _build_units(self, qualnames, root_name):
         by_qualname = {}
@@ -471,39 +601,173 @@ class Recorder:
                 )
                 owner.param_slots.append((module, attr))
                 owner.trainable = owner.trainable or p.requires_grad
+                if p.requires_grad:
+                    owner.param_bytes += p.numel() * p.element_size()
         return units
 
     def _register_hooks(self):
+        """Registered when a step opens, after whatever hooks FSDP has, and removed when it
+        closes."""
+        always = {"always_call": True} if self._always_call else {}
+        # Before FSDP's forward hooks: FSDP's unshard comes after the unit's pre_forward and its
+        # reshard after its post_forward (both bracketed, so not compute), and the post-forward
+        # hook sees the unsharded parameters (autograd's leaves), whose gradients end the
+        # unit's backward before FSDP reduce-scatters them.
+        first = {"prepend": True} if self._prepend else {}
         for u in self._units:
             m = u.module
-            self._handles.append(m.register_forward_pre_hook(self._make_pre_forward(u)))
-            self._handles.append(m.register_forward_hook(self._make_post_forward(u)))
+            self._handles.append(m.register_forward_pre_hook(self._make_pre_forward(u), **first))
+            self._handles.append(
+                m.register_forward_hook(self._make_post_forward(u), **always, **first)
+            )
             if self._module_pre_backward:
                 self._handles.append(
                     m.register_full_backward_pre_hook(self._make_module_pre_backward(u))
                 )
             if not u.trainable:
                 self._handles.append(m.register_full_backward_hook(self._make_module_backward(u)))
-            else:
+            elif not self._lazy_params:
                 self._hook_params(u)
+        if self._lazy_params:
+            self._patch_fsdp()
+
+    def _remove_hooks(self):
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._remove_leaf_hooks()
+        for _, handle in self._hooked_params.values():
+            handle.remove()
+        self._hooked_params.clear()
+        self._unpatch_fsdp()
+
+    def _install_leaf_hooks(self):
         # Forwards of the modules that hold a unit's parameters matter only during backward
         # (inside recomputation): global module hooks, installed for the backward only, cost the
         # forward nothing.
-        self._leaf_handles = []
-
-    def _install_leaf_hooks(self):
         if self._leaf_owner and not self._leaf_handles:
             from torch.nn.modules import module as module_lib
 
+            always = {"always_call": True} if self._always_call else {}
             self._leaf_handles = [
                 module_lib.register_module_forward_pre_hook(self._leaf_pre),
-                module_lib.register_module_forward_hook(self._leaf_post),
+                module_lib.register_module_forward_hook(self._leaf_post, **always),
             ]
 
     def _remove_leaf_hooks(self):
         for h in self._leaf_handles:
             h.remove()
         self._leaf_handles = []
+
+    # ----------------------------------------------------------------------------------------
+    # FSDP2: its own work is bracketed and excluded; its collectives are measured.
+
+    def _patch_fsdp(self):
+        seen = set()
+        for u in self._units:
+            state, groups = _fsdp_state_and_groups(u.module)
+            if state is None or id(state) in seen:
+                continue
+            seen.add(id(state))
+            self._fsdp_states.append(state)
+            for name in _FSDP_STATE_METHODS:
+                self._patch(state, name, u, None)
+            for g in groups:
+                for name in _FSDP_GROUP_METHODS:
+                    self._patch(g, name, u, g)
+
+    def _patch(self, obj, name, u, group):
+        original = getattr(obj, name, None)
+        if original is None or not callable(original):
+            return
+        previous = obj.__dict__.get(name, _MISSING)
+
+        def wrapper(*args, **kwargs):
+            if not self._active:
+                return original(*args, **kwargs)
+            token = self._fsdp_enter(u, name, group)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._fsdp_exit(token)
+
+        obj.__dict__[name] = wrapper
+        self._fsdp_patched.append((obj, name, previous))
+
+    def _unpatch_fsdp(self):
+        for obj, name, previous in reversed(self._fsdp_patched):
+            if previous is _MISSING:
+                obj.__dict__.pop(name, None)
+            else:
+                obj.__dict__[name] = previous
+        self._fsdp_patched.clear()
+
+    def _fsdp_enter(self, u, name, group):
+        t0 = time.perf_counter_ns()
+        if self._events is None and name not in _FSDP_OPENS_PASS:
+            return None  # after backward_end (nothing of a microbatch is open): not recorded
+        m = self._mark()
+        frame = _Frame(None, "fsdp")
+        self._stack.append(frame)
+        if self._fsdp_depth == 0:
+            self._fsdp_collectives = []  # (start, end) marks of collectives inside this bracket
+        self._fsdp_depth += 1
+        token = [frame, u, name, group, m, t0, None]
+        if group is not None:
+            if name == "unshard":
+                token[6] = getattr(group, "_all_gather_result", None)
+            elif name == "post_backward":
+                token[6] = str(getattr(group, "_training_state", ""))
+        self._hook_ns += time.perf_counter_ns() - t0
+        return token
+
+    def _fsdp_exit(self, token):
+        if token is None or not self._active:
+            return
+        t1 = time.perf_counter_ns()
+        frame, u, name, group, start, t0, before = token
+        m = self._mark()
+        self._stack.remove(frame)
+        if name == "unshard" and before is None and self._world_size > 1:
+            result = getattr(group, "_all_gather_result", None)
+            if result is not None:  # an all-gather was issued
+                nbytes = _all_gather_bytes(result, u)
+                if getattr(result, "all_gather_work", None) is None:
+                    self._emit_collective("all_gather", u, nbytes, start, m)
+                else:  # asynchronous: it ends when FSDP has waited for it
+                    self._pending_gathers[id(group)] = (u, nbytes, start)
+        elif name == "wait_for_unshard":
+            pending = self._pending_gathers.pop(id(group), None)
+            if pending is not None:
+                self._emit_collective("all_gather", pending[0], pending[1], pending[2], m)
+        elif name == "post_backward" and self._world_size > 1 and u.param_bytes:
+            if not before.endswith("POST_BACKWARD") and u.index not in self._reduced:
+                self._reduced.add(u.index)
+                self._emit_collective("reduce_scatter", u, u.param_bytes, start, m)
+        self._fsdp_depth -= 1
+        if self._fsdp_depth == 0:  # FSDP's methods nest (pre_forward calls unshard): once
+            self._fsdp_ns += t1 - t0
+            self._emit_fsdp_work(start, m)
+        self._hook_ns += time.perf_counter_ns() - t1
+        self._hook_calls += 1
+
+    def _emit_collective(self, kind, u, nbytes, start, end):
+        self._events.append(("collective", (kind, u, nbytes, start, end), end))
+        if self._fsdp_depth > 0:
+            self._fsdp_collectives.append((start, end))
+
+    def _emit_fsdp_work(self, start, end):
+        """FSDP's own work outside its collectives (copying shards in and out of the gather
+        buffers, casting, dividing gradients) keeps the compute stream busy too: one compute
+        without a unit for the outermost bracket less the collectives inside it (a segment given
+        backwards subtracts). Traces have no event labels yet (the reader rejects "name"), so it
+        reads like the loss: work outside every unit."""
+        if not self._fsdp_work:
+            return
+        frame = _Frame(None, "backward" if self._in_backward else "forward", name="fsdp")
+        frame.segments.append((start, end))
+        frame.segments.extend((b, a) for a, b in self._fsdp_collectives if a >= start)
+        self._events.append(("compute", frame, start))
 
     # ----------------------------------------------------------------------------------------
     # Step state
@@ -516,15 +780,37 @@ class Recorder:
         self._gap = None  # frame for work outside every unit before the backward
         self._in_backward = False
         self._last_mark = None
-        self._param_ptrs = {p.data_ptr() for p in self._model.parameters()}
+        self._pending_gathers = {}  # id(FSDP param group) -> (unit, bytes, start mark)
+        self._reduced = set()  # units whose reduce-scatter this backward has recorded
+        self._fsdp_states = []
+        self._fsdp_depth = 0  # FSDP methods open now (they nest)
+        self._fsdp_collectives = []
+        self._end_requeued = 0
+        self._world_size = 1
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            self._world_size = dist.get_world_size()
+        self._param_ptrs = set()  # where the parameters are now (the units' slots hold them all)
         for u in self._units:
-            u.fw_depth = 0
-            u.bw_frame = None
-            u.grads_seen = set()
+            for module, attr in u.param_slots:
+                p = module._parameters.get(attr)
+                if p is not None:
+                    with contextlib.suppress(RuntimeError, NotImplementedError, TypeError):
+                        self._param_ptrs.add(p.data_ptr())
+        self._reset_microbatch()
+        self._register_hooks()
         self._active = True
 
+    def _reset_microbatch(self):
+        for u in self._units:
+            u.fw_depth = 0
+            u.fw_calls = 0
+            u.bw_done = 0
+            u.bw_frame = None
+            u.grads_seen = set()
+
     def _clear_step(self):
-        self._remove_leaf_hooks()
+        self._remove_hooks()
         self._clock = None
         self._microbatches = None
         self._events = None
@@ -532,9 +818,15 @@ class Recorder:
         self._gap = None
         self._in_backward = False
 
-    def _mark(self):
+    def _mark(self, settle=True):
         """Closes the running time segment: it belongs to the innermost open frame (or, before
-        the backward, to the work outside every unit)."""
+        the backward, to the work outside every unit). `settle`: an inside recomputation waiting
+        between two of its modules ends first (the time since its last module is not its own)."""
+        if settle and self._stack:
+            top = self._stack[-1]
+            if top.inside and top.leaf is None:
+                self._stack.pop()
+                self._emit_compute(top)
         m = self._clock.mark()
         if self._events is None:
             self._events = []
@@ -561,8 +853,9 @@ class Recorder:
         self._events.append(("compute", frame, first))
 
     def _end_step(self):
-        if self._events is not None and self._stack:
-            open_units = ", ".join(f.unit.name for f in self._stack if f.unit is not None)
+        open_frames = [f for f in self._stack if f.unit is not None] if self._stack else []
+        if self._events is not None and open_frames:
+            open_units = ", ".join(f.unit.name for f in open_frames)
             raise RuntimeError(
                 f"fsdplab_record: the step ended with units still open ({open_units}): a forward "
                 "or backward was interrupted"
@@ -581,6 +874,19 @@ class Recorder:
         for raw in microbatches:
             events = []
             for op, obj, m in raw:
+                if op == "collective":
+                    kind, u, nbytes, a, b = obj
+                    events.append(
+                        {
+                            "op": "collective",
+                            "kind": kind,
+                            "unit": u.name,
+                            "bytes": nbytes,
+                            "start_us": round(times[a], 3),
+                            "end_us": round(max(times[b], times[a]), 3),
+                        }
+                    )
+                    continue
                 if op == "compute":
                     frame = obj
                     us = sum(times[b] - times[a] for a, b in frame.segments)
@@ -592,6 +898,8 @@ class Recorder:
                     }
                     if frame.saved:
                         ev["saved_bytes"] = frame.saved
+                    if frame.name == "fsdp" and ev["us"] <= 0:
+                        continue  # the bracket was all collective
                 elif op == "backward_end":
                     ev = {"op": op}
                 else:
@@ -610,9 +918,12 @@ class Recorder:
                 return
             t0 = time.perf_counter_ns()
             m = self._mark()
-            phase = "recompute" if self._in_backward else "forward"
-            if phase == "recompute":
+            if self._in_backward:
+                phase = "recompute"
                 u.recompute_seen.add("reentrant")
+            else:
+                phase = "forward"
+                u.fw_calls += 1
             self._stack.append(_Frame(u, phase))
             u.fw_depth += 1
             self._emit("pre_forward", u, m)
@@ -622,32 +933,48 @@ class Recorder:
         return hook
 
     def _make_post_forward(self, u):
+        # Registered with always_call where torch has it: output is None when the forward raised
+        # (a non-reentrant checkpoint stopping its recomputation early).
         def hook(module, inputs, output):
             if not self._active:
                 return
             t0 = time.perf_counter_ns()
-            m = self._mark()
-            frame = self._pop_forward_frame(u)
-            self._emit_compute(frame)
-            self._emit("post_forward", u, m)
-            if torch.is_grad_enabled():
-                if not self._module_pre_backward:
-                    self._hook_output_grads(u, output)
-                if u.trainable and self._lazy_params:
-                    self._hook_params(u)
+            frame = self._find_forward_frame(u)
+            if frame is not None:
+                m = self._mark()
+                self._close_forward_frame(frame, m)
+                if torch.is_grad_enabled() and output is not None:
+                    if not self._module_pre_backward:
+                        self._hook_output_grads(u, output)
+                    if u.trainable and self._lazy_params:
+                        self._hook_params(u)
             self._hook_calls += 1
             self._hook_ns += time.perf_counter_ns() - t0
 
         return hook
 
-    def _pop_forward_frame(self, u):
+    def _find_forward_frame(self, u):
         for i in range(len(self._stack) - 1, -1, -1):
             f = self._stack[i]
-            if f.unit is u and f.phase != "backward" and f.leaf is None:
-                del self._stack[i]
-                u.fw_depth -= 1
+            if f.unit is u and f.phase in ("forward", "recompute") and not f.inside:
                 return f
-        raise RuntimeError(f"fsdplab_record: post_forward of '{u.name}' without its pre_forward")
+        return None  # already closed (a recomputation stopped early, closed by a later event)
+
+    def _close_forward_frame(self, frame, m):
+        self._stack.remove(frame)
+        frame.unit.fw_depth -= 1
+        self._emit_compute(frame)
+        self._emit("post_forward", frame.unit, m)
+
+    def _close_stopped_recomputations(self, m):
+        """Recomputations still open when the backward goes on were stopped early by a
+        non-reentrant checkpoint (torch without always_call forward hooks): they end here."""
+        for f in [f for f in self._stack if f.phase == "recompute"]:
+            if f.inside:
+                self._stack.remove(f)
+                self._emit_compute(f)
+            else:
+                self._close_forward_frame(f, m)
 
     def _hook_output_grads(self, u, output):
         """pre_backward(u) at the first gradient of any of this call's outputs. A tensor that is
@@ -679,7 +1006,7 @@ class Recorder:
 
     def _hook_params(self, u):
         """Hooks the tensors the unit's parameters are now (FSDP2 swaps in unsharded ones during
-        forward); each tensor once."""
+        forward); each tensor once per step."""
         for module, attr in u.param_slots:
             p = module._parameters.get(attr)
             if p is None or not p.requires_grad:
@@ -714,6 +1041,10 @@ class Recorder:
         def hook(module, grad_input, grad_output):
             if not self._active or u.bw_frame is None:
                 return
+            if all(g is None for g in grad_input):
+                # No input needs a gradient (torch 2.x calls the hook anyway, as soon as the
+                # output's gradient is there): the unit's backward ends with the whole backward.
+                return
             t0 = time.perf_counter_ns()
             self._post_backward(u, self._mark())
             self._hook_calls += 1
@@ -724,14 +1055,20 @@ class Recorder:
     def _pre_backward(self, u):
         t0 = time.perf_counter_ns()
         m = self._mark()
+        self._close_stopped_recomputations(m)
         if not self._in_backward:
             self._in_backward = True
             for v in self._units:
                 v.grads_seen = set()
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
             self._install_leaf_hooks()
+        top = self._stack[-1] if self._stack else None
+        if top is not None and top.phase == "backward" and top.unit is not u:
+            self._split_backward(top)
         if u.bw_frame is not None:
-            # Called again while still in backward (a shared unit): recorded as it ran.
+            # Called again while still in backward (a shared unit): the earlier call's backward
+            # compute ends here, unless it was already ended by another unit's pre_backward.
+            self._split_backward(u.bw_frame)
             self._stack.remove(u.bw_frame)
             self._stack.append(u.bw_frame)
         else:
@@ -743,6 +1080,18 @@ class Recorder:
         self._emit("pre_backward", u, m)
         self._hook_calls += 1
         self._hook_ns += time.perf_counter_ns() - t0
+
+    def _split_backward(self, frame):
+        """A unit called more than once in forward has that many backward computes: when another
+        backward starts over one of its calls' backward, that call's compute ends."""
+        u = frame.unit
+        if not frame.segments or u.fw_calls - u.bw_done <= 1:
+            return
+        self._emit_compute(frame)
+        u.bw_done += 1
+        fresh = _Frame(u, "backward")
+        self._stack[self._stack.index(frame)] = fresh
+        u.bw_frame = fresh
 
     def _param_grad(self, u, key):
         if not self._active or not self._in_backward or key in u.grads_seen:
@@ -757,17 +1106,34 @@ class Recorder:
         self._hook_ns += time.perf_counter_ns() - t0
 
     def _post_backward(self, u, m):
+        self._close_stopped_recomputations(m)
         frame = u.bw_frame
         u.bw_frame = None
         self._stack.remove(frame)
         self._emit_compute(frame)
+        u.bw_done += 1
         self._emit("post_backward", u, m)
+
+    def _fsdp_final_callback_pending(self):
+        for state in self._fsdp_states:
+            ctx = getattr(state, "_state_ctx", None)
+            if getattr(ctx, "post_backward_final_callback_queued", False):
+                return True
+        return False
 
     def _backward_end(self):
         if not self._active or not self._in_backward:
             return
+        if self._end_requeued < 4 and self._fsdp_final_callback_pending():
+            # FSDP's own end-of-backward callback (the root's reduce-scatter, the wait for every
+            # reduce-scatter) still has to run: end the microbatch after it.
+            self._end_requeued += 1
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
+            return
+        self._end_requeued = 0
         t0 = time.perf_counter_ns()
         m = self._mark()
+        self._close_stopped_recomputations(m)
         # Units whose gradients did not all arrive (unused parameters) end with the backward.
         for frame in reversed([f for f in self._stack if f.phase == "backward"]):
             self._post_backward(frame.unit, m)
@@ -777,6 +1143,9 @@ class Recorder:
         self._events = None
         self._last_mark = None
         self._gap = None
+        self._pending_gathers = {}
+        self._reduced = set()
+        self._reset_microbatch()
         self._hook_calls += 1
         self._hook_ns += time.perf_counter_ns() - t0
 
@@ -785,44 +1154,59 @@ class Recorder:
         if owner is None or not self._active or not self._in_backward or owner.fw_depth > 0:
             return
         top = self._stack[-1] if self._stack else None
-        if top is not None and top.leaf is not None and top.unit is owner:
-            return  # already inside this unit's recomputation (a nested leaf)
-        t0 = time.perf_counter_ns()
-        self._mark()
-        owner.recompute_seen.add("inside")
-        self._stack.append(_Frame(owner, "recompute", leaf=module))
+        if top is not None and top.inside and top.unit is owner:
+            if top.leaf is not None:
+                return  # a nested module of the one running now
+            # The next module of the same recomputation: one compute for all of them.
+            t0 = time.perf_counter_ns()
+            self._mark(settle=False)
+            top.leaf = module
+        else:
+            t0 = time.perf_counter_ns()
+            self._mark()
+            owner.recompute_seen.add("inside")
+            self._stack.append(_Frame(owner, "recompute", leaf=module, inside=True))
         self._hook_calls += 1
         self._hook_ns += time.perf_counter_ns() - t0
 
     def _leaf_post(self, module, inputs, output):
+        # Registered with always_call where torch has it (an early-stopped recomputation).
         if not self._active or not self._stack or self._stack[-1].leaf is not module:
             return
         t0 = time.perf_counter_ns()
-        self._mark()
-        self._emit_compute(self._stack.pop())
+        self._mark(settle=False)
+        self._stack[-1].leaf = None  # open until something else than its next module runs
         self._hook_calls += 1
         self._hook_ns += time.perf_counter_ns() - t0
 
     # Saved-tensor hooks: count the activations each open forward / recompute keeps for
     # backward. Parameters (and views of them) are not activations.
     def _pack(self, t):
-        if not self._active or not self._stack:
+        if not self._active:
             return t
-        frame = self._stack[-1]
-        if frame.phase == "backward":
+        stack = self._stack
+        if not stack:
+            return t
+        frame = stack[-1]
+        if frame.phase == "backward" or frame.phase == "fsdp":
             return t
         t0 = time.perf_counter_ns()
+        self._hook_calls += 1
         try:
             ptr = t.data_ptr()
         except (RuntimeError, NotImplementedError, TypeError):  # no storage to measure
             ptr = None
+        # Cheapest tests first: a parameter's own storage, then one already counted, then a
+        # view of a parameter (a slice of MultiheadAttention's in_proj_weight starts elsewhere).
         if ptr is not None and ptr not in self._param_ptrs:
-            base = t._base if t._base is not None else t
-            key = (ptr, t.numel(), t.dtype)
-            if not isinstance(base, torch.nn.Parameter) and key not in frame.saved_keys:
-                frame.saved_keys.add(key)
-                frame.saved += t.numel() * t.element_size()
-        self._hook_calls += 1
+            n = t.numel()
+            key = (ptr, n, t.dtype)
+            keys = frame.saved_keys
+            if key not in keys:
+                base = t._base if t._base is not None else t  # FSDP's unsharded parameters
+                if not isinstance(base, torch.nn.Parameter):  # are not in _param_ptrs
+                    keys.add(key)
+                    frame.saved += n * t.element_size()
         self._hook_ns += time.perf_counter_ns() - t0
         return t
 
