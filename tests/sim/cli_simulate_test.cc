@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -56,6 +57,41 @@ TEST(CliSimulate, BadInputAndUsage) {
   EXPECT_EQ(RunCli("simulate"), 1);
   std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json";
   EXPECT_EQ(RunCli("simulate " + trace + " --straggler nonsense"), 1);
+}
+
+// A trace whose fields are fine but whose structure the scheduler cannot replay (a pre_forward
+// never closed) is invalid input for every replaying command: exit 2, the event named, and no
+// report written.
+TEST(CliSimulate, UnclosedPreForwardIsInvalidInputNamingTheEvent) {
+  const std::string trace = Tmp("sim_cli_unclosed.json");
+  {
+    std::ofstream out(trace);
+    out << R"({"format": "fsdplab.trace", "version": 1, "meta": {"source": "hand"},
+      "units": [{"name": "model", "parent": null,
+                 "params": [{"name": "w", "dtype": "bf16", "shape": [8, 8]}]}],
+      "steps": [{"microbatches": [{"events": [
+        {"op": "pre_forward", "unit": "model"},
+        {"op": "compute", "unit": "model", "phase": "forward", "us": 10},
+        {"op": "pre_backward", "unit": "model"},
+        {"op": "compute", "unit": "model", "phase": "backward", "us": 20},
+        {"op": "post_backward", "unit": "model"},
+        {"op": "backward_end"}]}]}]})";
+  }
+  const std::string rep = Tmp("sim_cli_unclosed_report.json");
+  std::remove(rep.c_str());
+  std::string cmd = std::string(FSDPLAB_BIN) + " simulate " + trace + " -o " + rep + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  const int rc = pclose(p);
+  EXPECT_EQ(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, 2) << out;
+  // events[0] opened the forward that events[2]'s pre_backward finds still open.
+  EXPECT_NE(out.find("events[0]"), std::string::npos) << out;
+  EXPECT_FALSE(std::ifstream(rep).good()) << "no report for invalid input";
+  EXPECT_EQ(RunCli("order " + trace + " --order recorded"), 2);
+  EXPECT_EQ(RunCli("schedule " + trace), 2);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/policy_fields.h"
+#include "fsdplab/core/trace_structure.h"
 
 namespace fsdplab::cli {
 namespace {
@@ -247,6 +248,17 @@ int Fail(std::string_view command, const Status& status) {
 int PrintHelp(std::string_view usage, std::string_view description, const Args& args) {
   fmt::print("usage: {}\n\n{}\n\noptions:\n{}", usage, description, args.FlagHelp());
   return 0;
+}
+
+StatusOr<Trace> ReadReplayableTrace(const std::string& path) {
+  FSDP_ASSIGN_OR_RETURN(Trace trace, ReadTraceFile(path));
+  std::vector<Status> problems = CheckTraceStructure(trace);
+  if (problems.empty()) return trace;
+  std::string more;
+  if (problems.size() > 1) {
+    more = fmt::format(" (and {} more; `fsdplab validate` lists them)", problems.size() - 1);
+  }
+  return InvalidInput(fmt::format("{}: {}{}", path, problems.front().message(), more));
 }
 
 }  // namespace fsdplab::cli

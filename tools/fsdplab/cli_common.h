@@ -10,6 +10,7 @@
 #include "fsdplab/core/model.h"
 #include "fsdplab/core/policy.h"
 #include "fsdplab/core/status.h"
+#include "fsdplab/core/trace.h"
 
 namespace fsdplab::cli {
 
@@ -18,6 +19,11 @@ void DeclarePolicyFlags(Args& args);
 // Builds the policy: defaults, then --policy FILE, then the flags in command-line order.
 // Validates it against the model.
 StatusOr<Policy> PolicyFromArgs(const Args& args, const Model& model);
+
+// Reads a trace for a command that replays it (order, schedule, simulate, sweep, run): the
+// reader's field checks, then the structure the scheduler relies on (core/trace_structure.h), so
+// a broken trace is invalid input (exit 2) naming its event, not a scheduler error later.
+StatusOr<Trace> ReadReplayableTrace(const std::string& path);
 // Like PolicyFromArgs, but a flag may hold a comma-separated list (for sweep): returns every
 // combination. Keys with lists are returned in `varied_keys`.
 StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Model& model,

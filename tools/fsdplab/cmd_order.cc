@@ -28,7 +28,7 @@ int RunOrder(const Argv& argv) {
   if (args.positionals().size() != 1) {
     return Fail(kCmd, UsageError("expected exactly one TRACE (see --help)"));
   }
-  StatusOr<Trace> trace = ReadTraceFile(args.positionals()[0]);
+  StatusOr<Trace> trace = ReadReplayableTrace(args.positionals()[0]);
   if (!trace.ok()) return Fail(kCmd, trace.status());
   StatusOr<Policy> policy = PolicyFromArgs(args, trace->model);
   if (!policy.ok()) return Fail(kCmd, policy.status());

@@ -111,7 +111,7 @@ StatusOr<Trace> LoadLiveTrace(const Args& args) {
                                   "--recompute", "--microbatches", "--seq", "--tflops"}) {
       if (args.Get(flag)) return UsageError(fmt::format("{} needs --synth", flag));
     }
-    return ReadTraceFile(args.positionals().front());
+    return ReadReplayableTrace(args.positionals().front());
   }
   // A model small enough for one CPU process, with durations of a slow device.
   synth::SynthConfig c;

@@ -150,7 +150,7 @@ StatusOr<std::vector<Trace>> ReadDirectory(const std::string& dir) {
   std::sort(files.begin(), files.end());
   std::vector<Trace> traces;
   for (const std::string& f : files) {
-    FSDP_ASSIGN_OR_RETURN(Trace t, ReadTraceFile(f));
+    FSDP_ASSIGN_OR_RETURN(Trace t, ReadReplayableTrace(f));
     traces.push_back(std::move(t));
   }
   // Order by meta.rank when the ranks are 0..N-1 exactly; else keep the file-name order.
@@ -181,7 +181,7 @@ StatusOr<LoadedTraces> LoadTraces(const Args& args) {
         FSDP_ASSIGN_OR_RETURN(std::vector<Trace> dir, ReadDirectory(f));
         for (Trace& t : dir) out.traces.push_back(std::move(t));
       } else {
-        FSDP_ASSIGN_OR_RETURN(Trace t, ReadTraceFile(f));
+        FSDP_ASSIGN_OR_RETURN(Trace t, ReadReplayableTrace(f));
         out.traces.push_back(std::move(t));
       }
     }
@@ -193,7 +193,7 @@ StatusOr<LoadedTraces> LoadTraces(const Args& args) {
     out.per_rank = out.traces.size() > 1;
     return out;
   }
-  FSDP_ASSIGN_OR_RETURN(Trace t, ReadTraceFile(pos[0]));
+  FSDP_ASSIGN_OR_RETURN(Trace t, ReadReplayableTrace(pos[0]));
   out.traces.push_back(std::move(t));
   return out;
 }
