@@ -4,7 +4,8 @@ add_library(fsdplab_warnings INTERFACE)
 target_compile_options(fsdplab_warnings INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wnon-virtual-dtor -Wshadow
     -Wcast-align -Wunused -Woverloaded-virtual -Wnull-dereference -Wimplicit-fallthrough
-    -Wmisleading-indentation -Wduplicated-cond -Wlogical-op>
+    -Wmisleading-indentation>
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wduplicated-cond -Wlogical-op>
   $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${FSDPLAB_WERROR}>>:-Werror>
   $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${FSDPLAB_WERROR}>>:-Werror=all-warnings>)
 
@@ -13,6 +14,18 @@ if(FSDPLAB_SANITIZE)
   target_compile_options(fsdplab_sanitizers INTERFACE
     $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${FSDPLAB_SANITIZE} -fno-omit-frame-pointer>)
   target_link_options(fsdplab_sanitizers INTERFACE -fsanitize=${FSDPLAB_SANITIZE})
+  # UBSan reports and carries on by default: make a finding fail the test that hit it.
+  if(FSDPLAB_SANITIZE MATCHES "undefined")
+    target_compile_options(fsdplab_sanitizers INTERFACE
+      $<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize-recover=undefined>)
+  endif()
+endif()
+if(FSDPLAB_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "FSDPLAB_FUZZ needs clang (libFuzzer); the replay drivers build anywhere")
+  endif()
+  target_compile_options(fsdplab_sanitizers INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>)
 endif()
 
 # fsdplab_add_library(NAME ALIAS SOURCES ...): a component library with its public include dir.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: set up, build with warnings as errors, run every test (C++ and the
 # PyTorch recorder's, under Debian's torch 1.13 and under torch 2.x), the host executor's tests
-# under ThreadSanitizer, and the format check.
+# under ThreadSanitizer, the core, sim, inputs and host tests and the fuzz corpora under
+# AddressSanitizer + UBSan, and the format check.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -23,3 +24,10 @@ echo "== host executor under ThreadSanitizer =="
 cmake --preset tsan >/dev/null
 cmake --build --preset tsan -j"$jobs" --target fsdplab_host_tests
 ctest --preset tsan -j"$jobs"
+
+echo "== core, sim, inputs, host tests and fuzz corpora under ASan + UBSan =="
+cmake --preset asan >/dev/null
+cmake --build --preset asan -j"$jobs" --target fsdplab fsdplab_core_tests fsdplab_sim_tests \
+  fsdplab_inputs_tests fsdplab_host_tests fsdplab_fuzz_trace_reader_replay \
+  fsdplab_fuzz_policy_cluster_replay fsdplab_fuzz_nccl_tests_replay fsdplab_fuzz_args_replay
+ctest --preset asan -j"$jobs"

@@ -45,7 +45,11 @@ std::string OpName(const TimelineOp& op, const Model& model) {
   std::string unit =
       op.unit == kNoUnit ? std::string("(no unit)") : std::string(model.NameOf(op.unit));
   switch (op.kind) {
-    case OpKind::kCompute: return fmt::format("{} {}", unit, PhaseName(op.phase));
+    case OpKind::kCompute:
+      if (!op.name.empty()) {
+        return ComputeLabel(op.name, op.unit == kNoUnit ? "" : model.NameOf(op.unit), op.phase);
+      }
+      return fmt::format("{} {}", unit, PhaseName(op.phase));
     case OpKind::kAllGather: return fmt::format("all_gather {}", unit);
     case OpKind::kReduceScatter: return fmt::format("reduce_scatter {}", unit);
     case OpKind::kAllReduce: return fmt::format("all_reduce {}", unit);
@@ -145,6 +149,13 @@ std::string TimelineToChromeTrace(const Timeline& timeline, const Model& model) 
       if (op->kind == OpKind::kAllGather) args["reason"] = GatherReasonName(op->reason);
       if (op->event >= 0) args["event"] = op->event;
       if (clipped > 0) args["clipped_us"] = clipped;
+      if (!op->args_json.empty()) {
+        // The trace event's own args; one whose key fsdplab uses keeps it under "trace.<key>".
+        Json user = Json::parse(op->args_json, nullptr, /*allow_exceptions=*/false);
+        if (user.is_object()) {
+          for (auto& [k, v] : user.items()) args[args.contains(k) ? "trace." + k : k] = v;
+        }
+      }
       events.push_back(Json{{"ph", "X"},
                             {"name", OpName(*op, model)},
                             {"cat", OpKindName(op->kind)},

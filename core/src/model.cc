@@ -6,6 +6,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "fsdplab/core/limits.h"
+
 namespace fsdplab {
 namespace {
 
@@ -164,6 +166,12 @@ std::vector<Status> ModelBuilder::Problems() const {
   std::vector<Status> problems;
   auto add = [&problems](std::string msg) { problems.push_back(InvalidInput(std::move(msg))); };
 
+  if (static_cast<std::int64_t>(pending_.size()) > kMaxUnits) {
+    add(fmt::format("units: {} units is more than the {} a model may have", pending_.size(),
+                    kMaxUnits));
+    return problems;
+  }
+
   // Names: non-empty and unique. The first unit of a name is the one parents resolve to.
   std::unordered_map<std::string_view, std::size_t> first_of;
   for (std::size_t i = 0; i < pending_.size(); ++i) {
@@ -192,25 +200,27 @@ std::vector<Status> ModelBuilder::Problems() const {
     }
     parent_of[i] = it->second;
   }
-  // Walk up from each unit; a cycle is reported once, from its lowest index.
-  std::vector<bool> reported(pending_.size(), false);
+  // Walk up from each unit; a cycle is reported once, from its lowest index. Each unit is walked
+  // through once in all (state: 0 unvisited, 1 on the current path, 2 done), so a long chain of
+  // units costs linear time.
+  std::vector<std::uint8_t> state(pending_.size(), 0);
+  std::vector<std::size_t> path;
   for (std::size_t i = 0; i < pending_.size(); ++i) {
-    std::vector<std::size_t> path{i};
-    std::vector<bool> on_path(pending_.size(), false);
-    on_path[i] = true;
-    std::optional<std::size_t> cur = parent_of[i];
-    while (cur.has_value() && !on_path[*cur]) {
-      on_path[*cur] = true;
+    if (state[i] != 0) continue;
+    path.clear();
+    std::optional<std::size_t> cur = i;
+    while (cur.has_value() && state[*cur] == 0) {
+      state[*cur] = 1;
       path.push_back(*cur);
       cur = parent_of[*cur];
     }
-    if (!cur.has_value()) continue;
+    const bool cycle_found = cur.has_value() && state[*cur] == 1;
+    for (std::size_t c : path) state[c] = 2;
+    if (!cycle_found) continue;
     // *cur is on the path: the cycle is path[k..] back to *cur.
     auto start = std::find(path.begin(), path.end(), *cur);
     std::vector<std::size_t> cycle(start, path.end());
     std::size_t lowest = *std::min_element(cycle.begin(), cycle.end());
-    if (reported[lowest]) continue;
-    for (std::size_t c : cycle) reported[c] = true;
     // Print the cycle starting from its lowest index: a -> b -> a.
     auto low_it = std::find(cycle.begin(), cycle.end(), lowest);
     std::rotate(cycle.begin(), low_it, cycle.end());
@@ -220,8 +230,10 @@ std::vector<Status> ModelBuilder::Problems() const {
     add(fmt::format("units[{}].parent: parent cycle {}", lowest, names));
   }
 
-  // Parameters: valid shapes, numel agreeing with shape, each fully qualified name owned once.
+  // Parameters: valid shapes, numel agreeing with shape, sizes within the limits, each fully
+  // qualified name owned once.
   std::unordered_map<std::string, std::pair<std::size_t, std::size_t>> owner;
+  Bytes total_bytes = 0;
   for (std::size_t i = 0; i < pending_.size(); ++i) {
     const Pending& u = pending_[i];
     for (std::size_t j = 0; j < u.params.size(); ++j) {
@@ -245,6 +257,16 @@ std::vector<Status> ModelBuilder::Problems() const {
         add(fmt::format("{}: shape {} has {} elements but numel is {}", where, ShapeText(p.shape),
                         *from_shape, *p.numel));
       }
+      const Elements numel =
+          p.numel.has_value() ? *p.numel : (shape_ok ? from_shape.value_or(0) : 0);
+      if (numel > kMaxParamElements) {
+        add(fmt::format("{}: {} elements is more than the {} (2^48) a parameter may have", where,
+                        numel, kMaxParamElements));
+      } else if (shape_ok || p.numel.has_value()) {
+        // Both planes of an mxfp8 parameter, at most 4 bytes an element: no overflow below 2^48.
+        Bytes bytes = p.RowwiseBytes() + (p.dtype == DType::kMxfp8 ? p.ColumnwiseBytes() : 0);
+        total_bytes = total_bytes > kMaxModelBytes ? total_bytes : total_bytes + bytes;
+      }
       std::string fq = u.name + "." + p.name;
       auto [it, inserted] = owner.emplace(fq, std::make_pair(i, j));
       if (!inserted) {
@@ -252,6 +274,9 @@ std::vector<Status> ModelBuilder::Problems() const {
                         fq, it->second.first, it->second.second));
       }
     }
+  }
+  if (total_bytes > kMaxModelBytes) {
+    add(fmt::format("units: the parameters hold more than {} bytes (2^56) in all", kMaxModelBytes));
   }
   return problems;
 }

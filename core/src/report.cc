@@ -131,7 +131,7 @@ std::vector<OpReport> OpsOfFirstRank(const Timeline& timeline) {
   for (const TimelineOp& op : timeline.ops) {
     if (op.rank != first || (op.kind != OpKind::kCompute && !IsCollective(op.kind))) continue;
     out.push_back(OpReport{op.kind, op.unit, op.phase, op.reason, op.step, op.microbatch, op.event,
-                           op.start_us, op.end_us - op.start_us, op.bytes});
+                           op.start_us, op.end_us - op.start_us, op.bytes, op.name});
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const OpReport& a, const OpReport& b) { return a.start_us < b.start_us; });
@@ -368,6 +368,7 @@ std::string ReportToJson(const Report& r) {
            {"dur_us", op.dur_us},
            {"bytes", op.bytes}};
     if (op.kind == OpKind::kAllGather) j["reason"] = GatherReasonName(op.reason);
+    if (!op.name.empty()) j["name"] = op.name;
     ops.push_back(std::move(j));
   }
   doc["ops"] = std::move(ops);
@@ -476,6 +477,33 @@ std::string ReportToText(const Report& r) {
       line(fmt::format("{:<{}}  {:>7}  {:>6}  {:>8}  {:>5}  {:>11}  {:>11}  {:>11}", name, width,
                        u.gathers, u.demand, u.prefetch, u.first_unit, FormatBytes(u.gather_bytes),
                        FormatUs(u.gather_us), FormatUs(u.exposed_us)));
+    }
+  }
+  // Labelled computes (trace events with a `name`), in first-seen order.
+  std::vector<std::pair<std::string, std::pair<int, TimeUs>>> labelled;
+  for (const OpReport& op : r.ops) {
+    if (op.kind != OpKind::kCompute || op.name.empty()) continue;
+    std::string unit;
+    if (op.unit != kNoUnit) {
+      unit = static_cast<std::size_t>(op.unit) < r.unit_names.size()
+                 ? r.unit_names[static_cast<std::size_t>(op.unit)]
+                 : fmt::format("unit {}", op.unit);
+    }
+    std::string label = ComputeLabel(op.name, unit, op.phase);
+    auto it = std::find_if(labelled.begin(), labelled.end(),
+                           [&](const auto& e) { return e.first == label; });
+    if (it == labelled.end()) it = labelled.insert(labelled.end(), {label, {0, 0.0}});
+    it->second.first += 1;
+    it->second.second += op.dur_us;
+  }
+  if (!labelled.empty()) {
+    line("");
+    line("Labelled compute (rank 0, all steps; the trace events' names):");
+    std::size_t width = 5;
+    for (const auto& e : labelled) width = std::max(width, e.first.size());
+    line(fmt::format("{:<{}}  {:>5}  {:>11}", "label", width, "count", "time"));
+    for (const auto& [label, acc] : labelled) {
+      line(fmt::format("{:<{}}  {:>5}  {:>11}", label, width, acc.first, FormatUs(acc.second)));
     }
   }
   if (!r.notes.empty()) {

@@ -1,5 +1,7 @@
 #include "fsdplab/core/timeline.h"
 
+#include <fmt/format.h>
+
 namespace fsdplab {
 
 std::string_view TrackName(Track track) {
@@ -45,6 +47,25 @@ Bytes MemorySample::total() const {
   Bytes sum = 0;
   for (Bytes b : bytes) sum += b;
   return sum;
+}
+
+std::string ComputeLabel(std::string_view name, std::string_view unit, Phase phase) {
+  if (unit.empty()) {
+    return phase == Phase::kForward
+               ? fmt::format("{} (unowned compute)", name)
+               : fmt::format("{} (unowned {} compute)", name, PhaseName(phase));
+  }
+  return fmt::format("{} ({} {})", name, unit, PhaseName(phase));
+}
+
+void LabelTimeline(Timeline& timeline, const Trace& trace) {
+  for (TimelineOp& op : timeline.ops) {
+    if (op.kind != OpKind::kCompute || op.event < 0) continue;
+    const Event* ev = EventAt(trace, op.step, op.microbatch, op.event);
+    if (ev == nullptr || ev->op != Op::kCompute) continue;
+    op.name = ev->name;
+    op.args_json = ev->args_json;
+  }
 }
 
 }  // namespace fsdplab

@@ -77,6 +77,15 @@ std::optional<CollectiveKind> ParseCollectiveKind(std::string_view name) {
   return std::nullopt;
 }
 
+const Event* EventAt(const Trace& trace, int step, int microbatch, int event) {
+  if (trace.steps.empty() || step < 0 || microbatch < 0 || event < 0) return nullptr;
+  const Step& s = trace.steps[static_cast<std::size_t>(step) % trace.steps.size()];
+  if (static_cast<std::size_t>(microbatch) >= s.microbatches.size()) return nullptr;
+  const std::vector<Event>& events = s.microbatches[static_cast<std::size_t>(microbatch)].events;
+  if (static_cast<std::size_t>(event) >= events.size()) return nullptr;
+  return &events[static_cast<std::size_t>(event)];
+}
+
 namespace internal {
 
 std::string EventPath(std::size_t s, std::size_t m, std::size_t e) {

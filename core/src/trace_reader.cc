@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "fsdplab/core/file_util.h"
+#include "fsdplab/core/limits.h"
 #include "fsdplab/core/trace.h"
 #include "trace_checks.h"
 #include "trace_json.h"
@@ -62,6 +63,8 @@ enum class EventKey {
   kKind,
   kStartUs,
   kEndUs,
+  kName,
+  kArgs,
   kUnknown
 };
 
@@ -75,6 +78,8 @@ EventKey EventKeyOf(std::string_view key) {
     case 4:
       if (key == "unit") return EventKey::kUnit;
       if (key == "kind") return EventKey::kKind;
+      if (key == "name") return EventKey::kName;
+      if (key == "args") return EventKey::kArgs;
       break;
     case 5:
       if (key == "phase") return EventKey::kPhase;
@@ -137,6 +142,9 @@ class Reader final : public JsonWalker {
   R ParseParam(od::value& v, std::size_t u, std::size_t p, ParamSpec& out);
   R ParseSteps(od::value& v);
   R ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, Event& out);
+  // An event's `args`: a JSON object, kept as its compact text.
+  template <typename Where>
+  R ReadArgs(od::value& v, Where&& where, std::string& out);
   void IndexUnits();
   UnitId Lookup(std::string_view name);
 
@@ -305,6 +313,14 @@ R Reader::ParseUnits(od::value& v) {
   if (r != R::kOk) return r;
   r = Items(arr, where, [&](std::size_t i, od::value& uv) -> R {
     auto uwhere = [&] { return fmt::format("units[{}]", i); };
+    if (static_cast<std::int64_t>(i) >= kMaxUnits) {
+      // Stop here: the rest could only be refused too. Listed first, whatever else was found.
+      fatal_ = true;
+      problems_.insert(
+          problems_.begin(),
+          InvalidInput(fmt::format("units: more than the {} units a model may have", kMaxUnits)));
+      return R::kFatal;
+    }
     UnitRaw u;
     od::object obj;
     R x = Obj(uv, obj, uwhere);
@@ -388,6 +404,24 @@ UnitId Reader::Lookup(std::string_view name) {
   return last_id_;
 }
 
+template <typename Where>
+R Reader::ReadArgs(od::value& v, Where&& where, std::string& out) {
+  od::object obj;
+  R r = Obj(v, obj, where);
+  if (r != R::kOk) return r;
+  std::string_view raw;
+  if (auto err = obj.raw_json().get(raw)) return Fatal(err, where());
+  // On-demand skips an object without checking its scalars: nlohmann checks them and gives the
+  // compact text the writer prints back (key order kept).
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(raw, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    Add(fmt::format("{}: not a readable JSON object", where()));
+    return R::kBad;
+  }
+  out = j.dump();
+  return R::kOk;
+}
+
 R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, Event& out) {
   auto where = [&] { return EventPath(s, m, e); };
   od::object obj;
@@ -462,8 +496,22 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
         x = Double(fv, out.end_us, fwhere);
         has_end = true;
         break;
+      case EventKey::kName: {
+        std::string_view name;
+        x = Str(fv, name, fwhere);
+        if (x == R::kOk && name.empty()) {
+          Add(fmt::format("{}: empty label (leave the key out for none)", fwhere()));
+          x = R::kBad;
+        }
+        if (x == R::kOk) out.name = std::string(name);
+        break;
+      }
+      case EventKey::kArgs: x = ReadArgs(fv, fwhere, out.args_json); break;
       case EventKey::kUnknown:
-        Add(fmt::format("{}: unknown key '{}'", where(), key));
+        Add(
+            fmt::format("{}: unknown key '{}' (an event has op, unit, phase, us, saved_bytes, "
+                        "ts_us, kind, bytes, start_us, end_us, name, args)",
+                        where(), key));
         x = R::kBad;
         break;
     }

@@ -97,12 +97,36 @@ void AppendEvent(Buffer& out, const Event& ev, const Model& model) {
     out.append(std::string_view(", \"ts_us\": "));
     AppendNumber(out, *ev.ts_us);
   }
+  if (!ev.name.empty()) {
+    out.append(std::string_view(", \"name\": "));
+    AppendEscaped(out, ev.name);
+  }
+  if (!ev.args_json.empty()) {
+    out.append(std::string_view(", \"args\": "));
+    out.append(ev.args_json);
+  }
   out.push_back('}');
 }
 
 // The fields an event of this op carries in the format; others are not compared.
+bool SameExtra(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  auto ja = nlohmann::ordered_json::parse(a, nullptr, false);
+  auto jb = nlohmann::ordered_json::parse(b, nullptr, false);
+  if (ja.is_discarded() || jb.is_discarded()) return false;
+  return ja == jb;
+}
+
+bool SameArgs(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return a.empty() && b.empty();
+  return SameExtra(a, b);
+}
+
 bool SameEvent(const Event& a, const Event& b) {
-  if (a.op != b.op || a.ts_us != b.ts_us) return false;
+  if (a.op != b.op || a.ts_us != b.ts_us || a.name != b.name ||
+      !SameArgs(a.args_json, b.args_json)) {
+    return false;
+  }
   if (a.op != Op::kBackwardEnd && a.unit != b.unit) return false;
   if (a.op == Op::kCompute) {
     return a.phase == b.phase && a.us == b.us && a.saved_bytes == b.saved_bytes;
@@ -112,14 +136,6 @@ bool SameEvent(const Event& a, const Event& b) {
            a.end_us == b.end_us;
   }
   return true;
-}
-
-bool SameExtra(const std::string& a, const std::string& b) {
-  if (a == b) return true;
-  auto ja = nlohmann::ordered_json::parse(a, nullptr, false);
-  auto jb = nlohmann::ordered_json::parse(b, nullptr, false);
-  if (ja.is_discarded() || jb.is_discarded()) return false;
-  return ja == jb;
 }
 
 }  // namespace

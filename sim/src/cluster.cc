@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -51,6 +53,10 @@ Status ParseSegments(const json& arr, std::string_view where, std::vector<Segmen
       FSDP_ASSIGN_OR_RETURN(d, NumberField(s, key, at));
       if (key == "min_bytes" || key == "max_bytes") {
         if (d < 0) return InvalidInput(fmt::format("{}.{}: negative size", at, key));
+        // 2^64 and above do not convert to a byte count (undefined behaviour in the cast).
+        if (d >= 18446744073709551616.0) {
+          return InvalidInput(fmt::format("{}.{}: {:g} is out of range", at, key, d));
+        }
         (key == "min_bytes" ? seg.min_bytes : seg.max_bytes) = static_cast<Bytes>(d);
       } else if (key == "latency_us") {
         seg.latency_us = d;
@@ -290,6 +296,14 @@ StatusOr<Cluster> ParseClusterJson(std::string_view json_text) {
       if (!value.is_number_integer()) {
         return InvalidInput(fmt::format("cluster.{}: expected an integer", key));
       }
+      // get<int>() would wrap a larger integer around (2^32 + 8 ranks read as 8).
+      const bool fits = value.is_number_unsigned()
+                            ? value.get<std::uint64_t>() <= std::numeric_limits<int>::max()
+                            : value.get<std::int64_t>() >= std::numeric_limits<int>::min() &&
+                                  value.get<std::int64_t>() <= std::numeric_limits<int>::max();
+      if (!fits) {
+        return InvalidInput(fmt::format("cluster.{}: {} is out of range", key, value.dump()));
+      }
       (key == "world_size" ? c.world_size : c.gpus_per_node) = value.get<int>();
     } else if (key == "intra") {
       FSDP_RETURN_IF_ERROR(ParseTier(value, "cluster.intra", c.intra));
@@ -321,7 +335,8 @@ StatusOr<Cluster> ParseClusterJson(std::string_view json_text) {
             fmt::format("cluster.format: {} is not \"fsdplab.cluster\"", value.dump()));
       }
     } else if (key == "version") {
-      if (!value.is_number_integer() || value.get<int>() < 1 || value.get<int>() > 2) {
+      if (!value.is_number_integer() || value.get<std::int64_t>() < 1 ||
+          value.get<std::int64_t>() > 2) {
         return InvalidInput(
             fmt::format("cluster.version: {} (this fsdplab reads versions 1 and 2)", value.dump()));
       }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "fsdplab/core/limits.h"
 #include "memory_bound.h"
 #include "program.h"
 
@@ -143,6 +144,25 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
     if (t->steps.empty()) return InvalidInput("trace: no steps to simulate");
   }
   int steps = options.steps > 0 ? options.steps : static_cast<int>(first.steps.size());
+  if (steps > kMaxSteps) {
+    return UsageError(
+        fmt::format("--steps: {} is more than the {} steps a run may have", steps, kMaxSteps));
+  }
+  // Every replayed event becomes commands and timeline ops: bound them before building any.
+  std::int64_t events_per_pass = 0;
+  for (const Step& st : first.steps) {
+    for (const Microbatch& mb : st.microbatches) {
+      events_per_pass += static_cast<std::int64_t>(mb.events.size());
+    }
+  }
+  const std::int64_t per_step =
+      (events_per_pass + static_cast<std::int64_t>(first.steps.size()) - 1) /
+      static_cast<std::int64_t>(first.steps.size());
+  if (per_step > 0 && steps > kMaxReplayedEvents / per_step) {
+    return UsageError(fmt::format(
+        "--steps: {} steps of about {} events each is more than the {} events a run may replay",
+        steps, per_step, kMaxReplayedEvents));
+  }
 
   SimResult result;
   Timeline& tl = result.timeline;

@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "fsdplab/core/limits.h"
+
 namespace fsdplab::synth {
 namespace {
 
@@ -160,6 +162,22 @@ Status ValidateSynthConfig(const SynthConfig& c) {
   }
   if (c.microbatches < 1) return bad("microbatches", "must be at least 1");
   if (c.steps < 1) return bad("steps", "must be at least 1");
+  // Limits, before anything is built: a unit per layer, a few events per layer call.
+  if (c.layers > kMaxUnits - 1) {
+    return bad("layers",
+               fmt::format("{} is more than the {} units a model may have", c.layers, kMaxUnits));
+  }
+  if (c.steps > kMaxSteps) {
+    return bad("steps",
+               fmt::format("{} is more than the {} steps a run may have", c.steps, kMaxSteps));
+  }
+  // In double: the product of three counts can pass 2^63.
+  const double events = static_cast<double>(c.steps) * c.microbatches * (8.0 * c.layers + 8);
+  if (events > static_cast<double>(kMaxReplayedEvents)) {
+    return bad("steps", fmt::format("{} steps x {} microbatches x {} layers make about {:.3g} "
+                                    "events, more than the {} a trace may hold",
+                                    c.steps, c.microbatches, c.layers, events, kMaxReplayedEvents));
+  }
   if (c.shared_layers < 0 || c.shared_layers >= c.layers) {
     return bad("shared_layers",
                fmt::format("{} must be in [0, layers) = [0, {})", c.shared_layers, c.layers));

@@ -227,6 +227,34 @@ TEST(PolicyFlags, GridUnitListsUseSemicolons) {
   EXPECT_NE(g2.status().message().find("'lots' is not a budget"), std::string::npos);
 }
 
+TEST(PolicyGrid, TooManyCombinationsIsRejectedBeforeBuildingThem) {
+  // Three flags of 1,000 alternatives each: 10^9 policies, which were all built (minutes and
+  // tens of GB) before the bound. The limit is 2^16 = 65,536 combinations; 1,000 x 65 = 65,000
+  // is allowed and 1,000 x 66 is not.
+  auto list = [](int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) {
+      if (i > 0) s.push_back(',');
+      s.append(std::to_string(i % 3));
+    }
+    return s;
+  };
+  std::vector<std::string> varied;
+  cli::Args huge = Parsed({"--forward-prefetch", list(1000), "--backward-prefetch", list(1000),
+                           "--forward-prefetch", list(1000)});
+  StatusOr<std::vector<Policy>> g = cli::PolicyGridFromArgs(huge, Layers(), &varied);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kUsage);
+  EXPECT_EQ(g.status().message(),
+            "the policy flags give more than 65536 combinations to sweep; narrow the lists");
+  cli::Args over = Parsed({"--forward-prefetch", list(1000), "--backward-prefetch", list(66)});
+  EXPECT_FALSE(cli::PolicyGridFromArgs(over, Layers(), &varied).ok());
+  cli::Args at = Parsed({"--forward-prefetch", list(1000), "--backward-prefetch", list(65)});
+  StatusOr<std::vector<Policy>> ok = cli::PolicyGridFromArgs(at, Layers(), &varied);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->size(), 65000u);
+}
+
 TEST(FieldFlags, ErrorsNamingFieldsAreWrittenWithFlags) {
   using cli::FlagScope;
   using cli::InFlags;

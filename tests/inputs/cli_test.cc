@@ -274,5 +274,53 @@ TEST_F(CliTest, SynthWritesAValidTrace) {
   EXPECT_NE(Slurp("err").find("--recompute"), std::string::npos);
 }
 
+// Limits on what a command line asks for (core/limits.h): rejected, naming the limit, before
+// anything is allocated. `--steps 2^40` used to be cast to int (0) and silently run the
+// default 2 steps; `synth --steps 2^30` built a trace of 2^30 step copies.
+TEST_F(CliTest, AbsurdStepsAndSizesAreRejected) {
+  const std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json";
+  EXPECT_EQ(Run("simulate " + trace + " --steps 1099511627776"), 1);
+  EXPECT_NE(Slurp("err").find("--steps: 1099511627776 is more than the 1048576 steps a run may "
+                              "have"),
+            std::string::npos)
+      << Slurp("err");
+  EXPECT_EQ(Run("schedule " + trace + " --steps 2147483648"), 1);
+  EXPECT_NE(Slurp("err").find("--steps: 2147483648 is more than the 1048576 steps"),
+            std::string::npos)
+      << Slurp("err");
+  // Within the step limit, but 2^20 steps of gpt_small's events are more than 2^24 events.
+  EXPECT_EQ(Run("simulate " + trace + " --steps 1048576"), 1);
+  EXPECT_NE(Slurp("err").find("is more than the 16777216 events a run may replay"),
+            std::string::npos)
+      << Slurp("err");
+  EXPECT_EQ(Run("synth --layers 1000000000 -o " + (dir_ / "t.json").string()), 1);
+  EXPECT_NE(Slurp("err").find("1000000000 is more than the 1048576 units a model may have"),
+            std::string::npos)
+      << Slurp("err");
+  EXPECT_EQ(Run("synth --steps 1000000 --microbatches 1000 -o " + (dir_ / "t.json").string()), 1);
+  EXPECT_NE(Slurp("err").find("more than the 16777216 a trace may hold"), std::string::npos)
+      << Slurp("err");
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "t.json"));
+}
+
+// A cluster's integers were read with get<int>(), which wraps: 2^32 + 8 ranks read as 8, and a
+// segment size of 1e30 was cast to an integer (undefined behaviour).
+TEST(ClusterLimits, OutOfRangeNumbersAreRejected) {
+  StatusOr<sim::Cluster> wrap = sim::ParseClusterJson(R"({"world_size": 4294967304})");
+  ASSERT_FALSE(wrap.ok());
+  EXPECT_EQ(wrap.status().message(), "cluster.world_size: 4294967304 is out of range");
+  StatusOr<sim::Cluster> neg = sim::ParseClusterJson(R"({"gpus_per_node": -4294967288})");
+  ASSERT_FALSE(neg.ok());
+  EXPECT_EQ(neg.status().message(), "cluster.gpus_per_node: -4294967288 is out of range");
+  StatusOr<sim::Cluster> seg = sim::ParseClusterJson(
+      R"({"calibration": {"all_gather": {"intra": [{"min_bytes": 0, "max_bytes": 1e30,
+          "latency_us": 1, "bandwidth_GBps": 1}]}}})");
+  ASSERT_FALSE(seg.ok());
+  EXPECT_EQ(seg.status().message(),
+            "cluster.calibration.all_gather.intra[0].max_bytes: 1e+30 is out of range");
+  StatusOr<sim::Cluster> version = sim::ParseClusterJson(R"({"version": 4294967297})");
+  ASSERT_FALSE(version.ok());  // read as 1 before
+}
+
 }  // namespace
 }  // namespace fsdplab

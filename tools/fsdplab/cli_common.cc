@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "fsdplab/core/file_util.h"
+#include "fsdplab/core/limits.h"
 #include "fsdplab/core/policy_fields.h"
 #include "fsdplab/core/trace_structure.h"
 
@@ -114,8 +115,17 @@ StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Model& 
   }
   std::vector<Policy> grid;
   std::vector<std::size_t> idx(dims.size(), 0);
+  // Every combination is built: bound their number before building any (a few flags with many
+  // alternatives would otherwise multiply past memory, or past 64 bits).
   std::size_t combos = 1;
-  for (const Dim& d : dims) combos *= d.values.size();
+  for (const Dim& d : dims) {
+    if (d.values.size() > kMaxSweepPolicies / combos) {
+      return UsageError(
+          fmt::format("the policy flags give more than {} combinations to sweep; narrow the lists",
+                      kMaxSweepPolicies));
+    }
+    combos *= d.values.size();
+  }
   Status first_error;
   for (std::size_t c = 0; c < combos; ++c) {
     Policy p = base;

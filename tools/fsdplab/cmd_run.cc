@@ -245,6 +245,7 @@ Status Run(const Args& args, bool record) {
     fmt::print(stderr, "record: {} steps of {} ranks on the {} backend; rank {} written to {}\n",
                options.steps, options.world_size, backend, record_rank, *args.Get("-o"));
   } else {
+    LabelTimeline(result.timeline, trace);
     ReportInputs in;
     in.model = &trace.model;
     in.policy = &options.policy;

@@ -6,6 +6,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/core/command.h"
+#include "fsdplab/core/limits.h"
 #include "fsdplab/core/scheduler.h"
 #include "fsdplab/core/trace.h"
 
@@ -109,6 +110,11 @@ int RunSchedule(const Argv& argv) {
     StatusOr<std::int64_t> n = ParseInt(*v, "--steps");
     if (!n.ok()) return Fail(kCmd, n.status());
     if (*n < 1) return Fail(kCmd, UsageError("--steps must be at least 1"));
+    if (*n > kMaxSteps) {
+      return Fail(kCmd,
+                  UsageError(fmt::format("--steps: {} is more than the {} steps a run may have", *n,
+                                         kMaxSteps)));
+    }
     steps = static_cast<int>(*n);
   }
   if (auto v = args.Get("--world-size")) {

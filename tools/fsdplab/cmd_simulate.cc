@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "fsdplab/core/chrome_trace.h"
 #include "fsdplab/core/file_util.h"
+#include "fsdplab/core/limits.h"
 #include "fsdplab/core/report.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/sim/cluster.h"
@@ -109,6 +110,10 @@ Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& o) {
   if (std::optional<std::string> v = args.Get("--steps")) {
     FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--steps"));
     if (n < 1) return UsageError("--steps: must be at least 1");
+    if (n > kMaxSteps) {
+      return UsageError(
+          fmt::format("--steps: {} is more than the {} steps a run may have", n, kMaxSteps));
+    }
     o.steps = static_cast<int>(n);
   }
   if (std::optional<std::string> v = args.Get("--launch-us")) {
@@ -252,6 +257,7 @@ int RunSimulate(const Argv& argv) {
     return sim::SimulateRanks(ptrs, opt);
   }();
   if (!result.ok()) return Fail(kCmd, result.status());
+  LabelTimeline(result->timeline, first);
 
   ReportInputs in;
   in.model = &first.model;

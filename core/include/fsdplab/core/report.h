@@ -73,6 +73,7 @@ struct OpReport final {
   TimeUs start_us = 0;
   TimeUs dur_us = 0;
   Bytes bytes = 0;
+  std::string name;  // a compute's trace label (`name`), empty if none
 };
 
 struct ReportSummary final {

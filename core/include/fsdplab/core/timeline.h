@@ -49,6 +49,10 @@ struct TimelineOp final {
   TimeUs end_us = 0;
   // For a compute: the ids of the gathers it waited on (flow arrows in the Chrome trace).
   std::vector<std::int64_t> waited_on;
+  // For a compute: its trace event's `name` and `args` (JSON object text); empty when it has none.
+  // Filled by LabelTimeline.
+  std::string name;
+  std::string args_json;
 };
 
 enum class MemoryCategory : std::uint8_t {
@@ -81,5 +85,14 @@ struct Timeline final {
   std::vector<std::string> warnings;
   std::vector<std::string> notes;  // e.g. "collectives emulated as copies"
 };
+
+// Copies each compute event's `name` and `args` from `trace` onto the compute ops it caused, so
+// reports and Chrome traces can show them. Ops of any rank are labelled from `trace` (per-rank
+// traces share their event structure).
+void LabelTimeline(Timeline& timeline, const Trace& trace);
+
+// How reports and timelines show a labelled compute: "optimizer (unowned compute)" for work no
+// unit owns (`unit` empty), "attention (model.layers.0 forward)" for a unit's.
+std::string ComputeLabel(std::string_view name, std::string_view unit, Phase phase);
 
 }  // namespace fsdplab

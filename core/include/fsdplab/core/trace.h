@@ -52,6 +52,10 @@ struct Event final {
   Bytes bytes = 0;
   TimeUs start_us = 0;
   TimeUs end_us = 0;
+  // Any op: a label for reports and timelines ("optimizer", "loss"; empty: none), and a free JSON
+  // object kept on round trip and exported as Chrome trace args (its text; empty: none).
+  std::string name;
+  std::string args_json;
   friend bool operator==(const Event&, const Event&) = default;
 };
 
@@ -98,6 +102,10 @@ struct Trace final {
   Model model;
   std::vector<Step> steps;
 };
+
+// The event of `trace` that (step, microbatch, event) indexes, as the scheduler numbers them
+// (a step past the trace's last repeats it: step % steps), or nullptr when there is none.
+const Event* EventAt(const Trace& trace, int step, int microbatch, int event);
 
 // Structural equality (meta, units with params, steps): what a round trip must preserve.
 bool SameTrace(const Trace& a, const Trace& b);
