@@ -24,6 +24,22 @@ namespace {
 using testing::TinySpec;
 using testing::TinyTrace;
 
+// Under the sanitizers (CI runs the host tests under TSan and ASan) live runs are 3-10x slower:
+// fewer cases there, all of them in the plain build.
+#if defined(__SANITIZE_THREAD__)
+constexpr int kRandomCases = 8;
+constexpr int kSampleCases = 2;
+constexpr bool kThreadSanitizer = true;
+#elif defined(__SANITIZE_ADDRESS__)
+constexpr int kRandomCases = 16;
+constexpr int kSampleCases = 9;
+constexpr bool kThreadSanitizer = false;
+#else
+constexpr int kRandomCases = 60;
+constexpr int kSampleCases = 9;
+constexpr bool kThreadSanitizer = false;
+#endif
+
 struct CrossCase {
   std::string name;
   Trace trace;
@@ -131,6 +147,7 @@ std::vector<CrossCase> SampleCases() {
     StatusOr<Trace> t =
         ReadTraceFile(std::string(FSDPLAB_TRACES_DIR) + "/" + std::string(name) + ".json");
     if (!t.ok()) continue;
+    if (static_cast<int>(out.size()) >= kSampleCases) break;
     out.push_back(CrossCase{.name = name, .trace = std::move(*t), .policy = {}});
   }
   return out;
@@ -185,13 +202,14 @@ std::vector<CrossCase> RandomCases(int n, std::uint32_t seed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Samples, CrossExecutor, ::testing::ValuesIn(SampleCases()), CaseName);
-INSTANTIATE_TEST_SUITE_P(Seeded, CrossExecutor, ::testing::ValuesIn(RandomCases(60, 20261130)),
-                         CaseName);
+INSTANTIATE_TEST_SUITE_P(Seeded, CrossExecutor,
+                         ::testing::ValuesIn(RandomCases(kRandomCases, 20261130)), CaseName);
 
 // The regression that started this: an unowned compute keeps activations until the pass ends.
 // The host once dropped PassEnd, so they piled up step after step (749 -> 1050 MB over 4 steps
 // of gpt_small) while the simulator stayed flat. Every step must now end where the first did.
 TEST(CrossExecutorRegression, PassEndFreesUnownedActivationsEveryStep) {
+  if (kThreadSanitizer) GTEST_SKIP() << "gpt_small's 4 live steps take minutes under TSan";
   StatusOr<Trace> t = ReadTraceFile(std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json");
   ASSERT_TRUE(t.ok()) << t.status().message();
   bool set = false;
