@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: set up, build with warnings as errors, run every test (C++ and the
 # PyTorch recorder's, under Debian's torch 1.13 and under torch 2.x), the host executor's tests
-# under ThreadSanitizer, the core, sim, inputs and host tests and the fuzz corpora under
-# AddressSanitizer + UBSan, and the format check.
+# under ThreadSanitizer, and the format check. (The `asan` preset and its test preset run the
+# core, sim, inputs and host tests and the fuzz corpora under ASan + UBSan; not yet in this
+# script: it has not been run clean and timed on the CI machine, see issue 17.)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -24,10 +25,3 @@ echo "== host executor under ThreadSanitizer =="
 cmake --preset tsan >/dev/null
 cmake --build --preset tsan -j"$jobs" --target fsdplab_host_tests
 ctest --preset tsan -j"$jobs"
-
-echo "== core, sim, inputs, host tests and fuzz corpora under ASan + UBSan =="
-cmake --preset asan >/dev/null
-cmake --build --preset asan -j"$jobs" --target fsdplab fsdplab_core_tests fsdplab_sim_tests \
-  fsdplab_inputs_tests fsdplab_host_tests fsdplab_fuzz_trace_reader_replay \
-  fsdplab_fuzz_policy_cluster_replay fsdplab_fuzz_nccl_tests_replay fsdplab_fuzz_args_replay
-ctest --preset asan -j"$jobs"
