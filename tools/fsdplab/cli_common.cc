@@ -51,7 +51,9 @@ std::vector<std::pair<std::string, std::string>> GivenPolicyFlags(const Args& ar
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& [flag, value] : args.Given()) {
     if (FieldOfFlag(flag) == nullptr) continue;
-    auto same = [&](const auto& p) { return p.first == flag; };
+    // A named copy: clang before 16 cannot capture a structured binding.
+    const std::string& name = flag;
+    auto same = [&](const auto& p) { return p.first == name; };
     out.erase(std::remove_if(out.begin(), out.end(), same), out.end());
     out.emplace_back(flag, value);
   }
