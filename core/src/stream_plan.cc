@@ -115,6 +115,18 @@ void StreamPlanner::Push(PlanOp op) {
   ops_.push_back(std::move(op));
 }
 
+// A collective over its parts: the op's bytes are the parts' sums. Returns the bytes moved.
+Bytes StreamPlanner::PushCollective(PlanOp op, const std::vector<CollectivePart>& parts) {
+  for (const CollectivePart& part : parts) {
+    op.bytes += part.bytes;
+    op.shard_bytes += part.shard_bytes;
+  }
+  op.parts = parts;
+  const Bytes moved = op.bytes;
+  Push(std::move(op));
+  return moved;
+}
+
 int StreamPlanner::Record(int stream, bool timed) {
   const auto s = static_cast<std::size_t>(stream);
   const int slot = static_cast<int>(slots_.size());
@@ -382,13 +394,7 @@ Status StreamPlanner::LowerGather(const GatherCmd& cmd, const CommandOrigin& ori
             .planes = planes,
             .timeline_op = static_cast<int>(timeline_.size()),
             .origin = origin};
-  for (const CollectivePart& part : parts) {
-    op.bytes += part.bytes;
-    op.shard_bytes += part.shard_bytes;
-  }
-  op.parts = parts;
-  const Bytes moved = op.bytes;
-  Push(std::move(op));
+  const Bytes moved = PushCollective(std::move(op), parts);
   for (const CollectivePart& part : parts) {
     filled_at_[static_cast<std::size_t>(part.buffer)] = pos_[static_cast<std::size_t>(s)];
   }
@@ -670,13 +676,7 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
             .phase = Phase::kBackward,
             .timeline_op = id,
             .origin = origin};
-  for (const CollectivePart& part : parts) {
-    op.bytes += part.bytes;
-    op.shard_bytes += part.shard_bytes;
-  }
-  op.parts = parts;
-  const Bytes moved = op.bytes;
-  Push(std::move(op));
+  const Bytes moved = PushCollective(std::move(op), parts);
   const int end = Record(s, /*timed=*/true);
   TimelineOp t = Planned(s == kPlanAllGather ? Track::kAllGather : Track::kReduceScatter,
                          all_reduce ? OpKind::kAllReduce : OpKind::kReduceScatter, cmd.unit,

@@ -258,6 +258,8 @@ class StreamPlanner final : public CommandSink {
   Status LowerStepEnd(const CommandOrigin& origin);
 
   void Push(PlanOp op);  // appends; advances the stream position; records buffer uses
+  // A collective over `parts` (its bytes are their sums); returns the bytes it moves.
+  Bytes PushCollective(PlanOp op, const std::vector<CollectivePart>& parts);
   int Record(int stream, bool timed);
   void Wait(int stream, int slot, int timeline_op = -1);
   // Alloc / free on `stream`, accounted in `category` (buffer -1: accounting only).
