@@ -465,6 +465,7 @@ Status HostExecutor::RunGather(const PlanOp& cmd, std::int64_t op_id, bool misma
       Context(origin, cmd.unit,
               fmt::format("all_gather ({}, {})", GatherReasonName(cmd.reason), cmd.planes.Name()));
   const std::vector<GroupLayout>& groups = data_.groups(cmd.unit);
+  const bool checked = Checked(origin);
   struct Out {
     int group;
     int plane;
@@ -481,7 +482,11 @@ Status HostExecutor::RunGather(const PlanOp& cmd, std::int64_t op_id, bool misma
     PlaneBuffer buffer = pool_.Get(part.bytes);
     // A recycled buffer may already hold this unit's parameters; when checking, poison it so
     // that only the collective can make the comparison below pass.
-    if (config_.check) std::fill(buffer->begin(), buffer->end(), std::byte{0xa5});
+    if (checked) {
+      const TimeUs begin = control_.NowUs();
+      std::fill(buffer->begin(), buffer->end(), std::byte{0xa5});
+      CheckOp(origin, cmd.stream, cmd.unit, begin, stats_.check_gather_us);
+    }
     Segment seg;
     seg.input =
         shards_[static_cast<std::size_t>(cmd.unit)][static_cast<std::size_t>(part.group)][p].data();
@@ -505,7 +510,8 @@ Status HostExecutor::RunGather(const PlanOp& cmd, std::int64_t op_id, bool misma
              [static_cast<std::size_t>(out.plane)] = out.buffer;
     }
   }
-  if (config_.check) {
+  if (checked) {
+    const TimeUs begin = control_.NowUs();
     for (const Out& out : outs) {
       const GroupLayout& gl = groups[static_cast<std::size_t>(out.group)];
       const Bytes n = gl.plane_bytes[static_cast<std::size_t>(out.plane)];
@@ -517,6 +523,7 @@ Status HostExecutor::RunGather(const PlanOp& cmd, std::int64_t op_id, bool misma
       }
       stats_.gathered_bytes_checked += n;
     }
+    CheckOp(origin, cmd.stream, cmd.unit, begin, stats_.check_gather_us);
   }
   TimelineOp op = NewOp(origin, TrackAt(cmd.stream), OpKind::kAllGather, cmd.unit);
   op.id = op_id;
@@ -644,11 +651,13 @@ Status HostExecutor::RunCompute(const PlanOp& cmd, std::uint64_t grad_gen, bool 
     // The emulated kernel writes its gradients; only when they are checked does that cost CPU,
     // and a kernel whose real work outlasts its duration lasts as long as the work.
     const Clock::time_point work_begin = Clock::now();
-    if (grads && config_.check) {
+    const bool checked = grads && Checked(cmd.origin);
+    if (checked) {
       AccumulateGrads(data_, cmd.unit, grad_pattern_[static_cast<std::size_t>(cmd.unit)], fresh,
                       *grads);
     }
     const Clock::duration work = Clock::now() - work_begin;
+    if (checked) stats_.check_compute_us += std::chrono::duration<double, std::micro>(work).count();
     if (work > duration) {
       ++stats_.overruns;
       stats_.overrun_sum_us += std::chrono::duration<double, std::micro>(work - duration).count();
@@ -763,13 +772,17 @@ Status HostExecutor::RunReduce(const PlanOp& cmd, std::uint64_t gen) {
   if (!times.ok()) return times.status();
   // The fp32 accumulation of the reduced shards only feeds the check: without it the stream
   // goes straight on to its next collective, as a device stream would.
-  auto& reduced = reduced_[static_cast<std::size_t>(cmd.unit)];
-  for (std::size_t g = 0; g < groups.size() && config_.check; ++g) {
-    const GroupLayout& gl = groups[g];
-    std::vector<float>& acc = reduced[g];
-    for (std::size_t i = 0; i < acc.size(); ++i) {
-      acc[i] += LoadElement(gl.reduce_dtype, outs[g]->data(), i);
+  if (Checked(origin)) {
+    const TimeUs begin = control_.NowUs();
+    auto& reduced = reduced_[static_cast<std::size_t>(cmd.unit)];
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const GroupLayout& gl = groups[g];
+      std::vector<float>& acc = reduced[g];
+      for (std::size_t i = 0; i < acc.size(); ++i) {
+        acc[i] += LoadElement(gl.reduce_dtype, outs[g]->data(), i);
+      }
     }
+    CheckOp(origin, cmd.stream, cmd.unit, begin, stats_.check_reduce_us);
   }
   if (counted) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -785,16 +798,28 @@ Status HostExecutor::RunReduce(const PlanOp& cmd, std::uint64_t gen) {
   return Status::Ok();
 }
 
+// A check that ran on `stream` from `begin` to now: drawn on the stream's track (so that the
+// checked step's window covers it and the timeline shows it) and added to `total`.
+void HostExecutor::CheckOp(const CommandOrigin& origin, int stream, UnitId unit, TimeUs begin,
+                           TimeUs& total) {
+  TimelineOp op = NewOp(origin, TrackAt(stream), OpKind::kCheck, unit);
+  op.start_us = begin;
+  op.end_us = control_.NowUs();
+  total += op.end_us - op.start_us;
+  ops_[static_cast<std::size_t>(stream)].push_back(std::move(op));
+}
+
+Status HostExecutor::DrainStreams(const OpContext& ctx) {
+  if (control_.aborted()) return control_.AbortedError(ctx);
+  Status status = compute_->Drain(ctx);
+  if (status.ok()) status = all_gather_->Drain(ctx);
+  if (status.ok() && reduce_scatter_) status = reduce_scatter_->Drain(ctx);
+  if (!status.ok() && !control_.aborted()) control_.Fail(rank_, status);
+  return status;
+}
+
 Status HostExecutor::Finish(const OpContext& ctx) {
-  Status status;
-  if (!control_.aborted()) {
-    status = compute_->Drain(ctx);
-    if (status.ok()) status = all_gather_->Drain(ctx);
-    if (status.ok() && reduce_scatter_) status = reduce_scatter_->Drain(ctx);
-    if (!status.ok() && !control_.aborted()) control_.Fail(rank_, status);
-  } else {
-    status = control_.AbortedError(ctx);
-  }
+  const Status status = DrainStreams(ctx);
   compute_->Close();
   all_gather_->Close();
   if (reduce_scatter_) reduce_scatter_->Close();

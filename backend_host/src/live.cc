@@ -72,7 +72,7 @@ struct RankRun {
 };
 
 void RunRankHost(const Trace& trace, const LiveOptions& options, RunControl& control,
-                 HostExecutor& executor, RankRun& run) {
+                 RankBarrier& barrier, int check_step, HostExecutor& executor, RankRun& run) {
   const int rank = executor.rank();
   const Model& model = trace.model;
   Scheduler scheduler(model, options.policy, options.world_size);
@@ -101,6 +101,14 @@ void RunRankHost(const Trace& trace, const LiveOptions& options, RunControl& con
     if (status.ok()) {
       run.position = OpContext{rank, s, 0, "(none)", "step end"};
       status = scheduler.StepEnd(executor);
+    }
+    // The checked step ends on every stream of every rank before the next step is issued, so
+    // that none of its checks runs inside a measured step.
+    if (status.ok() && options.check && s == check_step && s + 1 < options.steps) {
+      run.position = OpContext{rank, s, 0, "(none)", "end of the checked step"};
+      status = executor.DrainStreams(run.position);
+      if (status.ok()) status = barrier.Arrive(rank, run.position);
+      if (!status.ok() && !control.aborted()) control.Fail(rank, status);
     }
   }
   if (!status.ok()) {
@@ -147,6 +155,7 @@ void CheckGradients(const ModelData& data, const LiveOptions& options, std::int6
       static_cast<std::size_t>(w));
   std::vector<std::map<UnitId, GradBuffers>> patterns(static_cast<std::size_t>(w));
   for (const GradEvent& ev : events) {
+    if (ev.origin.step != check.step) continue;  // only the checked step's gradients are kept
     if (!ev.reduce) {
       for (int q = 0; q < w; ++q) {
         auto& map = pending[static_cast<std::size_t>(q)];
@@ -235,6 +244,7 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   config.gemm_tokens = host_options.gemm_tokens;
   config.seed = options.seed;
   config.check = options.check;
+  config.check_step = 0;
   config.fault = FaultInjection{.rank = options.fail_rank,
                                 .op = options.fail_op,
                                 .step = options.fail_step,
@@ -243,6 +253,7 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   config.log_executed_ops = options.log_executed_ops;
 
   RunControl control(options.timeout_us, w);
+  RankBarrier barrier(control, w);
   const bool unified = options.policy.unified_comm_stream;
   Communicator all_gather(control, w, unified ? "communication" : "all_gather");
   Communicator reduce_scatter(control, w, "reduce_scatter");
@@ -257,8 +268,8 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
     std::vector<std::thread> hosts;
     for (int r = 0; r < w; ++r) {
       hosts.emplace_back([&, r] {
-        RunRankHost(trace, options, control, *executors[static_cast<std::size_t>(r)],
-                    runs[static_cast<std::size_t>(r)]);
+        RunRankHost(trace, options, control, barrier, config.check_step,
+                    *executors[static_cast<std::size_t>(r)], runs[static_cast<std::size_t>(r)]);
       });
     }
     for (std::thread& t : hosts) t.join();
@@ -346,9 +357,11 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   if (options.check) {
     LiveCheck& check = result.check;
     check.tolerance = "exact";
+    check.step = config.check_step;
     for (auto& e : executors) {
       check.gathered_bytes_checked += e->stats().gathered_bytes_checked;
       check.gathered_bytes_wrong += e->stats().gathered_bytes_wrong;
+      check.check_us += e->stats().check_us();
     }
     CheckGradients(data, options, host_options.gemm_tokens, executors[0]->grad_events(), executors,
                    check);

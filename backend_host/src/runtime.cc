@@ -107,6 +107,43 @@ void RunControl::RegisterWaiter(std::mutex* mu, std::condition_variable* cv) {
   waiters_.emplace_back(mu, cv);
 }
 
+// ---- RankBarrier ----
+
+RankBarrier::RankBarrier(RunControl& control, int world_size)
+    : control_(control),
+      world_size_(world_size),
+      arrived_(static_cast<std::size_t>(world_size), false) {
+  control_.RegisterWaiter(&mu_, &cv_);
+}
+
+Status RankBarrier::Arrive(int rank, const OpContext& ctx) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const std::uint64_t round = round_;
+  arrived_[static_cast<std::size_t>(rank)] = true;
+  if (++count_ == world_size_) {
+    count_ = 0;
+    std::fill(arrived_.begin(), arrived_.end(), false);
+    ++round_;
+    cv_.notify_all();
+    return Status::Ok();
+  }
+  const Clock::time_point deadline = Clock::now() + control_.timeout();
+  cv_.wait_until(lock, deadline, [&] { return round_ != round || control_.aborted(); });
+  if (round_ != round) return Status::Ok();
+  if (control_.aborted()) {
+    lock.unlock();
+    return control_.AbortedError(ctx);
+  }
+  std::string missing;
+  for (int r = 0; r < world_size_; ++r) {
+    if (!arrived_[static_cast<std::size_t>(r)])
+      missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
+  }
+  return TimeoutError(
+      fmt::format("{}: timed out after {} at the barrier between steps: rank(s) {} did not arrive",
+                  ctx.Describe(), Seconds(control_.timeout_us()), missing));
+}
+
 // ---- StreamWorker ----
 
 StreamWorker::StreamWorker(RunControl& control, int rank, std::string name)

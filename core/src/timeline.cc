@@ -23,6 +23,7 @@ std::string_view OpKindName(OpKind kind) {
     case OpKind::kRelease: return "release";
     case OpKind::kHostIssue: return "host_issue";
     case OpKind::kHostBlock: return "host_block";
+    case OpKind::kCheck: return "check";
   }
   return "unknown";
 }

@@ -35,8 +35,10 @@ constexpr std::string_view kRunDescription =
     "and sum real bytes. --compute timed occupies the compute stream for the trace's durations\n"
     "without using a core (an emulated device); --compute gemm runs CPU GEMMs sized from the\n"
     "unit shapes on the gathered weights. Prints the same report as `simulate`, marked\n"
-    "measured. Every gathered plane is checked byte for byte against the unsharded original and\n"
-    "every reduced gradient shard against a single-rank reference (--no-check skips it).\n"
+    "measured. In the first step (the warm-up step, left out of the summary) every gathered\n"
+    "plane is checked byte for byte against the unsharded original and every reduced gradient\n"
+    "shard against a single-rank reference (--no-check skips it); on the host the checks stay\n"
+    "out of the measured steps.\n"
     "Exit status 3 when a step fails (missing plane, mismatched collectives, timeout).";
 constexpr std::string_view kRecordDescription =
     "Runs live steps like `fsdplab run` and writes what one rank did as a trace (fsdplab.trace\n"
@@ -264,10 +266,19 @@ Status Run(const Args& args, bool record) {
     }
     if (options.check) {
       report.notes.push_back(fmt::format(
-          "checked: {} gathered bytes against the originals ({} wrong), {} reduced gradient "
-          "elements against the single-rank reference ({} wrong, {})",
-          c.gathered_bytes_checked, c.gathered_bytes_wrong, c.grad_elements_checked,
+          "checked in step {}: {} gathered bytes against the originals ({} wrong), {} reduced "
+          "gradient elements against the single-rank reference ({} wrong, {})",
+          c.step, c.gathered_bytes_checked, c.gathered_bytes_wrong, c.grad_elements_checked,
           c.grad_elements_wrong, c.tolerance));
+      if (c.check_us > 0) {
+        report.notes.push_back(fmt::format(
+            "the checks took {:.1f} ms of stream time (all ranks), in step {} only, which the "
+            "summary leaves out as the warm-up step{}",
+            c.check_us / 1000.0, c.step,
+            options.steps > 1 ? ""
+                              : "; with one step the summary is that step, checks included "
+                                "(--no-check, or more steps, to measure without them)"));
+      }
     }
     for (const std::string& e : check_errors) report.errors.push_back(e);
     if (std::optional<std::string> tl = args.Get("--timeline")) {

@@ -87,7 +87,12 @@ struct ExecutorConfig final {
   double compute_scale = 1.0;
   std::int64_t gemm_tokens = 16;
   std::uint64_t seed = 2026;
+  // Byte-for-byte checks (poisoned gather buffers, gathered planes compared with the originals,
+  // emulated gradients written and reduced shards accumulated) run in `check_step` only, which
+  // the report leaves out of its summary as the warm-up step: checks never land in a measured
+  // step.
   bool check = true;
+  int check_step = 0;
   FaultInjection fault;  // LiveOptions::fail_*, resolved: the unit is an id
 };
 
@@ -111,6 +116,12 @@ struct ExecutorStats final {
   int overruns = 0;           // emulated computes whose own work outlasted their duration
   TimeUs overrun_sum_us = 0;  // by how much, summed
   double checksum = 0;        // folds the GEMM outputs so no work is optimised away
+  // Stream time spent on the checks (in the checked step), per stream kind: each field is
+  // written by one stream's thread only.
+  TimeUs check_gather_us = 0;
+  TimeUs check_compute_us = 0;
+  TimeUs check_reduce_us = 0;
+  TimeUs check_us() const { return check_gather_us + check_compute_us + check_reduce_us; }
 };
 
 class HostExecutor final : public CommandSink {
@@ -133,6 +144,9 @@ class HostExecutor final : public CommandSink {
   // Host thread: waits for every stream to finish what was issued, then stops the threads.
   // After an abort it only stops them.
   Status Finish(const OpContext& ctx);
+  // Blocks until every stream has carried out what was issued so far (the streams stay open):
+  // the end of the checked step, before the ranks meet at a barrier.
+  Status DrainStreams(const OpContext& ctx);
 
   // After Finish.
   std::vector<TimelineOp> TakeOps();
@@ -162,6 +176,10 @@ class HostExecutor final : public CommandSink {
   void ComputeGemms(const PlanOp& op, const std::vector<std::pair<int, PlaneBuffer>>& weights,
                     GradBuffers* grads, bool fresh_grads);
   Status InjectedFault(const OpContext& ctx);
+  void CheckOp(const CommandOrigin& origin, int stream, UnitId unit, TimeUs begin, TimeUs& total);
+  bool Checked(const CommandOrigin& origin) const {
+    return config_.check && origin.step == config_.check_step;
+  }
 
   const Model& model_;
   const ModelData& data_;

@@ -191,6 +191,24 @@ struct CollectiveTimes final {
   TimeUs end_us = 0;    // when every rank was done with it
 };
 
+// Every rank's host thread waits here until all `world_size` have arrived (reusable: the k-th
+// arrival of each rank forms round k). Returns the abort's error when the run aborts, or a
+// timeout naming the ranks that did not arrive.
+class RankBarrier final {
+ public:
+  RankBarrier(RunControl& control, int world_size);
+  Status Arrive(int rank, const OpContext& ctx);
+
+ private:
+  RunControl& control_;
+  const int world_size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::uint64_t round_ = 0;
+  std::vector<bool> arrived_;
+  int count_ = 0;
+};
+
 // In-process collectives among `world_size` ranks. Each rank calls `Call` from one thread per
 // communicator, in the same order on every rank: call k of every rank forms one collective. A
 // call waits until every rank has joined, checks they agree (rank divergence is reported, never

@@ -52,6 +52,10 @@ struct LiveCheck final {
   std::uint64_t grad_elements_wrong = 0;
   double grad_max_abs_error = 0;
   std::string tolerance;  // how gradients were compared: "exact" or "rtol=..."
+  // The step whose collectives and gradients were checked: the first, which reports leave out
+  // of their summary as the warm-up step, so that the checks never land in a measured step.
+  int step = 0;
+  TimeUs check_us = 0;  // stream time the checks took in that step, summed over ranks and streams
 };
 
 struct LiveResult final {

@@ -28,6 +28,7 @@ enum class OpKind : std::uint8_t {
   kRelease,    // freeing an unsharded buffer (instantaneous, on the all-gather track)
   kHostIssue,  // the host issuing a command (launch cost)
   kHostBlock,  // the host blocked (memory cap, synchronisation)
+  kCheck,      // a live run's byte-for-byte check on a stream (the checked step only; not work)
 };
 std::string_view OpKindName(OpKind kind);
 bool IsCollective(OpKind kind);
