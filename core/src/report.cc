@@ -234,21 +234,24 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     }
     // Peak: the sample in effect at the window start and every sample inside the window.
     const MemorySample* in_effect = nullptr;
+    auto take = [&s](const MemorySample& m) {
+      if (m.total() > s.peak_memory_bytes) {
+        s.peak_memory_bytes = m.total();
+        s.peak_by_category = m.bytes;
+      }
+      for (std::size_t c = 0; c < m.bytes.size(); ++c) {
+        s.category_peaks[c] = std::max(s.category_peaks[c], m.bytes[c]);
+      }
+    };
     for (const MemorySample* m : mem0) {
       if (m->t_us <= s.start_us) {
         in_effect = m;
         continue;
       }
       if (m->t_us > s.end_us) break;
-      if (m->total() > s.peak_memory_bytes) {
-        s.peak_memory_bytes = m->total();
-        s.peak_by_category = m->bytes;
-      }
+      take(*m);
     }
-    if (in_effect && in_effect->total() > s.peak_memory_bytes) {
-      s.peak_memory_bytes = in_effect->total();
-      s.peak_by_category = in_effect->bytes;
-    }
+    if (in_effect) take(*in_effect);
     TimeUs lb = std::max(acc.compute_sum, in.memory_cap_lower_bound_us);
     for (const auto& [track, busy] : acc.track_busy) lb = std::max(lb, busy);
     lower_bounds.push_back(lb);
@@ -334,7 +337,8 @@ std::string ReportToJson(const Report& r) {
                          {"allgather", CollectiveJson(s.allgather)},
                          {"reduce_scatter", CollectiveJson(s.reduce_scatter)},
                          {"peak_memory_bytes", s.peak_memory_bytes},
-                         {"peak_memory_by_category", CategoriesJson(s.peak_by_category)}});
+                         {"peak_memory_by_category", CategoriesJson(s.peak_by_category)},
+                         {"category_peaks", CategoriesJson(s.category_peaks)}});
   }
   doc["steps"] = steps;
   Json units = Json::array();

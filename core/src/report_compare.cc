@@ -18,6 +18,15 @@ using OJson = nlohmann::ordered_json;
 double Num(const Json& j, const char* key) {
   return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
 }
+Bytes Count(const Json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key)) return 0;
+  const Json& v = j[key];
+  if (v.is_number_unsigned()) return v.get<Bytes>();
+  if (v.is_number_integer())
+    return v.get<std::int64_t>() > 0 ? static_cast<Bytes>(v.get<std::int64_t>()) : 0;
+  if (v.is_number_float() && v.get<double>() > 0) return static_cast<Bytes>(v.get<double>());
+  return 0;
+}
 int Int(const Json& j, const char* key) {
   return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<int>() : 0;
 }
@@ -50,6 +59,11 @@ OJson OpRowJson(const ReportComparison::OpRow& r) {
                {"error_pct", r.error_pct}};
 }
 
+bool IsExactCategory(std::string_view category) {
+  return category == "sharded_params" || category == "unsharded_params" ||
+         category == "sharded_grads";
+}
+
 }  // namespace
 
 StatusOr<ReportSummary> ParseReportSummary(std::string_view json_text, std::string_view file) {
@@ -76,11 +90,22 @@ StatusOr<ReportSummary> ParseReportSummary(std::string_view json_text, std::stri
         return InvalidInput(fmt::format("{}: steps[{}].{}: missing or not a number", file, i, key));
       }
     }
-    r.steps.push_back({.index = s["index"].get<int>(),
-                       .time_us = Num(s, "time_us"),
-                       .compute_us = Num(s, "compute_us"),
-                       .exposed_comm_us = Num(s, "exposed_comm_us"),
-                       .idle_us = Num(s, "idle_us")});
+    ReportSummary::Step step{.index = s["index"].get<int>(),
+                             .time_us = Num(s, "time_us"),
+                             .compute_us = Num(s, "compute_us"),
+                             .exposed_comm_us = Num(s, "exposed_comm_us"),
+                             .idle_us = Num(s, "idle_us"),
+                             .start_us = Num(s, "start_us"),
+                             .peak_memory_bytes = Count(s, "peak_memory_bytes"),
+                             .category_peaks = {}};
+    const char* peaks = s.contains("category_peaks") ? "category_peaks" : "peak_memory_by_category";
+    if (s.contains(peaks) && s[peaks].is_object()) {
+      for (const auto& [category, bytes] : s[peaks].items()) {
+        if (bytes.is_number())
+          step.category_peaks.emplace_back(category, Count(s[peaks], category.c_str()));
+      }
+    }
+    r.steps.push_back(std::move(step));
   }
   const Json& summary = doc.contains("summary") ? doc["summary"] : Json();
   if (!summary.is_object() || !summary.contains("step_time_us") ||
@@ -105,6 +130,7 @@ StatusOr<ReportSummary> ParseReportSummary(std::string_view json_text, std::stri
       o.step = Int(op, "step");
       o.microbatch = Int(op, "microbatch");
       o.occurrence = seen[{o.kind, o.unit, o.phase, o.step, o.microbatch}]++;
+      o.start_us = Num(op, "start_us");
       o.dur_us = Num(op, "dur_us");
       r.ops.push_back(std::move(o));
     }
@@ -184,6 +210,56 @@ ReportComparison CompareReports(const ReportSummary& pred, const ReportSummary& 
   const auto top = static_cast<std::size_t>(std::max(options.top, 0));
   if (c.worst.size() > top) c.worst.resize(top);
 
+  // Peak memory per step and category.
+  c.memory_tolerance_pct = options.memory_tolerance_pct;
+  for (const ReportComparison::Step& s : c.steps) {
+    std::map<std::string, Bytes> measured(s.measured.category_peaks.begin(),
+                                          s.measured.category_peaks.end());
+    for (const auto& [category, bytes] : s.predicted.category_peaks) {
+      auto it = measured.find(category);
+      if (it == measured.end()) continue;
+      ReportComparison::MemoryRow row{
+          .step = s.index,
+          .category = category,
+          .predicted = bytes,
+          .measured = it->second,
+          .exact = IsExactCategory(category),
+          .error_pct = ErrorPct(static_cast<double>(bytes), static_cast<double>(it->second))};
+      if (row.exact && row.predicted != row.measured) {
+        c.memory_differences.push_back(fmt::format(
+            "step {}: {} peak {} predicted, {} measured: this category is allocated and freed on "
+            "one stream in plan order, so it must match exactly",
+            s.index, category, row.predicted, row.measured));
+      }
+      c.memory.push_back(std::move(row));
+    }
+    if (s.predicted.peak_memory_bytes > 0 || s.measured.peak_memory_bytes > 0) {
+      ReportComparison::MemoryRow total{
+          .step = s.index,
+          .category = "total",
+          .predicted = s.predicted.peak_memory_bytes,
+          .measured = s.measured.peak_memory_bytes,
+          .exact = false,
+          .error_pct = ErrorPct(static_cast<double>(s.predicted.peak_memory_bytes),
+                                static_cast<double>(s.measured.peak_memory_bytes))};
+      if (std::fabs(total.error_pct) > options.memory_tolerance_pct) {
+        // Name the categories that carry the difference.
+        std::string carriers;
+        for (const ReportComparison::MemoryRow& row : c.memory) {
+          if (row.step != s.index || row.predicted == row.measured) continue;
+          carriers += fmt::format(
+              "{}{} {:+}", carriers.empty() ? "" : ", ", row.category,
+              static_cast<std::int64_t>(row.predicted) - static_cast<std::int64_t>(row.measured));
+        }
+        c.memory_differences.push_back(fmt::format(
+            "step {}: total peak {} predicted, {} measured ({:+.1f}%, over {:g}%){}", s.index,
+            total.predicted, total.measured, total.error_pct, options.memory_tolerance_pct,
+            carriers.empty() ? "" : "; per category (bytes, predicted - measured): " + carriers));
+      }
+      c.memory.push_back(std::move(total));
+    }
+  }
+
   c.step_time_predicted_us = pred.step_time_us;
   c.step_time_measured_us = meas.step_time_us;
   c.step_time_error_pct = ErrorPct(pred.step_time_us, meas.step_time_us);
@@ -235,6 +311,17 @@ std::string ComparisonToJson(const ReportComparison& c) {
   OJson worst = OJson::array();
   for (const ReportComparison::OpRow& r : c.worst) worst.push_back(OpRowJson(r));
   out["worst_ops"] = worst;
+  OJson memory = OJson::array();
+  for (const ReportComparison::MemoryRow& m : c.memory) {
+    memory.push_back({{"step", m.step},
+                      {"category", m.category},
+                      {"predicted_bytes", m.predicted},
+                      {"measured_bytes", m.measured},
+                      {"exact", m.exact},
+                      {"error_pct", m.error_pct}});
+  }
+  out["memory"] = memory;
+  out["memory_differences"] = c.memory_differences;
   out["summary"] = {{"step_time_predicted_us", c.step_time_predicted_us},
                     {"step_time_measured_us", c.step_time_measured_us},
                     {"step_time_error_pct", c.step_time_error_pct},
@@ -277,9 +364,113 @@ std::string ComparisonToText(const ReportComparison& c) {
                         r.key.step, r.key.microbatch, what, r.key.unit, r.key.occurrence,
                         r.predicted_us, r.measured_us, r.error_pct);
   }
+  if (!c.memory.empty()) {
+    text +=
+        "\npeak memory per step (first rank; each category's own peak; * = must match exactly)\n";
+    text += fmt::format("  {:>4}  {:<24} {:>14} {:>14} {:>8}\n", "step", "category", "predicted",
+                        "measured", "error");
+    for (const ReportComparison::MemoryRow& m : c.memory) {
+      if (m.predicted == 0 && m.measured == 0) continue;
+      text += fmt::format("  {:>4}  {:<24} {:>14} {:>14} {:>+7.1f}%\n", m.step,
+                          m.category + (m.exact ? " *" : ""), m.predicted, m.measured, m.error_pct);
+    }
+    if (c.memory_differences.empty()) {
+      text += fmt::format(
+          "  memory: the exact categories match and every step's total is within {:g}%\n",
+          c.memory_tolerance_pct);
+    }
+    for (const std::string& d : c.memory_differences) text += "  memory differs: " + d + "\n";
+  }
   for (const std::string& w : c.warnings) text += "\nwarning: " + w;
   text += "\n" + c.verdict + "\n";
   return text;
+}
+
+std::string ComparisonTimeline(const ReportSummary& pred, const ReportSummary& meas) {
+  // Aligned step starts: step k of both reports starts at `aligned[k]`.
+  std::map<int, const ReportSummary::Step*> psteps, msteps;
+  for (const ReportSummary::Step& s : pred.steps) psteps[s.index] = &s;
+  for (const ReportSummary::Step& s : meas.steps) msteps[s.index] = &s;
+  std::map<int, TimeUs> aligned;
+  TimeUs at = 0;
+  for (const auto& [index, p] : psteps) {
+    auto m = msteps.find(index);
+    if (m == msteps.end()) continue;
+    aligned[index] = at;
+    at += std::max(p->time_us, m->second->time_us);
+  }
+  const auto pops = IndexOps(pred);
+  const auto mops = IndexOps(meas);
+  OJson events = OJson::array();
+  struct Side {
+    int pid;
+    const ReportSummary* report;
+    const std::map<int, const ReportSummary::Step*>* steps;
+    const std::map<OpKey, const ReportSummary::Op*>* other;
+    std::string label;
+  };
+  const Side sides[] = {
+      {1, &pred, &psteps, &mops,
+       fmt::format("predicted ({})", pred.source.empty() ? pred.file : pred.source)},
+      {2, &meas, &msteps, &pops,
+       fmt::format("measured ({})", meas.source.empty() ? meas.file : meas.source)}};
+  for (const Side& side : sides) {
+    events.push_back({{"ph", "M"},
+                      {"name", "process_name"},
+                      {"pid", side.pid},
+                      {"tid", 0},
+                      {"args", {{"name", side.label}}}});
+    events.push_back({{"ph", "M"},
+                      {"name", "process_sort_index"},
+                      {"pid", side.pid},
+                      {"tid", 0},
+                      {"args", {{"sort_index", side.pid}}}});
+    const char* tracks[] = {"compute", "all-gather stream", "reduce-scatter stream"};
+    for (int t = 0; t < 3; ++t) {
+      events.push_back({{"ph", "M"},
+                        {"name", "thread_name"},
+                        {"pid", side.pid},
+                        {"tid", t + 1},
+                        {"args", {{"name", tracks[t]}}}});
+    }
+    for (const auto& [index, start] : aligned) {
+      events.push_back({{"ph", "i"},
+                        {"s", "p"},
+                        {"name", fmt::format("step {}", index)},
+                        {"pid", side.pid},
+                        {"tid", 1},
+                        {"ts", start}});
+    }
+    for (const ReportSummary::Op& op : side.report->ops) {
+      auto a = aligned.find(op.step);
+      if (a == aligned.end()) continue;
+      const ReportSummary::Step& step = *side.steps->at(op.step);
+      const int tid = op.kind == "compute" ? 1 : op.kind == "all_gather" ? 2 : 3;
+      OJson args = {{"step", op.step},
+                    {"microbatch", op.microbatch},
+                    {"occurrence", op.occurrence},
+                    {"dur_us", op.dur_us}};
+      auto other = side.other->find(KeyOf(op));
+      if (other != side.other->end()) {
+        const TimeUs theirs = other->second->dur_us;
+        args[side.pid == 1 ? "measured_us" : "predicted_us"] = theirs;
+        args["error_pct"] =
+            side.pid == 1 ? ErrorPct(op.dur_us, theirs) : ErrorPct(theirs, op.dur_us);
+      }
+      const std::string name = op.kind == "compute" ? fmt::format("{} {}", op.unit, op.phase)
+                                                    : fmt::format("{} {}", op.kind, op.unit);
+      events.push_back({{"ph", "X"},
+                        {"name", name},
+                        {"cat", op.kind},
+                        {"pid", side.pid},
+                        {"tid", tid},
+                        {"ts", a->second + (op.start_us - step.start_us)},
+                        {"dur", op.dur_us},
+                        {"args", std::move(args)}});
+    }
+  }
+  OJson doc = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
+  return doc.dump() + "\n";
 }
 
 }  // namespace fsdplab

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
+#include <vector>
 
 namespace fsdplab {
 namespace {
@@ -82,6 +85,87 @@ TEST(ReportCompare, RejectsWhatIsNotAReportNamingTheField) {
   ASSERT_EQ(odd->ops.size(), 2u);
   EXPECT_EQ(odd->ops[0].step, 0);
   EXPECT_EQ(odd->ops[1].unit, "(none)");
+}
+
+// A one-step report with memory and two timed ops (start_us on the report's own clock).
+std::string MemoryReport(bool measured, std::uint64_t unsharded_params, std::uint64_t grads,
+                         std::uint64_t total, double step_start_us, double step_us) {
+  return R"({"format": "fsdplab.report", "version": 1, "source": ")" +
+         std::string(measured ? "live-host" : "sim") + R"(", "measured": )" +
+         (measured ? "true" : "false") + R"(,
+    "steps": [{"index": 0, "start_us": )" +
+         std::to_string(step_start_us) + R"(, "time_us": )" + std::to_string(step_us) +
+         R"(, "peak_memory_bytes": )" + std::to_string(total) + R"(,
+               "category_peaks": {"sharded_params": 1000, "unsharded_params": )" +
+         std::to_string(unsharded_params) + R"(, "unsharded_grads": )" + std::to_string(grads) +
+         R"(}}],
+    "ops": [{"kind": "all_gather", "unit": "l0", "step": 0, "microbatch": 0,
+             "start_us": )" +
+         std::to_string(step_start_us + 5) + R"(, "dur_us": 20},
+            {"kind": "compute", "unit": "l0", "phase": "forward", "step": 0, "microbatch": 0,
+             "start_us": )" +
+         std::to_string(step_start_us + 25) + R"(, "dur_us": 50}],
+    "summary": {"step_time_us": )" +
+         std::to_string(step_us) + "}}";
+}
+
+TEST(ReportCompare, PeakMemoryPerCategoryExactWhereThePlanFixesIt) {
+  // Same parameters; unsharded gradients 600 vs 500 (timing dependent, not exact); totals
+  // 2,600 vs 2,500: +4%, over the 2% tolerance, carried by unsharded_grads (+100).
+  StatusOr<ReportSummary> pred =
+      ParseReportSummary(MemoryReport(false, 1000, 600, 2600, 0, 100), "p");
+  StatusOr<ReportSummary> meas =
+      ParseReportSummary(MemoryReport(true, 1000, 500, 2500, 0, 100), "m");
+  ASSERT_TRUE(pred.ok() && meas.ok());
+  ReportComparison c = CompareReports(*pred, *meas, {});
+  // Three categories (in the document's key order, alphabetical), then the total.
+  ASSERT_EQ(c.memory.size(), 4u);
+  EXPECT_EQ(c.memory[0].category, "sharded_params");
+  EXPECT_TRUE(c.memory[0].exact);
+  EXPECT_EQ(c.memory[1].category, "unsharded_grads");
+  EXPECT_FALSE(c.memory[1].exact);
+  EXPECT_DOUBLE_EQ(c.memory[1].error_pct, 20.0);  // (600 - 500) / 500
+  EXPECT_EQ(c.memory[2].category, "unsharded_params");
+  EXPECT_TRUE(c.memory[2].exact);
+  EXPECT_EQ(c.memory[3].category, "total");
+  EXPECT_DOUBLE_EQ(c.memory[3].error_pct, 4.0);
+  ASSERT_EQ(c.memory_differences.size(), 1u);
+  EXPECT_NE(c.memory_differences[0].find("unsharded_grads +100"), std::string::npos)
+      << c.memory_differences[0];
+  // An exact category that differs is named, whatever the total does: 1,000 vs 1,010 unsharded
+  // parameters, totals 2,500 vs 2,510 (-0.4%, within 2%).
+  pred = ParseReportSummary(MemoryReport(false, 1000, 500, 2500, 0, 100), "p");
+  meas = ParseReportSummary(MemoryReport(true, 1010, 500, 2510, 0, 100), "m");
+  c = CompareReports(*pred, *meas, {});
+  ASSERT_EQ(c.memory_differences.size(), 1u);
+  EXPECT_EQ(c.memory_differences[0].rfind("step 0: unsharded_params peak 1000 predicted, 1010 "
+                                          "measured",
+                                          0),
+            0u)
+      << c.memory_differences[0];
+  // Equal reports: nothing differs.
+  c = CompareReports(*pred, *pred, {});
+  EXPECT_TRUE(c.memory_differences.empty());
+}
+
+TEST(ReportCompare, TimelineAlignsBothReportsAtStepStarts) {
+  // The predicted step starts at 0 and the measured one at 7,000 on its own clock: both start
+  // at 0 in the comparison timeline, and each op keeps its offset into the step (gather at 5,
+  // compute at 25).
+  StatusOr<ReportSummary> pred =
+      ParseReportSummary(MemoryReport(false, 1000, 500, 2500, 0, 100), "p");
+  StatusOr<ReportSummary> meas =
+      ParseReportSummary(MemoryReport(true, 1000, 500, 2500, 7000, 120), "m");
+  ASSERT_TRUE(pred.ok() && meas.ok());
+  const nlohmann::json doc = nlohmann::json::parse(ComparisonTimeline(*pred, *meas));
+  std::vector<std::tuple<int, int, double>> ops;  // pid, tid, ts
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "X")
+      ops.emplace_back(e["pid"].get<int>(), e["tid"].get<int>(), e["ts"].get<double>());
+  }
+  const std::vector<std::tuple<int, int, double>> want = {
+      {1, 2, 5.0}, {1, 1, 25.0}, {2, 2, 5.0}, {2, 1, 25.0}};
+  EXPECT_EQ(ops, want);
 }
 
 }  // namespace

@@ -16,15 +16,19 @@ namespace fsdplab::cli {
 namespace {
 
 constexpr std::string_view kUsage =
-    "fsdplab compare PREDICTED.json MEASURED.json [--threshold PCT] [--top N] [--json] [-o FILE]";
+    "fsdplab compare PREDICTED.json MEASURED.json [--threshold PCT] [--memory-tolerance PCT] "
+    "[--top N] [--json] [-o FILE] [--timeline FILE]";
 constexpr std::string_view kDescription =
     "Puts a simulated report (fsdplab simulate -o) beside a measured one (fsdplab run -o): per\n"
     "step the step time, compute and exposed communication with the error of the prediction\n"
     "(error % = (predicted - measured) / measured), per op (every compute and collective of the\n"
     "first rank, matched by kind, unit, phase, step, microbatch and occurrence) the duration and\n"
-    "its error, the ops predicted worst, the error per op kind, and one verdict line: whether\n"
+    "its error, the ops predicted worst, the error per op kind, peak memory per step and\n"
+    "category (sharded and unsharded parameters and sharded gradients must match exactly, a\n"
+    "step's total within --memory-tolerance percent, default 2), and one verdict line: whether\n"
     "the mean step time (steps after the first) is predicted within --threshold percent\n"
-    "(default 5).";
+    "(default 5). --timeline writes both timelines as one Chrome/Perfetto trace, aligned at\n"
+    "step starts.";
 
 StatusOr<ReportSummary> ReadReport(const std::string& path) {
   FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
@@ -45,11 +49,20 @@ Status Run(const Args& args) {
     if (top < 0) return UsageError("--top: must not be negative");
     options.top = static_cast<int>(std::min<std::int64_t>(top, std::numeric_limits<int>::max()));
   }
+  if (auto v = args.Get("--memory-tolerance")) {
+    FSDP_ASSIGN_OR_RETURN(options.memory_tolerance_pct, ParseDouble(*v, "--memory-tolerance"));
+    if (!(options.memory_tolerance_pct >= 0)) {
+      return UsageError("--memory-tolerance: must not be negative");
+    }
+  }
   FSDP_ASSIGN_OR_RETURN(const ReportSummary pred, ReadReport(args.positionals()[0]));
   FSDP_ASSIGN_OR_RETURN(const ReportSummary meas, ReadReport(args.positionals()[1]));
   const ReportComparison c = CompareReports(pred, meas, options);
   const std::string json = ComparisonToJson(c);
   if (auto file = args.Get("-o")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));
+  if (auto file = args.Get("--timeline")) {
+    FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, ComparisonTimeline(pred, meas)));
+  }
   fmt::print("{}", args.Has("--json") ? json : ComparisonToText(c));
   return Status::Ok();
 }
@@ -60,6 +73,10 @@ int RunCompare(const Argv& argv) {
   Args args(argv);
   args.Declare("--threshold", ArgKind::kValue, "verdict threshold, percent (default 5)", "PCT");
   args.Declare("--top", ArgKind::kValue, "how many worst ops to list (default 10)", "N");
+  args.Declare("--memory-tolerance", ArgKind::kValue,
+               "a step's total peak memory: allowed error, percent (default 2)", "PCT");
+  args.Declare("--timeline", ArgKind::kValue,
+               "write predicted and measured timelines as one Chrome trace", "FILE");
   args.Declare("--json", ArgKind::kSwitch, "print the comparison as JSON");
   args.Declare("-o", ArgKind::kValue, "also write the JSON to FILE", "FILE");
   if (Status s = args.Parse(); !s.ok()) return Fail("compare", s);

@@ -46,6 +46,8 @@ struct StepReport final {
   CollectiveStats reduce_scatter;
   Bytes peak_memory_bytes = 0;
   std::array<Bytes, kNumMemoryCategories> peak_by_category{};  // at the step's peak
+  // Each category's own peak within the step (they need not coincide with the total's).
+  std::array<Bytes, kNumMemoryCategories> category_peaks{};
 };
 
 struct UnitReport final {

@@ -29,6 +29,11 @@ struct ReportSummary final {
     TimeUs compute_us = 0;
     TimeUs exposed_comm_us = 0;
     TimeUs idle_us = 0;
+    TimeUs start_us = 0;  // on the report's own clock
+    // Memory of the report's first rank: the step's peak, and each category's own peak
+    // ("category_peaks", else the breakdown at the step's peak), in the document's order.
+    Bytes peak_memory_bytes = 0;
+    std::vector<std::pair<std::string, Bytes>> category_peaks;
   };
   struct Op final {
     std::string kind;   // "compute", "all_gather", ...
@@ -37,6 +42,7 @@ struct ReportSummary final {
     int step = 0;
     int microbatch = 0;
     int occurrence = 0;  // among the ops with the same five keys, in document order
+    TimeUs start_us = 0;
     TimeUs dur_us = 0;
   };
   std::string file;  // the name given to ParseReportSummary
@@ -55,8 +61,9 @@ struct ReportSummary final {
 StatusOr<ReportSummary> ParseReportSummary(std::string_view json_text, std::string_view file);
 
 struct CompareOptions final {
-  double threshold_pct = 5;  // the verdict: |step time error| within this
-  int top = 10;              // how many worst ops to list
+  double threshold_pct = 5;         // the verdict: |step time error| within this
+  int top = 10;                     // how many worst ops to list
+  double memory_tolerance_pct = 2;  // a step's total peak memory: |error| within this
 };
 
 struct ReportComparison final {
@@ -77,12 +84,29 @@ struct ReportComparison final {
     TimeUs measured_us = 0;
     double error_pct = 0;
   };
+  // Peak memory of one category (or "total") in one step, predicted against measured.
+  struct MemoryRow final {
+    int step = 0;
+    std::string category;
+    Bytes predicted = 0;
+    Bytes measured = 0;
+    // Categories whose allocations and frees all happen on one stream in the plan's order
+    // (sharded and unsharded parameters, sharded gradients): any difference is a bug, not
+    // timing. The others depend on when streams pass each other.
+    bool exact = false;
+    double error_pct = 0;
+  };
   std::string predicted_file, predicted_source;
   std::string measured_file, measured_source;
   std::vector<Step> steps;
-  std::vector<OpRow> ops;    // matched ops, in key order
-  std::vector<Kind> kinds;   // durations summed per kind
-  std::vector<OpRow> worst;  // by absolute difference, at most `top`
+  std::vector<OpRow> ops;         // matched ops, in key order
+  std::vector<Kind> kinds;        // durations summed per kind
+  std::vector<OpRow> worst;       // by absolute difference, at most `top`
+  std::vector<MemoryRow> memory;  // per step: each category, then "total"
+  // Where memory differs: an exact category that is not equal, or a total off by more than
+  // `memory_tolerance_pct`.
+  std::vector<std::string> memory_differences;
+  double memory_tolerance_pct = 2;
   TimeUs step_time_predicted_us = 0, step_time_measured_us = 0;
   double step_time_error_pct = 0;
   TimeUs exposed_predicted_us = 0, exposed_measured_us = 0;
@@ -100,5 +124,12 @@ ReportComparison CompareReports(const ReportSummary& predicted, const ReportSumm
                                 const CompareOptions& options);
 std::string ComparisonToJson(const ReportComparison& comparison);  // fsdplab.compare v1
 std::string ComparisonToText(const ReportComparison& comparison);
+
+// One Chrome/Perfetto trace (chrome://tracing, ui.perfetto.dev) with the predicted and the
+// measured ops of the reports' first rank as two process groups, on compute, all-gather and
+// reduce-scatter tracks. Steps found in both are aligned at their starts: step k of both begins
+// where the longer of the two steps k-1 ended. Each op's args give its counterpart's duration
+// and the error.
+std::string ComparisonTimeline(const ReportSummary& predicted, const ReportSummary& measured);
 
 }  // namespace fsdplab
