@@ -7,6 +7,11 @@
 # and the median |error|.
 #
 #   bench/host_prediction.sh [BUILD_DIR] [COMM_CONTENTION]
+#   bench/host_prediction.sh --grid [--seed N] [--count N] [--build DIR]
+#
+# --grid: a seeded grid of at least 24 synthetic workloads instead of the sample traces (see
+# bench/host_prediction_grid.py: compute/communication 0.1-10, units 1-64 MB, 1-4 microbatches,
+# recompute, MXFP8, budgets 0-2, 2 and 3 ranks).
 #
 # COMM_CONTENTION: override the measured contention with one factor for both collectives (as
 # `fsdplab simulate --comm-contention`); by default the measured factors in the cluster file are
@@ -16,6 +21,10 @@
 # memory copies on the same cores, and any other load shows up as error.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ "${1:-}" = --grid ]; then
+  shift
+  exec python3 "$root/bench/host_prediction_grid.py" --build "$root/build" "$@"
+fi
 build="${1:-$root/build}"
 contention=()
 [ -n "${2:-}" ] && contention=(--comm-contention "$2")
