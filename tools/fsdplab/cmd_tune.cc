@@ -58,13 +58,17 @@ int RunTune(const Argv& argv) {
   args.Declare("--out", ArgKind::kValue,
                "write the tuned policy as JSON (accepted by --policy of simulate, run, record)",
                "POLICY.json");
+  args.Declare("--global-out", ArgKind::kValue,
+               "write the best global policy under the cap as JSON too (to run both live)",
+               "POLICY.json");
   DeclareClusterFlags(args);
   DeclareEngineFlags(args);
   if (Status s = args.Parse(); !s.ok()) return Fail(kCmd, s);
   if (args.help()) {
     return PrintHelp(
         "fsdplab tune TRACE --memory-cap BYTES [--objective step|exposed] "
-        "[--budget-kinds units,elements,bytes] [--time-limit S] [--out POLICY.json]",
+        "[--budget-kinds units,elements,bytes] [--time-limit S] [--out POLICY.json] "
+        "[--global-out POLICY.json]",
         "Finds the fastest policy, with per-unit budgets, orders, prefetch_first_unit,\n"
         "reshard_after_forward and unshard_all_planes_in_backward, whose simulated peak memory\n"
         "fits the cap. It sweeps the global policies first (as `fsdplab sweep` would, on one\n"
@@ -163,6 +167,12 @@ int RunTune(const Argv& argv) {
       return Fail(kCmd, s);
     }
     fmt::print("policy written to {}\n", *out);
+  }
+  if (std::optional<std::string> out = args.Get("--global-out")) {
+    if (Status s = WriteFileAtomic(*out, PolicyToJson(g.policy) + "\n"); !s.ok()) {
+      return Fail(kCmd, s);
+    }
+    fmt::print("best global policy written to {}\n", *out);
   }
   return 0;
 }
