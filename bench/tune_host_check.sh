@@ -25,9 +25,9 @@ sizes=(-b 1M -e 64M -f 2 -n 5 -w 2)
   --nccl-out "$work/rs.txt" >/dev/null
 "$f" calibrate "$work/ag.txt" "$work/rs.txt" -o "$work/cluster.json" >/dev/null
 
-# Eight layers whose gathers take about as long as their compute on this machine.
+# Eight layers; compute a little longer than the gathers on a 2-rank host (TFLOPS to adjust).
 "$f" synth --layers 8 --hidden 1024 --ffn 4096 --heads 16 --vocab 8192 --seq 512 \
-  --tflops "${TFLOPS:-4}" --world-size $world -o "$work/model.json" 2>/dev/null
+  --tflops "${TFLOPS:-1}" --world-size $world -o "$work/model.json" 2>/dev/null
 common=(--cluster "$work/cluster.json" --world-size $world --steps "$steps")
 
 # The cap: just under the peak of the fastest global policy, so that it is ruled out.
