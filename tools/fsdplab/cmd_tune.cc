@@ -54,7 +54,7 @@ int RunTune(const Argv& argv) {
   args.Declare("--budget-kinds", ArgKind::kValue,
                "budget kinds to search, comma-separated: units (default), elements, bytes",
                "KINDS");
-  args.Declare("--time-limit", ArgKind::kValue, "stop searching after S seconds (default 10)", "S");
+  args.Declare("--time-limit", ArgKind::kValue, "stop searching after S seconds (default 8)", "S");
   args.Declare("--out", ArgKind::kValue,
                "write the tuned policy as JSON (accepted by --policy of simulate, run, record)",
                "POLICY.json");

@@ -39,7 +39,7 @@ struct TuneOptions final {
   // Budget kinds the global grid and the per-unit moves use (units: 0..4 units; elements and
   // bytes: 1..4 times the mean unit's size).
   std::vector<Budget::Kind> budget_kinds = {Budget::Kind::kUnits};
-  double time_limit_s = 10;
+  double time_limit_s = 8;  // leaves a 10 s budget room for loading and the report
 };
 
 struct TuneProgress final {
