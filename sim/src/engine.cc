@@ -303,7 +303,7 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
         progressed = true;
         Free(r, now, op.category, op.bytes, op.step, op.unit, entry);
         break;
-      } break;
+      }
       case PlanOpKind::kCompute: StartCompute(r, op, now); return true;
       case PlanOpKind::kCollective:
         st.arrived = true;
