@@ -255,6 +255,10 @@ class Search {
       rows.push_back(Evaluate(p));
     }
     result_.global_evaluated = static_cast<int>(rows.size());
+    if (!rows.empty() &&
+        std::none_of(rows.begin(), rows.end(), [](const SweepRow& row) { return row.ok(); })) {
+      result_.failure = rows.front().status.message();
+    }
     const std::size_t none = rows.size();
     std::size_t gi = BestUnderCap(rows, opt_.memory_cap).value_or(none);
     if (opt_.objective == TuneObjective::kExposed) {

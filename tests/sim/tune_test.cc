@@ -31,6 +31,7 @@ TEST(Tune, NothingFitsUnderATooSmallCap) {
   EXPECT_FALSE(r->global_best.has_value());
   EXPECT_FALSE(r->best.has_value());
   EXPECT_GT(r->global_evaluated, 0);
+  EXPECT_TRUE(r->failure.empty());  // the policies ran; they only do not fit
 }
 
 // Under the default policy's own peak (2,100,000 B, simulator_golden_test.cc) the best global

@@ -140,7 +140,11 @@ int RunTune(const Argv& argv) {
   fmt::print("cluster: {}\nmemory cap: {} ({} bytes)\n\n", sim::DescribeCluster(opt.base.cluster),
              GiB(opt.memory_cap), opt.memory_cap);
   if (!r->global_best || !r->best) {
-    fmt::print("No policy fits under the memory cap.\n");
+    if (!r->failure.empty()) {
+      fmt::print("Every global policy fails: {}\n", r->failure);
+    } else {
+      fmt::print("No policy fits under the memory cap.\n");
+    }
     return 3;
   }
   const sim::SweepRow& g = *r->global_best;

@@ -60,6 +60,8 @@ struct TuneResult final {
   // No policy's step can be shorter: the compute on the critical resource (sweep's bound).
   TimeUs lower_bound_us = 0;
   std::vector<std::string> why;  // the tuned policy against the global one, in words
+  // When no global policy ran at all: why the first one failed (else empty).
+  std::string failure;
 };
 
 // The objective of a row.
