@@ -199,6 +199,32 @@ std::string TimelineToChromeTrace(const Timeline& timeline, const Model& model) 
     }
   }
 
+  // The critical path: one flow through its ops, in order (category "critical_path").
+  {
+    const TimelineOp* prev = nullptr;
+    for (std::int64_t id : timeline.critical_path) {
+      auto at = placed.find(id);
+      auto op = by_id.find(id);
+      if (at == placed.end() || op == by_id.end()) continue;
+      const double ts = Round((at->second.ts + at->second.end) / 2);
+      Json ev{{"ph", prev == nullptr ? "s" : "t"},
+              {"name", "critical path"},
+              {"cat", "critical_path"},
+              {"id", flow_id + 1},
+              {"pid", op->second->rank},
+              {"tid", Tid(op->second->track)},
+              {"ts", ts}};
+      if (prev != nullptr) ev["bp"] = "e";
+      events.push_back(std::move(ev));
+      prev = op->second;
+    }
+    if (prev != nullptr) {
+      // The last step of the flow ends it.
+      events.back()["ph"] = "f";
+      events.back()["bp"] = "e";
+    }
+  }
+
   // Memory counters (MiB per category, stacked in the UI).
   for (const MemorySample& m : timeline.memory) {
     Json args = Json::object();

@@ -317,6 +317,100 @@ constexpr PolicyField kPolicyFields[] = {
     },
 };
 
+// ---- per-unit overrides ("units": {"layers.3": {"forward_prefetch": "2", ...}}) -------------
+
+constexpr std::string_view kUnitsKey = "units";
+
+// One overridable field of a unit: parse its text form into the override, print it (nullopt:
+// not overridden).
+struct UnitField final {
+  std::string_view key;
+  bool is_bool = false;
+  Status (*parse)(std::string_view value, UnitPolicy& u) = nullptr;
+  std::optional<std::string> (*print)(const UnitPolicy& u) = nullptr;
+};
+
+template <std::optional<Budget> UnitPolicy::*kMember>
+Status ParseUnitBudget(std::string_view value, UnitPolicy& u) {
+  FSDP_ASSIGN_OR_RETURN(u.*kMember, Budget::Parse(value));
+  return Status::Ok();
+}
+template <std::optional<Budget> UnitPolicy::*kMember>
+std::optional<std::string> PrintUnitBudget(const UnitPolicy& u) {
+  if (!(u.*kMember)) return std::nullopt;
+  return (u.*kMember)->ToString();
+}
+template <std::optional<bool> UnitPolicy::*kMember>
+Status ParseUnitBool(std::string_view value, UnitPolicy& u) {
+  std::optional<bool> b = ParseBoolText(value);
+  if (!b) return BadValue(value, "expected true or false");
+  u.*kMember = *b;
+  return Status::Ok();
+}
+template <std::optional<bool> UnitPolicy::*kMember>
+std::optional<std::string> PrintUnitBool(const UnitPolicy& u) {
+  if (!(u.*kMember)) return std::nullopt;
+  return std::string(*(u.*kMember) ? "true" : "false");
+}
+
+// The same keys as the global fields they override (one vocabulary).
+constexpr UnitField kUnitFields[] = {
+    {"forward_prefetch", false, ParseUnitBudget<&UnitPolicy::forward_prefetch>,
+     PrintUnitBudget<&UnitPolicy::forward_prefetch>},
+    {"backward_prefetch", false, ParseUnitBudget<&UnitPolicy::backward_prefetch>,
+     PrintUnitBudget<&UnitPolicy::backward_prefetch>},
+    {"reshard_after_forward", true, ParseUnitBool<&UnitPolicy::reshard_after_forward>,
+     PrintUnitBool<&UnitPolicy::reshard_after_forward>},
+    {"unshard_all_planes_in_backward", true,
+     ParseUnitBool<&UnitPolicy::unshard_all_planes_in_backward>,
+     PrintUnitBool<&UnitPolicy::unshard_all_planes_in_backward>},
+};
+
+StatusOr<std::map<std::string, UnitPolicy, std::less<>>> ParseUnitOverrides(
+    const nlohmann::json& v) {
+  if (!v.is_object()) {
+    return InvalidInput(fmt::format(
+        "units: expected an object of unit names to override objects, found {}", v.dump()));
+  }
+  std::map<std::string, UnitPolicy, std::less<>> out;
+  for (const auto& [name, o] : v.items()) {
+    if (!o.is_object()) {
+      return InvalidInput(
+          fmt::format("units.{}: expected an object of overrides, found {}", name, o.dump()));
+    }
+    UnitPolicy u;
+    for (const auto& [key, value] : o.items()) {
+      const std::string k = NormalizeKey(key);
+      const UnitField* field = nullptr;
+      for (const UnitField& f : kUnitFields) {
+        if (f.key == k) field = &f;
+      }
+      if (field == nullptr) {
+        std::string keys;
+        for (const UnitField& f : kUnitFields)
+          keys += (keys.empty() ? "" : ", ") + std::string(f.key);
+        return InvalidInput(
+            fmt::format("units.{}: unknown key '{}' (a unit may override: {})", name, key, keys));
+      }
+      std::string text;
+      if (value.is_string()) {
+        text = value.get<std::string>();
+      } else if (value.is_boolean()) {
+        text = value.get<bool>() ? "true" : "false";
+      } else if (value.is_number_unsigned() || value.is_number_integer()) {
+        text = value.dump();
+      } else {
+        return InvalidInput(
+            fmt::format("units.{}.{}: unexpected value {}", name, field->key, value.dump()));
+      }
+      Status s = field->parse(Trim(text), u);
+      if (!s.ok()) return s.WithContext(fmt::format("units.{}.{}", name, field->key));
+    }
+    out[name] = u;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::span<const PolicyField> PolicyFields() { return kPolicyFields; }
@@ -344,6 +438,10 @@ Status ApplyPolicyJson(std::string_view json_text, Policy& policy) {
   if (!j.is_object()) return InvalidInput("policy: expected a JSON object of policy keys");
   // Keys in document order would be nicer, but every key is independent: apply in key order.
   for (const auto& [key, v] : j.items()) {
+    if (key == kUnitsKey) {
+      FSDP_ASSIGN_OR_RETURN(policy.units, ParseUnitOverrides(v));
+      continue;
+    }
     const PolicyField* f = FindPolicyField(key);
     std::string text;
     if (v.is_string()) {
@@ -371,22 +469,37 @@ Status ApplyPolicyJson(std::string_view json_text, Policy& policy) {
   return Status::Ok();
 }
 
+namespace {
+
+// "unknown unit 'x' (did you mean 'y'?)" when `name` is not a unit of the model, else "".
+std::string UnknownUnit(const Model& model, std::string_view name) {
+  if (model.Find(name).has_value()) return "";
+  std::string_view best;
+  std::size_t best_d = std::string::npos;
+  for (const Unit& u : model.units()) {
+    std::size_t d = EditDistance(name, u.name());
+    if (d < best_d) {
+      best_d = d;
+      best = u.name();
+    }
+  }
+  std::string hint = best.empty() ? std::string(" (the model has no units)")
+                                  : fmt::format(" (did you mean '{}'?)", best);
+  return fmt::format("unknown unit '{}'{}", name, hint);
+}
+
+}  // namespace
+
 Status ValidatePolicy(const Policy& policy, const Model& model) {
   for (const std::string& name : policy.unshard_all_planes_in_backward.names) {
-    if (model.Find(name).has_value()) continue;
-    std::string_view best;
-    std::size_t best_d = std::string::npos;
-    for (const Unit& u : model.units()) {
-      std::size_t d = EditDistance(name, u.name());
-      if (d < best_d) {
-        best_d = d;
-        best = u.name();
-      }
+    std::string unknown = UnknownUnit(model, name);
+    if (!unknown.empty()) {
+      return InvalidInput(fmt::format("unshard_all_planes_in_backward: {}", unknown));
     }
-    std::string hint = best.empty() ? std::string(" (the model has no units)")
-                                    : fmt::format(" (did you mean '{}'?)", best);
-    return InvalidInput(
-        fmt::format("unshard_all_planes_in_backward: unknown unit '{}'{}", name, hint));
+  }
+  for (const auto& [name, overrides] : policy.units) {
+    std::string unknown = UnknownUnit(model, name);
+    if (!unknown.empty()) return InvalidInput(fmt::format("units: {}", unknown));
   }
   if (policy.recompute_aware && policy.order != PrefetchOrder::kRecorded) {
     return UsageError(
@@ -398,6 +511,50 @@ Status ValidatePolicy(const Policy& policy, const Model& model) {
 std::string PolicyKeyValue(const Policy& policy, std::string_view key) {
   const PolicyField* f = FindPolicyField(key);
   return f != nullptr ? f->print(policy) : "";
+}
+
+EffectiveUnitPolicy EffectivePolicyFor(const Policy& policy, std::string_view unit_name) {
+  EffectiveUnitPolicy e;
+  e.forward_prefetch = policy.forward_prefetch;
+  e.backward_prefetch = policy.backward_prefetch;
+  e.reshard_after_forward = policy.reshard_after_forward;
+  e.unshard_all_planes_in_backward = policy.unshard_all_planes_in_backward.Selects(unit_name);
+  auto it = policy.units.find(unit_name);
+  if (it == policy.units.end()) return e;
+  const UnitPolicy& u = it->second;
+  if (u.forward_prefetch) e.forward_prefetch = *u.forward_prefetch;
+  if (u.backward_prefetch) e.backward_prefetch = *u.backward_prefetch;
+  if (u.reshard_after_forward) e.reshard_after_forward = *u.reshard_after_forward;
+  if (u.unshard_all_planes_in_backward) {
+    e.unshard_all_planes_in_backward = *u.unshard_all_planes_in_backward;
+  }
+  return e;
+}
+
+const std::vector<std::string_view>& UnitPolicyKeys() {
+  static const std::vector<std::string_view> keys = [] {
+    std::vector<std::string_view> out;
+    for (const UnitField& f : kUnitFields) out.push_back(f.key);
+    return out;
+  }();
+  return keys;
+}
+
+std::string UnitOverridesText(const Policy& policy) {
+  std::string out;
+  for (const auto& [name, u] : policy.units) {
+    if (!out.empty()) out += ' ';
+    out += name + "{";
+    bool first = true;
+    for (const UnitField& f : kUnitFields) {
+      std::optional<std::string> v = f.print(u);
+      if (!v) continue;
+      out += fmt::format("{}{}={}", first ? "" : " ", f.key, *v);
+      first = false;
+    }
+    out += "}";
+  }
+  return out;
 }
 
 std::string PolicyToJson(const Policy& policy) {
@@ -420,6 +577,23 @@ std::string PolicyToJson(const Policy& policy) {
     } else {
       j[key] = text;
     }
+  }
+  if (!policy.units.empty()) {
+    nlohmann::ordered_json units = nlohmann::ordered_json::object();
+    for (const auto& [name, u] : policy.units) {
+      nlohmann::ordered_json o = nlohmann::ordered_json::object();
+      for (const UnitField& f : kUnitFields) {
+        std::optional<std::string> v = f.print(u);
+        if (!v) continue;
+        if (f.is_bool) {
+          o[std::string(f.key)] = *v == "true";
+        } else {
+          o[std::string(f.key)] = *v;
+        }
+      }
+      units[name] = std::move(o);
+    }
+    j[std::string(kUnitsKey)] = std::move(units);
   }
   return j.dump();
 }

@@ -151,6 +151,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     for (std::string_view key : PolicyKeys()) {
       kv.push_back(fmt::format("{}={}", key, PolicyKeyValue(*in.policy, key)));
     }
+    if (!in.policy->units.empty()) kv.push_back("units: " + UnitOverridesText(*in.policy));
     r.policy_text = fmt::format("{}", fmt::join(kv, " "));
   }
   r.cluster_json = in.cluster_json.empty() ? "{}" : in.cluster_json;
@@ -391,6 +392,9 @@ std::string ReportToJson(const Report& r) {
                         {"lower_bound_us", m.lower_bound_us}};
   doc["errors"] = r.errors;
   doc["warnings"] = r.warnings;
+  if (!r.critical_path_json.empty()) {
+    doc["critical_path"] = ParseOr(r.critical_path_json, Json::object());
+  }
   doc["notes"] = r.notes;
   return doc.dump(2) + "\n";
 }

@@ -46,7 +46,7 @@ class Scheduler::Impl {
     for (const Unit& u : model_.units()) {
       UnitRt& rt = units_[static_cast<std::size_t>(u.id())];
       rt.present.assign(u.groups().size(), PlaneSet::None());
-      rt.all_planes_in_backward = policy_.unshard_all_planes_in_backward.Selects(u.name());
+      rt.policy = EffectivePolicyFor(policy_, u.name());
       if (policy_.sharding == Sharding::kNoShard) {
         // Replicated parameters: every plane is always present and nothing is gathered.
         for (std::size_t g = 0; g < u.groups().size(); ++g) {
@@ -92,7 +92,7 @@ class Scheduler::Impl {
     FSDP_RETURN_IF_ERROR(DemandGather(u, Phase::kForward, origin, sink));
     if (position >= 0) {
       FSDP_RETURN_IF_ERROR(
-          Prefetch(forward_seq(), position + 1, policy_.forward_prefetch, origin, sink));
+          Prefetch(forward_seq(), position + 1, rt.policy.forward_prefetch, origin, sink));
     }
     return Status::Ok();
   }
@@ -141,7 +141,7 @@ class Scheduler::Impl {
     FSDP_RETURN_IF_ERROR(DemandGather(u, Phase::kBackward, origin, sink));
     if (position >= 0) {
       FSDP_RETURN_IF_ERROR(
-          Prefetch(backward_seq(), position + 1, policy_.backward_prefetch, origin, sink));
+          Prefetch(backward_seq(), position + 1, rt.policy.backward_prefetch, origin, sink));
     }
     return Status::Ok();
   }
@@ -304,7 +304,7 @@ class Scheduler::Impl {
     bool recomputing = false;  // inside a reentrant recomputation's pre/post_forward
     UnitState state_before_recompute = UnitState::kResting;
     bool prefetched_unused = false;  // gathered by a prefetch and not entered since
-    bool all_planes_in_backward = false;
+    EffectiveUnitPolicy policy;      // the policy's values for this unit (overrides applied)
     std::vector<PlaneSet> present;   // per group: planes unsharded or in flight
     std::vector<Bytes> activations;  // one entry per forward call not yet consumed by backward
   };
@@ -362,15 +362,16 @@ class Scheduler::Impl {
   }
 
   bool ReshardsAfterForward(UnitId u) const {
-    return sharded() && policy_.sharding == Sharding::kZero3 && policy_.reshard_after_forward &&
-           !model_.unit(u).is_root();
+    return sharded() && policy_.sharding == Sharding::kZero3 &&
+           rt_of(u).policy.reshard_after_forward && !model_.unit(u).is_root();
   }
 
   // The planes `u` needs for an entry of `phase`: forward and recompute gather rowwise,
   // backward columnwise, plus rowwise when the unit opts in to all planes in backward.
   PlaneSet GatherPlanes(UnitId u, Phase phase) const {
     if (phase != Phase::kBackward) return PlaneSet::Rowwise();
-    return rt_of(u).all_planes_in_backward ? PlaneSet::Both() : PlaneSet::Columnwise();
+    return rt_of(u).policy.unshard_all_planes_in_backward ? PlaneSet::Both()
+                                                          : PlaneSet::Columnwise();
   }
 
   // Pieces of `planes` that `u` lacks (neither unsharded nor in flight).
@@ -529,7 +530,7 @@ class Scheduler::Impl {
     FSDP_RETURN_IF_ERROR(DemandGather(u, Phase::kRecompute, origin, sink));
     if (position >= 0) {
       FSDP_RETURN_IF_ERROR(Prefetch(backward_seq(), static_cast<std::size_t>(position) + 1,
-                                    policy_.backward_prefetch, origin, sink));
+                                    rt.policy.backward_prefetch, origin, sink));
     }
     return Status::Ok();
   }

@@ -62,6 +62,16 @@ void Engine::Run(Timeline& timeline) {
 // ---- memory ----
 
 void Engine::InitMemory(RankState& r) {
+  if (opt_.critical_path) {
+    for (std::size_t s = 0; s < kNumStreams; ++s) {
+      const std::size_t n = r.prog->stream_ops[s].size();
+      r.deps.start[s].assign(n, 0);
+      r.deps.end[s].assign(n, 0);
+      r.deps.timeline_id[s].assign(n, -1);
+    }
+    r.deps.issued.assign(r.prog->commands.size(), 0);
+    r.deps.woken_by.assign(r.prog->commands.size(), -1);
+  }
   r.gather_id.assign(r.prog->timeline.size(), -1);
   r.gather_flowed.assign(r.prog->timeline.size(), 0);
   r.mem = r.prog->initial_memory;
@@ -108,13 +118,14 @@ bool Engine::DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op) {
   return true;
 }
 
-void Engine::Free(RankState& r, TimeUs now, MemoryCategory cat, Bytes bytes, int step,
-                  UnitId unit) {
+void Engine::Free(RankState& r, TimeUs now, MemoryCategory cat, Bytes bytes, int step, UnitId unit,
+                  std::int64_t entry) {
   if (bytes == 0) return;
   Bytes& b = r.mem[static_cast<std::size_t>(cat)];
   b -= std::min(b, bytes);
   Sample(r, now, step, unit);
   if (r.host == HostState::kBlocked) {
+    r.deps.last_waker = entry;
     r.host = HostState::kResuming;
     queue_.Push(now + opt_.launch_us, HostIssueEv{r.rank});
   }
@@ -162,7 +173,8 @@ TimelineOp& Engine::RecordPlanned(RankState& r, const ProgOp& op, TimeUs start, 
 
 // ---- host ----
 
-void Engine::IssueCommand(RankState& r, const ProgCommand& cmd) {
+void Engine::IssueCommand(RankState& r, const ProgCommand& cmd, TimeUs now) {
+  if (opt_.critical_path) r.deps.issued[r.pc] = now;
   for (std::uint32_t i = cmd.first; i < cmd.end; ++i) {
     ++r.streams[Idx(r.prog->ops[i].stream)].issued;
   }
@@ -173,7 +185,10 @@ void Engine::OnHostIssue(TimeUs now, RankState& r) {
   const std::vector<ProgCommand>& cmds = r.prog->commands;
   // Host-only commands take no time.
   auto skip_free = [&] {
-    while (r.pc < cmds.size() && !cmds[r.pc].host_cost) IssueCommand(r, cmds[r.pc++]);
+    while (r.pc < cmds.size() && !cmds[r.pc].host_cost) {
+      IssueCommand(r, cmds[r.pc], now);
+      ++r.pc;
+    }
   };
   skip_free();
   if (r.pc >= cmds.size()) {
@@ -197,6 +212,9 @@ void Engine::OnHostIssue(TimeUs now, RankState& r) {
       marker.event = cmd.origin.event;
       Record(r, Track::kHost, OpKind::kHostBlock, marker, r.block_start, now - opt_.launch_us);
     }
+    if (r.host == HostState::kResuming && opt_.critical_path) {
+      r.deps.woken_by[r.pc] = r.deps.last_waker;
+    }
     r.host = HostState::kRunning;
     r.reserved +=
         cmd.gather_bytes;  // in use from the gather's start; reserved for the cap till then
@@ -214,7 +232,7 @@ void Engine::OnHostIssue(TimeUs now, RankState& r) {
     marker.event = cmd.origin.event;
     Record(r, Track::kHost, OpKind::kHostIssue, marker, now - opt_.launch_us, now);
   }
-  IssueCommand(r, cmd);
+  IssueCommand(r, cmd, now);
   ++r.pc;
   skip_free();
   Advance(r, now);
@@ -263,23 +281,29 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
           }
         }
         Executed(r, op);
+        LogTimes(r, s, st.completed, now, now);
         ++st.completed;
         progressed = true;
         break;
       }
       case PlanOpKind::kAlloc:
         Executed(r, op);
+        LogTimes(r, s, st.completed, now, now);
         ++st.completed;
         progressed = true;
         if (!DeviceAlloc(r, now, op)) return true;
         break;
-      case PlanOpKind::kFree:
-        if (op.timeline_op >= 0 && r.recorded) RecordPlanned(r, op, now, now);  // a release
+      case PlanOpKind::kFree: {
+        std::int64_t id = -1;
+        if (op.timeline_op >= 0 && r.recorded) id = RecordPlanned(r, op, now, now).id;  // release
         Executed(r, op);
+        LogTimes(r, s, st.completed, now, now, id);
+        const std::int64_t entry = EntryKey(s, st.completed);
         ++st.completed;
         progressed = true;
-        Free(r, now, op.category, op.bytes, op.step, op.unit);
+        Free(r, now, op.category, op.bytes, op.step, op.unit, entry);
         break;
+      }
       case PlanOpKind::kCompute: StartCompute(r, op, now); return true;
       case PlanOpKind::kCollective:
         st.arrived = true;
@@ -287,6 +311,7 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
         return true;
       default:  // records, and fill/check operations (not in a simulated plan)
         Executed(r, op);
+        LogTimes(r, s, st.completed, now, now);
         ++st.completed;
         progressed = true;
         break;
@@ -333,11 +358,14 @@ void Engine::OnComputeDone(TimeUs now, const ComputeDoneEv& e) {
   last_time_ = std::max(last_time_, now);
   StreamState& st = r.streams[kComputeStream];
   const ProgOp& op = OpAt(r, kComputeStream, st.completed);
+  std::int64_t id = -1;
   if (r.recorded) {
     TimelineOp& t = RecordPlanned(r, op, st.start, now);
     t.waited_on = std::move(r.pending_waited);
     r.pending_waited.clear();
+    id = t.id;
   }
+  LogTimes(r, kComputeStream, st.completed, st.start, now, id);
   Executed(r, op);
   st.busy = false;
   ++st.completed;
@@ -359,6 +387,12 @@ void Engine::Arrive(int s, const ProgOp& op, TimeUs now) {
   }
   p.started = true;
   TimeUs cost = opt_.cluster.CollectiveUs(op.kind, op.bytes, world_size_);
+  for (const GatherRef& g : opt_.zero_cost_gathers) {
+    if (op.kind == CollectiveKind::kAllGather && g.unit == op.unit && g.step == op.step &&
+        g.microbatch == op.microbatch && g.event == op.event) {
+      cost = 0;  // a what-if of the critical path: this gather costs nothing
+    }
+  }
   for (RankState& q : ranks_) {
     StreamState& st = q.streams[Idx(s)];
     st.busy = true;
@@ -414,12 +448,15 @@ void Engine::OnCollectiveDone(TimeUs now, const CollectiveDoneEv& e) {
     const ProgOp& op = OpAt(q, s, st.completed);
     Executed(q, op);
     st.busy = false;
+    const std::uint32_t entry = st.completed;
     ++st.completed;
     ++st.coll_done;
     --q.active_collectives;
     Reprice(q, now);
+    std::int64_t id = -1;
     if (q.recorded) {
       TimelineOp& t = RecordPlanned(q, op, st.start, now);
+      id = t.id;
       t.kind = CollectiveOpKind(op.kind);
       if (op.kind == CollectiveKind::kAllGather) {
         // A compute waits on a gather only after it completed: link it now.
@@ -427,6 +464,7 @@ void Engine::OnCollectiveDone(TimeUs now, const CollectiveDoneEv& e) {
         q.gather_flowed[Idx(op.timeline_op)] = 0;
       }
     }
+    LogTimes(q, s, entry, st.start, now, id);
   }
   for (RankState& q : ranks_) Advance(q, now);
 }

@@ -29,6 +29,22 @@ struct StreamState {
   std::uint32_t coll_done = 0;  // collectives completed on this stream
 };
 
+// With SimOptions::critical_path: when each stream entry of a rank started and ended, when the
+// host issued each command, and which free woke a host the memory cap held (critical_path.cc
+// builds the dependency graph from it).
+struct DependencyLog {
+  std::array<std::vector<TimeUs>, kNumStreams> start;
+  std::array<std::vector<TimeUs>, kNumStreams> end;
+  std::array<std::vector<std::int64_t>, kNumStreams> timeline_id;  // -1: not in the timeline
+  std::vector<TimeUs> issued;          // per command: when the host issued it
+  std::vector<std::int64_t> woken_by;  // per command: the free (EntryKey) that let it issue, -1
+  std::int64_t last_waker = -1;
+};
+// A stream entry as one number: stream << 32 | entry.
+inline std::int64_t EntryKey(int stream, std::uint32_t entry) {
+  return (static_cast<std::int64_t>(stream) << 32) | entry;
+}
+
 struct RankState {
   const SimProgram* prog = nullptr;
   const Model* model = nullptr;
@@ -54,6 +70,7 @@ struct RankState {
   std::vector<std::int64_t> gather_id;
   std::vector<std::uint8_t> gather_flowed;
   std::vector<std::int64_t> pending_waited;  // gathers the next compute waited on
+  DependencyLog deps;                        // filled with SimOptions::critical_path
 
   Bytes total() const {
     Bytes t = 0;
@@ -112,7 +129,8 @@ class Engine {
   void InitMemory(RankState& r);
   void Sample(RankState& r, TimeUs now, int step, UnitId unit);
   bool DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op);
-  void Free(RankState& r, TimeUs now, MemoryCategory cat, Bytes bytes, int step, UnitId unit);
+  void Free(RankState& r, TimeUs now, MemoryCategory cat, Bytes bytes, int step, UnitId unit,
+            std::int64_t entry);
   void Fail(Status s);
   // timeline
   TimelineOp& Record(RankState& r, Track track, OpKind kind, const ProgOp& op, TimeUs start,
@@ -120,7 +138,7 @@ class Engine {
   TimelineOp& RecordPlanned(RankState& r, const ProgOp& op, TimeUs start, TimeUs end);
   // host
   void OnHostIssue(TimeUs now, RankState& r);
-  void IssueCommand(RankState& r, const ProgCommand& cmd);
+  void IssueCommand(RankState& r, const ProgCommand& cmd, TimeUs now);
   // streams
   void Advance(RankState& r, TimeUs now);
   bool AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only);
@@ -156,6 +174,16 @@ class Engine {
   std::uint64_t commands_ = 0;
   std::vector<ExecutedOp> executed_;  // with SimOptions::log_executed_ops
 
+  // Dependency log (SimOptions::critical_path): entry `entry` of stream s ran [start, end].
+  void LogTimes(RankState& r, int s, std::uint32_t entry, TimeUs start, TimeUs end,
+                std::int64_t timeline_id = -1) {
+    if (!opt_.critical_path) return;
+    DependencyLog& d = r.deps;
+    d.start[static_cast<std::size_t>(s)][entry] = start;
+    d.end[static_cast<std::size_t>(s)][entry] = end;
+    d.timeline_id[static_cast<std::size_t>(s)][entry] = timeline_id;
+  }
+
   void Executed(const RankState& r, const ProgOp& op) {
     if (!opt_.log_executed_ops || op.type == PlanOpKind::kRecord) return;
     executed_.push_back(ExecutedOp{.rank = r.rank,
@@ -167,5 +195,9 @@ class Engine {
                                    .step = op.step});
   }
 };
+
+// The dependency graph of a run logged with SimOptions::critical_path, and its longest path
+// (critical_path.cc).
+CriticalPath BuildCriticalPath(const std::vector<RankState>& ranks, const SimOptions& options);
 
 }  // namespace fsdplab::sim

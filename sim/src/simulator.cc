@@ -261,6 +261,13 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
     if (status.ok()) status = engine.failure();
   }
   result.status = status;
+  if (options.critical_path && status.ok()) {
+    result.critical_path = BuildCriticalPath(engine.ranks(), options);
+    // The timeline draws the path: its ops' ids in order (collectives of rank 0's timeline).
+    for (const PathStep& st : result.critical_path->chain) {
+      if (st.timeline_id >= 0) tl.critical_path.push_back(st.timeline_id);
+    }
+  }
   return result;
 }
 

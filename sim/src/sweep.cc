@@ -12,9 +12,8 @@
 #include "fsdplab/core/report.h"
 
 namespace fsdplab::sim {
-namespace {
 
-SweepRow SimulateOne(const Trace& trace, const Policy& policy, const SimOptions& base) {
+SweepRow SimulatePolicy(const Trace& trace, const Policy& policy, const SimOptions& base) {
   SweepRow row;
   row.policy = policy;
   SimOptions opt = base;
@@ -41,6 +40,8 @@ SweepRow SimulateOne(const Trace& trace, const Policy& policy, const SimOptions&
   row.lower_bound_us = rep.summary.lower_bound_us;
   return row;
 }
+
+namespace {
 
 std::string CsvField(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -94,7 +95,7 @@ SweepResult RunSweep(const Trace& trace, const std::vector<Policy>& grid, const 
   int done = 0;
   auto worker = [&] {
     for (int i = next++; i < n; i = next++) {
-      SweepRow row = SimulateOne(trace, grid[static_cast<std::size_t>(i)], base);
+      SweepRow row = SimulatePolicy(trace, grid[static_cast<std::size_t>(i)], base);
       std::lock_guard<std::mutex> lock(mu);
       result.rows[static_cast<std::size_t>(i)] = std::move(row);
       ++done;

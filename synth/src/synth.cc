@@ -25,9 +25,9 @@ Shapes ShapesOf(const SynthConfig& c) {
   return {c.hidden, c.ffn, c.vocab, c.kv_heads * c.hidden / c.heads};
 }
 
-std::vector<ParamSpec> LayerParams(const SynthConfig& c) {
+// A layer's parameters; its projections are `big` (bf16 or mxfp8).
+std::vector<ParamSpec> LayerParams(const SynthConfig& c, DType big) {
   Shapes s = ShapesOf(c);
-  DType big = c.dtype;
   auto p = [](std::string name, DType dtype, std::vector<std::int64_t> shape) {
     ParamSpec spec;
     spec.name = std::move(name);
@@ -188,6 +188,7 @@ Status ValidateSynthConfig(const SynthConfig& c) {
   if (c.seq < 1) return bad("seq", "must be positive");
   if (c.micro_batch_size < 1) return bad("micro_batch_size", "must be positive");
   if (c.world_size < 1) return bad("world_size", "must be positive");
+  if (c.dtype_recompute_every < 1) return bad("dtype_recompute_every", "must be at least 1");
   if (c.reverse_registration && c.shuffle_registration) {
     return bad("shuffle_registration", "cannot be combined with reverse_registration");
   }
@@ -198,7 +199,7 @@ StatusOr<SynthParamCounts> CountSynthParams(const SynthConfig& c) {
   FSDP_RETURN_IF_ERROR(ValidateSynthConfig(c));
   SynthParamCounts n;
   for (const ParamSpec& p : RootParams(c)) n.root += p.Numel();
-  for (const ParamSpec& p : LayerParams(c)) {
+  for (const ParamSpec& p : LayerParams(c, c.dtype)) {
     n.per_layer += p.Numel();
     if (p.shape.size() == 2) n.layer_linear += p.Numel();
   }
@@ -222,11 +223,14 @@ StatusOr<Trace> SynthesizeTrace(const SynthConfig& c) {
   if (c.recompute == SynthRecompute::kInside || c.recompute == SynthRecompute::kSelective) {
     unit_recompute = RecomputeKind::kInside;
   }
+  // Layers that take the dtype and the recompute (all but with dtype_recompute_every > 1).
+  auto special = [&](int layer) { return layer % c.dtype_recompute_every == 0; };
   ModelBuilder b;
   b.AddUnit("model", std::nullopt, RootParams(c));
   for (int layer : reg) {
-    b.AddUnit(fmt::format("model.layers.{}", layer), std::string("model"), LayerParams(c),
-              unit_recompute);
+    b.AddUnit(fmt::format("model.layers.{}", layer), std::string("model"),
+              LayerParams(c, special(layer) ? c.dtype : DType::kBf16),
+              special(layer) ? unit_recompute : RecomputeKind::kNone);
   }
   StatusOr<Model> model = std::move(b).Build();
   if (!model.ok()) return model.status().WithContext("synth: building the model");
@@ -240,16 +244,28 @@ StatusOr<Trace> SynthesizeTrace(const SynthConfig& c) {
 
   // Layer calls in execution order: 0..distinct-1, then layer 0 again `shared_layers` times.
   std::vector<UnitId> calls;
-  for (int i = 0; i < distinct; ++i) calls.push_back(layer_id[static_cast<std::size_t>(i)]);
-  for (int i = 0; i < c.shared_layers; ++i) calls.push_back(layer_id[0]);
+  std::vector<bool> call_special;
+  for (int i = 0; i < distinct; ++i) {
+    calls.push_back(layer_id[static_cast<std::size_t>(i)]);
+    call_special.push_back(special(i));
+  }
+  for (int i = 0; i < c.shared_layers; ++i) {
+    calls.push_back(layer_id[0]);
+    call_special.push_back(special(0));
+  }
 
   Costs k = CostsOf(c, counts);
+  SynthConfig no_recompute = c;
+  no_recompute.recompute = SynthRecompute::kNone;
+  const Costs plain = CostsOf(no_recompute, counts);  // layers without recompute
   Microbatch mb;
   std::vector<Event>& ev = mb.events;
   ev.push_back(HookEvent(Op::kPreForward, root));
-  for (UnitId u : calls) {
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    const UnitId u = calls[i];
     ev.push_back(HookEvent(Op::kPreForward, u));
-    ev.push_back(ComputeEvent(u, Phase::kForward, k.layer_fwd_us, k.fwd_saved));
+    ev.push_back(ComputeEvent(u, Phase::kForward, k.layer_fwd_us,
+                              call_special[i] ? k.fwd_saved : plain.fwd_saved));
     ev.push_back(HookEvent(Op::kPostForward, u));
   }
   ev.push_back(ComputeEvent(root, Phase::kForward, k.head_fwd_us, k.head_saved));
@@ -259,7 +275,7 @@ StatusOr<Trace> SynthesizeTrace(const SynthConfig& c) {
   ev.push_back(ComputeEvent(root, Phase::kBackward, k.head_bwd_us));
   for (std::size_t i = calls.size(); i-- > 0;) {
     UnitId u = calls[i];
-    switch (c.recompute) {
+    switch (call_special[i] ? c.recompute : SynthRecompute::kNone) {
       case SynthRecompute::kReentrant:
         ev.push_back(HookEvent(Op::kPreForward, u));
         ev.push_back(ComputeEvent(u, Phase::kRecompute, k.recompute_us, k.recompute_saved));
@@ -303,6 +319,7 @@ StatusOr<Trace> SynthesizeTrace(const SynthConfig& c) {
                      {"shuffle_registration", c.shuffle_registration},
                      {"seed", c.seed},
                      {"shared_layers", c.shared_layers},
+                     {"dtype_recompute_every", c.dtype_recompute_every},
                      {"seq", c.seq},
                      {"micro_batch_size", c.micro_batch_size}};
   extra["parameters"] = counts.total;

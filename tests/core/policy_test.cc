@@ -196,5 +196,88 @@ TEST(ValidatePolicy, RecomputeAwareNeedsTheRecordedOrder) {
   EXPECT_TRUE(ValidatePolicy(p, Layers()).ok());
 }
 
+// ---- per-unit overrides ----------------------------------------------------------------------
+
+TEST(UnitPolicy, JsonReadsOverridesAndRoundTripsExactly) {
+  Policy p;
+  Status s = ApplyPolicyJson(R"({"forward_prefetch": "1", "units": {
+      "model.layers.1": {"forward_prefetch": "2", "reshard_after_forward": false},
+      "model.layers.0": {"backward_prefetch": 0, "unshard_all_planes_in_backward": "true"}}})",
+                             p);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(p.units.size(), 2u);
+  const UnitPolicy& l1 = p.units.at("model.layers.1");
+  EXPECT_EQ(l1.forward_prefetch, B(Budget::Kind::kUnits, 2));
+  EXPECT_FALSE(l1.backward_prefetch.has_value());
+  EXPECT_EQ(l1.reshard_after_forward, false);
+  const UnitPolicy& l0 = p.units.at("model.layers.0");
+  EXPECT_EQ(l0.backward_prefetch, B(Budget::Kind::kUnits, 0));
+  EXPECT_EQ(l0.unshard_all_planes_in_backward, true);
+  // Printed with only the fields each unit sets, units sorted by name; read back equal.
+  const std::string text = PolicyToJson(p);
+  nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["units"], nlohmann::json::parse(R"({
+      "model.layers.0": {"backward_prefetch": "0", "unshard_all_planes_in_backward": true},
+      "model.layers.1": {"forward_prefetch": "2", "reshard_after_forward": false}})"));
+  Policy back;
+  ASSERT_TRUE(ApplyPolicyJson(text, back).ok());
+  EXPECT_EQ(back, p);
+  EXPECT_EQ(PolicyToJson(back), text);
+  // Without overrides the key is left out (reports of global policies are unchanged).
+  EXPECT_FALSE(nlohmann::json::parse(PolicyToJson(Policy{})).contains("units"));
+  EXPECT_EQ(UnitOverridesText(p),
+            "model.layers.0{backward_prefetch=0 unshard_all_planes_in_backward=true} "
+            "model.layers.1{forward_prefetch=2 reshard_after_forward=false}");
+}
+
+TEST(UnitPolicy, UnknownKeysAndBadValuesNameTheUnitAndKey) {
+  Policy p;
+  EXPECT_EQ(ApplyPolicyJson(R"({"units": {"model.layers.0": {"order": "recorded"}}})", p).message(),
+            "units.model.layers.0: unknown key 'order' (a unit may override: forward_prefetch, "
+            "backward_prefetch, reshard_after_forward, unshard_all_planes_in_backward)");
+  EXPECT_EQ(
+      ApplyPolicyJson(R"({"units": {"model.layers.0": {"forward_prefetch": "x"}}})", p).message(),
+      "units.model.layers.0.forward_prefetch: 'x' is not a budget (expected a number of units (2, "
+      "units:2), elements:N or bytes:N, with K/M/G suffixes; 0 disables prefetch)");
+  EXPECT_EQ(ApplyPolicyJson(R"({"units": {"a": {"reshard_after_forward": 1.5}}})", p).message(),
+            "units.a.reshard_after_forward: unexpected value 1.5");
+  EXPECT_EQ(ApplyPolicyJson(R"({"units": ["a"]})", p).message(),
+            "units: expected an object of unit names to override objects, found [\"a\"]");
+  EXPECT_EQ(ApplyPolicyJson(R"({"units": {"a": 2}})", p).message(),
+            "units.a: expected an object of overrides, found 2");
+}
+
+TEST(UnitPolicy, ValidateNamesUnknownUnits) {
+  Policy p;
+  p.units["model.layers.1"].forward_prefetch = B(Budget::Kind::kUnits, 2);
+  EXPECT_TRUE(ValidatePolicy(p, Layers()).ok());
+  p.units["model.layer.0"].reshard_after_forward = false;
+  Status s = ValidatePolicy(p, Layers());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidInput);
+  EXPECT_EQ(s.message(), "units: unknown unit 'model.layer.0' (did you mean 'model.layers.0'?)");
+}
+
+TEST(UnitPolicy, EffectivePolicyOverridesTheGlobalValuesBothWays) {
+  Policy p;
+  p.forward_prefetch = B(Budget::Kind::kUnits, 1);
+  p.backward_prefetch = B(Budget::Kind::kBytes, 1024);
+  p.unshard_all_planes_in_backward.all = true;
+  p.units["a"].forward_prefetch = B(Budget::Kind::kElements, 5);
+  p.units["a"].unshard_all_planes_in_backward = false;  // off for a, although the list says all
+  p.units["b"].reshard_after_forward = false;
+  const EffectiveUnitPolicy a = EffectivePolicyFor(p, "a");
+  EXPECT_EQ(a.forward_prefetch, B(Budget::Kind::kElements, 5));
+  EXPECT_EQ(a.backward_prefetch, B(Budget::Kind::kBytes, 1024));
+  EXPECT_TRUE(a.reshard_after_forward);
+  EXPECT_FALSE(a.unshard_all_planes_in_backward);
+  const EffectiveUnitPolicy b = EffectivePolicyFor(p, "b");
+  EXPECT_EQ(b.forward_prefetch, B(Budget::Kind::kUnits, 1));
+  EXPECT_FALSE(b.reshard_after_forward);
+  EXPECT_TRUE(b.unshard_all_planes_in_backward);
+  const EffectiveUnitPolicy c = EffectivePolicyFor(p, "c");  // no overrides: the globals
+  EXPECT_TRUE(c.reshard_after_forward);
+  EXPECT_TRUE(c.unshard_all_planes_in_backward);
+}
+
 }  // namespace
 }  // namespace fsdplab

@@ -766,5 +766,73 @@ TEST(StreamProtocol, PostBackwardWithoutPreBackwardIsIllegal) {
   EXPECT_NE(st.message().find("RESTING -> RESTING"), std::string::npos) << st.message();
 }
 
+// ---- per-unit overrides ----------------------------------------------------------------------
+
+TEST(UnitPolicy, A_UnitsBudgetIsUsedAtItsOwnPreForward) {
+  // root, L0..L3 in registration order, global forward budget 1, no first-unit prefetch.
+  // Overrides: L0 prefetches 2 ahead, L2 none. Forward (event numbers of Pass):
+  //   0 PF root: demand root; root's budget 1 -> prefetch L0
+  //   1 PF L0:   L0 present; L0's budget 2 -> prefetch L1, L2
+  //   4 PF L1:   budget 1 -> L2 already in flight counts, nothing issued
+  //   7 PF L2:   budget 0 -> nothing (L3 is not prefetched)
+  //  10 PF L3:   demand L3
+  Model m = MakeModel(
+      {{"root", std::nullopt}, {"L0", "root"}, {"L1", "root"}, {"L2", "root"}, {"L3", "root"}});
+  Policy p;
+  p.prefetch_first_unit = false;
+  p.units["L0"].forward_prefetch = Budget{Budget::Kind::kUnits, 2};
+  p.units["L2"].forward_prefetch = Budget{Budget::Kind::kUnits, 0};
+  Scheduler s(m, p, 2);
+  CommandLog log;
+  Events e(m);
+  e.Pass({"root", "L0", "L1", "L2", "L3"}, {"root", "L3", "L2", "L1", "L0"});
+  ASSERT_TRUE(RunStep(s, 0, {e.Take()}, log).ok());
+  std::vector<GatherSeen> fwd;
+  for (const GatherSeen& g : Gathers(log, m)) {
+    if (g.event < 15) fwd.push_back(g);  // event 15 is root's pre_backward
+  }
+  const std::vector<GatherSeen> expected = {
+      {"root", PlaneSet::Rowwise(), GatherReason::kDemand, 0},
+      {"L0", PlaneSet::Rowwise(), GatherReason::kPrefetch, 0},
+      {"L1", PlaneSet::Rowwise(), GatherReason::kPrefetch, 1},
+      {"L2", PlaneSet::Rowwise(), GatherReason::kPrefetch, 1},
+      {"L3", PlaneSet::Rowwise(), GatherReason::kDemand, 10},
+  };
+  EXPECT_EQ(fwd, expected);
+}
+
+TEST(UnitPolicy, BackwardBudgetAndReshardAfterForwardPerUnit) {
+  // Backward order root, L1, L0 (registration reversed). Global backward budget 1; L1's is 0 and
+  // L1 keeps its parameters after forward (reshard_after_forward=false).
+  //   events 0 PF root, 1 PF L0, 2 C, 3 POF L0 (L0 released), 4 PF L1, 5 C, 6 POF L1 (kept),
+  //   7 C root, 8 POF root, 9 PB root: root's budget 1 -> L1 is present, counts, nothing issued;
+  //   10 PB L1: no gather (present); L1's budget 0 -> L0 not prefetched;
+  //   13 PB L0: demand L0.
+  Model m = MakeModel({{"root", std::nullopt}, {"L0", "root"}, {"L1", "root"}});
+  Policy p;
+  p.prefetch_first_unit = false;
+  p.units["L1"].backward_prefetch = Budget{Budget::Kind::kUnits, 0};
+  p.units["L1"].reshard_after_forward = false;
+  Scheduler s(m, p, 2);
+  CommandLog log;
+  Events e(m);
+  e.Pass({"root", "L0", "L1"}, {"root", "L1", "L0"});
+  ASSERT_TRUE(RunStep(s, 0, {e.Take()}, log).ok());
+  std::vector<GatherSeen> bwd;
+  for (const GatherSeen& g : Gathers(log, m)) {
+    if (g.event >= 9) bwd.push_back(g);
+  }
+  const std::vector<GatherSeen> expected = {
+      {"L0", PlaneSet::Rowwise(), GatherReason::kDemand, 13},
+  };
+  EXPECT_EQ(bwd, expected);
+  int forward_releases_l1 = 0;
+  for (const Command& c : log.commands()) {
+    const auto* r = std::get_if<ReleaseCmd>(&c.body);
+    if (r != nullptr && r->unit == *m.Find("L1") && c.origin.event < 9) ++forward_releases_l1;
+  }
+  EXPECT_EQ(forward_releases_l1, 0);
+}
+
 }  // namespace
 }  // namespace fsdplab

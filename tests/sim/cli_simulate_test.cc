@@ -94,4 +94,31 @@ TEST(CliSimulate, UnclosedPreForwardIsInvalidInputNamingTheEvent) {
   EXPECT_EQ(RunCli("schedule " + trace), 2);
 }
 
+// --explain: the report's critical_path and the timeline's flow through it; `tune --out` writes
+// a policy with per-unit overrides that `simulate --policy` reads back; tune needs a cap.
+TEST(CliSimulate, ExplainAndTunedPolicyFile) {
+  std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json";
+  std::string rep = Tmp("sim_cli_explain.json");
+  std::string tl = Tmp("sim_cli_explain_tl.json");
+  ASSERT_EQ(RunCli("simulate " + trace + " --explain -o " + rep + " --timeline " + tl), 0);
+  nlohmann::json r = ReadJson(rep);
+  ASSERT_TRUE(r.contains("critical_path"));
+  EXPECT_FALSE(r["critical_path"]["chain"].empty());
+  EXPECT_DOUBLE_EQ(r["critical_path"]["length_us"].get<double>(),
+                   r["critical_path"]["end_us"].get<double>());
+  int flow = 0;
+  const nlohmann::json timeline = ReadJson(tl);
+  for (const auto& e : timeline["traceEvents"]) {
+    if (e.value("cat", "") == "critical_path") ++flow;
+  }
+  EXPECT_GT(flow, 1);
+  std::string policy = Tmp("sim_cli_tuned.json");
+  EXPECT_EQ(RunCli("tune " + trace + " --time-limit 2"), 1);  // no --memory-cap
+  ASSERT_EQ(RunCli("tune " + trace + " --memory-cap 64G --time-limit 2 --out " + policy), 0);
+  EXPECT_EQ(RunCli("simulate " + trace + " --policy " + policy), 0);
+  std::string bad = Tmp("sim_cli_bad_units.json");
+  std::ofstream(bad) << R"({"units": {"no.such.unit": {"forward_prefetch": "2"}}})";
+  EXPECT_EQ(RunCli("simulate " + trace + " --policy " + bad), 2);
+}
+
 }  // namespace

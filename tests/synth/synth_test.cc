@@ -183,6 +183,33 @@ TEST(SynthTrace, InsideAndSelectiveRecomputeRunInsideTheBackward) {
   EXPECT_DOUBLE_EQ(recompute_us(inside), 214.748);
 }
 
+// dtype_recompute_every 2: layers 0 and 2 are mxfp8 and recomputed inside; layers 1 and 3 are
+// bf16, not recomputed, and their forward keeps attention and MLP activations:
+// 2 B x 2048 x (4 x 1024 + 2 x 1024) + 2 B x 2048 x (1024 + 3 x 4096) = 25,165,824 + 54,525,952
+// = 79,691,776 B (a recomputed layer keeps its input, 4,194,304 B).
+TEST(SynthTrace, DtypeAndRecomputeOnEveryNthLayer) {
+  SynthConfig c;
+  c.recompute = SynthRecompute::kInside;
+  c.dtype = DType::kMxfp8;
+  c.dtype_recompute_every = 2;
+  Trace t = RoundTrip(c);
+  for (UnitId u = 1; u <= 4; ++u) {
+    const bool special = (u - 1) % 2 == 0;  // layer u - 1
+    const Unit& layer = t.model.unit(u);
+    EXPECT_EQ(layer.recompute(), special ? RecomputeKind::kInside : RecomputeKind::kNone) << u;
+    EXPECT_EQ(layer.params()[1].dtype, special ? DType::kMxfp8 : DType::kBf16) << u;
+    const std::vector<std::string> ops = OpsOf(t, u);
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), "compute:recompute"), special ? 1 : 0) << u;
+    for (const Event& e : t.steps[0].microbatches[0].events) {
+      if (e.unit == u && e.op == Op::kCompute && e.phase == Phase::kForward) {
+        EXPECT_EQ(e.saved_bytes, special ? 4194304u : 79691776u) << u;
+      }
+    }
+  }
+  c.dtype_recompute_every = 0;
+  EXPECT_EQ(ValidateSynthConfig(c).message(), "dtype_recompute_every: must be at least 1");
+}
+
 TEST(SynthTrace, SharedLayerCalledAgainAndBackwardRepeatsIt) {
   SynthConfig c;
   c.layers = 4;

@@ -194,6 +194,7 @@ constexpr FieldFlag kFieldFlags[] = {
     {FlagScope::kSynth, "microbatches", "--microbatches"},
     {FlagScope::kSynth, "dtype", "--dtype"},
     {FlagScope::kSynth, "recompute", "--recompute"},
+    {FlagScope::kSynth, "dtype_recompute_every", "--dtype-recompute-every"},
     {FlagScope::kSynth, "tflops", "--tflops"},
     {FlagScope::kSynth, "steps", "--steps"},
     {FlagScope::kSynth, "shared_layers", "--shared-layers"},

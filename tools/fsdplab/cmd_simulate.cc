@@ -214,6 +214,10 @@ int RunSimulate(const Argv& argv) {
   args.Declare("--timeline", ArgKind::kValue,
                "write a Chrome trace (Perfetto, chrome://tracing) of the simulated timeline",
                "FILE");
+  args.Declare("--explain", ArgKind::kSwitch,
+               "the critical path: the chain of operations that sets the run's length, grouped "
+               "by unit and kind; every gather's slack; the top causes with what-if savings "
+               "(report JSON: critical_path; timeline: a flow through the path)");
   DeclarePolicyFlags(args);
   DeclareClusterFlags(args);
   DeclareEngineFlags(args);
@@ -221,7 +225,7 @@ int RunSimulate(const Argv& argv) {
   if (args.help()) {
     return PrintHelp(
         "fsdplab simulate TRACE [policy flags] [cluster flags] [--json] [-o FILE] "
-        "[--timeline FILE]",
+        "[--timeline FILE] [--explain]",
         "Replays the trace's steps through the scheduler in virtual time: a host thread that\n"
         "issues commands, a compute stream and all-gather / reduce-scatter streams per rank,\n"
         "collectives that synchronise the ranks, and memory per rank. Prints per step the\n"
@@ -244,9 +248,10 @@ int RunSimulate(const Argv& argv) {
   opt.cluster = *cluster;
   if (Status s = EngineOptionsFromArgs(args, opt); !s.ok()) return Fail(kCmd, s);
   if (opt.steps == 0) opt.steps = std::max<int>(2, static_cast<int>(first.steps.size()));
+  opt.critical_path = args.Has("--explain");
 
-  StatusOr<sim::SimResult> result = [&]() -> StatusOr<sim::SimResult> {
-    if (!loaded->per_rank) return sim::Simulate(first, opt);
+  auto simulate = [&](const sim::SimOptions& o) -> StatusOr<sim::SimResult> {
+    if (!loaded->per_rank) return sim::Simulate(first, o);
     if (args.Get("--world-size") &&
         opt.cluster.world_size != static_cast<int>(loaded->traces.size())) {
       return UsageError(fmt::format("--world-size {} but {} rank traces were given",
@@ -254,9 +259,16 @@ int RunSimulate(const Argv& argv) {
     }
     std::vector<const Trace*> ptrs;
     for (const Trace& t : loaded->traces) ptrs.push_back(&t);
-    return sim::SimulateRanks(ptrs, opt);
-  }();
+    return sim::SimulateRanks(ptrs, o);
+  };
+  StatusOr<sim::SimResult> result = simulate(opt);
   if (!result.ok()) return Fail(kCmd, result.status());
+  if (result->critical_path) {
+    if (Status s = sim::ExplainCauses(*result->critical_path, first.model, opt, simulate);
+        !s.ok()) {
+      return Fail(kCmd, s);
+    }
+  }
   LabelTimeline(result->timeline, first);
 
   ReportInputs in;
@@ -269,6 +281,9 @@ int RunSimulate(const Argv& argv) {
   Report report = BuildReport(result->timeline, in);
   if (opt.memory_cap) {
     report.notes.push_back(fmt::format("memory cap: {} bytes per rank", *opt.memory_cap));
+  }
+  if (result->critical_path) {
+    report.critical_path_json = sim::CriticalPathToJson(*result->critical_path, first.model);
   }
 
   if (std::optional<std::string> tl = args.Get("--timeline")) {
@@ -283,6 +298,9 @@ int RunSimulate(const Argv& argv) {
     if (!args.Get("-o")) fmt::print("{}", json);
   } else {
     fmt::print("{}", ReportToText(report));
+    if (result->critical_path) {
+      fmt::print("\n{}", sim::CriticalPathToText(*result->critical_path, first.model));
+    }
   }
   if (!result->status.ok()) return Fail(kCmd, result->status);
   return 0;

@@ -13,7 +13,8 @@ constexpr std::string_view kUsage =
     "fsdplab synth --layers L --hidden H --ffn F --heads A --kv-heads K --vocab V "
     "[--dtype bf16|mxfp8] [--recompute none|reentrant|inside|selective] [--microbatches M] "
     "[--steps S] [--tie-embeddings] [--reverse-registration] [--shuffle-registration [--seed N]] "
-    "[--shared-layers N] [--tflops T] [--seq S] [--micro-batch-size B] [--world-size W] "
+    "[--shared-layers N] [--dtype-recompute-every N] [--tflops T] [--seq S] [--micro-batch-size B] "
+    "[--world-size W] "
     "[-o FILE]";
 constexpr std::string_view kDescription =
     "Writes the trace (fsdplab.trace v1) of a GPT/Llama-like model: a root unit with the\n"
@@ -55,6 +56,7 @@ Status Run(const Args& args) {
   FSDP_RETURN_IF_ERROR(NarrowFlag(args, "--microbatches", c.microbatches));
   FSDP_RETURN_IF_ERROR(NarrowFlag(args, "--steps", c.steps));
   FSDP_RETURN_IF_ERROR(NarrowFlag(args, "--shared-layers", c.shared_layers));
+  FSDP_RETURN_IF_ERROR(NarrowFlag(args, "--dtype-recompute-every", c.dtype_recompute_every));
   FSDP_RETURN_IF_ERROR(IntFlag(args, "--seq", c.seq));
   FSDP_RETURN_IF_ERROR(IntFlag(args, "--micro-batch-size", c.micro_batch_size));
   FSDP_RETURN_IF_ERROR(NarrowFlag(args, "--world-size", c.world_size));
@@ -122,6 +124,10 @@ int RunSynth(const Argv& argv) {
   args.Declare("--shuffle-registration", ArgKind::kSwitch,
                "register the layers in a random order (see --seed)");
   args.Declare("--seed", ArgKind::kValue, "seed of --shuffle-registration (default 0)", "N");
+  args.Declare("--dtype-recompute-every", ArgKind::kValue,
+               "--dtype and --recompute apply to layers 0, N, 2N, ... only; the others are bf16 "
+               "without recompute (default 1: every layer)",
+               "N");
   args.Declare("--shared-layers", ArgKind::kValue,
                "the last N layer calls reuse layer 0 (default 0)", "N");
   args.Declare("--tflops", ArgKind::kValue, "achieved TFLOP/s for durations (default 400)", "T");

@@ -13,6 +13,7 @@ int RunOrder(const Argv& argv);
 int RunSchedule(const Argv& argv);
 int RunSimulate(const Argv& argv);
 int RunSweep(const Argv& argv);
+int RunTune(const Argv& argv);
 int RunCalibrate(const Argv& argv);
 int RunCost(const Argv& argv);
 int RunSynth(const Argv& argv);

@@ -24,6 +24,8 @@ constexpr Subcommand kSubcommands[] = {
      fsdplab::cli::RunSimulate},
     {"sweep", "simulate a grid of policies; table, CSV, plot, best policy under a memory cap",
      fsdplab::cli::RunSweep},
+    {"tune", "the fastest per-unit policy under a memory cap, steered by the critical path",
+     fsdplab::cli::RunTune},
     {"run", "run live steps (--backend host|cuda) and report what was measured", RunRun},
     {"record", "run live steps and write them as a trace", RunRecord},
     {"compare", "compare a simulated report with a measured one, per step and per op",

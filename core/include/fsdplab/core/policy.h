@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -51,6 +52,25 @@ struct UnitSelection final {
   friend bool operator==(const UnitSelection&, const UnitSelection&) = default;
 };
 
+// Overrides of one unit (the JSON key "units": {"layers.3": {...}}); an unset field falls back to
+// the policy's global value. A unit's budgets are the ones used when *that unit's* pre-hook
+// prefetches its successors (as FSDP2's set_modules_to_forward_prefetch is attached to the module
+// that runs): forward_prefetch at its pre_forward, backward_prefetch at its pre_backward and at
+// its recomputation's pre_forward. reshard_after_forward and unshard_all_planes_in_backward
+// apply to the unit's own parameters.
+struct UnitPolicy final {
+  std::optional<Budget> forward_prefetch;
+  std::optional<Budget> backward_prefetch;
+  std::optional<bool> reshard_after_forward;
+  std::optional<bool> unshard_all_planes_in_backward;
+
+  bool empty() const {
+    return !forward_prefetch && !backward_prefetch && !reshard_after_forward &&
+           !unshard_all_planes_in_backward;
+  }
+  friend bool operator==(const UnitPolicy&, const UnitPolicy&) = default;
+};
+
 struct Policy final {
   PrefetchOrder order = PrefetchOrder::kRegistration;
   Budget forward_prefetch;
@@ -64,9 +84,24 @@ struct Policy final {
   OnDivergence on_divergence = OnDivergence::kError;
   // Gradient reduce dtype; nullopt: the parameter dtype (bf16 for mxfp8 parameters).
   std::optional<DType> reduce_dtype;
+  // Per-unit overrides by unit name (sorted: the JSON prints them in this order).
+  std::map<std::string, UnitPolicy, std::less<>> units;
 
   friend bool operator==(const Policy&, const Policy&) = default;
 };
+
+// What the policy means for one unit: its overrides over the global values. Every reader of a
+// per-unit knob (the scheduler, hence the simulator and both live executors) asks this.
+struct EffectiveUnitPolicy final {
+  Budget forward_prefetch;
+  Budget backward_prefetch;
+  bool reshard_after_forward = true;
+  bool unshard_all_planes_in_backward = false;
+};
+EffectiveUnitPolicy EffectivePolicyFor(const Policy& policy, std::string_view unit_name);
+
+// The keys a unit's override object may hold, in the order they print.
+const std::vector<std::string_view>& UnitPolicyKeys();
 
 // The policy keys, in the order they print.
 const std::vector<std::string_view>& PolicyKeys();
@@ -74,14 +109,19 @@ const std::vector<std::string_view>& PolicyKeys();
 // Sets one key from its text form (the flag value): `key` uses underscores.
 Status ApplyPolicyKey(std::string_view key, std::string_view value, Policy& policy);
 // Applies every key of a JSON object (values may be strings, numbers, booleans, or lists for
-// unshard_all_planes_in_backward). Unknown keys are errors naming the key.
+// unshard_all_planes_in_backward; "units" is an object of per-unit overrides and replaces the
+// policy's). Unknown keys are errors naming the key (and the unit).
 Status ApplyPolicyJson(std::string_view json_text, Policy& policy);
-// Checks the policy against the model: named units exist; recompute_aware needs the recorded
-// order.
+// Checks the policy against the model: named units (in unshard_all_planes_in_backward and in
+// "units") exist; recompute_aware needs the recorded order.
 Status ValidatePolicy(const Policy& policy, const Model& model);
 
-std::string PolicyToJson(const Policy& policy);                          // one JSON object
+// One JSON object; "units" appears only when some unit has overrides. ApplyPolicyJson reads it
+// back to an equal Policy.
+std::string PolicyToJson(const Policy& policy);
 std::string PolicyKeyValue(const Policy& policy, std::string_view key);  // text form of one key
+// The per-unit overrides in one line: "layers.0{forward_prefetch=2} layers.3{...}" ("" if none).
+std::string UnitOverridesText(const Policy& policy);
 std::string_view PrefetchOrderName(PrefetchOrder order);  // "registration" | "recorded"
 std::string_view ShardingName(Sharding sharding);         // "zero3" | "zero2" | "no_shard"
 std::string_view OnDivergenceName(OnDivergence on);       // "error" | "rerecord"

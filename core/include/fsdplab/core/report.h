@@ -120,6 +120,8 @@ struct Report final {
   std::vector<std::string> warnings;
   std::vector<std::string> notes;
   std::vector<std::string> unit_names;  // for the text form
+  // A JSON object printed as "critical_path" when set (simulate --explain; the simulator's).
+  std::string critical_path_json;
 };
 
 Report BuildReport(const Timeline& timeline, const ReportInputs& inputs);

@@ -85,6 +85,8 @@ struct Timeline final {
   std::vector<std::string> errors;
   std::vector<std::string> warnings;
   std::vector<std::string> notes;  // e.g. "collectives emulated as copies"
+  // The ids of the ops on the critical path, in order (simulate --explain); drawn as a flow.
+  std::vector<std::int64_t> critical_path;
 };
 
 // Copies each compute event's `name` and `args` from `trace` onto the compute ops it caused, so

@@ -58,6 +58,7 @@
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/critical_path.h"
 
 namespace fsdplab::sim {
 
@@ -67,6 +68,14 @@ struct Straggler final {
 };
 // Parses "RANK:FACTOR" ("3:1.5").
 StatusOr<Straggler> ParseStraggler(std::string_view text);
+
+// One all-gather of the run, by the command that issued it.
+struct GatherRef final {
+  UnitId unit = kNoUnit;
+  int step = 0;
+  int microbatch = 0;
+  int event = -1;
+};
 
 struct SimOptions final {
   Cluster cluster;
@@ -86,6 +95,9 @@ struct SimOptions final {
   int max_recorded_ranks = 1 << 30;  // ranks beyond this keep no ops or memory samples
   bool fold_symmetric_ranks = true;  // simulate one rank when all ranks are identical
   bool log_executed_ops = false;     // SimResult::executed (tests)
+  bool critical_path = false;        // SimResult::critical_path (critical_path.h)
+  // What-ifs: these all-gathers take no time (every rank still meets at them).
+  std::vector<GatherRef> zero_cost_gathers;
 };
 
 struct SimResult final {
@@ -105,6 +117,8 @@ struct SimResult final {
   // With log_executed_ops: every plan operation but the records, in the order each stream of
   // each simulated rank carried it out.
   std::vector<ExecutedOp> executed;
+  // With SimOptions::critical_path, when the run succeeded: its dependency graph's longest path.
+  std::optional<CriticalPath> critical_path;
 };
 
 // The contention factors a simulation with these options uses (see SimOptions::comm_contention).

@@ -38,6 +38,10 @@ struct SweepResult final {
   std::vector<SweepRow> rows;  // in grid order
 };
 
+// One policy simulated with `base` (its policy replaced; rank 0 recorded, no host ops): the
+// row of a sweep. `fsdplab tune` evaluates its candidates with it.
+SweepRow SimulatePolicy(const Trace& trace, const Policy& policy, const SimOptions& base);
+
 // Simulates every policy with `base` (its policy replaced) on `jobs` threads (0: the machine's
 // cores). `progress(done, total)` is called from the calling thread as runs finish.
 SweepResult RunSweep(const Trace& trace, const std::vector<Policy>& grid, const SimOptions& base,

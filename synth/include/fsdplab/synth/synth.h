@@ -39,6 +39,8 @@
 // shared_layers N: the last N layer calls reuse layer 0 (L - N distinct layer units). In backward
 // consecutive calls of one unit make one pre_backward per call and one post_backward after the
 // last of them (the repeated pre_backward finds the unit still unsharded in BACKWARD).
+// dtype_recompute_every N: only layers 0, N, 2N, ... (execution index) take `dtype` and
+// `recompute`; the others are bf16 and keep their activations (no recompute).
 // reverse_registration lists the layer units in the opposite order from execution;
 // shuffle_registration in a random order (seeded, reproducible). The root stays first.
 #pragma once
@@ -75,6 +77,9 @@ struct SynthConfig final {
   bool shuffle_registration = false;
   std::uint64_t seed = 0;
   int shared_layers = 0;
+  // dtype and recompute apply to every N-th layer (execution index 0, N, 2N, ...); the others are
+  // bf16 without recompute. 1: every layer.
+  int dtype_recompute_every = 1;
   double tflops = 400;  // achieved TFLOP/s
   std::int64_t seq = 2048;
   std::int64_t micro_batch_size = 1;

@@ -1,0 +1,184 @@
+// fsdplab tune TRACE --memory-cap B [--objective step|exposed] [--budget-kinds units,...]
+//     [--time-limit S] [--out POLICY.json] [cluster flags] [engine flags]
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "fsdplab/core/file_util.h"
+#include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/tune.h"
+#include "sim_flags.h"
+
+namespace fsdplab::cli {
+namespace {
+
+std::string Ms(TimeUs us) { return fmt::format("{:.3f} ms", us / 1e3); }
+std::string GiB(Bytes b) {
+  return fmt::format("{:.3f} GiB", static_cast<double>(b) / static_cast<double>(1ull << 30));
+}
+
+StatusOr<std::vector<Budget::Kind>> ParseKinds(const std::string& text) {
+  std::vector<Budget::Kind> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::string k =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (k == "units") {
+      out.push_back(Budget::Kind::kUnits);
+    } else if (k == "elements") {
+      out.push_back(Budget::Kind::kElements);
+    } else if (k == "bytes") {
+      out.push_back(Budget::Kind::kBytes);
+    } else {
+      return UsageError(fmt::format(
+          "--budget-kinds: '{}' is not a budget kind (expected units, elements or bytes)", k));
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int RunTune(const Argv& argv) {
+  constexpr std::string_view kCmd = "tune";
+  Args args(argv);
+  args.Declare("--objective", ArgKind::kValue,
+               "step (default): the mean step time; exposed: the exposed communication", "OBJ");
+  args.Declare("--budget-kinds", ArgKind::kValue,
+               "budget kinds to search, comma-separated: units (default), elements, bytes",
+               "KINDS");
+  args.Declare("--time-limit", ArgKind::kValue, "stop searching after S seconds (default 8)", "S");
+  args.Declare("--out", ArgKind::kValue,
+               "write the tuned policy as JSON (accepted by --policy of simulate, run, record)",
+               "POLICY.json");
+  args.Declare("--global-out", ArgKind::kValue,
+               "write the best global policy under the cap as JSON too (to run both live)",
+               "POLICY.json");
+  DeclareClusterFlags(args);
+  DeclareEngineFlags(args);
+  if (Status s = args.Parse(); !s.ok()) return Fail(kCmd, s);
+  if (args.help()) {
+    return PrintHelp(
+        "fsdplab tune TRACE --memory-cap BYTES [--objective step|exposed] "
+        "[--budget-kinds units,elements,bytes] [--time-limit S] [--out POLICY.json] "
+        "[--global-out POLICY.json]",
+        "Finds the fastest policy, with per-unit budgets, orders, prefetch_first_unit,\n"
+        "reshard_after_forward and unshard_all_planes_in_backward, whose simulated peak memory\n"
+        "fits the cap. It sweeps the global policies first (as `fsdplab sweep` would, on one\n"
+        "core), then searches per-unit overrides from the best of them, steered by the critical\n"
+        "path: budget goes to the units that prefetch gathers on the path, and is taken where\n"
+        "gathers have slack. Prints the tuned policy, its gain over the best global policy and\n"
+        "why. Exit status 3 when no policy fits under the cap.",
+        args);
+  }
+  StatusOr<LoadedTraces> loaded = LoadTraces(args);
+  if (!loaded.ok()) return Fail(kCmd, loaded.status());
+  if (loaded->per_rank) return Fail(kCmd, UsageError("tune takes one TRACE for all ranks"));
+  const Trace& trace = loaded->traces.front();
+
+  sim::TuneOptions opt;
+  StatusOr<sim::Cluster> cluster = ClusterFromArgs(args, trace.meta.world_size);
+  if (!cluster.ok()) return Fail(kCmd, cluster.status());
+  opt.base.cluster = *cluster;
+  if (Status s = EngineOptionsFromArgs(args, opt.base); !s.ok()) return Fail(kCmd, s);
+  if (!opt.base.memory_cap) return Fail(kCmd, UsageError("--memory-cap BYTES is required"));
+  opt.memory_cap = *opt.base.memory_cap;
+  if (opt.base.steps == 0) opt.base.steps = std::max<int>(2, static_cast<int>(trace.steps.size()));
+  if (std::optional<std::string> v = args.Get("--objective")) {
+    if (*v == "step") {
+      opt.objective = sim::TuneObjective::kStep;
+    } else if (*v == "exposed") {
+      opt.objective = sim::TuneObjective::kExposed;
+    } else {
+      return Fail(kCmd,
+                  UsageError(fmt::format(
+                      "--objective: '{}' is not an objective (expected step or exposed)", *v)));
+    }
+  }
+  if (std::optional<std::string> v = args.Get("--budget-kinds")) {
+    StatusOr<std::vector<Budget::Kind>> kinds = ParseKinds(*v);
+    if (!kinds.ok()) return Fail(kCmd, kinds.status());
+    opt.budget_kinds = *kinds;
+  }
+  if (std::optional<std::string> v = args.Get("--time-limit")) {
+    StatusOr<double> t = ParseDouble(*v, "--time-limit");
+    if (!t.ok()) return Fail(kCmd, t.status());
+    if (!(*t > 0)) return Fail(kCmd, UsageError("--time-limit: must be > 0 seconds"));
+    opt.time_limit_s = *t;
+  }
+
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  double last_print = -1;
+  auto progress = [&](const sim::TuneProgress& p) {
+    if (!tty || p.elapsed_s - last_print < 0.1) return;
+    last_print = p.elapsed_s;
+    constexpr int kWidth = 30;
+    const int filled = std::min(kWidth, static_cast<int>(kWidth * p.elapsed_s / opt.time_limit_s));
+    fmt::print(stderr, "\r[{}{}] {:>5} policies, {:5.1f} s, {}: best {}      ",
+               std::string(static_cast<std::size_t>(filled), '#'),
+               std::string(static_cast<std::size_t>(kWidth - filled), '.'), p.evaluated,
+               p.elapsed_s, p.global_phase ? "global sweep" : "per-unit search",
+               p.best ? Ms(*p.best) : std::string("none under the cap yet"));
+    std::fflush(stderr);
+  };
+  StatusOr<sim::TuneResult> r = sim::Tune(trace, opt, progress);
+  if (tty) fmt::print(stderr, "\n");
+  if (!r.ok()) return Fail(kCmd, r.status());
+  const std::string_view obj_name =
+      opt.objective == sim::TuneObjective::kStep ? "step time" : "exposed communication";
+  fmt::print(
+      "{} policies simulated in {:.2f} s ({:.0f} per second; {} global, {} search rounds){}\n",
+      r->evaluated, r->seconds, r->seconds > 0 ? r->evaluated / r->seconds : 0.0,
+      r->global_evaluated, r->rounds, r->time_limit_reached ? ", stopped by the time limit" : "");
+  fmt::print("cluster: {}\nmemory cap: {} ({} bytes)\n\n", sim::DescribeCluster(opt.base.cluster),
+             GiB(opt.memory_cap), opt.memory_cap);
+  if (!r->global_best || !r->best) {
+    if (!r->failure.empty()) {
+      fmt::print("Every global policy fails: {}\n", r->failure);
+    } else {
+      fmt::print("No policy fits under the memory cap.\n");
+    }
+    return 3;
+  }
+  const sim::SweepRow& g = *r->global_best;
+  const sim::SweepRow& b = *r->best;
+  const TimeUs gv = sim::TuneObjectiveOf(g, opt.objective);
+  const TimeUs bv = sim::TuneObjectiveOf(b, opt.objective);
+  fmt::print("best global policy (sweep): step {}, exposed {}, peak {}\n  {}\n", Ms(g.step_time_us),
+             Ms(g.exposed_comm_us), GiB(g.peak_memory_bytes), PolicyToJson(g.policy));
+  fmt::print("tuned policy:               step {}, exposed {}, peak {}\n  {}\n", Ms(b.step_time_us),
+             Ms(b.exposed_comm_us), GiB(b.peak_memory_bytes), PolicyToJson(b.policy));
+  const double gain = gv > 0 ? 100.0 * (gv - bv) / gv : 0.0;
+  fmt::print("\ngain in {}: {:.1f}% ({} -> {})\n", obj_name, gain, Ms(gv), Ms(bv));
+  if (opt.objective == sim::TuneObjective::kStep && g.step_time_us > 0) {
+    const double headroom = 100.0 * (g.step_time_us - r->lower_bound_us) / g.step_time_us;
+    fmt::print(
+        "bound: no policy's step is shorter than {} (the compute on the busiest resource);"
+        " the best global policy is {:.1f}% above it{}\n",
+        Ms(r->lower_bound_us), headroom, headroom < 5 ? ", so no policy can be 5% faster" : "");
+  }
+  fmt::print("why:\n");
+  for (const std::string& w : r->why) fmt::print("  - {}\n", w);
+  if (std::optional<std::string> out = args.Get("--out")) {
+    if (Status s = WriteFileAtomic(*out, PolicyToJson(b.policy) + "\n"); !s.ok()) {
+      return Fail(kCmd, s);
+    }
+    fmt::print("policy written to {}\n", *out);
+  }
+  if (std::optional<std::string> out = args.Get("--global-out")) {
+    if (Status s = WriteFileAtomic(*out, PolicyToJson(g.policy) + "\n"); !s.ok()) {
+      return Fail(kCmd, s);
+    }
+    fmt::print("best global policy written to {}\n", *out);
+  }
+  return 0;
+}
+
+}  // namespace fsdplab::cli
