@@ -84,6 +84,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=int(os.environ.get("REPEAT", "2")))
     ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "4")))
     ap.add_argument("--keep", help="keep the work files in this directory")
+    ap.add_argument("--working-set", default="0",
+                    help="bench-gather --working-set for the calibration (e.g. 256M: buffers "
+                         "cold in the caches, as in a live step over many units; default 0: hot)")
     a = ap.parse_args()
     f = os.path.join(a.build, "tools", "fsdplab")
     if not os.access(f, os.X_OK):
@@ -102,11 +105,12 @@ def main():
     worlds = stratified([2, 3], n, rng)
 
     sizes_flags = ["-b", "256K", "-e", "128M", "-f", "2", "-n", "10", "-w", "3"]
+    ws_flags = ["--working-set", a.working_set]
 
     def bench(world, tag):
         for op in ("all_gather", "reduce_scatter"):
             run([f, "bench-gather", "--backend", "host", "--world-size", str(world), *sizes_flags,
-                 "--op", op, "--nccl-out", f"{work}/{op}{world}.{tag}.txt"])
+                 *ws_flags, "--op", op, "--nccl-out", f"{work}/{op}{world}.{tag}.txt"])
 
     for w in sorted(set(worlds)):
         bench(w, 0)

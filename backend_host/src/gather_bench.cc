@@ -110,7 +110,8 @@ StatusOr<DType> HostBenchDType(const std::string& name) {
 class HostGatherBench final {
  public:
   // Before the first Init the benchmark has one rank (the GEMM probe).
-  explicit HostGatherBench(DType dtype) : dtype_(dtype), bufs_(1) {}
+  HostGatherBench(DType dtype, std::uint64_t working_set_bytes)
+      : dtype_(dtype), working_set_(working_set_bytes), bufs_(1) {}
 
   Status Init(const BenchCase& c) {
     c_ = c;
@@ -200,12 +201,25 @@ class HostGatherBench final {
 
   void Fill() {
     const std::size_t esize = c_.type.bytes;
+    const std::size_t in_bytes = c_.all_gather ? c_.shard_bytes : c_.size_bytes;
+    const std::size_t out_bytes = c_.all_gather ? c_.size_bytes : c_.shard_bytes;
+    // Copies beyond the first so that one call of every rank touches world x (in + out) bytes
+    // and the working set is covered before a copy comes round again (at most 64 copies).
+    const std::uint64_t per_call = static_cast<std::uint64_t>(world()) * (in_bytes + out_bytes);
+    const std::uint64_t copies =
+        per_call == 0 ? 1
+                      : std::clamp<std::uint64_t>((working_set_ + per_call - 1) / per_call, 1, 64);
+    spares_.assign(static_cast<std::size_t>(world()), {});
     for (int r = 0; r < world(); ++r) {
       RankBuffers& b = bufs_[static_cast<std::size_t>(r)];
-      b.input.assign(c_.all_gather ? c_.shard_bytes : c_.size_bytes, std::byte{0});
-      b.output.assign(c_.all_gather ? c_.size_bytes : c_.shard_bytes, std::byte{0});
+      b.input.assign(in_bytes, std::byte{0});
+      b.output.assign(out_bytes, std::byte{0});
       for (std::size_t i = 0; i < b.input.size() / esize; ++i) {
         StoreElement(dtype_, b.input.data(), i, InputValue(r, i));
+      }
+      for (std::uint64_t k = 1; k < copies; ++k) {
+        spares_[static_cast<std::size_t>(r)].push_back(
+            {b.input, std::vector<std::byte>(out_bytes, std::byte{0})});
       }
     }
   }
@@ -234,7 +248,15 @@ class HostGatherBench final {
       seg.output = b.output.data();
     }
     const OpContext ctx{r, 0, 0, "bench", op_name()};
+    auto& spares = spares_[static_cast<std::size_t>(r)];
     for (int k = 0; k < n; ++k) {
+      // Out of place with a working set: copy k rotates; the last call uses the first copy, whose
+      // output the check reads.
+      if (!in_place && !spares.empty()) {
+        const std::size_t copy = (static_cast<std::size_t>(n - 1 - k)) % (spares.size() + 1);
+        seg.input = copy == 0 ? b.input.data() : spares[copy - 1].first.data();
+        seg.output = copy == 0 ? b.output.data() : spares[copy - 1].second.data();
+      }
       StatusOr<CollectiveTimes> t = comm_->Call(r, desc_, std::span<const Segment>(&seg, 1), ctx);
       if (!t.ok()) {
         std::lock_guard<std::mutex> lock(failure_mu_);
@@ -260,8 +282,11 @@ class HostGatherBench final {
   }
 
   DType dtype_;
+  std::uint64_t working_set_ = 0;
   BenchCase c_;
   std::vector<RankBuffers> bufs_;
+  // Per rank: the extra (input, output) copies of the working set.
+  std::vector<std::vector<std::pair<std::vector<std::byte>, std::vector<std::byte>>>> spares_;
   std::unique_ptr<RunControl> control_;
   std::unique_ptr<Communicator> comm_;
   CollectiveDesc desc_;
@@ -274,7 +299,7 @@ class HostGatherBench final {
 
 StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o) {
   FSDP_ASSIGN_OR_RETURN(const DType dtype, HostBenchDType(o.dtype));
-  HostGatherBench bench(dtype);
+  HostGatherBench bench(dtype, o.working_set_bytes);
   // The GEMM: fp32 on one core per rank, small enough for a CPU.
   const GemmSizing gemm{
       .probe_n = 128, .probe_iters = 4, .min_n = 16, .max_n = 4096, .multiple = 1};

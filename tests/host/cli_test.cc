@@ -139,6 +139,30 @@ TEST_F(CliTest, BenchGatherFeedsCalibrate) {
   EXPECT_EQ(cal.code, 0) << cal.out;
 }
 
+// --working-set rotates the out-of-place calls over buffer copies (64K all-gather on 3 ranks:
+// 3 x (64K / 3 + 64K) = 256K per call, so 1M needs 4 copies); the results are still checked and
+// the file says which working set it measured.
+TEST_F(CliTest, BenchGatherWorkingSetKeepsTheResultsExact) {
+  const std::string nccl = Path("ws.txt");
+  for (const char* op : {"all_gather", "reduce_scatter"}) {
+    SCOPED_TRACE(op);
+    Result b = Fsdplab(std::string("bench-gather --backend host -b 64K -e 128K -n 5 -w 1 ") +
+                       "--world-size 3 --working-set 1M --json --op " + op + " --nccl-out " + nccl);
+    ASSERT_EQ(b.code, 0) << b.out;
+    nlohmann::json doc = nlohmann::json::parse(b.out);
+    EXPECT_EQ(doc["working_set_bytes"], 1048576);
+    ASSERT_EQ(doc["rows"].size(), 2u);
+    for (const auto& row : doc["rows"]) {
+      EXPECT_EQ(row["wrong"], 0);
+      EXPECT_EQ(row["inplace_wrong"], 0);
+    }
+    StatusOr<std::string> text = ReadFile(nccl);
+    ASSERT_TRUE(text.ok());
+    EXPECT_NE(text->find("# working set: 1048576 bytes"), std::string::npos);
+  }
+  EXPECT_EQ(Fsdplab("bench-gather --op concurrent -b 64K --working-set 1M").code, 1);
+}
+
 TEST_F(CliTest, BenchGatherConcurrentMeasuresContention) {
   // 3 ranks, 2 sizes: each row has both collectives alone and together, checked results, and
   // slowdown = together / alone - 1; the summary is sum(together) / sum(alone) - 1 per collective.

@@ -80,6 +80,10 @@ std::string NcclTestsText(const GatherBenchOptions& o, const std::vector<GatherB
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
   std::string t = fmt::format("# fsdplab bench-gather --backend {} (nccl-tests format)\n", backend);
+  if (o.working_set_bytes > 0) {
+    t += fmt::format("# working set: {} bytes (out-of-place calls rotate over buffer copies)\n",
+                     o.working_set_bytes);
+  }
   t += fmt::format("# Collective test starting: {}\n", NcclName(o.op));
   t += fmt::format(
       "# nThread 1 nGpus {} minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} "
@@ -127,6 +131,7 @@ nlohmann::ordered_json JsonHeader(const GatherBenchOptions& o, const std::string
   doc["warmup"] = o.warmup;
   doc["iters"] = o.iters;
   doc["check"] = o.check;
+  doc["working_set_bytes"] = o.working_set_bytes;
   return doc;
 }
 
@@ -282,6 +287,11 @@ Status Run(const Args& args) {
     if (n < 0 || n > 16384) return UsageError("--gemm-n: must be in 0..16384");
     o.gemm_n = static_cast<std::uint64_t>(n);
   }
+  if (auto v = args.Get("--working-set")) {
+    FSDP_ASSIGN_OR_RETURN(o.working_set_bytes, ParseSize(*v, "--working-set"));
+    if (backend != "host") return UsageError("--working-set: the host backend only");
+    if (o.op == "concurrent") return UsageError("--working-set: not with --op concurrent");
+  }
   if (o.op == "concurrent") return RunConcurrent(args, o, chosen);
   StatusOr<std::vector<GatherBenchRow>> rows =
       chosen.backend->BenchGather(BenchRequest{.options = o, .backend_flags = chosen.flags});
@@ -322,6 +332,10 @@ int RunBenchGather(const Argv& argv) {
   args.Declare("--gemm-n", ArgKind::kValue,
                "overlapped GEMM size n (n x n x n); 0 (default) sizes it to match the collective",
                "N");
+  args.Declare("--working-set", ArgKind::kValue,
+               "host: rotate the out-of-place calls over buffer copies covering SIZE bytes, as a "
+               "live step walks many units' buffers (default 0: one hot buffer)",
+               "SIZE");
   args.Declare("--json", ArgKind::kSwitch, "print JSON instead of the table");
   args.Declare("-J", ArgKind::kValue, "also write the JSON to FILE", "FILE");
   args.Declare("--nccl-out", ArgKind::kValue,

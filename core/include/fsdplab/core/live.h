@@ -82,6 +82,10 @@ struct GatherBenchOptions final {
   std::string op = "all_gather";  // all_gather | reduce_scatter
   std::string dtype = "bf16";
   std::uint64_t gemm_n = 0;  // overlapped GEMM size (0: chosen to match the gather)
+  // Host only (--working-set): the timed out-of-place calls rotate over enough copies of the
+  // buffers that at least this many bytes are touched between two uses of one copy, as a live
+  // step walks the buffers of many units; 0: one buffer, hot in the caches (nccl-tests).
+  std::uint64_t working_set_bytes = 0;
 };
 
 struct GatherBenchRow final {
