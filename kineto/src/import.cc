@@ -498,19 +498,25 @@ class Importer final {
     return gpu_ ? gpu_rework_.Between(a, b) : recompute_cpu_.Between(a, b);
   }
 
+  // The innermost all-gather or reduce range of `thread` around time t, or nullptr.
   const FsdpRange* Enclosing(std::int32_t thread, TimeUs t) const {
-    const FsdpRange* best = nullptr;
-    for (const FsdpRange& r : ranges_) {
-      if (r.start > t) break;
-      if (r.thread == thread && r.end >= t &&
-          (r.hook == Hook::kAllGather || r.hook == Hook::kReduce)) {
-        best = &r;
-      }
-    }
-    return best;
+    auto it = comm_ranges_.find(thread);
+    if (it == comm_ranges_.end()) return nullptr;
+    const std::vector<const FsdpRange*>& list = it->second;
+    auto after = std::upper_bound(list.begin(), list.end(), t,
+                                  [](TimeUs x, const FsdpRange* r) { return x < r->start; });
+    // Such ranges do not nest: the last one starting at or before t is the only candidate.
+    if (after == list.begin()) return nullptr;
+    const FsdpRange* r = *std::prev(after);
+    return r->end >= t ? r : nullptr;
   }
 
   Status FindCollectives() {
+    for (const FsdpRange& r : ranges_) {
+      if (r.hook == Hook::kAllGather || r.hook == Hook::kReduce) {
+        comm_ranges_[r.thread].push_back(&r);
+      }
+    }
     bool nccl_args = false;
     for (const ProfileEvent& e : p_.events) {
       if (e.args >= 0 && Name(e) == "record_param_comms") nccl_args = true;
@@ -632,16 +638,18 @@ class Importer final {
 
   Status ImportStep(const StepRange& s) {
     std::vector<Mark> marks;
-    for (const FsdpRange& r : ranges_) {
-      if (r.start < s.start || r.start >= s.end) continue;
+    auto first_range = std::lower_bound(ranges_.begin(), ranges_.end(), s.start,
+                                        [](const FsdpRange& r, TimeUs t) { return r.start < t; });
+    for (auto it = first_range; it != ranges_.end() && it->start < s.end; ++it) {
+      const FsdpRange& r = *it;
       if (!IsUnitHook(r.hook) && r.hook != Hook::kBackwardEnd) continue;
       Mark m;
       m.hook = r.hook;
       m.t = r.hook == Hook::kBackwardEnd ? r.end : r.start;
       if (IsUnitHook(r.hook)) {
-        auto it = unit_ids_.find(UnitName(r.fqn));
-        if (it == unit_ids_.end()) continue;
-        m.unit = it->second;
+        auto id = unit_ids_.find(UnitName(r.fqn));
+        if (id == unit_ids_.end()) continue;
+        m.unit = id->second;
       }
       marks.push_back(m);
     }
@@ -650,9 +658,12 @@ class Importer final {
       return Status::Ok();
     }
     std::vector<Interval> comm;
-    for (std::size_t i = 0; i < collectives_.size(); ++i) {
-      const Collective& c = collectives_[i];
-      if (c.start < s.start || c.start >= s.end) continue;
+    auto first_collective =
+        std::lower_bound(collectives_.begin(), collectives_.end(), s.start,
+                         [](const Collective& c, TimeUs t) { return c.start < t; });
+    for (auto it = first_collective; it != collectives_.end() && it->start < s.end; ++it) {
+      const auto i = static_cast<std::size_t>(it - collectives_.begin());
+      const Collective& c = *it;
       Mark m;
       m.t = c.start;
       m.collective = static_cast<int>(i);
@@ -867,6 +878,7 @@ class Importer final {
   std::vector<StepRange> steps_;
   std::set<std::int32_t> compute_threads_;
   std::vector<Collective> collectives_;
+  std::map<std::int32_t, std::vector<const FsdpRange*>> comm_ranges_;  // by thread, by start
   IntervalSet excluded_;
   IntervalSet cpu_busy_;
   IntervalSet recompute_cpu_;

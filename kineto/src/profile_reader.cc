@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -143,6 +144,19 @@ class Input final {
   bool stream_end_ = false;
 };
 
+struct SvHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using NameIds = std::unordered_map<std::string, std::int32_t, SvHash, std::equal_to<>>;
+
+// The bytes that change the state of the value scanner.
+constexpr std::array<std::uint8_t, 256> kStructural = [] {
+  std::array<std::uint8_t, 256> t{};
+  for (unsigned char c : std::string_view("\"\\{}[]")) t[c] = 1;
+  return t;
+}();
+
 bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
 class Reader final {
@@ -224,48 +238,52 @@ class Reader final {
       const char* b = buf_.data();
       std::size_t i = pos_;
       bool done = false;
-      for (; i < len_; ++i) {
-        const char c = b[i];
-        if (!started) {
-          started = true;
-          if (c == '"') {
-            in_string = true;
-          } else if (c == '{' || c == '[') {
-            depth = 1;
-          }
-          continue;
-        }
-        if (in_string) {
-          if (escape) {
-            escape = false;
-          } else if (c == '\\') {
-            escape = true;
-          } else if (c == '"') {
-            in_string = false;
-            if (depth == 0) {
-              ++i;
-              done = true;
-              break;
-            }
-          }
-          continue;
-        }
-        if (scalar) {
+      if (!started) {
+        started = true;
+        const char c = b[i++];
+        in_string = c == '"';
+        depth = (c == '{' || c == '[') ? 1 : 0;
+      }
+      if (scalar) {
+        for (; i < len_; ++i) {
+          const char c = b[i];
           if (c == ',' || c == '}' || c == ']' || IsSpace(c)) {
             done = true;
             break;
           }
-          continue;
         }
-        if (c == '"') {
-          in_string = true;
-        } else if (c == '{' || c == '[') {
-          ++depth;
-        } else if (c == '}' || c == ']') {
-          if (--depth == 0) {
-            ++i;
-            done = true;
-            break;
+      } else {
+        // Only quotes, backslashes and brackets matter: a table skips every other byte.
+        for (; i < len_; ++i) {
+          const auto c = static_cast<unsigned char>(b[i]);
+          if (escape) {  // the byte after a backslash, whatever it is
+            escape = false;
+            continue;
+          }
+          if (kStructural[c] == 0) continue;
+          if (in_string) {
+            if (c == '\\') {
+              escape = true;
+            } else if (c == '"') {
+              in_string = false;
+              if (depth == 0) {
+                ++i;
+                done = true;
+                break;
+              }
+            }
+            continue;
+          }
+          if (c == '"') {
+            in_string = true;
+          } else if (c == '{' || c == '[') {
+            ++depth;
+          } else if (c == '}' || c == ']') {
+            if (--depth == 0) {
+              ++i;
+              done = true;
+              break;
+            }
           }
         }
       }
@@ -381,9 +399,8 @@ class Reader final {
     }
   }
 
-  std::int32_t Intern(std::unordered_map<std::string, std::int32_t>& map,
-                      std::vector<std::string>& list, std::string_view s) {
-    auto it = map.find(std::string(s));
+  std::int32_t Intern(NameIds& map, std::vector<std::string>& list, std::string_view s) {
+    auto it = map.find(s);
     if (it != map.end()) return it->second;
     auto id = static_cast<std::int32_t>(list.size());
     list.emplace_back(s);
@@ -414,27 +431,26 @@ class Reader final {
     std::string_view ph;
     std::string_view cat;
     std::string_view name;
-    std::string pid;
-    std::string tid;
+    std::string_view pid;
+    std::string_view tid;
     std::optional<double> ts;
     std::optional<double> dur;
     std::string_view args_raw;
-    auto id_text = [&](od::value v, std::string& out) -> bool {
+    thread_.clear();
+    tid_.clear();
+    auto ph_wants_args = [](std::string_view c) {
+      return c == "kernel" || c == "gpu_memcpy" || c == "gpu_memset" || c == "cuda_runtime" ||
+             c == "cuda_driver";
+    };
+    // A pid or tid: a number's own text, or a string's contents (no conversion).
+    auto id_text = [&](od::value v, std::string_view& out) -> bool {
       od::json_type t;
       if (v.type().get(t) != simdjson::SUCCESS) return false;
-      if (t == od::json_type::string) {
-        std::string_view s;
-        if (v.get_string().get(s) != simdjson::SUCCESS) return false;
-        out.assign(s);
-        return true;
-      }
-      if (t == od::json_type::number) {
-        double d = 0;
-        if (v.get_double().get(d) != simdjson::SUCCESS) return false;
-        out = fmt::format("{}", d);
-        return true;
-      }
-      return false;
+      if (t == od::json_type::string) return v.get_string().get(out) == simdjson::SUCCESS;
+      if (t != od::json_type::number) return false;
+      out = v.raw_json_token();
+      while (!out.empty() && IsSpace(out.back())) out.remove_suffix(1);
+      return true;
     };
     for (auto field : obj) {
       std::string_view key;
@@ -450,8 +466,10 @@ class Reader final {
         err = v.get_string().get(name);
       } else if (key == "pid") {
         if (!id_text(v, pid)) return bad("pid: expected a number or a string");
+        thread_.assign(pid);
       } else if (key == "tid") {
         if (!id_text(v, tid)) return bad("tid: expected a number or a string");
+        tid_.assign(tid);
       } else if (key == "ts") {
         double d = 0;
         err = v.get_double().get(d);
@@ -460,7 +478,7 @@ class Reader final {
         double d = 0;
         err = v.get_double().get(d);
         if (err == simdjson::SUCCESS) dur = d;
-      } else if (key == "args") {
+      } else if (key == "args" && (name.empty() || WantsArgs(name) || ph_wants_args(cat))) {
         od::object args_obj;
         err = v.get_object().get(args_obj);
         if (err == simdjson::SUCCESS) err = args_obj.raw_json().get(args_raw);
@@ -492,10 +510,9 @@ class Reader final {
       return bad(fmt::format("more than {} events: too large to import", kMaxEvents));
     }
     e.name = Intern(name_ids_, profile_.names, name);
-    std::string thread = pid;
-    thread += '/';
-    thread += tid;
-    e.thread = Intern(thread_ids_, profile_.threads, thread);
+    thread_ += '/';
+    thread_ += tid_;
+    e.thread = Intern(thread_ids_, profile_.threads, thread_);
     if (!args_raw.empty() &&
         (e.cat == Category::kKernel || e.cat == Category::kRuntime || WantsArgs(name))) {
       FSDP_RETURN_IF_ERROR(ParseArgs(args_raw, e, WantsArgs(name), index));
@@ -601,8 +618,10 @@ class Reader final {
   od::parser parser_;
   od::parser args_parser_;
   Profile profile_;
-  std::unordered_map<std::string, std::int32_t> name_ids_;
-  std::unordered_map<std::string, std::int32_t> thread_ids_;
+  NameIds name_ids_;
+  NameIds thread_ids_;
+  std::string thread_;
+  std::string tid_;
 };
 
 }  // namespace

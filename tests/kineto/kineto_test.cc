@@ -324,6 +324,19 @@ TEST(KinetoImport, CollectiveWaitsSplitAcrossRanksWithClockOffset) {
   EXPECT_DOUBLE_EQ(args(*a, 1)["transfer_us"].get<double>(), 10);
 }
 
+TEST(KinetoReader, EscapesInStringsDoNotEndTheEvent) {
+  // A name with an escaped quote, brackets, an escaped tab and a trailing backslash: the event ends
+  // at its own closing brace, and the next event is read too.
+  StatusOr<Profile> p = ParseProfile(R"({"traceEvents": [
+    {"ph": "X", "cat": "cpu_op", "name": "a\"}]\tb\\", "pid": 1, "tid": "t\"1", "ts": 1, "dur": 2},
+    {"ph": "X", "cat": "cpu_op", "name": "c", "pid": 1, "tid": 2, "ts": 3, "dur": 4}]})");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->events.size(), 2u);
+  EXPECT_EQ(p->names[static_cast<std::size_t>(p->events[0].name)], "a\"}]\tb\\");
+  EXPECT_EQ(p->threads[static_cast<std::size_t>(p->events[0].thread)], "1/t\"1");
+  EXPECT_DOUBLE_EQ(p->events[1].dur, 4);
+}
+
 TEST(KinetoReader, GarbledAndTruncatedInputsAreInvalidInputNeverACrash) {
   const std::string good = ProfileText(OneUnitEvents());
   ASSERT_TRUE(ParseProfile(good).ok());
