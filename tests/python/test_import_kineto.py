@@ -59,6 +59,7 @@ PROFILE_SCRIPT = textwrap.dedent(
 
     ids = torch.randint(0, V, (2, 16), generator=torch.Generator().manual_seed(1))
     for ac in (False, True):
+        tag = "ac" if ac else "plain"
         torch.manual_seed(0)
         m = Net(ac)
         for layer in m.layers:
@@ -66,6 +67,8 @@ PROFILE_SCRIPT = textwrap.dedent(
         fully_shard(m)
         opt = torch.optim.SGD(m.parameters(), lr=0.01)
         rec = fsdplab_record.Recorder(m)
+        if rank == 0:
+            rec.save_model(f"{out}/{tag}.model.json")
         def step():
             m(ids).sum().backward()
             opt.step()
@@ -83,7 +86,6 @@ PROFILE_SCRIPT = textwrap.dedent(
                 else:
                     step()
                 prof.step()
-        tag = "ac" if ac else "plain"
         prof.export_chrome_trace(f"{out}/{tag}.kineto.rank{rank}.json")
         rec.save(f"{out}/{tag}.recorder.json")  # .rank<R> added by the recorder
     dist.destroy_process_group()
@@ -166,10 +168,16 @@ class ImportKinetoTest(unittest.TestCase):
             )
             for r in range(2)
         ]
-        for p in procs:
-            _, err = p.communicate(timeout=300)
-            if p.returncode != 0:
-                raise AssertionError(f"FSDP2 rank failed ({p.returncode}): {err[-3000:]}")
+        try:
+            for p in procs:
+                _, err = p.communicate(timeout=300)
+                if p.returncode != 0:
+                    raise AssertionError(f"FSDP2 rank failed ({p.returncode}): {err[-3000:]}")
+        finally:
+            for p in procs:  # a rank left waiting for a failed peer
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
         cls.imported = {}
         for tag in ("plain", "ac"):
             out = os.path.join(cls.dir, f"{tag}.imported")
@@ -261,6 +269,19 @@ class ImportKinetoTest(unittest.TestCase):
                 expect = profiler_busy_us(os.path.join(self.dir, f"{tag}.kineto.rank{r}.json"))
                 # The profile's ts have 3 decimals; sums of differences agree to well under 1 us.
                 self.assertAlmostEqual(total, expect, delta=1.0)
+
+    def test_model_json_from_the_recorder_gives_names_and_shapes(self):
+        # The recorder's model file replaces the recorded shapes: the imported units then carry
+        # the recorder's parameter names and shapes exactly.
+        out = os.path.join(self.dir, "with_model.json")
+        r = fsdplab("import-kineto", os.path.join(self.dir, "plain.kineto.rank0.json"),
+                    "--model-json", os.path.join(self.dir, "plain.model.json"), "-o", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(out, encoding="utf-8") as f:
+            imp = json.load(f)
+        _, rec = self.trace("plain", 0, "recorder")
+        strip = lambda units: [(u["name"], u["parent"], u["params"]) for u in units]  # noqa: E731
+        self.assertEqual(strip(imp["units"]), strip(rec["units"]))
 
     def test_check_report_runs(self):
         files = [os.path.join(self.dir, f"plain.kineto.rank{k}.json") for k in range(2)]
