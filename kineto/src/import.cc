@@ -747,18 +747,25 @@ class Importer final {
           Close(at, ts);
           return;
         }
-        case Hook::kPreBackward:
+        case Hook::kPreBackward: {
           if (Find(m.unit, true) >= 0) return;  // FSDP's guard: one backward
           FlushOther(ts);
+          if (!in_backward_) {
+            // Every forward ends before the backward begins (a profile cut short says otherwise).
+            for (int i = static_cast<int>(stack_.size()) - 1; i >= 0; --i) Close(i, ts);
+          }
+          // A recomputation of this unit left open ends before its backward.
+          if (const int open = Find(m.unit, false); open >= 0) Close(open, ts);
           in_backward_ = true;
           stack_.push_back({m.unit, Phase::kBackward});
           AddHook(Op::kPreBackward, m.unit, ts);
           return;
+        }
         case Hook::kPostBackward: {
-          const int at = Find(m.unit, true);
-          if (at < 0) return;  // FSDP's final callback for a unit whose backward did not run
+          if (Find(m.unit, true) < 0) return;  // FSDP's callback for a unit not in the backward
           FlushOther(ts);
-          Close(at, ts);
+          if (const int open = Find(m.unit, false); open >= 0) Close(open, ts);
+          Close(Find(m.unit, true), ts);
           return;
         }
         case Hook::kBackwardEnd:

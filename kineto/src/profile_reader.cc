@@ -26,6 +26,8 @@ constexpr std::size_t kMaxEvents = std::size_t{1} << 27;
 // Bytes of one event's JSON (an event with a huge args blob is not a profiler's).
 constexpr std::size_t kMaxEventBytes = std::size_t{64} << 20;
 constexpr std::size_t kChunk = std::size_t{1} << 20;
+// Timestamps and durations beyond 2^60 us (36,000 years) are not a profiler's.
+constexpr double kMaxTimeUs = 1152921504606846976.0;
 
 // Bytes in: a gzip stream (zlib, by its magic bytes) or plain text, from a file or memory.
 class Input final {
@@ -489,8 +491,10 @@ class Reader final {
     }
     if (ph != "X") return Status::Ok();  // metadata, flows, instants: not read
     if (!ts || !dur) return bad("a complete event (\"ph\": \"X\") needs \"ts\" and \"dur\"");
-    if (!std::isfinite(*ts) || !std::isfinite(*dur) || *dur < 0) {
-      return bad(fmt::format("ts {} / dur {}: not a finite time and a duration >= 0", *ts, *dur));
+    if (!std::isfinite(*ts) || !std::isfinite(*dur) || *dur < 0 || !std::isfinite(*ts + *dur) ||
+        std::fabs(*ts) > kMaxTimeUs || *dur > kMaxTimeUs) {
+      return bad(fmt::format(
+          "ts {} / dur {}: not a time and a duration >= 0 (finite, below 2^60 us)", *ts, *dur));
     }
     ProfileEvent e;
     e.ts = *ts;

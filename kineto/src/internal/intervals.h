@@ -34,8 +34,10 @@ class IntervalSet final {
 
   const std::vector<Interval>& parts() const { return parts_; }
 
-  // Covered length within [a, b).
-  TimeUs Between(TimeUs a, TimeUs b) const { return b > a ? Before(b) - Before(a) : 0; }
+  // Covered length within [a, b) (never negative, whatever the rounding of the prefix sums).
+  TimeUs Between(TimeUs a, TimeUs b) const {
+    return b > a ? std::max<TimeUs>(0, Before(b) - Before(a)) : 0;
+  }
 
   bool Contains(TimeUs t) const {
     auto it = std::upper_bound(parts_.begin(), parts_.end(), t,
@@ -99,7 +101,9 @@ class PointMasses final {
     }
     total_ = sum;
   }
-  TimeUs Between(TimeUs a, TimeUs b) const { return b > a ? Before(b) - Before(a) : 0; }
+  TimeUs Between(TimeUs a, TimeUs b) const {
+    return b > a ? std::max<TimeUs>(0, Before(b) - Before(a)) : 0;
+  }
 
  private:
   TimeUs Before(TimeUs t) const {
