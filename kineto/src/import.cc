@@ -299,6 +299,10 @@ class Importer final {
       return InvalidInput(fmt::format("{}: more than {} units", p_.source, kMaxUnits));
     }
     world_ = p_.world_size.value_or(0);
+    if (p_.world_size && (*p_.world_size < 1 || *p_.world_size > (1 << 24))) {
+      return InvalidInput(fmt::format("{}: distributedInfo.world_size {} is not a world size",
+                                      p_.source, *p_.world_size));
+    }
     if (o_.model) {
       model_ = *o_.model;
       for (const std::string& f : fqns) {
@@ -316,6 +320,10 @@ class Importer final {
     out_.trace.meta.source = "kineto";
     out_.trace.meta.world_size = std::max(1, world_);
     out_.trace.meta.rank = p_.rank.value_or(0);
+    if (out_.trace.meta.rank < 0 || out_.trace.meta.rank >= out_.trace.meta.world_size) {
+      return InvalidInput(fmt::format("{}: distributedInfo.rank {} is outside 0..{}", p_.source,
+                                      out_.trace.meta.rank, out_.trace.meta.world_size - 1));
+    }
     return Status::Ok();
   }
 
@@ -384,7 +392,7 @@ class Importer final {
       bool digits = false;
       for (char c : s.substr(1)) {
         if (c >= '0' && c <= '9') {
-          if (v > (std::int64_t{1} << 50)) return bad("shard size out of range");
+          if (v > (std::int64_t{1} << 48)) return bad("shard size out of range");
           v = v * 10 + (c - '0');
           digits = true;
         } else if (c == ',' || c == ']') {
@@ -410,7 +418,8 @@ class Importer final {
     if (world_ <= 0) {
       // The all-gather output over the input: the world size, when distributedInfo is absent.
       std::int64_t total = 0;
-      for (std::int64_t s : shards) total += s;
+      for (std::int64_t s : shards)
+        total = std::min<std::int64_t>(total + s, std::int64_t{1} << 60);
       if (a.input_dims.size() > 1 && a.input_dims[1].size() == 1 && total > 0 &&
           a.input_dims[1][0] % total == 0) {
         world_ = static_cast<int>(a.input_dims[1][0] / total);
@@ -420,11 +429,13 @@ class Importer final {
     std::vector<ParamSpec> params;
     for (std::size_t i = 0; i < shards.size(); ++i) {
       if (shards[i] < 0) return bad("negative shard size");
+      if (static_cast<Elements>(shards[i]) > kMaxParamElements / static_cast<Elements>(w)) {
+        return bad("parameter larger than the element limit");
+      }
       ParamSpec ps;
       ps.name = fmt::format("param{}", i);
       ps.dtype = *dtype;
       const auto numel = static_cast<Elements>(shards[i]) * static_cast<Elements>(w);
-      if (numel > kMaxParamElements) return bad("parameter larger than the element limit");
       ps.numel = numel;
       params.push_back(std::move(ps));
     }
@@ -574,20 +585,26 @@ class Importer final {
         else
           ++no_bytes;
       } else if (a.input_dims.size() > buffer && a.input_types.size() > buffer) {
+        // Elements of the buffer (a tensor list: the sum), saturating at the element limit.
+        constexpr Elements kCap = kMaxParamElements;
         Elements n = 0;
         if (!a.list_dims[buffer].empty()) {
-          for (std::int64_t k : a.list_dims[buffer])
-            n += static_cast<Elements>(std::max<std::int64_t>(k, 0));
+          for (std::int64_t k : a.list_dims[buffer]) {
+            n = std::min(kCap, n + static_cast<Elements>(std::max<std::int64_t>(k, 0)));
+          }
         } else {
           n = 1;
-          for (std::int64_t k : a.input_dims[buffer])
-            n *= static_cast<Elements>(std::max<std::int64_t>(k, 0));
+          for (std::int64_t k : a.input_dims[buffer]) {
+            const auto d = static_cast<Elements>(std::max<std::int64_t>(k, 0));
+            n = (d != 0 && n > kCap / d) ? kCap : n * d;
+          }
         }
         std::optional<Bytes> size = ElementBytes(a.input_types[buffer]);
-        if (size)
+        if (size) {
           c.bytes = n * *size;
-        else
+        } else {
           ++no_bytes;
+        }
       } else {
         ++no_bytes;
       }

@@ -26,6 +26,8 @@ constexpr std::size_t kMaxEvents = std::size_t{1} << 27;
 // Bytes of one event's JSON (an event with a huge args blob is not a profiler's).
 constexpr std::size_t kMaxEventBytes = std::size_t{64} << 20;
 constexpr std::size_t kChunk = std::size_t{1} << 20;
+// A tensor's elements (and any one dimension): 2^48, as core's kMaxParamElements.
+constexpr std::int64_t kMaxDim = std::int64_t{1} << 48;
 // Timestamps and durations beyond 2^60 us (36,000 years) are not a profiler's.
 constexpr double kMaxTimeUs = 1152921504606846976.0;
 
@@ -552,6 +554,7 @@ class Reader final {
       } else if (key == "Input Dims") {
         od::array outer;
         err = v.get_array().get(outer);
+        if (err != simdjson::SUCCESS) return bad(fmt::format("\"{}\": expected an array", key));
         for (auto item : outer) {
           if (err != simdjson::SUCCESS) break;
           od::array dims;
@@ -568,21 +571,31 @@ class Reader final {
               for (auto x : inner) {
                 std::int64_t k = 0;
                 if ((err = x.get_int64().get(k)) != simdjson::SUCCESS) break;
+                if (k < 0 || k > kMaxDim || (k > 0 && n > kMaxDim / k)) {
+                  return bad(
+                      fmt::format("\"Input Dims\": a tensor of more than {} elements", kMaxDim));
+                }
                 n *= k;
               }
+              if (err != simdjson::SUCCESS) break;
               numels.push_back(n);
             } else {
               std::int64_t k = 0;
               if ((err = d.get_int64().get(k)) != simdjson::SUCCESS) break;
+              if (k < 0 || k > kMaxDim) {
+                return bad(fmt::format("\"Input Dims\": dimension {} is out of range", k));
+              }
               flat.push_back(k);
             }
           }
+          if (err != simdjson::SUCCESS) break;
           a.input_dims.push_back(std::move(flat));
           a.list_dims.push_back(std::move(numels));
         }
       } else if (key == "Input type" || key == "Concrete Inputs") {
         od::array arr;
         err = v.get_array().get(arr);
+        if (err != simdjson::SUCCESS) return bad(fmt::format("\"{}\": expected an array", key));
         auto& out = key == "Input type" ? a.input_types : a.concrete_inputs;
         for (auto item : arr) {
           if (err != simdjson::SUCCESS) break;
@@ -594,10 +607,12 @@ class Reader final {
         std::string_view s;
         err = v.get_string().get(s);
         (key == "dtype" ? a.dtype : a.collective_name).assign(s);
-      } else if (key == "In msg nelems") {
-        err = v.get_int64().get(a.in_nelems);
-      } else if (key == "Out msg nelems") {
-        err = v.get_int64().get(a.out_nelems);
+      } else if (key == "In msg nelems" || key == "Out msg nelems") {
+        std::int64_t& n = key == "In msg nelems" ? a.in_nelems : a.out_nelems;
+        err = v.get_int64().get(n);
+        if (err == simdjson::SUCCESS && (n < 0 || n > kMaxDim)) {
+          return bad(fmt::format("\"{}\": {} is out of range", key, n));
+        }
       } else if (key == "Group size") {
         err = v.get_int64().get(a.group_size);
       }

@@ -42,8 +42,9 @@ StatusOr<Model> ReadModelJson(const std::string& path) {
 }
 
 // The imported trace must be one the simulator replays.
+// Everything `fsdplab validate` checks, on the text that will be written.
 Status CheckImported(const Trace& trace, const std::string& source) {
-  std::vector<Status> problems = CheckTraceEvents(trace);
+  std::vector<Status> problems = ValidateTraceText(WriteTrace(trace));
   if (problems.empty()) problems = CheckTraceStructure(trace);
   if (problems.empty()) return Status::Ok();
   return InvalidInput(
@@ -118,7 +119,10 @@ Status Run(const Args& args) {
     const int rank = profile.rank.value_or(static_cast<int>(i));
     if (only_rank && rank != *only_rank) continue;
     FSDP_ASSIGN_OR_RETURN(kineto::Imported im, kineto::ImportProfile(profile, options));
-    im.trace.meta.rank = rank;
+    if (!profile.rank) {  // no distributedInfo: the files' order gives the ranks
+      im.trace.meta.rank = rank;
+      im.trace.meta.world_size = std::max(im.trace.meta.world_size, static_cast<int>(files.size()));
+    }
     FSDP_RETURN_IF_ERROR(CheckImported(im.trace, files[i]));
     ranks.push_back(std::move(im));
     sources.push_back(files[i]);
