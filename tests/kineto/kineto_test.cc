@@ -368,6 +368,28 @@ TEST(KinetoReader, GarbledAndTruncatedInputsAreInvalidInputNeverACrash) {
   }
 }
 
+TEST(KinetoReader, ArgumentsOfTheWrongShapeAreInvalidInput) {
+  // Regressions found by fuzzing (fuzz/regressions/kineto): an "Input Dims" that is no array
+  // crashed the reader; dims beyond the element limit overflowed.
+  for (const std::string args :
+       {R"({"Input Dims": 5})", R"({"Input type": {"a": 1}})",
+        R"({"Input Dims": [[562949953421312]]})", R"({"Input Dims": [[[281474976710656, 2]]]})"}) {
+    StatusOr<Profile> p =
+        ParseProfile(ProfileText({Op("c10d::_allgather_base_", 1, 2, 1, args)}), "bad.json");
+    ASSERT_FALSE(p.ok()) << args;
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidInput);
+    EXPECT_NE(p.status().message().find("traceEvents[1].args"), std::string::npos)
+        << p.status().message();
+  }
+}
+
+TEST(KinetoImport, RankOutsideTheWorldIsInvalidInput) {
+  StatusOr<Imported> im = Import(ProfileText(OneUnitEvents(), /*rank=*/3, /*world=*/2));
+  ASSERT_FALSE(im.ok());
+  EXPECT_NE(im.status().message().find("distributedInfo.rank 3 is outside 0..1"), std::string::npos)
+      << im.status().message();
+}
+
 std::string TempPath(const std::string& name) {
   return (fs::temp_directory_path() / fmt::format("fsdplab_kineto_{}_{}", ::getpid(), name))
       .string();
