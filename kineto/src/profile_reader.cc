@@ -132,7 +132,7 @@ class Input final {
       return done + got;
     }
     std::size_t got = std::min(n - done, text_.size() - text_pos_);
-    std::memcpy(out + done, text_.data() + text_pos_, got);
+    if (got > 0) std::memcpy(out + done, text_.data() + text_pos_, got);
     text_pos_ += got;
     return done + got;
   }
