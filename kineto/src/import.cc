@@ -16,113 +16,25 @@
 #include "fsdplab/core/limits.h"
 #include "fsdplab/kineto/kineto.h"
 #include "internal/intervals.h"
+#include "internal/vocabulary.h"
 
 namespace fsdplab::kineto {
 namespace {
 
+using internal::ElementBytes;
+using internal::FsdpRange;
+using internal::Hook;
 using internal::Interval;
 using internal::IntervalSet;
+using internal::IsForwardOp;
+using internal::IsUnitHook;
+using internal::ParamDType;
+using internal::ParseFsdpName;
 using internal::PointMasses;
+using internal::UnitName;
 
-constexpr std::string_view kRootName = "model";
 // Unattributed busy time below this is not written as its own compute (timer noise).
 constexpr TimeUs kMinOtherUs = 0.5;
-
-enum class Hook : std::uint8_t {
-  kPreForward,
-  kPostForward,
-  kPreBackward,
-  kPostBackward,
-  kAllGather,
-  kReduce,
-  kBackwardEnd,
-  kOther,
-};
-
-struct FsdpRange {
-  Hook hook = Hook::kOther;
-  std::string fqn;
-  TimeUs start = 0;
-  TimeUs end = 0;
-  std::int32_t thread = 0;
-};
-
-// "FSDP::pre_forward (layers.0) [pg=2]" -> label "pre_forward", fqn "layers.0".
-FsdpRange ParseFsdpName(std::string_view name) {
-  FsdpRange r;
-  std::string_view rest = name.substr(6);
-  if (rest.ends_with("]")) {
-    if (std::size_t p = rest.rfind(" ["); p != std::string_view::npos) rest = rest.substr(0, p);
-  }
-  std::string_view label = rest;
-  if (rest.ends_with(")")) {
-    if (std::size_t p = rest.rfind(" ("); p != std::string_view::npos) {
-      r.fqn = std::string(rest.substr(p + 2, rest.size() - p - 3));
-      label = rest.substr(0, p);
-    }
-  }
-  if (std::size_t sp = label.find(' '); sp != std::string_view::npos) label = label.substr(0, sp);
-  if (label == "pre_forward") {
-    r.hook = Hook::kPreForward;
-  } else if (label == "post_forward") {
-    r.hook = Hook::kPostForward;
-  } else if (label == "pre_backward") {
-    r.hook = Hook::kPreBackward;
-  } else if (label == "post_backward" || label == "post_backward_reshard") {
-    r.hook = Hook::kPostBackward;
-  } else if (label == "all_gather") {
-    r.hook = Hook::kAllGather;
-  } else if (label == "post_backward_reduce") {
-    r.hook = Hook::kReduce;
-  } else if (label == "root_post_backward_callback") {
-    r.hook = Hook::kBackwardEnd;
-  }
-  return r;
-}
-
-bool IsUnitHook(Hook h) {
-  return h == Hook::kPreForward || h == Hook::kPostForward || h == Hook::kPreBackward ||
-         h == Hook::kPostBackward;
-}
-
-// Operators a module's forward calls and no autograd backward formula does: seen inside a
-// backward function, they are a recomputation (activation checkpointing).
-bool IsForwardOp(std::string_view n) {
-  static constexpr std::string_view kOps[] = {
-      "aten::linear",     "aten::layer_norm", "aten::rms_norm",
-      "aten::group_norm", "aten::batch_norm", "aten::embedding",
-      "aten::conv1d",     "aten::conv2d",     "aten::conv3d",
-      "aten::dropout",    "aten::relu",       "aten::gelu",
-      "aten::silu",       "aten::softmax",    "aten::scaled_dot_product_attention"};
-  return std::find(std::begin(kOps), std::end(kOps), n) != std::end(kOps);
-}
-
-std::optional<Bytes> ElementBytes(std::string_view type) {
-  // Operator input types (record_shapes) and record_param_comms dtypes (c10 ScalarType names).
-  if (type == "float" || type == "Float" || type == "int" || type == "Int") return 4;
-  if (type == "double" || type == "Double" || type == "long int" || type == "Long") return 8;
-  if (type == "c10::BFloat16" || type == "BFloat16" || type == "c10::Half" || type == "Half" ||
-      type == "short int" || type == "Short") {
-    return 2;
-  }
-  if (type.find("Float8") != std::string_view::npos || type == "unsigned char" ||
-      type == "signed char" || type == "Byte" || type == "Char" || type == "bool" ||
-      type == "Bool") {
-    return 1;
-  }
-  return std::nullopt;
-}
-
-std::optional<DType> ParamDType(std::string_view type) {
-  if (type == "float" || type == "Float") return DType::kFp32;
-  if (type == "c10::BFloat16" || type == "BFloat16") return DType::kBf16;
-  if (type == "c10::Half" || type == "Half") return DType::kFp16;
-  return std::nullopt;
-}
-
-std::string UnitName(const std::string& fqn) {
-  return fqn.empty() ? std::string(kRootName) : fmt::format("{}.{}", kRootName, fqn);
-}
 
 struct Collective {
   CollectiveKind kind = CollectiveKind::kAllGather;
@@ -915,81 +827,6 @@ class Importer final {
 
 StatusOr<Imported> ImportProfile(const Profile& profile, const ImportOptions& options) {
   return Importer(profile, options).Run();
-}
-
-Status SplitCollectiveWaits(std::vector<Imported*>& ranks) {
-  if (ranks.size() < 2) return Status::Ok();
-  // The collectives of every rank, step by step, in order.
-  auto list = [](const Imported& im) {
-    std::vector<std::vector<Event*>> per_step;
-    for (Step& s : const_cast<Trace&>(im.trace).steps) {
-      per_step.emplace_back();
-      for (Microbatch& mb : s.microbatches) {
-        for (Event& e : mb.events) {
-          if (e.op == Op::kCollective) per_step.back().push_back(&e);
-        }
-      }
-    }
-    return per_step;
-  };
-  std::vector<std::vector<std::vector<Event*>>> all;
-  for (Imported* r : ranks) all.push_back(list(*r));
-  const auto& ref = all.front();
-  for (std::size_t r = 1; r < all.size(); ++r) {
-    if (all[r].size() != ref.size()) {
-      return InvalidInput(fmt::format("rank {} has {} steps, rank {} has {}",
-                                      ranks[r]->trace.meta.rank, all[r].size(),
-                                      ranks[0]->trace.meta.rank, ref.size()));
-    }
-    for (std::size_t s = 0; s < ref.size(); ++s) {
-      if (all[r][s].size() != ref[s].size()) {
-        return InvalidInput(fmt::format(
-            "step {}: rank {} has {} collectives, rank {} has {}: the profiles are not of the "
-            "same run",
-            s, ranks[r]->trace.meta.rank, all[r][s].size(), ranks[0]->trace.meta.rank,
-            ref[s].size()));
-      }
-      for (std::size_t k = 0; k < ref[s].size(); ++k) {
-        const Event& a = *ref[s][k];
-        const Event& b = *all[r][s][k];
-        if (a.kind != b.kind || a.bytes != b.bytes) {
-          return InvalidInput(fmt::format(
-              "step {}: collective {} differs between rank {} ({} {} bytes) and rank {} ({} {} "
-              "bytes)",
-              s, k, ranks[0]->trace.meta.rank, CollectiveKindName(a.kind), a.bytes,
-              ranks[r]->trace.meta.rank, CollectiveKindName(b.kind), b.bytes));
-        }
-      }
-    }
-  }
-  // Clock offsets from the collectives' ends (they end together on every rank): per rank and
-  // step, the median of (end on the rank - end on rank 0). Times are relative to each rank's
-  // step start, so the offset also absorbs where each rank's ProfilerStep began.
-  for (std::size_t s = 0; s < ref.size(); ++s) {
-    std::vector<TimeUs> offset(all.size(), 0);
-    for (std::size_t r = 1; r < all.size(); ++r) {
-      std::vector<TimeUs> d;
-      for (std::size_t k = 0; k < ref[s].size(); ++k)
-        d.push_back(all[r][s][k]->end_us - ref[s][k]->end_us);
-      if (d.empty()) continue;
-      std::nth_element(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(d.size() / 2), d.end());
-      offset[r] = d[d.size() / 2];
-    }
-    for (std::size_t k = 0; k < ref[s].size(); ++k) {
-      TimeUs last = -1e300;
-      for (std::size_t r = 0; r < all.size(); ++r)
-        last = std::max(last, all[r][s][k]->start_us - offset[r]);
-      for (std::size_t r = 0; r < all.size(); ++r) {
-        Event& e = *all[r][s][k];
-        const TimeUs start = e.start_us - offset[r];
-        const TimeUs end = e.end_us - offset[r];
-        const TimeUs wait = std::max<TimeUs>(0, last - start);
-        const TimeUs transfer = std::max<TimeUs>(0, end - std::max(last, start));
-        e.args_json = nlohmann::json{{"wait_us", wait}, {"transfer_us", transfer}}.dump();
-      }
-    }
-  }
-  return Status::Ok();
 }
 
 }  // namespace fsdplab::kineto
