@@ -54,14 +54,14 @@ struct OpArgs final {
 };
 
 // One complete ("ph": "X") event, reduced to what the import reads.
-struct ProfileEvent final {
+struct ProfileEvent final {  // 40 bytes: a profile's events are most of the import's memory
   TimeUs ts = 0;
   TimeUs dur = 0;
-  std::int32_t name = 0;    // index into Profile::names
-  std::int32_t thread = 0;  // index into Profile::threads
-  Category cat = Category::kOther;
   std::int64_t correlation = -1;  // runtime launches and kernels
+  std::int32_t name = 0;          // index into Profile::names
+  std::int32_t thread = 0;        // index into Profile::threads
   std::int32_t args = -1;         // index into Profile::args, or -1
+  Category cat = Category::kOther;
 };
 
 struct Profile final {
