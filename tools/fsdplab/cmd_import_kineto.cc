@@ -74,19 +74,24 @@ Status RunCheck(const Args& args, const std::vector<kineto::Imported>& ranks) {
   Report report = BuildReport(result.timeline, in);
   fmt::print("check: measured (profiler, rank {}) against predicted (simulated on {})\n",
              first.meta.rank, in.cluster_text);
-  fmt::print("{:>6} {:>14} {:>14} {:>8} {:>16} {:>16}\n", "step", "measured_us", "predicted_us",
-             "error%", "meas_exposed_us", "pred_exposed_us");
+  fmt::print("{:>6} {:>14} {:>14} {:>8} {:>16} {:>16} {:>16}\n", "step", "measured_us",
+             "predicted_us", "error%", "meas_exposed_us", "pred_exposed_us", "meas_compute_us");
   const std::vector<kineto::MeasuredStep>& measured = ranks.front().steps;
   for (std::size_t i = 0; i < measured.size(); ++i) {
     const kineto::MeasuredStep& m = measured[i];
     const StepReport* p = i < report.steps.size() ? &report.steps[i] : nullptr;
     const double err = p && m.time_us > 0 ? 100.0 * (p->time_us - m.time_us) / m.time_us : 0.0;
-    fmt::print("{:>6} {:>14.1f} {:>14} {:>8} {:>16.1f} {:>16}\n",
+    fmt::print("{:>6} {:>14.1f} {:>14} {:>8} {:>16.1f} {:>16} {:>16.1f}\n",
                m.profiler_step >= 0 ? fmt::format("#{}", m.profiler_step) : std::string("-"),
                m.time_us, p ? fmt::format("{:.1f}", p->time_us) : "-",
                p ? fmt::format("{:+.1f}", err) : "-", m.exposed_comm_us,
-               p ? fmt::format("{:.1f}", p->exposed_comm_us) : "-");
+               p ? fmt::format("{:.1f}", p->exposed_comm_us) : "-", m.compute_us);
   }
+  fmt::print(
+      "measured: the ProfilerStep range and, within it, the time a collective ran with no "
+      "compute;\n"
+      "meas_compute_us is the compute the trace carries (kernel or operator time): a step longer\n"
+      "than it spent time outside operators (Python, the profiler) that no simulation predicts.\n");
   for (const std::string& e : report.errors) fmt::print("simulation error: {}\n", e);
   if (!result.status.ok()) return result.status;
   return Status::Ok();
