@@ -15,7 +15,7 @@
 set -euo pipefail
 
 FSDPLAB_PACKAGES=(cmake g++ make libboost-graph-dev nlohmann-json3-dev libfmt-dev
-  libsimdjson-dev libgtest-dev libgmock-dev libbenchmark-dev clang-format python3-torch
+  libsimdjson-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev clang-format python3-torch
   python3-venv)
 
 missing=()

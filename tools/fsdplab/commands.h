@@ -20,5 +20,6 @@ int RunSynth(const Argv& argv);
 int RunLive(const Argv& argv, bool record);  // `run` and `record`
 int RunCompare(const Argv& argv);
 int RunBenchGather(const Argv& argv);
+int RunImportKineto(const Argv& argv);
 
 }  // namespace fsdplab::cli

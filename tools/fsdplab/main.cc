@@ -40,6 +40,8 @@ constexpr Subcommand kSubcommands[] = {
     {"order", "print the forward and backward execution orders of a trace", fsdplab::cli::RunOrder},
     {"schedule", "print the scheduler's command stream for each step", fsdplab::cli::RunSchedule},
     {"synth", "generate the trace of a GPT/Llama-like model", fsdplab::cli::RunSynth},
+    {"import-kineto", "convert PyTorch profiler traces of an FSDP2 run into traces (per rank)",
+     fsdplab::cli::RunImportKineto},
 };
 
 void PrintUsage(std::FILE* out) {

@@ -93,6 +93,22 @@ def trace_dtype(tensor):
     return _DTYPES.get(tensor.dtype)
 
 
+def _write_atomic(out, text):
+    """Writes `text` to `out` through a temporary file in the same directory: whole or not at
+    all. Returns `out`."""
+    directory = os.path.dirname(os.path.abspath(out))
+    fd, tmp = tempfile.mkstemp(prefix=".fsdplab-trace-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return out
+
+
 def rank_path(path, rank, world_size):
     """Where rank `rank` writes a trace asked for at `path`: `path` with '{rank}' filled in if it
     has one; else, in a process group of more than one rank, 'trace.json' -> 'trace.rank3.json';
@@ -470,22 +486,7 @@ class Recorder:
         dist = getattr(torch, "distributed", None)
         if dist is not None and dist.is_available() and dist.is_initialized():
             world_size, rank = dist.get_world_size(), dist.get_rank()
-        units = []
-        for u in self._units:
-            if "reentrant" in u.recompute_seen:
-                recompute = "reentrant"
-            elif "inside" in u.recompute_seen:
-                recompute = "inside"
-            else:
-                recompute = "none"
-            units.append(
-                {
-                    "name": u.name,
-                    "parent": u.parent.name if u.parent is not None else None,
-                    "recompute": recompute,
-                    "params": u.params,
-                }
-            )
+        units = self._units_json()
         recorder = {
             "torch": str(torch.__version__),
             "units_from": self.detected_by,
@@ -505,22 +506,40 @@ class Recorder:
             "steps": [self._step_dict(s) for s in self._steps],
         }
 
+    def _units_json(self):
+        units = []
+        for u in self._units:
+            if "reentrant" in u.recompute_seen:
+                recompute = "reentrant"
+            elif "inside" in u.recompute_seen:
+                recompute = "inside"
+            else:
+                recompute = "none"
+            units.append(
+                {
+                    "name": u.name,
+                    "parent": u.parent.name if u.parent is not None else None,
+                    "recompute": recompute,
+                    "params": u.params,
+                }
+            )
+        return units
+
+    def model(self):
+        """The units and their parameters, ``{"format": "fsdplab.model", "version": 1, "units":
+        [...]}`` (units as in a trace): what ``fsdplab import-kineto --model-json`` reads when the
+        profiler did not record shapes. Needs no recorded step."""
+        return {"format": "fsdplab.model", "version": 1, "units": self._units_json()}
+
+    def save_model(self, path):
+        """Writes model() to `path`, whole or not at all; returns `path`."""
+        return _write_atomic(os.fspath(path), json.dumps(self.model(), indent=1) + "\n")
+
     def save(self, path):
         """Writes the trace whole or not at all; returns the path written (see rank_path)."""
         trace = self.trace()
         out = rank_path(path, trace["meta"]["rank"], trace["meta"]["world_size"])
-        text = _dumps(trace)
-        directory = os.path.dirname(os.path.abspath(out))
-        fd, tmp = tempfile.mkstemp(prefix=".fsdplab-trace-", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, out)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        return out
+        return _write_atomic(out, _dumps(trace))
 
     def remove(self):
         """Removes every hook the recorder installed (none is left outside rec.step() anyway)."""

@@ -1,0 +1,116 @@
+// Import PyTorch profiler traces (Kineto's Chrome-trace JSON, plain or gzip) as fsdplab traces.
+//
+//   StatusOr<kineto::Profile> p = kineto::ReadProfile("rank0.json.gz");   // streaming
+//   StatusOr<kineto::Imported> t = kineto::ImportProfile(*p, {});
+//   WriteTraceFile(t->trace, "trace.rank0.json");
+//
+// What the import reads (FSDP2's record_function ranges, torch >= 2.4):
+//  - units and hooks: `FSDP::pre_forward (fqn)`, `FSDP::post_forward (fqn)`,
+//    `FSDP::pre_backward (fqn)`, `FSDP::post_backward (fqn)` or `FSDP::post_backward_reshard
+//    (fqn)`; the root's ranges carry no fqn and it becomes unit "model", the others
+//    "model.<fqn>"; `FSDP::root_post_backward_callback` ends a microbatch (backward_end);
+//  - steps: `ProfilerStep#N` ranges (none: the whole profile is one step);
+//  - compute of a unit and phase: its busy time between its pre and post hook, without nested
+//    units and without FSDP's own ranges: GPU kernel time of the kernels launched there (linked
+//    by correlation id) when the profile has kernels, else the CPU time of its operators.
+//    Operators of a forward (aten::linear, layer_norm, ...) that run inside an autograd
+//    backward function of a unit are its recomputation (activation checkpointing);
+//  - collectives: `record_param_comms` (NCCL) or `c10d::` operators (gloo) inside
+//    `FSDP::all_gather (fqn)` or `FSDP::post_backward_reduce (fqn)`, with bytes from their
+//    arguments; their end is the NCCL kernel's end or the gloo worker's `gloo:` range;
+//  - parameters: the per-parameter shard sizes of `fsdp::all_gather_copy_in` (needs
+//    record_shapes=True), times the world size (FSDP's padded sizes), or a model file.
+// FSDP1's `FullyShardedDataParallel.*` ranges carry no unit names: such a profile is rejected
+// with a message that says so.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdplab/core/model.h"
+#include "fsdplab/core/status.h"
+#include "fsdplab/core/trace.h"
+#include "fsdplab/core/units.h"
+
+namespace fsdplab::kineto {
+
+enum class Category : std::uint8_t { kCpuOp, kAnnotation, kKernel, kRuntime, kOther };
+
+// The arguments of the operators the import reads (collectives, FSDP's all-gather copy-in).
+struct OpArgs final {
+  std::vector<std::vector<std::int64_t>> input_dims;  // per input; a tensor list is flattened
+  std::vector<std::vector<std::int64_t>> list_dims;   // per input: a tensor list's numels
+  std::vector<std::string> input_types;
+  std::vector<std::string> concrete_inputs;
+  // record_param_comms (NCCL).
+  std::string collective_name;
+  std::string dtype;
+  std::int64_t in_nelems = -1;
+  std::int64_t out_nelems = -1;
+  std::int64_t group_size = -1;
+};
+
+// One complete ("ph": "X") event, reduced to what the import reads.
+struct ProfileEvent final {  // 40 bytes: a profile's events are most of the import's memory
+  TimeUs ts = 0;
+  TimeUs dur = 0;
+  std::int64_t correlation = -1;  // runtime launches and kernels
+  std::int32_t name = 0;          // index into Profile::names
+  std::int32_t thread = 0;        // index into Profile::threads
+  std::int32_t args = -1;         // index into Profile::args, or -1
+  Category cat = Category::kOther;
+};
+
+struct Profile final {
+  std::string source;  // the file name, for messages
+  std::optional<int> rank;
+  std::optional<int> world_size;
+  std::optional<bool> record_shapes;
+  std::vector<std::string> names;    // interned event names
+  std::vector<std::string> threads;  // "pid/tid"
+  std::vector<ProfileEvent> events;  // in file order
+  std::vector<OpArgs> args;
+  std::uint64_t json_bytes = 0;  // uncompressed JSON read
+};
+
+// Reads a profile, streaming: gzip (by its magic bytes) or plain JSON, a chunk at a time; only
+// the reduced events are kept. Bad input (not JSON, truncated, corrupt gzip, a field of the
+// wrong type) is InvalidInput naming the file and the event index.
+StatusOr<Profile> ReadProfile(const std::string& path);
+// The same from text in memory (tests, fuzzing).
+StatusOr<Profile> ParseProfile(std::string_view json_text, std::string source = "<text>");
+
+struct ImportOptions final {
+  std::optional<int> step;  // only ProfilerStep#N; unset: every step
+  // Units and parameters from a model file (the `units` of a trace, e.g. one the recorder
+  // wrote) instead of the profile's recorded shapes; its registration order is kept.
+  std::optional<Model> model;
+};
+
+// What the profile measured in one step, for comparing with a simulation.
+struct MeasuredStep final {
+  int profiler_step = -1;      // N of ProfilerStep#N (-1: none)
+  TimeUs time_us = 0;          // the step's range
+  TimeUs compute_us = 0;       // busy time of compute (FSDP's ranges and collectives excluded)
+  TimeUs exposed_comm_us = 0;  // a collective in progress and no compute
+};
+
+struct Imported final {
+  Trace trace;
+  std::vector<MeasuredStep> steps;
+  std::vector<std::string> notes;  // what the import assumed or left out
+  bool gpu = false;                // compute from GPU kernels (else CPU operators)
+};
+
+StatusOr<Imported> ImportProfile(const Profile& profile, const ImportOptions& options);
+
+// Every rank's trace given: aligns the clocks (the median difference of collective ends) and
+// splits each collective into waiting for the last rank to arrive and transfer, written into its
+// `args` as {"wait_us": ..., "transfer_us": ...}. The ranks must have the same collectives per
+// step; else InvalidInput naming the first difference.
+Status SplitCollectiveWaits(std::vector<Imported*>& ranks);
+
+}  // namespace fsdplab::kineto

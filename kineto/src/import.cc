@@ -1,0 +1,832 @@
+// FSDP2 profile -> fsdplab trace: hook marks from FSDP's ranges, per-window busy time, measured
+// collectives, parameters from the all-gather copy-in (see kineto.h for the rules).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "fsdplab/core/limits.h"
+#include "fsdplab/kineto/kineto.h"
+#include "internal/intervals.h"
+#include "internal/vocabulary.h"
+
+namespace fsdplab::kineto {
+namespace {
+
+using internal::ElementBytes;
+using internal::FsdpRange;
+using internal::Hook;
+using internal::Interval;
+using internal::IntervalSet;
+using internal::IsForwardOp;
+using internal::IsUnitHook;
+using internal::ParamDType;
+using internal::ParseFsdpName;
+using internal::PointMasses;
+using internal::UnitName;
+
+// Unattributed busy time below this is not written as its own compute (timer noise).
+constexpr TimeUs kMinOtherUs = 0.5;
+
+struct Collective {
+  CollectiveKind kind = CollectiveKind::kAllGather;
+  std::string unit;  // unit name
+  Bytes bytes = 0;
+  TimeUs start = 0;
+  TimeUs end = 0;
+};
+
+class Importer final {
+ public:
+  Importer(const Profile& p, const ImportOptions& o) : p_(p), o_(o) {}
+
+  StatusOr<Imported> Run() {
+    Index();
+    FSDP_RETURN_IF_ERROR(FindRanges());
+    FSDP_RETURN_IF_ERROR(FindSteps());
+    FSDP_RETURN_IF_ERROR(BuildModel());
+    BuildWork();
+    FSDP_RETURN_IF_ERROR(FindCollectives());
+    for (const StepRange& s : steps_) FSDP_RETURN_IF_ERROR(ImportStep(s));
+    if (out_.trace.steps.empty()) {
+      return InvalidInput(fmt::format("{}: no step with FSDP hook events was found", p_.source));
+    }
+    nlohmann::json extra;
+    extra["kineto"] = {{"file", p_.source},
+                       {"compute", gpu_ ? "gpu kernels" : "cpu operators"},
+                       {"notes", out_.notes}};
+    out_.trace.meta.extra_json = extra.dump();
+    out_.gpu = gpu_;
+    return std::move(out_);
+  }
+
+ private:
+  struct StepRange {
+    int number = -1;
+    TimeUs start = 0;
+    TimeUs end = 0;
+  };
+  struct Mark {
+    TimeUs t = 0;
+    Hook hook = Hook::kOther;
+    UnitId unit = kNoUnit;
+    int collective = -1;  // index into collectives_, for a collective mark
+  };
+
+  std::string_view Name(const ProfileEvent& e) const {
+    return p_.names[static_cast<std::size_t>(e.name)];
+  }
+
+  void Index() {
+    by_thread_.assign(p_.threads.size(), {});
+    for (std::size_t i = 0; i < p_.events.size(); ++i) {
+      by_thread_[static_cast<std::size_t>(p_.events[i].thread)].push_back(i);
+      if (p_.events[i].cat == Category::kKernel) gpu_ = true;
+    }
+    for (auto& list : by_thread_) {
+      std::stable_sort(list.begin(), list.end(), [&](std::size_t a, std::size_t b) {
+        const ProfileEvent& x = p_.events[a];
+        const ProfileEvent& y = p_.events[b];
+        return x.ts != y.ts ? x.ts < y.ts : x.dur > y.dur;
+      });
+    }
+  }
+
+  Status FindRanges() {
+    bool fsdp1 = false;
+    for (const ProfileEvent& e : p_.events) {
+      if (e.cat != Category::kAnnotation && e.cat != Category::kCpuOp) continue;
+      std::string_view n = Name(e);
+      if (n.starts_with("FSDP::")) {
+        FsdpRange r = ParseFsdpName(n);
+        r.start = e.ts;
+        r.end = e.ts + e.dur;
+        r.thread = e.thread;
+        if (IsUnitHook(r.hook)) compute_threads_.insert(e.thread);
+        ranges_.push_back(std::move(r));
+      } else if (n.starts_with("FullyShardedDataParallel.")) {
+        fsdp1 = true;
+      } else if (n.starts_with("ProfilerStep#")) {
+        StepRange s;
+        s.start = e.ts;
+        s.end = e.ts + e.dur;
+        const std::string_view digits = n.substr(13);
+        int v = 0;
+        for (char c : digits) {
+          if (c < '0' || c > '9' || v > (1 << 26)) {
+            v = -1;
+            break;
+          }
+          v = v * 10 + (c - '0');
+        }
+        s.number = digits.empty() ? -1 : v;
+        steps_.push_back(s);
+      }
+    }
+    if (compute_threads_.empty()) {
+      if (fsdp1) {
+        return InvalidInput(fmt::format(
+            "{}: FSDP1 profile (FullyShardedDataParallel.* ranges): they carry no unit names, "
+            "so the units cannot be identified from the profile; record the run with "
+            "tools/torch/fsdplab_record.py, or use FSDP2 (fully_shard), whose ranges name "
+            "their module",
+            p_.source));
+      }
+      return InvalidInput(fmt::format(
+          "{}: no FSDP2 hook ranges (FSDP::pre_forward ...) in the profile: was the model "
+          "wrapped with fully_shard and the profiler's CPU activity on?",
+          p_.source));
+    }
+    std::stable_sort(ranges_.begin(), ranges_.end(),
+                     [](const FsdpRange& a, const FsdpRange& b) { return a.start < b.start; });
+    return Status::Ok();
+  }
+
+  Status FindSteps() {
+    std::sort(steps_.begin(), steps_.end(),
+              [](const StepRange& a, const StepRange& b) { return a.start < b.start; });
+    if (steps_.empty()) {
+      StepRange all;
+      all.start = ranges_.front().start;
+      all.end = all.start;
+      for (const ProfileEvent& e : p_.events) {
+        if (compute_threads_.count(e.thread)) all.end = std::max(all.end, e.ts + e.dur);
+      }
+      steps_.push_back(all);
+      out_.notes.push_back("no ProfilerStep#N ranges: the whole profile is one step");
+    }
+    if (o_.step) {
+      std::vector<StepRange> kept;
+      for (const StepRange& s : steps_) {
+        if (s.number == *o_.step) kept.push_back(s);
+      }
+      if (kept.empty()) {
+        std::string have;
+        for (const StepRange& s : steps_) have += fmt::format(" {}", s.number);
+        return InvalidInput(
+            fmt::format("{}: no ProfilerStep#{} (the profile has:{})", p_.source, *o_.step, have));
+      }
+      steps_ = kept;
+    }
+    return Status::Ok();
+  }
+
+  // The fsdp::all_gather_copy_in inside `r` on its thread, or nullptr.
+  const ProfileEvent* CopyIn(const FsdpRange& r) const {
+    for (std::size_t i : OnThread(r.thread, r.start, r.end)) {
+      const ProfileEvent& e = p_.events[i];
+      if (e.args >= 0 && Name(e) == "fsdp::all_gather_copy_in") return &e;
+    }
+    return nullptr;
+  }
+
+  // Event indices of `thread` starting within [a, b].
+  std::vector<std::size_t> OnThread(std::int32_t thread, TimeUs a, TimeUs b) const {
+    const auto& list = by_thread_[static_cast<std::size_t>(thread)];
+    auto it = std::lower_bound(list.begin(), list.end(), a,
+                               [&](std::size_t i, TimeUs t) { return p_.events[i].ts < t; });
+    std::vector<std::size_t> out;
+    for (; it != list.end() && p_.events[*it].ts <= b; ++it) out.push_back(*it);
+    return out;
+  }
+
+  Status BuildModel() {
+    // Units in the order of their first hook (a forward's pre_forward comes parent first).
+    std::vector<std::string> fqns;
+    std::map<std::string, std::size_t> seen;
+    for (const FsdpRange& r : ranges_) {
+      if (!IsUnitHook(r.hook) || seen.count(r.fqn)) continue;
+      seen.emplace(r.fqn, fqns.size());
+      fqns.push_back(r.fqn);
+    }
+    if (static_cast<std::int64_t>(fqns.size()) > kMaxUnits) {
+      return InvalidInput(fmt::format("{}: more than {} units", p_.source, kMaxUnits));
+    }
+    world_ = p_.world_size.value_or(0);
+    if (p_.world_size && (*p_.world_size < 1 || *p_.world_size > (1 << 24))) {
+      return InvalidInput(fmt::format("{}: distributedInfo.world_size {} is not a world size",
+                                      p_.source, *p_.world_size));
+    }
+    if (o_.model) {
+      model_ = *o_.model;
+      for (const std::string& f : fqns) {
+        if (!model_.Find(UnitName(f))) {
+          return InvalidInput(
+              fmt::format("{}: unit '{}' (FSDP module '{}') is not in the model file", p_.source,
+                          UnitName(f), f));
+        }
+      }
+    } else {
+      FSDP_RETURN_IF_ERROR(BuildModelFromShapes(fqns));
+    }
+    for (const Unit& u : model_.units()) unit_ids_[u.name()] = u.id();
+    out_.trace.model = model_;
+    out_.trace.meta.source = "kineto";
+    out_.trace.meta.world_size = std::max(1, world_);
+    out_.trace.meta.rank = p_.rank.value_or(0);
+    if (out_.trace.meta.rank < 0 || out_.trace.meta.rank >= out_.trace.meta.world_size) {
+      return InvalidInput(fmt::format("{}: distributedInfo.rank {} is outside 0..{}", p_.source,
+                                      out_.trace.meta.rank, out_.trace.meta.world_size - 1));
+    }
+    return Status::Ok();
+  }
+
+  Status BuildModelFromShapes(const std::vector<std::string>& fqns) {
+    ModelBuilder b;
+    bool any_gather = false;
+    for (const std::string& f : fqns) {
+      const FsdpRange* gather = nullptr;
+      for (const FsdpRange& r : ranges_) {
+        if (r.hook == Hook::kAllGather && r.fqn == f) {
+          gather = &r;
+          break;
+        }
+      }
+      std::vector<ParamSpec> params;
+      if (gather != nullptr) {
+        any_gather = true;
+        const ProfileEvent* copy_in = CopyIn(*gather);
+        if (copy_in == nullptr) {
+          return InvalidInput(fmt::format(
+              "{}: the all-gathers of '{}' carry no parameter shapes (no fsdp::all_gather_copy_in "
+              "with arguments): profile with record_shapes=True, or give --model-json",
+              p_.source, UnitName(f)));
+        }
+        FSDP_ASSIGN_OR_RETURN(
+            params,
+            ParamsFromCopyIn(p_.args[static_cast<std::size_t>(copy_in->args)], UnitName(f)));
+      }
+      std::optional<std::string> parent;
+      // The parent: the unit whose fqn is the longest proper dotted prefix (the root, fqn "",
+      // is everyone's prefix).
+      std::size_t best = 0;
+      for (const std::string& g : fqns) {
+        if (g == f) continue;
+        const bool prefix =
+            g.empty() || (f.size() > g.size() && f.starts_with(g) && f[g.size()] == '.');
+        if (prefix && (!parent || g.size() >= best)) {
+          parent = UnitName(g);
+          best = g.size();
+        }
+      }
+      b.AddUnit(UnitName(f), parent, std::move(params));
+    }
+    if (!any_gather)
+      out_.notes.push_back("no FSDP all-gathers in the profile: units without parameters");
+    if (world_ <= 0) {
+      world_ = 1;
+      out_.notes.push_back("world size unknown (no distributedInfo): 1");
+    }
+    StatusOr<Model> m = std::move(b).Build();
+    if (!m.ok()) return m.status().WithContext(p_.source);
+    model_ = *std::move(m);
+    return Status::Ok();
+  }
+
+  StatusOr<std::vector<ParamSpec>> ParamsFromCopyIn(const OpArgs& a, const std::string& unit) {
+    auto bad = [&](std::string_view what) {
+      return InvalidInput(
+          fmt::format("{}: fsdp::all_gather_copy_in of '{}': {}", p_.source, unit, what));
+    };
+    std::vector<std::int64_t> shards;
+    // Concrete Inputs[2] is the list of per-parameter shard sizes: "[8192, 64, ...]".
+    if (a.concrete_inputs.size() > 2 && a.concrete_inputs[2].size() > 2) {
+      std::string_view s = a.concrete_inputs[2];
+      std::int64_t v = 0;
+      bool digits = false;
+      for (char c : s.substr(1)) {
+        if (c >= '0' && c <= '9') {
+          if (v > (std::int64_t{1} << 48)) return bad("shard size out of range");
+          v = v * 10 + (c - '0');
+          digits = true;
+        } else if (c == ',' || c == ']') {
+          if (!digits) return bad(fmt::format("cannot read split sizes '{}'", s));
+          shards.push_back(v);
+          v = 0;
+          digits = false;
+        } else if (c != ' ') {
+          return bad(fmt::format("cannot read split sizes '{}'", s));
+        }
+      }
+    } else if (!a.list_dims.empty() && !a.list_dims[0].empty()) {
+      shards = a.list_dims[0];  // the shards' shapes (older torch without concrete inputs)
+    } else {
+      return bad("no per-parameter sizes (Concrete Inputs or Input Dims): record_shapes=True?");
+    }
+    if (a.input_types.size() < 2) return bad("no Input type for the all-gather buffer");
+    std::optional<DType> dtype = ParamDType(a.input_types[1]);
+    if (!dtype) {
+      return bad(fmt::format("all-gather dtype '{}' has no trace spelling (fp32, bf16, fp16)",
+                             a.input_types[1]));
+    }
+    if (world_ <= 0) {
+      // The all-gather output over the input: the world size, when distributedInfo is absent.
+      std::int64_t total = 0;
+      for (std::int64_t s : shards)
+        total = std::min<std::int64_t>(total + s, std::int64_t{1} << 60);
+      if (a.input_dims.size() > 1 && a.input_dims[1].size() == 1 && total > 0 &&
+          a.input_dims[1][0] % total == 0) {
+        world_ = static_cast<int>(a.input_dims[1][0] / total);
+      }
+    }
+    const int w = std::max(1, world_);
+    std::vector<ParamSpec> params;
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      if (shards[i] < 0) return bad("negative shard size");
+      if (static_cast<Elements>(shards[i]) > kMaxParamElements / static_cast<Elements>(w)) {
+        return bad("parameter larger than the element limit");
+      }
+      ParamSpec ps;
+      ps.name = fmt::format("param{}", i);
+      ps.dtype = *dtype;
+      const auto numel = static_cast<Elements>(shards[i]) * static_cast<Elements>(w);
+      ps.numel = numel;
+      params.push_back(std::move(ps));
+    }
+    return params;
+  }
+
+  void BuildWork() {
+    // What is not compute: FSDP's own ranges and the collectives' operators.
+    std::vector<Interval> excluded;
+    for (const FsdpRange& r : ranges_) {
+      if (compute_threads_.count(r.thread)) excluded.push_back({r.start, r.end});
+    }
+    std::vector<Interval> evals_all;
+    std::vector<Interval> forward_ops;
+    std::vector<Interval> busy;
+    for (std::int32_t t : compute_threads_) {
+      std::vector<Interval> evals;  // autograd backward functions of this thread
+      for (std::size_t i : by_thread_[static_cast<std::size_t>(t)]) {
+        const ProfileEvent& e = p_.events[i];
+        if (e.cat != Category::kCpuOp) continue;
+        std::string_view n = Name(e);
+        if (n.starts_with("c10d::") || n == "record_param_comms") {
+          excluded.push_back({e.ts, e.ts + e.dur});
+          continue;
+        }
+        busy.push_back({e.ts, e.ts + e.dur});
+        if (n.starts_with("autograd::engine::evaluate_function:")) {
+          evals.push_back({e.ts, e.ts + e.dur});
+        } else if (IsForwardOp(n) && !evals.empty() && evals.back().end >= e.ts + e.dur) {
+          forward_ops.push_back({e.ts, e.ts + e.dur});
+        }
+      }
+    }
+    excluded_ = IntervalSet(std::move(excluded));
+    recompute_cpu_ = IntervalSet(std::move(forward_ops)).Minus(excluded_);
+    cpu_busy_ = IntervalSet(std::move(busy)).Minus(excluded_);
+    if (!gpu_) return;
+    // GPU: kernels, at the time and thread of their launch (correlation id).
+    std::unordered_map<std::int64_t, const ProfileEvent*> launches;
+    for (const ProfileEvent& e : p_.events) {
+      if (e.cat == Category::kRuntime && e.correlation >= 0) launches[e.correlation] = &e;
+    }
+    std::vector<std::pair<TimeUs, TimeUs>> work;
+    std::vector<std::pair<TimeUs, TimeUs>> rework;
+    std::vector<Interval> kernels;
+    for (const ProfileEvent& e : p_.events) {
+      if (e.cat != Category::kKernel) continue;
+      if (IsCommKernel(Name(e))) continue;
+      auto it = launches.find(e.correlation);
+      if (it == launches.end() || !compute_threads_.count(it->second->thread)) continue;
+      const TimeUs at = it->second->ts;
+      if (excluded_.Contains(at)) continue;
+      work.emplace_back(at, e.dur);
+      kernels.push_back({e.ts, e.ts + e.dur});
+      if (recompute_cpu_.Contains(at)) rework.emplace_back(at, e.dur);
+    }
+    gpu_work_ = PointMasses(std::move(work));
+    gpu_rework_ = PointMasses(std::move(rework));
+    gpu_busy_ = IntervalSet(std::move(kernels));
+  }
+
+  static bool IsCommKernel(std::string_view n) {
+    return n.find("nccl") != std::string_view::npos || n.find("NCCL") != std::string_view::npos;
+  }
+
+  // Busy time in [a, b): total, and the part that is a recomputation.
+  TimeUs Work(TimeUs a, TimeUs b) const {
+    return gpu_ ? gpu_work_.Between(a, b) : cpu_busy_.Between(a, b);
+  }
+  TimeUs Rework(TimeUs a, TimeUs b) const {
+    return gpu_ ? gpu_rework_.Between(a, b) : recompute_cpu_.Between(a, b);
+  }
+
+  // The innermost all-gather or reduce range of `thread` around time t, or nullptr.
+  const FsdpRange* Enclosing(std::int32_t thread, TimeUs t) const {
+    auto it = comm_ranges_.find(thread);
+    if (it == comm_ranges_.end()) return nullptr;
+    const std::vector<const FsdpRange*>& list = it->second;
+    auto after = std::upper_bound(list.begin(), list.end(), t,
+                                  [](TimeUs x, const FsdpRange* r) { return x < r->start; });
+    // Such ranges do not nest: the last one starting at or before t is the only candidate.
+    if (after == list.begin()) return nullptr;
+    const FsdpRange* r = *std::prev(after);
+    return r->end >= t ? r : nullptr;
+  }
+
+  Status FindCollectives() {
+    for (const FsdpRange& r : ranges_) {
+      if (r.hook == Hook::kAllGather || r.hook == Hook::kReduce) {
+        comm_ranges_[r.thread].push_back(&r);
+      }
+    }
+    bool nccl_args = false;
+    for (const ProfileEvent& e : p_.events) {
+      if (e.args >= 0 && Name(e) == "record_param_comms") nccl_args = true;
+    }
+    // gloo's worker ranges, in start order: the k-th collective issued runs as the k-th.
+    std::vector<const ProfileEvent*> gloo;
+    std::vector<const ProfileEvent*> issued;
+    std::unordered_map<std::int64_t, const ProfileEvent*> kernels;
+    for (const ProfileEvent& e : p_.events) {
+      std::string_view n = Name(e);
+      if (e.cat == Category::kAnnotation && n.starts_with("gloo:")) gloo.push_back(&e);
+      if (e.cat == Category::kKernel && IsCommKernel(n) && e.correlation >= 0) {
+        kernels[e.correlation] = &e;
+      }
+      if (e.cat != Category::kCpuOp || e.args < 0) continue;
+      if (nccl_args ? n == "record_param_comms" : n.starts_with("c10d::")) issued.push_back(&e);
+    }
+    auto by_ts = [](const ProfileEvent* a, const ProfileEvent* b) { return a->ts < b->ts; };
+    std::stable_sort(gloo.begin(), gloo.end(), by_ts);
+    std::stable_sort(issued.begin(), issued.end(), by_ts);
+    std::size_t gloo_used = 0;
+    std::size_t outside = 0;
+    std::size_t no_bytes = 0;
+    std::size_t collective_ops = 0;
+    for (const ProfileEvent* e : issued) {
+      const OpArgs& a = p_.args[static_cast<std::size_t>(e->args)];
+      std::string kind_text = nccl_args ? a.collective_name : std::string(Name(*e));
+      std::optional<CollectiveKind> kind;
+      std::size_t buffer = 0;  // which input holds the full (unsharded) buffer
+      if (kind_text.find("allgather") != std::string::npos ||
+          kind_text.find("all_gather") != std::string::npos) {
+        kind = CollectiveKind::kAllGather;
+        buffer = 0;
+      } else if (kind_text.find("reduce_scatter") != std::string::npos) {
+        kind = CollectiveKind::kReduceScatter;
+        buffer = 1;
+      } else if (kind_text.find("allreduce") != std::string::npos ||
+                 kind_text.find("all_reduce") != std::string::npos) {
+        kind = CollectiveKind::kAllReduce;
+        buffer = 0;
+      }
+      if (!kind) continue;  // barriers, broadcasts, ...
+      ++collective_ops;
+      Collective c;
+      c.kind = *kind;
+      c.start = e->ts;
+      c.end = e->ts + e->dur;
+      if (nccl_args) {
+        const std::int64_t n = *kind == CollectiveKind::kReduceScatter ? a.in_nelems
+                               : *kind == CollectiveKind::kAllGather   ? a.out_nelems
+                                                                       : a.in_nelems;
+        std::optional<Bytes> size = ElementBytes(a.dtype);
+        if (n >= 0 && size)
+          c.bytes = static_cast<Bytes>(n) * *size;
+        else
+          ++no_bytes;
+      } else if (a.input_dims.size() > buffer && a.input_types.size() > buffer) {
+        // Elements of the buffer (a tensor list: the sum), saturating at the element limit.
+        constexpr Elements kCap = kMaxParamElements;
+        Elements n = 0;
+        if (!a.list_dims[buffer].empty()) {
+          for (std::int64_t k : a.list_dims[buffer]) {
+            n = std::min(kCap, n + static_cast<Elements>(std::max<std::int64_t>(k, 0)));
+          }
+        } else {
+          n = 1;
+          for (std::int64_t k : a.input_dims[buffer]) {
+            const auto d = static_cast<Elements>(std::max<std::int64_t>(k, 0));
+            n = (d != 0 && n > kCap / d) ? kCap : n * d;
+          }
+        }
+        std::optional<Bytes> size = ElementBytes(a.input_types[buffer]);
+        if (size) {
+          c.bytes = n * *size;
+        } else {
+          ++no_bytes;
+        }
+      } else {
+        ++no_bytes;
+      }
+      // Where the transfer ran: the NCCL kernel launched inside, or gloo's worker range.
+      bool device_end = false;
+      for (std::size_t i : OnThread(e->thread, e->ts, e->ts + e->dur)) {
+        const ProfileEvent& r = p_.events[i];
+        if (r.cat != Category::kRuntime) continue;
+        auto k = kernels.find(r.correlation);
+        if (k == kernels.end()) continue;
+        c.end = std::max(c.end, k->second->ts + k->second->dur);
+        device_end = true;
+      }
+      if (!device_end && !nccl_args && gloo_used < gloo.size() && gloo.size() >= issued.size()) {
+        const ProfileEvent* g = gloo[gloo_used++];
+        c.end = std::max(c.end, g->ts + g->dur);
+      }
+      const FsdpRange* owner = Enclosing(e->thread, e->ts);
+      if (owner == nullptr) {
+        ++outside;
+        continue;
+      }
+      c.unit = UnitName(owner->fqn);
+      if (!unit_ids_.count(c.unit)) {
+        ++outside;
+        continue;
+      }
+      collectives_.push_back(std::move(c));
+    }
+    if (outside > 0) {
+      out_.notes.push_back(fmt::format(
+          "{} collective(s) outside FSDP's all-gather / reduce ranges (not FSDP's) left out",
+          outside));
+    }
+    if (no_bytes > 0) {
+      out_.notes.push_back(fmt::format(
+          "{} collective(s) without a readable size (record_shapes off?): bytes 0", no_bytes));
+    }
+    if (collective_ops > 0 && gloo.size() != issued.size() && !nccl_args && kernels.empty()) {
+      out_.notes.push_back(
+          "gloo worker ranges do not pair with the issued collectives: a collective ends with "
+          "its operator");
+    }
+    std::stable_sort(collectives_.begin(), collectives_.end(),
+                     [](const Collective& a, const Collective& b) { return a.start < b.start; });
+    return Status::Ok();
+  }
+
+  Status ImportStep(const StepRange& s) {
+    std::vector<Mark> marks;
+    auto first_range = std::lower_bound(ranges_.begin(), ranges_.end(), s.start,
+                                        [](const FsdpRange& r, TimeUs t) { return r.start < t; });
+    for (auto it = first_range; it != ranges_.end() && it->start < s.end; ++it) {
+      const FsdpRange& r = *it;
+      if (!IsUnitHook(r.hook) && r.hook != Hook::kBackwardEnd) continue;
+      Mark m;
+      m.hook = r.hook;
+      m.t = r.hook == Hook::kBackwardEnd ? r.end : r.start;
+      if (IsUnitHook(r.hook)) {
+        auto id = unit_ids_.find(UnitName(r.fqn));
+        if (id == unit_ids_.end()) continue;
+        m.unit = id->second;
+      }
+      marks.push_back(m);
+    }
+    if (marks.empty()) {
+      out_.notes.push_back(fmt::format("ProfilerStep#{}: no FSDP hooks, skipped", s.number));
+      return Status::Ok();
+    }
+    std::vector<Interval> comm;
+    auto first_collective =
+        std::lower_bound(collectives_.begin(), collectives_.end(), s.start,
+                         [](const Collective& c, TimeUs t) { return c.start < t; });
+    for (auto it = first_collective; it != collectives_.end() && it->start < s.end; ++it) {
+      const auto i = static_cast<std::size_t>(it - collectives_.begin());
+      const Collective& c = *it;
+      Mark m;
+      m.t = c.start;
+      m.collective = static_cast<int>(i);
+      marks.push_back(m);
+      comm.push_back({c.start, c.end});
+    }
+    std::stable_sort(marks.begin(), marks.end(),
+                     [](const Mark& a, const Mark& b) { return a.t < b.t; });
+
+    MeasuredStep measured;
+    measured.profiler_step = s.number;
+    measured.time_us = s.end - s.start;
+    measured.compute_us =
+        gpu_ ? gpu_busy_.Between(s.start, s.end) : cpu_busy_.Between(s.start, s.end);
+    measured.exposed_comm_us =
+        IntervalSet(std::move(comm)).Minus(gpu_ ? gpu_busy_ : cpu_busy_).Between(s.start, s.end);
+
+    StepBuilder sb(*this, s.start);
+    TimeUs prev = s.start;
+    for (const Mark& m : marks) {
+      sb.Attribute(prev, m.t);
+      prev = m.t;
+      sb.On(m);
+    }
+    sb.Attribute(prev, s.end);
+    Step step = sb.Finish(s.end);
+    if (step.microbatches.empty()) return Status::Ok();
+    out_.trace.steps.push_back(std::move(step));
+    out_.steps.push_back(measured);
+    return Status::Ok();
+  }
+
+  // Walks one step's marks: a stack of open windows (unit, phase) owns the busy time between
+  // marks; events are written in time order.
+  class StepBuilder final {
+   public:
+    StepBuilder(Importer& im, TimeUs t0) : im_(im), t0_(t0) {}
+
+    void Attribute(TimeUs a, TimeUs b) {
+      if (b <= a) return;
+      const TimeUs work = im_.Work(a, b);
+      if (stack_.empty()) {
+        other_ += work;
+        return;
+      }
+      Open& o = stack_.back();
+      if (o.phase == Phase::kBackward) {
+        const TimeUs re = std::min(work, im_.Rework(a, b));
+        o.recompute += re;
+        o.us += work - re;
+      } else {
+        o.us += work;
+      }
+    }
+
+    void On(const Mark& m) {
+      const TimeUs ts = std::max<TimeUs>(0, m.t - t0_);
+      if (m.collective >= 0) {
+        const Collective& c = im_.collectives_[static_cast<std::size_t>(m.collective)];
+        Event e;
+        e.op = Op::kCollective;
+        e.kind = c.kind;
+        e.unit = im_.unit_ids_.at(c.unit);
+        e.bytes = c.bytes;
+        e.start_us = std::max<TimeUs>(0, c.start - t0_);
+        e.end_us = std::max<TimeUs>(e.start_us, c.end - t0_);
+        events_.push_back(std::move(e));
+        return;
+      }
+      switch (m.hook) {
+        case Hook::kPreForward:
+          FlushOther(ts);
+          if (Find(m.unit, /*backward=*/false) >= 0) return;  // grouped modules: one window
+          stack_.push_back({m.unit, in_backward_ ? Phase::kRecompute : Phase::kForward});
+          AddHook(Op::kPreForward, m.unit, ts);
+          return;
+        case Hook::kPostForward: {
+          const int at = Find(m.unit, false);
+          if (at < 0) return;
+          FlushOther(ts);
+          Close(at, ts);
+          return;
+        }
+        case Hook::kPreBackward: {
+          if (Find(m.unit, true) >= 0) return;  // FSDP's guard: one backward
+          FlushOther(ts);
+          if (!in_backward_) {
+            // Every forward ends before the backward begins (a profile cut short says otherwise).
+            for (int i = static_cast<int>(stack_.size()) - 1; i >= 0; --i) Close(i, ts);
+          }
+          // A recomputation of this unit left open ends before its backward.
+          if (const int open = Find(m.unit, false); open >= 0) Close(open, ts);
+          in_backward_ = true;
+          stack_.push_back({m.unit, Phase::kBackward});
+          AddHook(Op::kPreBackward, m.unit, ts);
+          return;
+        }
+        case Hook::kPostBackward: {
+          if (Find(m.unit, true) < 0) return;  // FSDP's callback for a unit not in the backward
+          FlushOther(ts);
+          if (const int open = Find(m.unit, false); open >= 0) Close(open, ts);
+          Close(Find(m.unit, true), ts);
+          return;
+        }
+        case Hook::kBackwardEnd:
+          FlushOther(ts);
+          while (!stack_.empty()) Close(static_cast<int>(stack_.size()) - 1, ts);
+          {
+            Event e;
+            e.op = Op::kBackwardEnd;
+            e.ts_us = ts;
+            events_.push_back(std::move(e));
+          }
+          EndMicrobatch();
+          return;
+        default: return;
+      }
+    }
+
+    Step Finish(TimeUs end) {
+      const TimeUs ts = std::max<TimeUs>(0, end - t0_);
+      if (!stack_.empty()) {
+        im_.out_.notes.push_back(
+            "a step ends with hooks still open (the profile stops inside a step?): closed at "
+            "the step's end");
+        while (!stack_.empty()) Close(static_cast<int>(stack_.size()) - 1, ts);
+      }
+      const bool real = std::any_of(events_.begin(), events_.end(),
+                                    [](const Event& e) { return e.op != Op::kCompute; });
+      if (!real && !step_.microbatches.empty()) {
+        // Work after the last backward_end (the optimizer step): nothing may follow a
+        // backward_end, so it is written at the start of the step (same step time; its
+        // timestamp is left out, as it is out of order there).
+        if (other_ >= kMinOtherUs) {
+          Event e = ComputeEvent(kNoUnit, Phase::kForward, other_);
+          e.name = "after_backward";
+          auto& first = step_.microbatches.front().events;
+          first.insert(first.begin(), std::move(e));
+          other_ = 0;
+        }
+      } else {
+        FlushOther(ts);
+        if (!events_.empty()) EndMicrobatch();
+      }
+      return std::move(step_);
+    }
+
+   private:
+    struct Open {
+      UnitId unit = kNoUnit;
+      Phase phase = Phase::kForward;
+      TimeUs us = 0;
+      TimeUs recompute = 0;
+    };
+
+    int Find(UnitId u, bool backward) const {
+      for (int i = static_cast<int>(stack_.size()) - 1; i >= 0; --i) {
+        const Open& o = stack_[static_cast<std::size_t>(i)];
+        if (o.unit == u && (o.phase == Phase::kBackward) == backward) return i;
+      }
+      return -1;
+    }
+
+    void AddHook(Op op, UnitId u, TimeUs ts) {
+      Event e = HookEvent(op, u);
+      e.ts_us = ts;
+      events_.push_back(std::move(e));
+    }
+
+    void Close(int at, TimeUs ts) {
+      Open o = stack_[static_cast<std::size_t>(at)];
+      stack_.erase(stack_.begin() + at);
+      if (o.phase == Phase::kBackward) {
+        if (o.recompute > 0)
+          events_.push_back(ComputeEvent(o.unit, Phase::kRecompute, o.recompute));
+        events_.push_back(ComputeEvent(o.unit, Phase::kBackward, o.us));
+        AddHook(Op::kPostBackward, o.unit, ts);
+      } else {
+        events_.push_back(ComputeEvent(o.unit, o.phase, o.us));
+        AddHook(Op::kPostForward, o.unit, ts);
+      }
+    }
+
+    void FlushOther(TimeUs ts) {
+      if (other_ < kMinOtherUs) return;
+      Event e = ComputeEvent(kNoUnit, in_backward_ ? Phase::kBackward : Phase::kForward, other_);
+      e.name = "other";
+      e.ts_us = ts;
+      events_.push_back(std::move(e));
+      other_ = 0;
+    }
+
+    void EndMicrobatch() {
+      Microbatch mb;
+      mb.events = std::move(events_);
+      events_.clear();
+      step_.microbatches.push_back(std::move(mb));
+      in_backward_ = false;
+    }
+
+    Importer& im_;
+    TimeUs t0_;
+    std::vector<Open> stack_;
+    std::vector<Event> events_;
+    Step step_;
+    TimeUs other_ = 0;
+    bool in_backward_ = false;
+  };
+
+  const Profile& p_;
+  const ImportOptions& o_;
+  Imported out_;
+  bool gpu_ = false;
+  int world_ = 0;
+  Model model_;
+  std::unordered_map<std::string, UnitId> unit_ids_;
+  std::vector<std::vector<std::size_t>> by_thread_;
+  std::vector<FsdpRange> ranges_;
+  std::vector<StepRange> steps_;
+  std::set<std::int32_t> compute_threads_;
+  std::vector<Collective> collectives_;
+  std::map<std::int32_t, std::vector<const FsdpRange*>> comm_ranges_;  // by thread, by start
+  IntervalSet excluded_;
+  IntervalSet cpu_busy_;
+  IntervalSet recompute_cpu_;
+  IntervalSet gpu_busy_;
+  PointMasses gpu_work_;
+  PointMasses gpu_rework_;
+};
+
+}  // namespace
+
+StatusOr<Imported> ImportProfile(const Profile& profile, const ImportOptions& options) {
+  return Importer(profile, options).Run();
+}
+
+}  // namespace fsdplab::kineto

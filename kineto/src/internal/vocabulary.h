@@ -1,0 +1,49 @@
+// The vocabulary of FSDP2's profiler ranges and of Kineto's operator arguments, for the import.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "fsdplab/core/model.h"
+#include "fsdplab/core/units.h"
+
+namespace fsdplab::kineto::internal {
+
+inline constexpr std::string_view kRootName = "model";
+
+enum class Hook : std::uint8_t {
+  kPreForward,
+  kPostForward,
+  kPreBackward,
+  kPostBackward,
+  kAllGather,
+  kReduce,
+  kBackwardEnd,
+  kOther,
+};
+
+struct FsdpRange {
+  Hook hook = Hook::kOther;
+  std::string fqn;
+  TimeUs start = 0;
+  TimeUs end = 0;
+  std::int32_t thread = 0;
+};
+
+// "FSDP::pre_forward (layers.0) [pg=2]" -> hook kPreForward, fqn "layers.0" (times unset).
+FsdpRange ParseFsdpName(std::string_view name);
+bool IsUnitHook(Hook h);
+// Operators a module's forward calls and no autograd backward formula does: seen inside a
+// backward function, they are a recomputation (activation checkpointing).
+bool IsForwardOp(std::string_view name);
+// Bytes per element of an operator input type ("float", "c10::BFloat16") or a
+// record_param_comms dtype ("Float", "BFloat16"); nullopt when unknown.
+std::optional<Bytes> ElementBytes(std::string_view type);
+// The trace dtype of a parameter gathered as `type` (fp32, bf16, fp16).
+std::optional<DType> ParamDType(std::string_view type);
+// "" -> "model", "layers.0" -> "model.layers.0".
+std::string UnitName(const std::string& fqn);
+
+}  // namespace fsdplab::kineto::internal

@@ -1,0 +1,478 @@
+// The Kineto import on hand-made minimal profiles, one per rule (kineto.h), bad files, and the
+// command line end to end (the built binary).
+#include "fsdplab/kineto/kineto.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "fsdplab/core/file_util.h"
+#include "fsdplab/core/trace.h"
+#include "fsdplab/core/trace_structure.h"
+
+namespace fsdplab::kineto {
+namespace {
+
+namespace fs = std::filesystem;
+
+// One complete event: {"ph": "X", "cat": ..., "name": ..., "pid": 1, "tid": tid, ...}.
+std::string X(std::string_view cat, std::string_view name, int tid, double ts, double dur,
+              std::string_view args = "") {
+  std::string e = fmt::format(
+      R"({{"ph": "X", "cat": "{}", "name": "{}", "pid": 1, "tid": {}, "ts": {}, "dur": {})", cat,
+      name, tid, ts, dur);
+  if (!args.empty()) e += fmt::format(R"(, "args": {})", args);
+  return e + "}";
+}
+std::string Op(std::string_view name, double ts, double dur, int tid = 1,
+               std::string_view args = "") {
+  return X("cpu_op", name, tid, ts, dur, args);
+}
+std::string Ann(std::string_view name, double ts, double dur, int tid = 1) {
+  return X("user_annotation", name, tid, ts, dur);
+}
+
+std::string ProfileText(const std::vector<std::string>& events, int rank = 0, int world = 2) {
+  std::string out = fmt::format(
+      R"({{"schemaVersion": 1, "distributedInfo": {{"backend": "gloo", "rank": {}, "world_size": {}}},
+  "record_shapes": 1, "traceEvents": [
+  {{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {{"name": "main"}}}})",
+      rank, world);
+  for (const std::string& e : events) out += ",\n  " + e;
+  return out + "\n], \"traceName\": \"t\"}";
+}
+
+StatusOr<Imported> Import(const std::string& text, ImportOptions options = {}) {
+  StatusOr<Profile> p = ParseProfile(text, "test.json");
+  if (!p.ok()) return p.status();
+  return ImportProfile(*p, options);
+}
+
+// The events of step s, microbatch 0, as "op unit phase us" lines (collectives: kind bytes).
+std::vector<std::string> Lines(const Trace& t, std::size_t s = 0) {
+  std::vector<std::string> out;
+  for (const Event& e : t.steps.at(s).microbatches.at(0).events) {
+    std::string unit(e.unit == kNoUnit ? "-" : t.model.NameOf(e.unit));
+    switch (e.op) {
+      case fsdplab::Op::kCompute:
+        out.push_back(fmt::format("compute {} {} {:g}{}", unit, PhaseName(e.phase), e.us,
+                                  e.name.empty() ? "" : " " + e.name));
+        break;
+      case fsdplab::Op::kCollective:
+        out.push_back(fmt::format("{} {} {} {:g}-{:g}", CollectiveKindName(e.kind), unit, e.bytes,
+                                  e.start_us, e.end_us));
+        break;
+      default: out.push_back(fmt::format("{} {}", OpName(e.op), unit));
+    }
+  }
+  return out;
+}
+
+// One root unit on the CPU (gloo): hooks, an all-gather whose copy-in gives two parameters,
+// forward, loss, backward, the reduce-scatter in FSDP's final callback and the optimizer.
+std::vector<std::string> OneUnitEvents(int step = 5) {
+  return {
+      Ann(fmt::format("ProfilerStep#{}", step), 0, 1000),
+      Ann("FSDP::pre_forward", 10, 10),
+      Ann("FSDP::all_gather", 11, 8),
+      Op("fsdp::all_gather_copy_in", 12, 1, 1,
+         R"({"Input Dims": [[[3], [1]], [8], [], [], []], "Input type": ["TensorList", "float", "ScalarList", "Scalar", "Scalar"], "Concrete Inputs": ["", "", "[6, 2]", "8", "0"]})"),
+      Op("c10d::_allgather_base_", 14, 4, 1,
+         R"({"Input Dims": [[16], [8], [], [], []], "Input type": ["float", "float", "", "Scalar", "Scalar"]})"),
+      Op("aten::linear", 30, 50),
+      Ann("FSDP::post_forward", 100, 5),
+      Op("aten::sum", 110, 10),
+      Ann("FSDP::pre_backward", 200, 10),
+      Op("autograd::engine::evaluate_function: AddmmBackward0", 220, 80),
+      Ann("FSDP::root_post_backward_callback", 400, 50),
+      Ann("FSDP::post_backward_reshard", 405, 5),
+      Ann("FSDP::post_backward_reduce", 410, 30),
+      Op("c10d::_reduce_scatter_base_", 415, 20, 1,
+         R"({"Input Dims": [[8], [16], [], [], []], "Input type": ["float", "float", "", "", "Scalar"]})"),
+      Op("aten::add_", 500, 30),
+  };
+}
+
+TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
+  StatusOr<Imported> im = Import(ProfileText(OneUnitEvents()));
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  const Trace& t = im->trace;
+  ASSERT_EQ(t.model.num_units(), 1);
+  EXPECT_EQ(t.model.unit(0).name(), "model");
+  EXPECT_EQ(t.meta.world_size, 2);
+  // Shards of 6 and 2 fp32 elements on each of 2 ranks: parameters of 12 and 4 elements.
+  ASSERT_EQ(t.model.unit(0).params().size(), 2u);
+  EXPECT_EQ(t.model.unit(0).params()[0].Numel(), 12u);
+  EXPECT_EQ(t.model.unit(0).params()[1].Numel(), 4u);
+  EXPECT_EQ(t.model.unit(0).params()[0].dtype, DType::kFp32);
+  // By hand: the optimizer's 30 us after backward_end moves to the step's start; the forward
+  // is aten::linear (50 us, FSDP's copy-in and the c10d operator excluded); the loss (10 us)
+  // runs outside every unit; the backward function takes 80 us. Gather: output [16] fp32 =
+  // 64 bytes over [14, 18]; reduce-scatter: input [16] fp32 = 64 bytes over [415, 435].
+  EXPECT_EQ(Lines(t), (std::vector<std::string>{
+                          "compute - forward 30 after_backward",
+                          "pre_forward model",
+                          "all_gather model 64 14-18",
+                          "compute model forward 50",
+                          "post_forward model",
+                          "compute - forward 10 other",
+                          "pre_backward model",
+                          "compute model backward 80",
+                          "post_backward model",
+                          "reduce_scatter model 64 415-435",
+                          "backward_end -",
+                      }));
+  // Measured: 1000 us step; compute 50 + 10 + 80 + 30 = 170; the collectives (4 + 20 us)
+  // overlap no compute.
+  ASSERT_EQ(im->steps.size(), 1u);
+  EXPECT_EQ(im->steps[0].profiler_step, 5);
+  EXPECT_DOUBLE_EQ(im->steps[0].time_us, 1000);
+  EXPECT_DOUBLE_EQ(im->steps[0].compute_us, 170);
+  EXPECT_DOUBLE_EQ(im->steps[0].exposed_comm_us, 24);
+  EXPECT_TRUE(CheckTraceStructure(t).empty());
+  EXPECT_TRUE(CheckTraceEvents(t).empty());
+}
+
+// Root + layers.0 nested in forward; the backward on another thread (the autograd engine's),
+// with a recomputation: aten::linear inside a backward function of layers.0.
+std::vector<std::string> NestedEvents() {
+  return {
+      Ann("ProfilerStep#0", 0, 1000),
+      Ann("FSDP::pre_forward", 0, 5),
+      Op("aten::embedding", 10, 10),
+      Ann("FSDP::pre_forward (layers.0)", 30, 5),
+      Op("aten::linear", 40, 30),
+      Ann("FSDP::post_forward (layers.0)", 80, 5),
+      Op("aten::linear", 90, 5),
+      Ann("FSDP::post_forward", 100, 5),
+      Ann("FSDP::pre_backward", 200, 5, 2),
+      Ann("FSDP::pre_backward (layers.0)", 210, 5, 2),
+      Op("autograd::engine::evaluate_function: AddmmBackward0", 220, 40, 2),
+      Op("aten::linear", 225, 10, 2),
+      Ann("FSDP::post_backward_reshard (layers.0)", 270, 5, 2),
+      Op("autograd::engine::evaluate_function: EmbeddingBackward0", 280, 10, 2),
+      Ann("FSDP::root_post_backward_callback", 300, 20, 2),
+      Ann("FSDP::post_backward_reshard", 305, 5, 2),
+  };
+}
+
+TEST(KinetoImport, NestedUnitsAutogradThreadAndRecompute) {
+  StatusOr<Imported> im = Import(ProfileText(NestedEvents()));
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  const Trace& t = im->trace;
+  ASSERT_EQ(t.model.num_units(), 2);
+  EXPECT_EQ(t.model.unit(1).name(), "model.layers.0");
+  EXPECT_EQ(t.model.unit(1).parent(), 0);
+  // By hand: the root's forward is 10 (embedding) + 5 (head) = 15, layers.0's 30. In backward
+  // (thread 2), layers.0's backward function runs 40 us of which aten::linear's 10 are a
+  // recomputation; the root's backward is the embedding's 10.
+  EXPECT_EQ(Lines(t), (std::vector<std::string>{
+                          "pre_forward model",
+                          "pre_forward model.layers.0",
+                          "compute model.layers.0 forward 30",
+                          "post_forward model.layers.0",
+                          "compute model forward 15",
+                          "post_forward model",
+                          "pre_backward model",
+                          "pre_backward model.layers.0",
+                          "compute model.layers.0 recompute 10",
+                          "compute model.layers.0 backward 30",
+                          "post_backward model.layers.0",
+                          "compute model backward 10",
+                          "post_backward model",
+                          "backward_end -",
+                      }));
+  EXPECT_TRUE(CheckTraceStructure(t).empty());
+  // No all-gathers: units without parameters, and the import says so.
+  EXPECT_FALSE(im->notes.empty());
+}
+
+TEST(KinetoImport, GpuKernelsByCorrelationAndNcclBytesFromRecordParamComms) {
+  // The forward's GEMM kernel (100 us) is launched inside the window; the NCCL kernel's end
+  // (50) ends the collective issued at 4; record_param_comms: 8 bf16 elements out = 16 bytes.
+  std::vector<std::string> ev = {
+      Ann("ProfilerStep#1", 0, 500),
+      Ann("FSDP::pre_forward", 0, 10),
+      Ann("FSDP::all_gather", 1, 8),
+      Op("fsdp::all_gather_copy_in", 2, 1, 1,
+         R"({"Input Dims": [[[2]], [8], [], [], []], "Input type": ["TensorList", "c10::BFloat16"], "Concrete Inputs": ["", "", "[4]", "4", "0"]})"),
+      Op("record_param_comms", 4, 2, 1,
+         R"({"Collective name": "_allgather_base", "dtype": "BFloat16", "In msg nelems": 4, "Out msg nelems": 8, "Group size": 2})"),
+      X("cuda_runtime", "cudaLaunchKernel", 1, 5, 0.5, R"({"correlation": 7})"),
+      X("kernel", "ncclDevKernel_AllGather_RING_LL", 7, 20, 30, R"({"correlation": 7})"),
+      X("cuda_runtime", "cudaLaunchKernel", 1, 12, 1, R"({"correlation": 8})"),
+      X("kernel", "sm90_gemm", 7, 50, 100, R"({"correlation": 8})"),
+      Ann("FSDP::post_forward", 20, 2),
+  };
+  StatusOr<Imported> im = Import(ProfileText(ev));
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  EXPECT_TRUE(im->gpu);
+  EXPECT_EQ(im->trace.model.unit(0).params()[0].Numel(), 8u);
+  EXPECT_EQ(im->trace.model.unit(0).params()[0].dtype, DType::kBf16);
+  EXPECT_EQ(Lines(im->trace), (std::vector<std::string>{
+                                  "pre_forward model",
+                                  "all_gather model 16 4-50",
+                                  "compute model forward 100",
+                                  "post_forward model",
+                              }));
+}
+
+TEST(KinetoImport, StepsFromProfilerStepAndStepFilter) {
+  std::vector<std::string> ev = OneUnitEvents(5);
+  for (std::string e : OneUnitEvents(6)) ev.push_back(e);  // same times: shifted below
+  // Shift the second copy by 1000 us.
+  std::vector<std::string> shifted = OneUnitEvents(5);
+  std::vector<std::string> second;
+  for (const std::string& e : OneUnitEvents(6)) {
+    nlohmann::json j = nlohmann::json::parse(e);
+    j["ts"] = j["ts"].get<double>() + 1000;
+    second.push_back(j.dump());
+  }
+  shifted.insert(shifted.end(), second.begin(), second.end());
+  StatusOr<Imported> all = Import(ProfileText(shifted));
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(all->trace.steps.size(), 2u);
+  ImportOptions only;
+  only.step = 6;
+  StatusOr<Imported> one = Import(ProfileText(shifted), only);
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->steps.size(), 1u);
+  EXPECT_EQ(one->steps[0].profiler_step, 6);
+  only.step = 9;
+  StatusOr<Imported> none = Import(ProfileText(shifted), only);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no ProfilerStep#9"), std::string::npos);
+}
+
+TEST(KinetoImport, WithoutProfilerStepTheProfileIsOneStep) {
+  std::vector<std::string> ev = OneUnitEvents();
+  ev.erase(ev.begin());  // no ProfilerStep#5
+  StatusOr<Imported> im = Import(ProfileText(ev));
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  ASSERT_EQ(im->trace.steps.size(), 1u);
+  EXPECT_EQ(im->steps[0].profiler_step, -1);
+  bool said = false;
+  for (const std::string& n : im->notes) said = said || n.find("ProfilerStep") != n.npos;
+  EXPECT_TRUE(said);
+}
+
+TEST(KinetoImport, Fsdp1RangesSayUnitsCannotBeIdentified) {
+  StatusOr<Imported> im = Import(
+      ProfileText({Ann("ProfilerStep#0", 0, 100), Ann("FullyShardedDataParallel.forward", 1, 50),
+                   Op("aten::linear", 2, 10)}));
+  ASSERT_FALSE(im.ok());
+  EXPECT_EQ(im.status().code(), StatusCode::kInvalidInput);
+  EXPECT_NE(im.status().message().find("FSDP1"), std::string::npos);
+  EXPECT_NE(im.status().message().find("cannot be identified"), std::string::npos);
+}
+
+TEST(KinetoImport, NoShapesAsksForRecordShapesOrModelJson) {
+  std::vector<std::string> ev = OneUnitEvents();
+  ev[3] = Op("fsdp::all_gather_copy_in", 12, 1);  // no args: record_shapes was off
+  StatusOr<Imported> im = Import(ProfileText(ev));
+  ASSERT_FALSE(im.ok());
+  EXPECT_NE(im.status().message().find("record_shapes=True"), std::string::npos);
+  // A model file gives the units instead.
+  ModelBuilder b;
+  b.AddUnit("model", std::nullopt, {{"w", DType::kBf16, {4, 4}, std::nullopt}});
+  ImportOptions o;
+  o.model = *std::move(b).Build();
+  StatusOr<Imported> with = Import(ProfileText(ev), o);
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  EXPECT_EQ(with->trace.model.unit(0).numel(), 16u);
+}
+
+TEST(KinetoImport, CollectiveWaitsSplitAcrossRanksWithClockOffset) {
+  // Rank 0 issues at 14 and ends at 18; rank 1 (clock 1000 us ahead) issues at 1016 and ends at
+  // 1018. Aligned by the ends: rank 1 issued 2 us after rank 0, so rank 0 waited 2 us and both
+  // transferred 2 us. Same for the reduce-scatter: rank 1 issues at 1425 -> rank 0 waits 10.
+  std::vector<std::string> r1;
+  for (const std::string& e : OneUnitEvents()) {
+    nlohmann::json j = nlohmann::json::parse(e);
+    const std::string name = j["name"];
+    j["ts"] = j["ts"].get<double>() + 1000;
+    if (name == "c10d::_allgather_base_") j["ts"] = 1016, j["dur"] = 2;
+    if (name == "c10d::_reduce_scatter_base_") j["ts"] = 1425, j["dur"] = 10;
+    r1.push_back(j.dump());
+  }
+  StatusOr<Imported> a = Import(ProfileText(OneUnitEvents(), 0));
+  StatusOr<Imported> b = Import(ProfileText(r1, 1));
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<Imported*> ranks = {&*a, &*b};
+  ASSERT_TRUE(SplitCollectiveWaits(ranks).ok());
+  auto args = [](const Imported& im, std::size_t k) {
+    std::vector<const Event*> c;
+    for (const Event& e : im.trace.steps[0].microbatches[0].events) {
+      if (e.op == fsdplab::Op::kCollective) c.push_back(&e);
+    }
+    return nlohmann::json::parse(c.at(k)->args_json);
+  };
+  EXPECT_DOUBLE_EQ(args(*a, 0)["wait_us"].get<double>(), 2);
+  EXPECT_DOUBLE_EQ(args(*a, 0)["transfer_us"].get<double>(), 2);
+  EXPECT_DOUBLE_EQ(args(*b, 0)["wait_us"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(args(*b, 0)["transfer_us"].get<double>(), 2);
+  EXPECT_DOUBLE_EQ(args(*a, 1)["wait_us"].get<double>(), 10);
+  EXPECT_DOUBLE_EQ(args(*a, 1)["transfer_us"].get<double>(), 10);
+}
+
+TEST(KinetoReader, EscapesInStringsDoNotEndTheEvent) {
+  // A name with an escaped quote, brackets, an escaped tab and a trailing backslash: the event ends
+  // at its own closing brace, and the next event is read too.
+  StatusOr<Profile> p = ParseProfile(R"({"traceEvents": [
+    {"ph": "X", "cat": "cpu_op", "name": "a\"}]\tb\\", "pid": 1, "tid": "t\"1", "ts": 1, "dur": 2},
+    {"ph": "X", "cat": "cpu_op", "name": "c", "pid": 1, "tid": 2, "ts": 3, "dur": 4}]})");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->events.size(), 2u);
+  EXPECT_EQ(p->names[static_cast<std::size_t>(p->events[0].name)], "a\"}]\tb\\");
+  EXPECT_EQ(p->threads[static_cast<std::size_t>(p->events[0].thread)], "1/t\"1");
+  EXPECT_DOUBLE_EQ(p->events[1].dur, 4);
+}
+
+TEST(KinetoReader, GarbledAndTruncatedInputsAreInvalidInputNeverACrash) {
+  const std::string good = ProfileText(OneUnitEvents());
+  ASSERT_TRUE(ParseProfile(good).ok());
+  struct Case {
+    std::string text;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"", "empty file"},
+      {"[1, 2]", "not a Kineto trace"},
+      {R"({"traceEvents": [{"ph": "X", "ts": oops}]})", "traceEvents[0]"},
+      {R"({"traceEvents": [{"ph": "X", "name": "a", "ts": 1}]})", "needs \"ts\" and \"dur\""},
+      {R"({"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": -4}]})", "duration >= 0"},
+      {R"({"schemaVersion": 1})", "no \"traceEvents\""},
+      {good.substr(0, good.size() / 2), "truncated"},
+      {good + "}", "trailing content"},
+  };
+  for (const Case& c : cases) {
+    StatusOr<Profile> p = ParseProfile(c.text, "bad.json");
+    ASSERT_FALSE(p.ok()) << c.text;
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidInput) << c.text;
+    EXPECT_NE(p.status().message().find("bad.json"), std::string::npos);
+    EXPECT_NE(p.status().message().find(c.says), std::string::npos) << p.status().message();
+  }
+  // Every prefix (step 13 bytes) is read or rejected with a status, never a crash.
+  for (std::size_t n = 0; n < good.size(); n += 13) {
+    StatusOr<Profile> p = ParseProfile(good.substr(0, n));
+    if (p.ok()) (void)ImportProfile(*p, {});
+  }
+}
+
+TEST(KinetoReader, ArgumentsOfTheWrongShapeAreInvalidInput) {
+  // Regressions found by fuzzing (fuzz/regressions/kineto): an "Input Dims" that is no array
+  // crashed the reader; dims beyond the element limit overflowed.
+  for (const std::string args :
+       {R"({"Input Dims": 5})", R"({"Input type": {"a": 1}})",
+        R"({"Input Dims": [[562949953421312]]})", R"({"Input Dims": [[[281474976710656, 2]]]})"}) {
+    StatusOr<Profile> p =
+        ParseProfile(ProfileText({Op("c10d::_allgather_base_", 1, 2, 1, args)}), "bad.json");
+    ASSERT_FALSE(p.ok()) << args;
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidInput);
+    EXPECT_NE(p.status().message().find("traceEvents[1].args"), std::string::npos)
+        << p.status().message();
+  }
+}
+
+TEST(KinetoImport, RankOutsideTheWorldIsInvalidInput) {
+  StatusOr<Imported> im = Import(ProfileText(OneUnitEvents(), /*rank=*/3, /*world=*/2));
+  ASSERT_FALSE(im.ok());
+  EXPECT_NE(im.status().message().find("distributedInfo.rank 3 is outside 0..1"), std::string::npos)
+      << im.status().message();
+}
+
+std::string TempPath(const std::string& name) {
+  return (fs::temp_directory_path() / fmt::format("fsdplab_kineto_{}_{}", ::getpid(), name))
+      .string();
+}
+
+void WriteGzip(const std::string& path, const std::string& text) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, text.data(), static_cast<unsigned>(text.size())),
+            static_cast<int>(text.size()));
+  gzclose(f);
+}
+
+TEST(KinetoReader, GzipReadsLikePlainTextAndCorruptGzipIsInvalidInput) {
+  const std::string text = ProfileText(OneUnitEvents());
+  const std::string gz = TempPath("ok.json.gz");
+  WriteGzip(gz, text);
+  StatusOr<Profile> p = ReadProfile(gz);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  StatusOr<Profile> q = ParseProfile(text);
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(p->events.size(), q->events.size());
+  EXPECT_EQ(p->json_bytes, text.size());
+  // Truncated gzip, and gzip with its deflate data overwritten.
+  StatusOr<std::string> bytes = ReadFile(gz);
+  ASSERT_TRUE(bytes.ok());
+  const std::string cut = TempPath("cut.json.gz");
+  ASSERT_TRUE(WriteFileAtomic(cut, bytes->substr(0, bytes->size() / 2)).ok());
+  StatusOr<Profile> c = ReadProfile(cut);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidInput);
+  EXPECT_NE(c.status().message().find("truncated"), std::string::npos) << c.status().message();
+  std::string garbled = *bytes;
+  for (std::size_t i = 12; i < garbled.size() - 8; i += 3) garbled[i] = static_cast<char>(0xff);
+  const std::string bad = TempPath("bad.json.gz");
+  ASSERT_TRUE(WriteFileAtomic(bad, garbled).ok());
+  StatusOr<Profile> g = ReadProfile(bad);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kInvalidInput);
+  for (const std::string& f : {gz, cut, bad}) fs::remove(f);
+}
+
+struct CmdResult {
+  int code = -1;
+  std::string out;
+};
+
+CmdResult Fsdplab(const std::string& args) {
+  CmdResult r;
+  std::string cmd = std::string(FSDPLAB_BIN) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
+  int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(KinetoCli, ImportValidateSimulateCheckAndExitCodes) {
+  const std::string in = TempPath("p.json");
+  const std::string out = TempPath("t.json");
+  ASSERT_TRUE(WriteFileAtomic(in, ProfileText(NestedEvents())).ok());
+  CmdResult r = Fsdplab("import-kineto " + in + " -o " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(Fsdplab("validate " + out).code, 0);
+  EXPECT_EQ(Fsdplab("simulate " + out).code, 0);
+  CmdResult check = Fsdplab("import-kineto " + in + " -o " + out + " --check");
+  ASSERT_EQ(check.code, 0) << check.out;
+  EXPECT_NE(check.out.find("predicted_us"), std::string::npos);
+  // A truncated profile: exit 2, the file named, no output written.
+  const std::string cut = TempPath("cut.json");
+  const std::string none = TempPath("none.json");
+  const std::string text = ProfileText(NestedEvents());
+  ASSERT_TRUE(WriteFileAtomic(cut, text.substr(0, text.size() - 40)).ok());
+  CmdResult bad = Fsdplab("import-kineto " + cut + " -o " + none);
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find(cut), std::string::npos);
+  EXPECT_FALSE(fs::exists(none));
+  EXPECT_EQ(Fsdplab("import-kineto").code, 1);
+  EXPECT_EQ(Fsdplab("import-kineto " + in + " --step x").code, 1);
+  for (const std::string& f : {in, out, cut}) fs::remove(f);
+}
+
+}  // namespace
+}  // namespace fsdplab::kineto

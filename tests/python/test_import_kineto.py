@@ -1,0 +1,299 @@
+"""`fsdplab import-kineto` on real PyTorch profiler traces: FSDP2 (fully_shard), CPU, gloo, 2 ranks,
+a 4-layer transformer with and without activation checkpointing, profiled with
+torch.profiler(record_shapes=True) while tools/torch/fsdplab_record.py records the same step.
+The imported traces must validate and simulate, and their units, parameter counts, orders and
+collectives must equal the recorder's; their compute must equal the profiler's own busy time.
+
+Needs torch 2.x (FSDP2); skipped with the reason under an older torch.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+FSDPLAB = os.environ.get("FSDPLAB_BIN", "fsdplab")
+RECORDER_DIR = os.environ.get(
+    "FSDPLAB_RECORDER_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "tools", "torch")
+)
+
+PROFILE_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch, torch.nn as nn, torch.distributed as dist
+    sys.path.insert(0, sys.argv[1])
+    import fsdplab_record
+    rank, world, store, out = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
+    from torch.distributed.fsdp import fully_shard
+    from torch.utils.checkpoint import checkpoint
+    D, L, V = 128, 4, 256
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(D, 4, batch_first=True)
+            self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+            self.fc1, self.fc2 = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
+        def forward(self, x):
+            h = self.ln1(x)
+            x = x + self.attn(h, h, h, need_weights=False)[0]
+            return x + self.fc2(torch.relu(self.fc1(self.ln2(x))))
+
+    class Net(nn.Module):
+        def __init__(self, ac):
+            super().__init__()
+            self.ac = ac
+            self.embed = nn.Embedding(V, D)
+            self.layers = nn.ModuleList([Block() for _ in range(L)])
+            self.head = nn.Linear(D, V)
+        def forward(self, ids):
+            h = self.embed(ids)
+            for layer in self.layers:
+                h = checkpoint(layer, h, use_reentrant=False) if self.ac else layer(h)
+            return self.head(h)
+
+    ids = torch.randint(0, V, (2, 16), generator=torch.Generator().manual_seed(1))
+    for ac in (False, True):
+        tag = "ac" if ac else "plain"
+        torch.manual_seed(0)
+        m = Net(ac)
+        for layer in m.layers:
+            fully_shard(layer)
+        fully_shard(m)
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        rec = fsdplab_record.Recorder(m)
+        if rank == 0:
+            rec.save_model(f"{out}/{tag}.model.json")
+        def step():
+            m(ids).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        # Steps 0 and 1 run unprofiled (FSDP's lazy init) and as the warm-up; step 2 is both
+        # profiled (ProfilerStep#2) and recorded.
+        sched = torch.profiler.schedule(wait=1, warmup=1, active=1, repeat=1)
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True, schedule=sched
+        ) as prof:
+            for i in range(3):
+                if i == 2:
+                    with rec.step():
+                        step()
+                else:
+                    step()
+                prof.step()
+        prof.export_chrome_trace(f"{out}/{tag}.kineto.rank{rank}.json")
+        rec.save(f"{out}/{tag}.recorder.json")  # .rank<R> added by the recorder
+    dist.destroy_process_group()
+    """
+)
+
+
+def fsdp2_available():
+    try:
+        import torch  # noqa: F401
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except Exception as e:  # torch 1.13: no fully_shard
+        return f"no FSDP2 ({type(e).__name__}: {e})"
+    return None
+
+
+def fsdplab(*args):
+    return subprocess.run([FSDPLAB, *args], capture_output=True, text=True, timeout=300)
+
+
+def profiler_busy_us(path):
+    """The profiler's own total, computed here independently: in ProfilerStep#2, the union of CPU
+    operator intervals on the threads that run FSDP's hooks, less FSDP's ranges and the c10d
+    operators (FSDP's own work and the collectives are not compute)."""
+    with open(path, encoding="utf-8") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    step = next(e for e in events if e["name"] == "ProfilerStep#2")
+    lo, hi = step["ts"], step["ts"] + step["dur"]
+    hooks = ("FSDP::pre_forward", "FSDP::post_forward", "FSDP::pre_backward",
+             "FSDP::post_backward")
+    threads = {e["tid"] for e in events if e["name"].startswith(hooks)}
+
+    def union(intervals):
+        out = []
+        for a, b in sorted(intervals):
+            if out and a <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], b)
+            else:
+                out.append([a, b])
+        return out
+
+    busy = union((e["ts"], e["ts"] + e["dur"]) for e in events
+                 if e["tid"] in threads and e.get("cat") == "cpu_op"
+                 and not e["name"].startswith("c10d::"))
+    cut = union((e["ts"], e["ts"] + e["dur"]) for e in events
+                if e["tid"] in threads and (e["name"].startswith("FSDP::")
+                                            or e["name"].startswith("c10d::")))
+    total = 0.0
+    for a, b in busy:
+        a, b = max(a, lo), min(b, hi)
+        if b <= a:
+            continue
+        covered = sum(max(0.0, min(b, y) - max(a, x)) for x, y in cut)
+        total += (b - a) - covered
+    return total
+
+
+def numel(param):
+    if "numel" in param:
+        return param["numel"]
+    n = 1
+    for d in param["shape"]:
+        n *= d
+    return n
+
+
+class ImportKinetoTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        why = fsdp2_available()
+        if why:
+            raise unittest.SkipTest(why)
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.dir = cls.tmp.name
+        store = os.path.join(cls.dir, "store")
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", PROFILE_SCRIPT, RECORDER_DIR, str(r), "2", store, cls.dir],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            for r in range(2)
+        ]
+        try:
+            for p in procs:
+                _, err = p.communicate(timeout=300)
+                if p.returncode != 0:
+                    raise AssertionError(f"FSDP2 rank failed ({p.returncode}): {err[-3000:]}")
+        finally:
+            for p in procs:  # a rank left waiting for a failed peer
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+        cls.imported = {}
+        for tag in ("plain", "ac"):
+            out = os.path.join(cls.dir, f"{tag}.imported")
+            r = fsdplab("import-kineto", *[os.path.join(cls.dir, f"{tag}.kineto.rank{k}.json")
+                                           for k in range(2)], "--out-dir", out)
+            if r.returncode != 0:
+                raise AssertionError(f"import-kineto failed ({r.returncode}): {r.stderr}")
+            cls.imported[tag] = out
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def trace(self, tag, rank, kind):
+        path = (os.path.join(self.imported[tag], f"trace.rank{rank}.json") if kind == "imported"
+                else os.path.join(self.dir, f"{tag}.recorder.rank{rank}.json"))
+        with open(path, encoding="utf-8") as f:
+            return path, json.load(f)
+
+    def test_imported_traces_validate_and_simulate(self):
+        for tag in ("plain", "ac"):
+            for r in range(2):
+                path, t = self.trace(tag, r, "imported")
+                self.assertEqual((t["meta"]["world_size"], t["meta"]["rank"]), (2, r))
+                v = fsdplab("validate", path, "--json")
+                self.assertEqual(v.returncode, 0, v.stdout + v.stderr)
+            s = fsdplab("simulate", "--rank-trace", self.imported[tag], "--json")
+            self.assertEqual(s.returncode, 0, s.stderr)
+            self.assertEqual(json.loads(s.stdout)["errors"], [])
+
+    def test_units_and_parameter_counts_equal_the_recorders(self):
+        for tag in ("plain", "ac"):
+            for r in range(2):
+                _, imp = self.trace(tag, r, "imported")
+                _, rec = self.trace(tag, r, "recorder")
+                self.assertEqual(
+                    [(u["name"], u["parent"]) for u in imp["units"]],
+                    [(u["name"], u["parent"]) for u in rec["units"]],
+                )
+                # Every dim 0 is even: FSDP pads nothing on 2 ranks, so the counts are exact.
+                self.assertEqual(
+                    [sum(numel(p) for p in u["params"]) for u in imp["units"]],
+                    [sum(numel(p) for p in u["params"]) for u in rec["units"]],
+                )
+
+    def test_orders_equal_the_recorders(self):
+        for tag in ("plain", "ac"):
+            imp, _ = self.trace(tag, 0, "imported")
+            rec, _ = self.trace(tag, 0, "recorder")
+            orders = []
+            for path in (imp, rec):
+                r = fsdplab("order", path, "--order", "recorded", "--json")
+                self.assertEqual(r.returncode, 0, r.stderr)
+                orders.append(json.loads(r.stdout))
+            self.assertEqual(orders[0], orders[1], tag)
+
+    def test_collectives_equal_the_recorders(self):
+        # Per kind, the same units in the same order with the same bytes.
+        def collectives(t, kind):
+            return [(e["unit"], e["bytes"]) for s in t["steps"] for mb in s["microbatches"]
+                    for e in mb["events"] if e["op"] == "collective" and e["kind"] == kind]
+        for tag in ("plain", "ac"):
+            for r in range(2):
+                _, imp = self.trace(tag, r, "imported")
+                _, rec = self.trace(tag, r, "recorder")
+                for kind in ("all_gather", "reduce_scatter"):
+                    self.assertEqual(collectives(imp, kind), collectives(rec, kind), (tag, kind))
+                # Both ranks' profiles given: every collective is split into wait and transfer.
+                for s in imp["steps"]:
+                    for e in s["microbatches"][0]["events"]:
+                        if e["op"] == "collective":
+                            self.assertGreaterEqual(e["args"]["wait_us"], 0)
+                            self.assertGreaterEqual(e["args"]["transfer_us"], 0)
+
+    def test_recomputation_found_only_with_checkpointing(self):
+        for tag, expect in (("plain", 0), ("ac", 4)):
+            _, imp = self.trace(tag, 0, "imported")
+            units = {e["unit"] for e in imp["steps"][0]["microbatches"][0]["events"]
+                     if e["op"] == "compute" and e["phase"] == "recompute"}
+            self.assertEqual(len(units), expect, (tag, units))
+
+    def test_compute_equals_the_profilers_busy_time(self):
+        for tag in ("plain", "ac"):
+            for r in range(2):
+                _, imp = self.trace(tag, r, "imported")
+                (step,) = imp["steps"]
+                total = sum(e["us"] for mb in step["microbatches"] for e in mb["events"]
+                            if e["op"] == "compute")
+                expect = profiler_busy_us(os.path.join(self.dir, f"{tag}.kineto.rank{r}.json"))
+                # The profile's ts have 3 decimals; sums of differences agree to well under 1 us.
+                self.assertAlmostEqual(total, expect, delta=1.0)
+
+    def test_model_json_from_the_recorder_gives_names_and_shapes(self):
+        # The recorder's model file replaces the recorded shapes: the imported units then carry
+        # the recorder's parameter names and shapes exactly.
+        out = os.path.join(self.dir, "with_model.json")
+        r = fsdplab("import-kineto", os.path.join(self.dir, "plain.kineto.rank0.json"),
+                    "--model-json", os.path.join(self.dir, "plain.model.json"), "-o", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(out, encoding="utf-8") as f:
+            imp = json.load(f)
+        _, rec = self.trace("plain", 0, "recorder")
+        strip = lambda units: [(u["name"], u["parent"], u["params"]) for u in units]  # noqa: E731
+        self.assertEqual(strip(imp["units"]), strip(rec["units"]))
+
+    def test_check_report_runs(self):
+        files = [os.path.join(self.dir, f"plain.kineto.rank{k}.json") for k in range(2)]
+        out = os.path.join(self.dir, "check")
+        r = fsdplab("import-kineto", *files, "--out-dir", out, "--check")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = [line.split() for line in r.stdout.splitlines() if line.strip().startswith("#2")]
+        self.assertEqual(len(rows), 1, r.stdout)
+        measured, predicted = float(rows[0][1]), float(rows[0][2])
+        self.assertGreater(measured, 0)
+        self.assertGreater(predicted, 0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

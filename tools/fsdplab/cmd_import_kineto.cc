@@ -1,0 +1,233 @@
+// fsdplab import-kineto: PyTorch profiler traces (Kineto JSON, plain or gzip) of an FSDP2 run ->
+// one fsdplab trace per rank; --check also simulates them and sets measured against predicted.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "fsdplab/core/file_util.h"
+#include "fsdplab/core/report.h"
+#include "fsdplab/core/trace.h"
+#include "fsdplab/core/trace_structure.h"
+#include "fsdplab/kineto/kineto.h"
+#include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/simulator.h"
+#include "sim_flags.h"
+
+namespace fsdplab::cli {
+namespace {
+
+constexpr std::string_view kCmd = "import-kineto";
+
+// The units of a model file: {"units": [...]} as in a trace (a recorder's trace will do).
+StatusOr<Model> ReadModelJson(const std::string& path) {
+  FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("units")) {
+    return InvalidInput(
+        fmt::format("{}: expected a JSON object with \"units\" (as in a trace)", path));
+  }
+  nlohmann::json trace = {{"format", "fsdplab.trace"},
+                          {"version", 1},
+                          {"units", doc["units"]},
+                          {"steps", nlohmann::json::array()}};
+  StatusOr<Trace> t = ParseTrace(trace.dump());
+  if (!t.ok()) return t.status().WithContext(path);
+  return std::move(t->model);
+}
+
+// The imported trace must be one the simulator replays.
+// Everything `fsdplab validate` checks, on the text that will be written.
+Status CheckImported(const Trace& trace, const std::string& source) {
+  std::vector<Status> problems = ValidateTraceText(WriteTrace(trace));
+  if (problems.empty()) problems = CheckTraceStructure(trace);
+  if (problems.empty()) return Status::Ok();
+  return InvalidInput(
+      fmt::format("{}: the imported trace is not replayable ({} problem(s)), first: {}", source,
+                  problems.size(), problems.front().message()));
+}
+
+Status RunCheck(const Args& args, const std::vector<kineto::Imported>& ranks) {
+  const Trace& first = ranks.front().trace;
+  sim::SimOptions opt;
+  FSDP_ASSIGN_OR_RETURN(opt.policy, PolicyFromArgs(args, first.model));
+  const bool per_rank = ranks.size() > 1;
+  FSDP_ASSIGN_OR_RETURN(opt.cluster, ClusterFromArgs(args, per_rank ? static_cast<int>(ranks.size())
+                                                                    : first.meta.world_size));
+  FSDP_RETURN_IF_ERROR(EngineOptionsFromArgs(args, opt));
+  if (opt.steps == 0) opt.steps = static_cast<int>(first.steps.size());
+  std::vector<const Trace*> traces;
+  for (const kineto::Imported& r : ranks) traces.push_back(&r.trace);
+  FSDP_ASSIGN_OR_RETURN(sim::SimResult result,
+                        per_rank ? sim::SimulateRanks(traces, opt) : sim::Simulate(first, opt));
+  ReportInputs in;
+  in.model = &first.model;
+  in.policy = &opt.policy;
+  in.order = &result.order;
+  in.cluster_json = sim::ClusterToJson(opt.cluster);
+  in.cluster_text = sim::DescribeCluster(opt.cluster);
+  Report report = BuildReport(result.timeline, in);
+  fmt::print("check: measured (profiler, rank {}) against predicted (simulated on {})\n",
+             first.meta.rank, in.cluster_text);
+  fmt::print("{:>6} {:>14} {:>14} {:>8} {:>16} {:>16} {:>16}\n", "step", "measured_us",
+             "predicted_us", "error%", "meas_exposed_us", "pred_exposed_us", "meas_compute_us");
+  const std::vector<kineto::MeasuredStep>& measured = ranks.front().steps;
+  for (std::size_t i = 0; i < measured.size(); ++i) {
+    const kineto::MeasuredStep& m = measured[i];
+    const StepReport* p = i < report.steps.size() ? &report.steps[i] : nullptr;
+    const double err = p && m.time_us > 0 ? 100.0 * (p->time_us - m.time_us) / m.time_us : 0.0;
+    fmt::print("{:>6} {:>14.1f} {:>14} {:>8} {:>16.1f} {:>16} {:>16.1f}\n",
+               m.profiler_step >= 0 ? fmt::format("#{}", m.profiler_step) : std::string("-"),
+               m.time_us, p ? fmt::format("{:.1f}", p->time_us) : "-",
+               p ? fmt::format("{:+.1f}", err) : "-", m.exposed_comm_us,
+               p ? fmt::format("{:.1f}", p->exposed_comm_us) : "-", m.compute_us);
+  }
+  fmt::print(
+      "measured: the ProfilerStep range and, within it, the time a collective ran with no "
+      "compute;\n"
+      "meas_compute_us is the compute the trace carries (kernel or operator time): a step longer\n"
+      "than it spent time outside operators (Python, the profiler) that no simulation predicts.\n");
+  for (const std::string& e : report.errors) fmt::print("simulation error: {}\n", e);
+  if (!result.status.ok()) return result.status;
+  return Status::Ok();
+}
+
+Status Run(const Args& args) {
+  const std::vector<std::string>& files = args.positionals();
+  if (files.empty()) return UsageError("expected at least one PROFILE.json[.gz] (see --help)");
+  if (args.Get("-o") && args.Get("--out-dir")) return UsageError("give -o or --out-dir, not both");
+  kineto::ImportOptions options;
+  if (std::optional<std::string> s = args.Get("--step"); s && *s != "all") {
+    FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*s, "--step"));
+    if (n < 0 || n > (std::int64_t{1} << 30)) return UsageError("--step: expected N >= 0 or all");
+    options.step = static_cast<int>(n);
+  }
+  std::optional<int> only_rank;
+  if (std::optional<std::string> r = args.Get("--rank")) {
+    FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*r, "--rank"));
+    if (n < 0 || n > (std::int64_t{1} << 30)) return UsageError("--rank: expected R >= 0");
+    only_rank = static_cast<int>(n);
+  }
+  if (std::optional<std::string> m = args.Get("--model-json")) {
+    FSDP_ASSIGN_OR_RETURN(options.model, ReadModelJson(*m));
+  }
+
+  std::vector<kineto::Imported> ranks;
+  std::vector<std::string> sources;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    FSDP_ASSIGN_OR_RETURN(kineto::Profile profile, kineto::ReadProfile(files[i]));
+    const int rank = profile.rank.value_or(static_cast<int>(i));
+    if (only_rank && rank != *only_rank) continue;
+    FSDP_ASSIGN_OR_RETURN(kineto::Imported im, kineto::ImportProfile(profile, options));
+    if (!profile.rank) {  // no distributedInfo: the files' order gives the ranks
+      im.trace.meta.rank = rank;
+      im.trace.meta.world_size = std::max(im.trace.meta.world_size, static_cast<int>(files.size()));
+    }
+    FSDP_RETURN_IF_ERROR(CheckImported(im.trace, files[i]));
+    ranks.push_back(std::move(im));
+    sources.push_back(files[i]);
+  }
+  if (ranks.empty()) {
+    return InvalidInput(fmt::format("--rank {}: none of the profiles is that rank's", *only_rank));
+  }
+  std::vector<std::size_t> order(ranks.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return ranks[a].trace.meta.rank < ranks[b].trace.meta.rank;
+  });
+  std::vector<kineto::Imported> sorted;
+  std::vector<std::string> sorted_sources;
+  for (std::size_t i : order) {
+    sorted.push_back(std::move(ranks[i]));
+    sorted_sources.push_back(sources[i]);
+  }
+  ranks = std::move(sorted);
+  sources = std::move(sorted_sources);
+  for (std::size_t i = 1; i < ranks.size(); ++i) {
+    if (ranks[i].trace.meta.rank == ranks[i - 1].trace.meta.rank) {
+      return InvalidInput(fmt::format("{} and {} are both rank {}", sources[i - 1], sources[i],
+                                      ranks[i].trace.meta.rank));
+    }
+  }
+  // Every rank of the run given: split each collective into waiting for peers and transfer.
+  if (ranks.size() > 1 && static_cast<int>(ranks.size()) == ranks.front().trace.meta.world_size) {
+    std::vector<kineto::Imported*> ptrs;
+    for (kineto::Imported& r : ranks) ptrs.push_back(&r);
+    FSDP_RETURN_IF_ERROR(kineto::SplitCollectiveWaits(ptrs));
+  }
+
+  if (ranks.size() > 1 && !args.Get("--out-dir")) {
+    return UsageError(
+        fmt::format("{} ranks imported: give --out-dir DIR (one trace per rank)", ranks.size()));
+  }
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const Trace& t = ranks[i].trace;
+    std::string text = WriteTrace(t);
+    if (std::optional<std::string> dir = args.Get("--out-dir")) {
+      std::error_code ec;
+      std::filesystem::create_directories(*dir, ec);
+      if (ec) return NotFound(fmt::format("--out-dir {}: {}", *dir, ec.message()));
+      const std::string path =
+          (std::filesystem::path(*dir) / fmt::format("trace.rank{}.json", t.meta.rank)).string();
+      FSDP_RETURN_IF_ERROR(WriteFileAtomic(path, text));
+    } else {
+      FSDP_RETURN_IF_ERROR(EmitOutput(args, text));
+    }
+    std::size_t events = 0;
+    for (const Step& s : t.steps) {
+      for (const Microbatch& mb : s.microbatches) events += mb.events.size();
+    }
+    fmt::print(stderr,
+               "import-kineto: {}: rank {} of {}, {} units, {} step(s), {} events, compute "
+               "from {}\n",
+               sources[i], t.meta.rank, t.meta.world_size, t.model.num_units(), t.steps.size(),
+               events, ranks[i].gpu ? "GPU kernels" : "CPU operators");
+    for (const std::string& n : ranks[i].notes) fmt::print(stderr, "  note: {}\n", n);
+  }
+  if (args.Has("--check")) FSDP_RETURN_IF_ERROR(RunCheck(args, ranks));
+  return Status::Ok();
+}
+
+}  // namespace
+
+int RunImportKineto(const Argv& argv) {
+  Args args(argv);
+  args.Declare("-o", ArgKind::kValue, "write the trace to FILE (one profile; default stdout)",
+               "FILE");
+  args.Declare("--out-dir", ArgKind::kValue, "write trace.rank<R>.json per rank into DIR", "DIR");
+  args.Declare("--step", ArgKind::kValue, "only ProfilerStep#N (default all)", "N|all");
+  args.Declare("--rank", ArgKind::kValue, "only the profile of rank R", "R");
+  args.Declare("--model-json", ArgKind::kValue,
+               "units and parameters from FILE ({\"units\": [...]} as in a trace) instead of the "
+               "profile's recorded shapes",
+               "FILE");
+  args.Declare("--check", ArgKind::kSwitch,
+               "also simulate the imported traces (cluster and policy flags) and print measured "
+               "against predicted step time and exposed communication per step");
+  DeclarePolicyFlags(args);
+  DeclareClusterFlags(args);
+  DeclareEngineFlags(args);
+  if (Status s = args.Parse(); !s.ok()) return Fail(kCmd, s);
+  if (args.help()) {
+    return PrintHelp(
+        "fsdplab import-kineto PROFILE.json[.gz]... [-o OUT | --out-dir DIR] [--step N|all] "
+        "[--rank R] [--model-json FILE] [--check [cluster flags] [policy flags]]",
+        "Converts PyTorch profiler traces (torch.profiler's export_chrome_trace, plain or gzip)\n"
+        "of an FSDP2 run into fsdplab traces, one per rank: units and hooks from FSDP's\n"
+        "record_function ranges, steps from ProfilerStep#N, per unit and phase the GPU kernel\n"
+        "time (or CPU operator time without kernels) between its hooks without nested units and\n"
+        "FSDP's own work, measured collectives with their bytes, parameters from the recorded\n"
+        "shapes (record_shapes=True) or --model-json. With every rank's profile, collectives\n"
+        "are split into waiting for peers and transfer (args wait_us, transfer_us).",
+        args);
+  }
+  if (Status s = Run(args); !s.ok()) return Fail(kCmd, s);
+  return 0;
+}
+
+}  // namespace fsdplab::cli
