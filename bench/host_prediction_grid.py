@@ -84,9 +84,10 @@ def main():
     ap.add_argument("--repeat", type=int, default=int(os.environ.get("REPEAT", "2")))
     ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "4")))
     ap.add_argument("--keep", help="keep the work files in this directory")
-    ap.add_argument("--working-set", default="0",
-                    help="bench-gather --working-set for the calibration (e.g. 256M: buffers "
-                         "cold in the caches, as in a live step over many units; default 0: hot)")
+    ap.add_argument("--working-set", default="256M",
+                    help="bench-gather --working-set for the calibration (default 256M, 8x the "
+                         "L3 here: buffers cold in the caches, as a live step over many units "
+                         "finds them; 0: one hot buffer, as nccl-tests)")
     a = ap.parse_args()
     f = os.path.join(a.build, "tools", "fsdplab")
     if not os.access(f, os.X_OK):
