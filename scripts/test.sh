@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: set up, build with warnings as errors, run every test (C++ and the
 # PyTorch recorder's, under Debian's torch 1.13 and under torch 2.x), the host executor's tests
-# under ThreadSanitizer, and the format check. (The `asan` preset and its test preset run the
-# core, sim, inputs and host tests and the fuzz corpora under ASan + UBSan; not yet in this
-# script: it has not been run clean and timed on the CI machine, see issue 17.)
+# under ThreadSanitizer, the core, sim, inputs and host tests and the fuzz corpora under
+# AddressSanitizer + UBSan, and the format check.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -25,3 +24,8 @@ echo "== host executor under ThreadSanitizer =="
 cmake --preset tsan >/dev/null
 cmake --build --preset tsan -j"$jobs" --target fsdplab_host_tests
 ctest --preset tsan -j"$jobs"
+
+echo "== core, sim, inputs, host and fuzz corpora under AddressSanitizer + UBSan =="
+cmake --preset asan >/dev/null
+cmake --build --preset asan -j"$jobs"
+ctest --preset asan -j"$jobs"

@@ -189,8 +189,9 @@ void CheckGradients(const ModelData& data, const LiveOptions& options, std::int6
       acc.resize(groups.size());
       for (std::size_t g = 0; g < groups.size(); ++g) {
         const GroupLayout& gl = groups[g];
-        const std::size_t n = replicated ? gl.grad_shard_elements * static_cast<std::size_t>(w)
-                                         : gl.grad_shard_elements;
+        // What this rank holds after the reduction: its shard, or (replicated, all-reduced) the
+        // whole gradient, which the layout's grad_shard_elements already is (core/param_layout.h).
+        const std::size_t n = gl.grad_shard_elements;
         const std::size_t first =
             replicated ? 0 : static_cast<std::size_t>(r) * gl.grad_shard_elements;
         std::vector<const std::byte*> ins;
