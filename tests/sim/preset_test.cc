@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "fsdplab/core/framework_export.h"
+
 #include <string>
 
 #include "fsdplab/core/report.h"
@@ -140,6 +142,63 @@ TEST(Presets, APolicyFileRoundTripsThePresetsOverrides) {
     ASSERT_TRUE(ApplyPolicyJson(PolicyToJson(p), back).ok());
     EXPECT_EQ(back, p) << FrameworkName(f);
   }
+}
+
+// Export on the three-unit trace (FQNs: "" for the root "model", "a", "b"; forward model, a, b;
+// backward model, b, a).
+TEST(Export, Fsdp2ListsAreTheSchedulersWindows) {
+  const Trace t = ThreeUnitTrace();
+  Policy p;  // registration order, one unit each way
+  StatusOr<ExportedPolicy> e = ExportPolicy(t, p, Framework::kFsdp2);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_EQ(e->modules.size(), 3u);
+  const ExportedModule& root = e->modules[0];
+  const ExportedModule& a = e->modules[1];
+  const ExportedModule& b = e->modules[2];
+  EXPECT_EQ(root.fqn, "");
+  EXPECT_EQ(a.fqn, "a");
+  EXPECT_EQ(*root.forward_prefetch, std::vector<std::string>{"a"});
+  EXPECT_EQ(*root.backward_prefetch, std::vector<std::string>{"b"});
+  EXPECT_FALSE(root.reshard_after_forward);  // the root keeps
+  EXPECT_EQ(*a.forward_prefetch, std::vector<std::string>{"b"});
+  // a is last in backward: an empty window is written as [a], which keeps FSDP2's own default
+  // (one module in reverse post-forward order) off.
+  EXPECT_EQ(*a.backward_prefetch, std::vector<std::string>{"a"});
+  EXPECT_TRUE(a.reshard_after_forward);
+  EXPECT_TRUE(b.forward_prefetch->empty());
+  EXPECT_EQ(*b.backward_prefetch, std::vector<std::string>{"a"});
+  // A forward budget of 0 cannot be expressed (FSDP2 prefetches implicitly): noted.
+  p.units["model.a"].forward_prefetch = Budget{Budget::Kind::kUnits, 0};
+  e = ExportPolicy(t, p, Framework::kFsdp2);
+  ASSERT_TRUE(e.ok());
+  EXPECT_TRUE(e->modules[1].forward_prefetch->empty());
+  // (The default prefetch_first_unit is noted too: FSDP2 has no such prefetch.)
+  ASSERT_EQ(e->notes.size(), 2u);
+  EXPECT_NE(e->notes[0].find("prefetch_first_unit"), std::string::npos) << e->notes[0];
+  EXPECT_NE(e->notes[1].find("forward budget 0 ('a')"), std::string::npos) << e->notes[1];
+}
+
+TEST(Export, MegatronBudgetsAreTheElementsThatOpenTheSameWindow) {
+  const Trace t = ThreeUnitTrace();
+  Policy p;
+  p.forward_prefetch = Budget{Budget::Kind::kUnits, 2};
+  StatusOr<ExportedPolicy> e = ExportPolicy(t, p, Framework::kMegatronFsdp);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  // The root's forward window is a, b: a's 200,000 elements plus one keeps adding until b.
+  EXPECT_EQ(e->modules[0].forward_prefetch_elements, 200'001u);
+  // a's window is b alone (1 element opens it); b's is empty.
+  EXPECT_EQ(e->modules[1].forward_prefetch_elements, 1u);
+  EXPECT_EQ(e->modules[2].forward_prefetch_elements, 0u);
+  // Backward, one unit: model -> b (1), b -> a (1), a -> nothing (0).
+  EXPECT_EQ(e->modules[0].backward_prefetch_elements, 1u);
+  EXPECT_EQ(e->modules[2].backward_prefetch_elements, 1u);
+  EXPECT_EQ(e->modules[1].backward_prefetch_elements, 0u);
+  // Element budgets pass through as they are.
+  p.forward_prefetch = Budget{Budget::Kind::kElements, 123};
+  e = ExportPolicy(t, p, Framework::kMegatronFsdp);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->modules[1].forward_prefetch_elements, 123u);
+  EXPECT_EQ(ExportPolicy(t, p, Framework::kDeepSpeedZero3).status().code(), StatusCode::kUsage);
 }
 
 }  // namespace
