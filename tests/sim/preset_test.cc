@@ -4,10 +4,9 @@
 
 #include <gtest/gtest.h>
 
-#include "fsdplab/core/framework_export.h"
-
 #include <string>
 
+#include "fsdplab/core/framework_export.h"
 #include "fsdplab/core/report.h"
 #include "fsdplab/core/scheduler.h"
 #include "fsdplab/sim/simulator.h"
