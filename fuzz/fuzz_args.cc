@@ -43,15 +43,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // The policy flags against a two-unit model; --policy names a file, which a fuzzer must not
   // open (it could name /dev/zero), so inputs that give it stop here.
   if (args.Get("--policy")) return 0;
-  static const Model model = [] {
+  // No steps: a --preset that needs the recorded order (deepspeed-zero3) gets an error value.
+  static const Trace trace = [] {
     ModelBuilder b;
     b.AddUnit("model", std::nullopt, {{"w", DType::kBf16, {64, 64}, std::nullopt}});
     b.AddUnit("model.layers.0", std::string("model"),
               {{"w", DType::kMxfp8, {64, 64}, std::nullopt}});
-    return *std::move(b).Build();
+    Trace t;
+    t.model = *std::move(b).Build();
+    return t;
   }();
-  (void)PolicyFromArgs(args, model);
+  (void)PolicyFromArgs(args, trace);
   std::vector<std::string> varied;
-  (void)PolicyGridFromArgs(args, model, &varied);
+  (void)PolicyGridFromArgs(args, trace, &varied);
   return 0;
 }

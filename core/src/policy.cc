@@ -531,6 +531,12 @@ EffectiveUnitPolicy EffectivePolicyFor(const Policy& policy, std::string_view un
   return e;
 }
 
+bool ReshardsAfterForward(const Policy& policy, const Unit& unit) {
+  if (!unit.is_root()) return EffectivePolicyFor(policy, unit.name()).reshard_after_forward;
+  auto it = policy.units.find(unit.name());
+  return it != policy.units.end() && it->second.reshard_after_forward.value_or(false);
+}
+
 const std::vector<std::string_view>& UnitPolicyKeys() {
   static const std::vector<std::string_view> keys = [] {
     std::vector<std::string_view> out;

@@ -363,15 +363,13 @@ class Scheduler::Impl {
 
   bool ReshardsAfterForward(UnitId u) const {
     return sharded() && policy_.sharding == Sharding::kZero3 &&
-           rt_of(u).policy.reshard_after_forward && !model_.unit(u).is_root();
+           fsdplab::ReshardsAfterForward(policy_, model_.unit(u));
   }
 
   // The planes `u` needs for an entry of `phase`: forward and recompute gather rowwise,
   // backward columnwise, plus rowwise when the unit opts in to all planes in backward.
   PlaneSet GatherPlanes(UnitId u, Phase phase) const {
-    if (phase != Phase::kBackward) return PlaneSet::Rowwise();
-    return rt_of(u).policy.unshard_all_planes_in_backward ? PlaneSet::Both()
-                                                          : PlaneSet::Columnwise();
+    return fsdplab::GatherPlanes(rt_of(u).policy, phase);
   }
 
   // Pieces of `planes` that `u` lacks (neither unsharded nor in flight).
@@ -418,26 +416,15 @@ class Scheduler::Impl {
     return Emit(WaitGatherCmd{u}, origin, sink);
   }
 
-  // Gathers successors of `seq` from `start` while the budget allows. Units without parameters
-  // cost nothing and are passed over; a successor already unsharded (or in flight) counts
-  // toward the budget, so the window stays `budget` units ahead. Recompute entries are
-  // prefetched for their own phase and do not end the window.
+  // Gathers the successors PrefetchWindow picks, each for its own phase (recompute entries
+  // gather rowwise and do not end the window).
   Status Prefetch(const std::vector<OrderEntry>& seq, std::size_t start, const Budget& budget,
                   const CommandOrigin& origin, CommandSink& sink) {
     if (budget.disabled() || recording_ || !sharded()) return Status::Ok();
-    std::uint64_t used = 0;
-    for (std::size_t i = start; i < seq.size(); ++i) {
-      if (used >= budget.value) break;
-      const OrderEntry& e = seq[i];
-      const Unit& unit = model_.unit(e.unit);
-      if (!unit.has_params()) continue;
-      const PlaneSet planes = GatherPlanes(e.unit, e.phase);
-      switch (budget.kind) {
-        case Budget::Kind::kUnits: used += 1; break;
-        case Budget::Kind::kElements: used += unit.numel(); break;
-        case Budget::Kind::kBytes: used += unit.PlaneBytes(planes); break;
-      }
-      FSDP_RETURN_IF_ERROR(IssueGather(e.unit, e.phase, GatherReason::kPrefetch, origin, sink));
+    const auto planes_of = [this](const OrderEntry& e) { return GatherPlanes(e.unit, e.phase); };
+    for (std::size_t i : PrefetchWindow(model_, seq, start, budget, planes_of)) {
+      FSDP_RETURN_IF_ERROR(
+          IssueGather(seq[i].unit, seq[i].phase, GatherReason::kPrefetch, origin, sink));
     }
     return Status::Ok();
   }
@@ -682,6 +669,54 @@ const std::vector<Divergence>& Scheduler::divergences() const { return impl_->di
 const Policy& Scheduler::policy() const { return impl_->policy(); }
 const Model& Scheduler::model() const { return impl_->model(); }
 int Scheduler::world_size() const { return impl_->world_size(); }
+
+PlaneSet GatherPlanes(const EffectiveUnitPolicy& unit_policy, Phase phase) {
+  if (phase != Phase::kBackward) return PlaneSet::Rowwise();
+  return unit_policy.unshard_all_planes_in_backward ? PlaneSet::Both() : PlaneSet::Columnwise();
+}
+
+std::vector<std::size_t> PrefetchWindow(
+    const Model& model, const std::vector<OrderEntry>& seq, std::size_t start, const Budget& budget,
+    const std::function<PlaneSet(const OrderEntry&)>& planes_of) {
+  std::vector<std::size_t> window;
+  if (budget.disabled()) return window;
+  std::uint64_t used = 0;
+  for (std::size_t i = start; i < seq.size(); ++i) {
+    if (used >= budget.value) break;
+    const Unit& unit = model.unit(seq[i].unit);
+    if (!unit.has_params()) continue;
+    switch (budget.kind) {
+      case Budget::Kind::kUnits: used += 1; break;
+      case Budget::Kind::kElements: used += unit.numel(); break;
+      case Budget::Kind::kBytes: used += unit.PlaneBytes(planes_of(seq[i])); break;
+    }
+    window.push_back(i);
+  }
+  return window;
+}
+
+StatusOr<ExecutionOrder> PrefetchOrderOf(const Trace& trace, const Policy& policy) {
+  if (policy.order == PrefetchOrder::kRegistration) {
+    return ExecutionOrder::Registration(trace.model);
+  }
+  // Record the first pass exactly as the scheduler would at run time.
+  if (trace.steps.empty() || trace.steps.front().microbatches.empty()) {
+    return InvalidInput("the trace has no microbatch to record an order from");
+  }
+  Scheduler scheduler(trace.model, policy, trace.meta.world_size);
+  CommandLog discard;
+  FSDP_RETURN_IF_ERROR(scheduler.StepBegin(0, discard));
+  const std::vector<Event>& events = trace.steps.front().microbatches.front().events;
+  for (std::size_t e = 0; e < events.size(); ++e) {
+    Status s = scheduler.OnEvent(events[e], CommandOrigin{0, 0, static_cast<int>(e)}, discard);
+    if (!s.ok()) return s.WithContext("while recording the first pass");
+  }
+  if (scheduler.recording() || scheduler.order().empty()) {
+    return InvalidInput(
+        "the first pass of the trace has no backward_end: the recording never completed");
+  }
+  return scheduler.order();
+}
 
 Status ReplaySteps(const Trace& trace, int steps, Scheduler& scheduler, CommandSink& sink) {
   if (trace.steps.empty()) return InvalidInput("the trace has no steps");

@@ -43,6 +43,27 @@ SweepRow SimulatePolicy(const Trace& trace, const Policy& policy, const SimOptio
 
 namespace {
 
+std::string StepText(const SweepRow& row) {
+  if (!row.ok()) return "fails (" + row.status.message() + ")";
+  if (row.step_time_us >= 1e6) return fmt::format("{:.2f} s", row.step_time_us / 1e6);
+  return fmt::format("{:.3f} ms", row.step_time_us / 1e3);
+}
+
+}  // namespace
+
+std::string VersusDefault(std::string_view framework_title, const SweepRow& preset,
+                          std::string_view label, const SweepRow& chosen) {
+  std::string line = fmt::format("{} default: {}; {}: {}", framework_title, StepText(preset), label,
+                                 StepText(chosen));
+  if (preset.ok() && chosen.ok() && preset.step_time_us > 0) {
+    line += fmt::format(" ({:+.1f}%)",
+                        100.0 * (chosen.step_time_us - preset.step_time_us) / preset.step_time_us);
+  }
+  return line;
+}
+
+namespace {
+
 std::string CsvField(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
   std::string out = "\"";

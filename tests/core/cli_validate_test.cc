@@ -140,12 +140,15 @@ TEST(CliValidate, MissingFileIsInvalidInput) {
 
 // --- policy flags ---
 
-Model Layers() {
+// A root and two layers, no steps (policies only read the model, presets its root's name).
+Trace Layers() {
   ModelBuilder b;
   b.AddUnit("model", std::nullopt, {});
   b.AddUnit("model.layers.0", "model", {});
   b.AddUnit("model.layers.1", "model", {});
-  return std::move(b).Build().value();
+  Trace t;
+  t.model = std::move(b).Build().value();
+  return t;
 }
 
 cli::Args Parsed(std::vector<std::string> argv) {
@@ -175,6 +178,33 @@ TEST(PolicyFlags, FlagsOverrideTheFileInCommandLineOrder) {
   EXPECT_EQ(p->order, PrefetchOrder::kRecorded);  // from the file
   EXPECT_TRUE(p->prefetch_first_unit);            // default
   fs::remove(file);
+}
+
+TEST(PolicyFlags, PresetIsTheBaseThatTheFileAndFlagsOverride) {
+  // Megatron-FSDP's preset: registration order, one unit each way, no first-unit prefetch, and
+  // the root ("model") reshards after forward (its own override).
+  cli::Args bare = Parsed({"--preset", "megatron-fsdp"});
+  StatusOr<Policy> m = cli::PolicyFromArgs(bare, Layers());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->order, PrefetchOrder::kRegistration);
+  EXPECT_FALSE(m->prefetch_first_unit);
+  ASSERT_EQ(m->units.size(), 1u);
+  EXPECT_EQ(m->units.at("model").reshard_after_forward, std::optional<bool>(true));
+  // A flag overrides the preset's key; the rest of the preset stays.
+  cli::Args flagged = Parsed({"--forward-prefetch", "2", "--preset", "fsdp2"});
+  StatusOr<Policy> f = cli::PolicyFromArgs(flagged, Layers());
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->order, PrefetchOrder::kRecorded);
+  EXPECT_EQ(f->forward_prefetch.value, 2u);
+  EXPECT_EQ(f->backward_prefetch.value, 1u);
+  EXPECT_FALSE(f->prefetch_first_unit);
+  cli::Args bad = Parsed({"--preset", "fsdp3"});
+  StatusOr<Policy> b = cli::PolicyFromArgs(bad, Layers());
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kUsage);
+  EXPECT_EQ(b.status().message(),
+            "--preset: 'fsdp3' is not a framework (expected fsdp2, megatron-fsdp or "
+            "deepspeed-zero3)");
 }
 
 TEST(PolicyFlags, BadValuesAreUsageErrorsNamingTheFlag) {

@@ -122,3 +122,42 @@ TEST(CliSimulate, ExplainAndTunedPolicyFile) {
 }
 
 }  // namespace
+
+// --preset and export-policy through the binary: exit codes, the written file, no half file.
+TEST(CliPresetExport, PresetsRunAndExportNamesItsInputs) {
+  const std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json";
+  for (const char* p : {"fsdp2", "megatron-fsdp", "deepspeed-zero3"}) {
+    EXPECT_EQ(RunCli("simulate " + trace + " --preset " + p), 0) << p;
+  }
+  EXPECT_EQ(RunCli("simulate " + trace + " --preset fsdp9"), 1);
+  const std::string policy = Tmp("export_policy.json");
+  {
+    std::ofstream f(policy);
+    f << R"({"units": {"model.layers.0": {"forward_prefetch": "2"}}})";
+  }
+  const std::string out = Tmp("export_out.json");
+  std::remove(out.c_str());
+  ASSERT_EQ(RunCli("export-policy " + policy + " --trace " + trace + " --to fsdp2 -o " + out), 0);
+  nlohmann::json j = ReadJson(out);
+  EXPECT_EQ(j["format"], "fsdplab.framework_policy");
+  EXPECT_EQ(j["framework"], "fsdp2");
+  // gpt_small: model, layers 0-3 in registration order; layers.0 prefetches the next two.
+  ASSERT_EQ(j["modules"].size(), 5u);
+  EXPECT_EQ(j["modules"][1]["fqn"], "layers.0");
+  EXPECT_EQ(j["modules"][1]["forward_prefetch"], nlohmann::json({"layers.1", "layers.2"}));
+  // Usage errors (1): no --trace, a framework without per-module knobs, an unknown format.
+  EXPECT_EQ(RunCli("export-policy " + policy + " --to fsdp2"), 1);
+  EXPECT_EQ(RunCli("export-policy " + policy + " --trace " + trace + " --to deepspeed-zero3"), 1);
+  EXPECT_EQ(RunCli("export-policy " + policy + " --trace " + trace + " --to fsdp2 --format xml"),
+            1);
+  // Invalid input (2): a unit the trace lacks; nothing is written.
+  {
+    std::ofstream f(policy);
+    f << R"({"units": {"model.layers.9": {"forward_prefetch": "2"}}})";
+  }
+  const std::string bad_out = Tmp("export_bad.json");
+  std::remove(bad_out.c_str());
+  EXPECT_EQ(RunCli("export-policy " + policy + " --trace " + trace + " --to fsdp2 -o " + bad_out),
+            2);
+  EXPECT_FALSE(std::ifstream(bad_out).good());
+}

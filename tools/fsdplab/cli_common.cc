@@ -27,9 +27,15 @@ const PolicyField* FieldOfFlag(std::string_view flag) {
   return f != nullptr && FlagName(f->key) == flag ? f : nullptr;
 }
 
-// Defaults, then --policy FILE.
-StatusOr<Policy> BasePolicy(const Args& args) {
+// Defaults (or the --preset framework's), then --policy FILE.
+StatusOr<Policy> BasePolicy(const Args& args, const Trace& trace) {
   Policy policy;
+  FSDP_ASSIGN_OR_RETURN(std::optional<Framework> preset, PresetFromArgs(args));
+  if (preset) {
+    StatusOr<Policy> p = PresetPolicy(*preset, trace);
+    if (!p.ok()) return p.status().WithContext(fmt::format("--preset {}", FrameworkName(*preset)));
+    policy = *std::move(p);
+  }
   if (std::optional<std::string> file = args.Get("--policy")) {
     FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(*file));
     if (Status s = ApplyPolicyJson(text, policy); !s.ok()) {
@@ -73,7 +79,20 @@ std::vector<std::string> Split(std::string_view text, char sep) {
 
 }  // namespace
 
+StatusOr<std::optional<Framework>> PresetFromArgs(const Args& args) {
+  std::optional<std::string> name = args.Get("--preset");
+  if (!name) return std::optional<Framework>();
+  StatusOr<Framework> f = ParseFramework(*name);
+  if (!f.ok()) return UsageError("--preset: " + f.status().message());
+  return std::optional<Framework>(*f);
+}
+
 void DeclarePolicyFlags(Args& args) {
+  args.Declare("--preset", ArgKind::kValue,
+               "start from a framework's default prefetch and reshard behaviour: fsdp2, "
+               "megatron-fsdp or deepspeed-zero3 (docs/design.md, \"Framework presets\"); "
+               "--policy and the flags below override it",
+               "NAME");
   args.Declare("--policy", ArgKind::kValue,
                "read policy keys from a JSON object; flags given after it override", "FILE");
   for (const PolicyField& f : PolicyFields()) {
@@ -81,8 +100,9 @@ void DeclarePolicyFlags(Args& args) {
   }
 }
 
-StatusOr<Policy> PolicyFromArgs(const Args& args, const Model& model) {
-  FSDP_ASSIGN_OR_RETURN(Policy policy, BasePolicy(args));
+StatusOr<Policy> PolicyFromArgs(const Args& args, const Trace& trace) {
+  const Model& model = trace.model;
+  FSDP_ASSIGN_OR_RETURN(Policy policy, BasePolicy(args, trace));
   for (const auto& [flag, value] : args.Given()) {
     const PolicyField* f = FieldOfFlag(flag);
     if (f == nullptr) continue;
@@ -92,9 +112,10 @@ StatusOr<Policy> PolicyFromArgs(const Args& args, const Model& model) {
   return policy;
 }
 
-StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Model& model,
+StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Trace& trace,
                                                  std::vector<std::string>* varied_keys) {
-  FSDP_ASSIGN_OR_RETURN(Policy base, BasePolicy(args));
+  const Model& model = trace.model;
+  FSDP_ASSIGN_OR_RETURN(Policy base, BasePolicy(args, trace));
   struct Dim {
     std::string_view key;
     std::vector<std::string> values;

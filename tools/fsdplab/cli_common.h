@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -9,16 +10,20 @@
 #include "args.h"
 #include "fsdplab/core/model.h"
 #include "fsdplab/core/policy.h"
+#include "fsdplab/core/preset.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
 
 namespace fsdplab::cli {
 
-// Declares --policy FILE and one flag per policy key (`--forward-prefetch`, ...).
+// Declares --preset NAME, --policy FILE and one flag per policy key (`--forward-prefetch`, ...).
 void DeclarePolicyFlags(Args& args);
-// Builds the policy: defaults, then --policy FILE, then the flags in command-line order.
-// Validates it against the model.
-StatusOr<Policy> PolicyFromArgs(const Args& args, const Model& model);
+// Builds the policy: the defaults or --preset's framework defaults, then --policy FILE (its keys
+// replace the preset's, its "units" the preset's units), then the flags in command-line order.
+// Validates it against the trace's model.
+StatusOr<Policy> PolicyFromArgs(const Args& args, const Trace& trace);
+// The framework --preset names, if given (a usage error for an unknown name).
+StatusOr<std::optional<Framework>> PresetFromArgs(const Args& args);
 
 // Reads a trace for a command that replays it (order, schedule, simulate, sweep, run): the
 // reader's field checks, then the structure the scheduler relies on (core/trace_structure.h), so
@@ -26,7 +31,7 @@ StatusOr<Policy> PolicyFromArgs(const Args& args, const Model& model);
 StatusOr<Trace> ReadReplayableTrace(const std::string& path);
 // Like PolicyFromArgs, but a flag may hold a comma-separated list (for sweep): returns every
 // combination. Keys with lists are returned in `varied_keys`.
-StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Model& model,
+StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Trace& trace,
                                                  std::vector<std::string>* varied_keys);
 
 // The options whose fields a command's errors may name (each has its row in the one field ->

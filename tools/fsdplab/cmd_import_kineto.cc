@@ -55,7 +55,7 @@ Status CheckImported(const Trace& trace, const std::string& source) {
 Status RunCheck(const Args& args, const std::vector<kineto::Imported>& ranks) {
   const Trace& first = ranks.front().trace;
   sim::SimOptions opt;
-  FSDP_ASSIGN_OR_RETURN(opt.policy, PolicyFromArgs(args, first.model));
+  FSDP_ASSIGN_OR_RETURN(opt.policy, PolicyFromArgs(args, first));
   const bool per_rank = ranks.size() > 1;
   FSDP_ASSIGN_OR_RETURN(opt.cluster, ClusterFromArgs(args, per_rank ? static_cast<int>(ranks.size())
                                                                     : first.meta.world_size));

@@ -30,35 +30,15 @@ int RunOrder(const Argv& argv) {
   }
   StatusOr<Trace> trace = ReadReplayableTrace(args.positionals()[0]);
   if (!trace.ok()) return Fail(kCmd, trace.status());
-  StatusOr<Policy> policy = PolicyFromArgs(args, trace->model);
+  StatusOr<Policy> policy = PolicyFromArgs(args, *trace);
   if (!policy.ok()) return Fail(kCmd, policy.status());
 
-  ExecutionOrder order;
-  if (policy->order == PrefetchOrder::kRegistration) {
-    order = ExecutionOrder::Registration(trace->model);
-  } else {
-    // Record the first pass exactly as the scheduler would at run time.
-    Scheduler scheduler(trace->model, *policy, trace->meta.world_size);
-    CommandLog discard;
-    if (trace->steps.empty() || trace->steps.front().microbatches.empty()) {
-      return Fail(kCmd, InvalidInput("the trace has no microbatch to record an order from"));
-    }
-    if (Status s = scheduler.StepBegin(0, discard); !s.ok()) return Fail(kCmd, s);
-    const std::vector<Event>& events = trace->steps.front().microbatches.front().events;
-    for (std::size_t e = 0; e < events.size(); ++e) {
-      Status s = scheduler.OnEvent(events[e], CommandOrigin{0, 0, static_cast<int>(e)}, discard);
-      if (!s.ok()) return Fail(kCmd, s.WithContext("while recording the first pass"));
-    }
-    if (scheduler.recording() || scheduler.order().empty()) {
-      return Fail(kCmd, InvalidInput("the first pass of the trace has no backward_end: the "
-                                     "recording never completed"));
-    }
-    order = scheduler.order();
-  }
+  StatusOr<ExecutionOrder> order = PrefetchOrderOf(*trace, *policy);
+  if (!order.ok()) return Fail(kCmd, order.status());
   std::string out = args.Has("--json")
-                        ? order.ToJson(trace->model) + "\n"
+                        ? order->ToJson(trace->model) + "\n"
                         : fmt::format("order: {}\n{}", PrefetchOrderName(policy->order),
-                                      order.ToText(trace->model));
+                                      order->ToText(trace->model));
   if (Status s = EmitOutput(args, out); !s.ok()) return Fail(kCmd, s);
   return 0;
 }

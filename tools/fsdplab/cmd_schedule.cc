@@ -102,7 +102,7 @@ int RunSchedule(const Argv& argv) {
   }
   StatusOr<Trace> trace = ReadReplayableTrace(args.positionals()[0]);
   if (!trace.ok()) return Fail(kCmd, trace.status());
-  StatusOr<Policy> policy = PolicyFromArgs(args, trace->model);
+  StatusOr<Policy> policy = PolicyFromArgs(args, *trace);
   if (!policy.ok()) return Fail(kCmd, policy.status());
   int steps = static_cast<int>(trace->steps.size());
   int world = trace->meta.world_size;

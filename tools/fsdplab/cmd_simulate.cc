@@ -239,7 +239,7 @@ int RunSimulate(const Argv& argv) {
   const Trace& first = loaded->traces.front();
 
   sim::SimOptions opt;
-  StatusOr<Policy> policy = PolicyFromArgs(args, first.model);
+  StatusOr<Policy> policy = PolicyFromArgs(args, first);
   if (!policy.ok()) return Fail(kCmd, policy.status());
   opt.policy = *policy;
   StatusOr<sim::Cluster> cluster = ClusterFromArgs(

@@ -64,7 +64,7 @@ int RunSweep(const Argv& argv) {
   }
   const Trace& trace = loaded->traces.front();
   std::vector<std::string> varied;
-  StatusOr<std::vector<Policy>> grid = PolicyGridFromArgs(args, trace.model, &varied);
+  StatusOr<std::vector<Policy>> grid = PolicyGridFromArgs(args, trace, &varied);
   if (!grid.ok()) return Fail(kCmd, grid.status());
   sim::SimOptions base;
   StatusOr<sim::Cluster> cluster = ClusterFromArgs(args, trace.meta.world_size);
@@ -183,6 +183,26 @@ int RunSweep(const Argv& argv) {
   } else if (!order.empty() && result.rows[order.front()].ok()) {
     fmt::print("\nFastest: {} ({} ms).\n", Describe(result, order.front()),
                Ms(result.rows[order.front()].step_time_us));
+  }
+
+  // With --preset: the chosen policy against what the framework does when left alone.
+  StatusOr<std::optional<Framework>> preset = PresetFromArgs(args);
+  if (!preset.ok()) return Fail(kCmd, preset.status());
+  if (*preset && !order.empty() && result.rows[order.front()].ok()) {
+    StatusOr<Policy> def = PresetPolicy(**preset, trace);
+    if (!def.ok()) return Fail(kCmd, def.status());
+    std::optional<std::size_t> chosen = order.front();
+    if (cap) chosen = sim::BestUnderCap(result.rows, *cap);
+    if (chosen) {
+      const sim::SweepRow def_row = sim::SimulatePolicy(trace, *def, base);
+      fmt::print("\n{}\n",
+                 sim::VersusDefault(FrameworkTitle(**preset), def_row,
+                                    cap ? "best under the cap" : "fastest", result.rows[*chosen]));
+      if (cap && def_row.ok() && def_row.peak_memory_bytes > *cap) {
+        fmt::print("  ({} default's peak, {} GiB, is above the cap.)\n", FrameworkTitle(**preset),
+                   GiB(def_row.peak_memory_bytes));
+      }
+    }
   }
 
   if (std::optional<std::string> csv = args.Get("--csv")) {

@@ -61,6 +61,10 @@ int RunTune(const Argv& argv) {
   args.Declare("--global-out", ArgKind::kValue,
                "write the best global policy under the cap as JSON too (to run both live)",
                "POLICY.json");
+  args.Declare("--preset", ArgKind::kValue,
+               "also report the tuned policy against a framework's default behaviour: fsdp2, "
+               "megatron-fsdp or deepspeed-zero3",
+               "NAME");
   DeclareClusterFlags(args);
   DeclareEngineFlags(args);
   if (Status s = args.Parse(); !s.ok()) return Fail(kCmd, s);
@@ -68,7 +72,7 @@ int RunTune(const Argv& argv) {
     return PrintHelp(
         "fsdplab tune TRACE --memory-cap BYTES [--objective step|exposed] "
         "[--budget-kinds units,elements,bytes] [--time-limit S] [--out POLICY.json] "
-        "[--global-out POLICY.json]",
+        "[--global-out POLICY.json] [--preset fsdp2|megatron-fsdp|deepspeed-zero3]",
         "Finds the fastest policy, with per-unit budgets, orders, prefetch_first_unit,\n"
         "reshard_after_forward and unshard_all_planes_in_backward, whose simulated peak memory\n"
         "fits the cap. It sweeps the global policies first (as `fsdplab sweep` would, on one\n"
@@ -112,6 +116,15 @@ int RunTune(const Argv& argv) {
     if (!t.ok()) return Fail(kCmd, t.status());
     if (!(*t > 0)) return Fail(kCmd, UsageError("--time-limit: must be > 0 seconds"));
     opt.time_limit_s = *t;
+  }
+
+  StatusOr<std::optional<Framework>> preset = PresetFromArgs(args);
+  if (!preset.ok()) return Fail(kCmd, preset.status());
+  std::optional<Policy> preset_policy;
+  if (*preset) {
+    StatusOr<Policy> p = PresetPolicy(**preset, trace);
+    if (!p.ok()) return Fail(kCmd, p.status());
+    preset_policy = *std::move(p);
   }
 
   const bool tty = isatty(STDERR_FILENO) != 0;
@@ -163,6 +176,16 @@ int RunTune(const Argv& argv) {
         "bound: no policy's step is shorter than {} (the compute on the busiest resource);"
         " the best global policy is {:.1f}% above it{}\n",
         Ms(r->lower_bound_us), headroom, headroom < 5 ? ", so no policy can be 5% faster" : "");
+  }
+  if (preset_policy) {
+    sim::SimOptions def_opt = opt.base;
+    def_opt.memory_cap.reset();  // as the search: the true peak, the cap selects
+    const sim::SweepRow def = sim::SimulatePolicy(trace, *preset_policy, def_opt);
+    fmt::print("{}\n", sim::VersusDefault(FrameworkTitle(**preset), def, "tuned", b));
+    if (def.ok() && def.peak_memory_bytes > opt.memory_cap) {
+      fmt::print("  ({} default's peak, {}, is above the cap.)\n", FrameworkTitle(**preset),
+                 GiB(def.peak_memory_bytes));
+    }
   }
   fmt::print("why:\n");
   for (const std::string& w : r->why) fmt::print("  - {}\n", w);

@@ -21,5 +21,6 @@ int RunLive(const Argv& argv, bool record);  // `run` and `record`
 int RunCompare(const Argv& argv);
 int RunBenchGather(const Argv& argv);
 int RunImportKineto(const Argv& argv);
+int RunExportPolicy(const Argv& argv);
 
 }  // namespace fsdplab::cli

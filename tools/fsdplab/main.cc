@@ -40,6 +40,9 @@ constexpr Subcommand kSubcommands[] = {
     {"order", "print the forward and backward execution orders of a trace", fsdplab::cli::RunOrder},
     {"schedule", "print the scheduler's command stream for each step", fsdplab::cli::RunSchedule},
     {"synth", "generate the trace of a GPT/Llama-like model", fsdplab::cli::RunSynth},
+    {"export-policy",
+     "write the Python (or JSON) that applies a policy to a live FSDP2 / Megatron-FSDP model",
+     fsdplab::cli::RunExportPolicy},
     {"import-kineto", "convert PyTorch profiler traces of an FSDP2 run into traces (per rank)",
      fsdplab::cli::RunImportKineto},
 };

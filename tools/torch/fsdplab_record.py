@@ -65,7 +65,19 @@ import weakref
 
 import torch
 
-__all__ = ["Recorder", "trace_dtype", "rank_path", "detect_units", "__version__"]
+# apply_policy(model, "policy.json"): a policy exported by `fsdplab export-policy --format json`,
+# applied to a live FSDP2 model (the same code export-policy writes into its scripts).
+from fsdplab_apply import PolicyError, apply_policy  # noqa: E402 (beside this file)
+
+__all__ = [
+    "Recorder",
+    "trace_dtype",
+    "rank_path",
+    "detect_units",
+    "apply_policy",
+    "PolicyError",
+    "__version__",
+]
 __version__ = "1.0"
 
 _TRACE_FORMAT = "fsdplab.trace"

@@ -78,7 +78,8 @@ struct Policy final {
   UnitSelection unshard_all_planes_in_backward;
   bool recompute_aware = false;
   bool prefetch_first_unit = true;
-  bool reshard_after_forward = true;  // the root keeps its parameters regardless
+  // The root keeps its parameters unless its own "units" entry says otherwise.
+  bool reshard_after_forward = true;
   Sharding sharding = Sharding::kZero3;
   bool unified_comm_stream = false;
   OnDivergence on_divergence = OnDivergence::kError;
@@ -99,6 +100,12 @@ struct EffectiveUnitPolicy final {
   bool unshard_all_planes_in_backward = false;
 };
 EffectiveUnitPolicy EffectivePolicyFor(const Policy& policy, std::string_view unit_name);
+
+// Whether `unit` frees its unsharded parameters after its forward (under zero3 sharding): its
+// effective reshard_after_forward, except that a root keeps them (FSDP2's default; its backward
+// follows at once) unless the root's own "units" entry sets reshard_after_forward: true
+// (Megatron-FSDP v2 reshards every module, the root included).
+bool ReshardsAfterForward(const Policy& policy, const Unit& unit);
 
 // The keys a unit's override object may hold, in the order they print.
 const std::vector<std::string_view>& UnitPolicyKeys();

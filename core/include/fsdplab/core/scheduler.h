@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -89,6 +90,26 @@ class Scheduler final {
   class Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The order a policy prefetches along on this trace: the registration order, or the recording
+// the scheduler makes of the trace's first pass (what `fsdplab order` prints). Errors: a trace
+// whose first pass fails or never reaches backward_end.
+StatusOr<ExecutionOrder> PrefetchOrderOf(const Trace& trace, const Policy& policy);
+
+// The planes a unit's gather for an entry of `phase` asks for: forward and recompute gather
+// rowwise, backward columnwise, plus rowwise when the unit opts in to all planes in backward.
+PlaneSet GatherPlanes(const EffectiveUnitPolicy& unit_policy, Phase phase);
+
+// The successors a pre-hook prefetches: from `start` in `seq`, while `budget` allows. Units
+// without parameters cost nothing and are passed over; a successor already unsharded (or in
+// flight) counts toward the budget, so the window stays `budget` units ahead. Element budgets
+// add successors while the elements counted are below the budget (one unit of overshoot); byte
+// budgets count the bytes of the planes the entry would gather (`planes_of(entry)`). Recompute
+// entries are counted like any unit. The scheduler gathers exactly these entries; the framework
+// export turns them into prefetch lists.
+std::vector<std::size_t> PrefetchWindow(
+    const Model& model, const std::vector<OrderEntry>& seq, std::size_t start, const Budget& budget,
+    const std::function<PlaneSet(const OrderEntry&)>& planes_of);
 
 // Feeds `steps` steps of the trace through the scheduler (repeating the trace's steps when
 // `steps` is larger than the trace holds). On error the step is aborted and the error returned

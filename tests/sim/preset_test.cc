@@ -1,0 +1,204 @@
+// The framework presets (core/preset.h): each one's policy, derived by hand from the framework's
+// rules (docs/design.md, "Framework presets"), and what it makes the simulated step gather.
+#include "fsdplab/core/preset.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "fsdplab/core/framework_export.h"
+#include "fsdplab/core/report.h"
+#include "fsdplab/core/scheduler.h"
+#include "fsdplab/sim/simulator.h"
+#include "sim_test_util.h"
+
+namespace fsdplab::sim {
+namespace {
+
+using testing::ThreeUnitTrace;
+using testing::TwoRankCluster;
+
+Policy Preset(Framework f, const Trace& trace) {
+  StatusOr<Policy> p = PresetPolicy(f, trace);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return p.ok() ? *p : Policy{};
+}
+
+// The second step's all-gathers (the first step of a recorded order records, so only the
+// second one prefetches; counts and bytes are the same in both).
+StepReport SecondStep(const Trace& trace, const Policy& policy) {
+  SimOptions opt;
+  opt.cluster = TwoRankCluster();
+  opt.launch_us = 0;
+  opt.steps = 2;
+  opt.policy = policy;
+  StatusOr<SimResult> r = Simulate(trace, opt);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->status.ok()) << r->status.ToString();
+  ReportInputs in;
+  in.model = &trace.model;
+  in.policy = &opt.policy;
+  in.order = &r->order;
+  Report rep = BuildReport(r->timeline, in);
+  EXPECT_EQ(rep.steps.size(), 2u);
+  return rep.steps.at(1);
+}
+
+TEST(Presets, NamesRoundTripAndUnknownNamesAreUsageErrors) {
+  for (Framework f : {Framework::kFsdp2, Framework::kMegatronFsdp, Framework::kDeepSpeedZero3}) {
+    StatusOr<Framework> back = ParseFramework(FrameworkName(f));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, f);
+  }
+  EXPECT_EQ(FrameworkTitle(Framework::kFsdp2), "FSDP2");
+  StatusOr<Framework> bad = ParseFramework("zero3");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kUsage);
+}
+
+// The three-unit trace: root "model" (100,000 bf16 elements: 200,000 bytes unsharded) runs a
+// then b (200,000 elements, 400,000 bytes each); backward model, b, a.
+
+TEST(Presets, Fsdp2IsRecordedOrderOneAheadRootKeeps) {
+  const Trace t = ThreeUnitTrace();
+  const Policy p = Preset(Framework::kFsdp2, t);
+  EXPECT_EQ(p.order, PrefetchOrder::kRecorded);
+  EXPECT_EQ(p.forward_prefetch, (Budget{Budget::Kind::kUnits, 1}));
+  EXPECT_EQ(p.backward_prefetch, (Budget{Budget::Kind::kUnits, 1}));
+  EXPECT_FALSE(p.prefetch_first_unit);
+  EXPECT_TRUE(p.reshard_after_forward);
+  EXPECT_TRUE(p.units.empty());
+  // Gathers: model (demand), a (prefetched by model), b (by a) in forward; a and b reshard, the
+  // root keeps; backward: b (prefetched by model, which is still unsharded), a (by b). 5 gathers,
+  // 200,000 + 4 x 400,000 = 1,800,000 bytes.
+  const StepReport s = SecondStep(t, p);
+  EXPECT_EQ(s.allgather.count, 5);
+  EXPECT_EQ(s.allgather.bytes, 1'800'000u);
+}
+
+TEST(Presets, MegatronFsdpIsRegistrationOrderAndTheRootReshards) {
+  const Trace t = ThreeUnitTrace();
+  const Policy p = Preset(Framework::kMegatronFsdp, t);
+  EXPECT_EQ(p.order, PrefetchOrder::kRegistration);
+  EXPECT_EQ(p.forward_prefetch, (Budget{Budget::Kind::kUnits, 1}));
+  EXPECT_EQ(p.backward_prefetch, (Budget{Budget::Kind::kUnits, 1}));
+  EXPECT_FALSE(p.prefetch_first_unit);
+  ASSERT_EQ(p.units.size(), 1u);
+  EXPECT_EQ(p.units.at("model").reshard_after_forward, std::optional<bool>(true));
+  EXPECT_TRUE(ReshardsAfterForward(p, t.model.unit(*t.model.Find("model"))));
+  // As FSDP2's 5, plus the root: released at its post_forward, gathered again on demand at its
+  // pre_backward: 6 gathers, 2,000,000 bytes.
+  const StepReport s = SecondStep(t, p);
+  EXPECT_EQ(s.allgather.count, 6);
+  EXPECT_EQ(s.allgather.bytes, 2'000'000u);
+}
+
+TEST(Presets, DeepSpeedRunsAheadToMaxLiveAndKeepsUnitsReusedSoon) {
+  const Trace t = ThreeUnitTrace();
+  const Policy p = Preset(Framework::kDeepSpeedZero3, t);
+  EXPECT_EQ(p.order, PrefetchOrder::kRecorded);
+  EXPECT_EQ(p.forward_prefetch, (Budget{Budget::Kind::kElements, 1'000'000'000}));
+  EXPECT_EQ(p.backward_prefetch, (Budget{Budget::Kind::kElements, 1'000'000'000}));
+  EXPECT_FALSE(p.prefetch_first_unit);
+  // Recorded order model, a, b | model, b, a. After a's forward use, b (200,000) and model
+  // (100,000) and b go by before a's next use: 500,000 < 10^9 elements, so a is kept; b's next
+  // use comes after 100,000: kept; the root keeps anyway. Only the non-root overrides print.
+  ASSERT_EQ(p.units.size(), 2u);
+  EXPECT_EQ(p.units.at("model.a").reshard_after_forward, std::optional<bool>(false));
+  EXPECT_EQ(p.units.at("model.b").reshard_after_forward, std::optional<bool>(false));
+  // Nothing is released after forward, so backward gathers nothing: model, a, b = 3 gathers,
+  // 1,000,000 bytes.
+  const StepReport s = SecondStep(t, p);
+  EXPECT_EQ(s.allgather.count, 3);
+  EXPECT_EQ(s.allgather.bytes, 1'000'000u);
+}
+
+TEST(Presets, DeepSpeedReuseDistanceCountsTheElementsBetweenUses) {
+  const Trace t = ThreeUnitTrace();
+  Policy rec;
+  rec.order = PrefetchOrder::kRecorded;
+  StatusOr<ExecutionOrder> order = PrefetchOrderOf(t, rec);
+  ASSERT_TRUE(order.ok()) << order.status().ToString();
+  const Model& m = t.model;
+  // Distance 300,000 over model, a, b | model, b, a (100k, 200k, 200k elements):
+  //   a (last forward use at 1): b at 2 (0 < 300k, +200k), model at 3 (200k < 300k, +100k),
+  //     then 300k >= 300k stops the scan before a's use at 5: released.
+  //   b (at 2): model at 3 (0, +100k), b at 4 (100k < 300k): kept.
+  //   model (at 0): a (0, +200k), b (200k, +200k), then 400k >= 300k: released.
+  EXPECT_FALSE(DeepSpeedKeepsAfterForward(m, *order, *m.Find("model.a"), 300'000));
+  EXPECT_TRUE(DeepSpeedKeepsAfterForward(m, *order, *m.Find("model.b"), 300'000));
+  EXPECT_FALSE(DeepSpeedKeepsAfterForward(m, *order, *m.Find("model"), 300'000));
+  // At 500,001 a's use at 5 is reached (500,000 gone by); at 500,000 it is not.
+  EXPECT_TRUE(DeepSpeedKeepsAfterForward(m, *order, *m.Find("model.a"), 500'001));
+  EXPECT_FALSE(DeepSpeedKeepsAfterForward(m, *order, *m.Find("model.a"), 500'000));
+}
+
+TEST(Presets, APolicyFileRoundTripsThePresetsOverrides) {
+  const Trace t = ThreeUnitTrace();
+  for (Framework f : {Framework::kFsdp2, Framework::kMegatronFsdp, Framework::kDeepSpeedZero3}) {
+    const Policy p = Preset(f, t);
+    Policy back;
+    ASSERT_TRUE(ApplyPolicyJson(PolicyToJson(p), back).ok());
+    EXPECT_EQ(back, p) << FrameworkName(f);
+  }
+}
+
+// Export on the three-unit trace (FQNs: "" for the root "model", "a", "b"; forward model, a, b;
+// backward model, b, a).
+TEST(Export, Fsdp2ListsAreTheSchedulersWindows) {
+  const Trace t = ThreeUnitTrace();
+  Policy p;  // registration order, one unit each way
+  StatusOr<ExportedPolicy> e = ExportPolicy(t, p, Framework::kFsdp2);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_EQ(e->modules.size(), 3u);
+  const ExportedModule& root = e->modules[0];
+  const ExportedModule& a = e->modules[1];
+  const ExportedModule& b = e->modules[2];
+  EXPECT_EQ(root.fqn, "");
+  EXPECT_EQ(a.fqn, "a");
+  EXPECT_EQ(*root.forward_prefetch, std::vector<std::string>{"a"});
+  EXPECT_EQ(*root.backward_prefetch, std::vector<std::string>{"b"});
+  EXPECT_FALSE(root.reshard_after_forward);  // the root keeps
+  EXPECT_EQ(*a.forward_prefetch, std::vector<std::string>{"b"});
+  // a is last in backward: an empty window is written as [a], which keeps FSDP2's own default
+  // (one module in reverse post-forward order) off.
+  EXPECT_EQ(*a.backward_prefetch, std::vector<std::string>{"a"});
+  EXPECT_TRUE(a.reshard_after_forward);
+  EXPECT_TRUE(b.forward_prefetch->empty());
+  EXPECT_EQ(*b.backward_prefetch, std::vector<std::string>{"a"});
+  // A forward budget of 0 cannot be expressed (FSDP2 prefetches implicitly): noted.
+  p.units["model.a"].forward_prefetch = Budget{Budget::Kind::kUnits, 0};
+  e = ExportPolicy(t, p, Framework::kFsdp2);
+  ASSERT_TRUE(e.ok());
+  EXPECT_TRUE(e->modules[1].forward_prefetch->empty());
+  // (The default prefetch_first_unit is noted too: FSDP2 has no such prefetch.)
+  ASSERT_EQ(e->notes.size(), 2u);
+  EXPECT_NE(e->notes[0].find("prefetch_first_unit"), std::string::npos) << e->notes[0];
+  EXPECT_NE(e->notes[1].find("forward budget 0 ('a')"), std::string::npos) << e->notes[1];
+}
+
+TEST(Export, MegatronBudgetsAreTheElementsThatOpenTheSameWindow) {
+  const Trace t = ThreeUnitTrace();
+  Policy p;
+  p.forward_prefetch = Budget{Budget::Kind::kUnits, 2};
+  StatusOr<ExportedPolicy> e = ExportPolicy(t, p, Framework::kMegatronFsdp);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  // The root's forward window is a, b: a's 200,000 elements plus one keeps adding until b.
+  EXPECT_EQ(e->modules[0].forward_prefetch_elements, 200'001u);
+  // a's window is b alone (1 element opens it); b's is empty.
+  EXPECT_EQ(e->modules[1].forward_prefetch_elements, 1u);
+  EXPECT_EQ(e->modules[2].forward_prefetch_elements, 0u);
+  // Backward, one unit: model -> b (1), b -> a (1), a -> nothing (0).
+  EXPECT_EQ(e->modules[0].backward_prefetch_elements, 1u);
+  EXPECT_EQ(e->modules[2].backward_prefetch_elements, 1u);
+  EXPECT_EQ(e->modules[1].backward_prefetch_elements, 0u);
+  // Element budgets pass through as they are.
+  p.forward_prefetch = Budget{Budget::Kind::kElements, 123};
+  e = ExportPolicy(t, p, Framework::kMegatronFsdp);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->modules[1].forward_prefetch_elements, 123u);
+  EXPECT_EQ(ExportPolicy(t, p, Framework::kDeepSpeedZero3).status().code(), StatusCode::kUsage);
+}
+
+}  // namespace
+}  // namespace fsdplab::sim
