@@ -86,6 +86,17 @@ StatusOr<ModelLayout> ModelLayout::Create(const Model& model, const Policy& poli
         gl.shard_bytes[p] = layout.sharded_ ? CeilDiv(gl.plane_bytes[p], w) : gl.plane_bytes[p];
       }
       gl.grad_shard_elements = layout.sharded_ ? CeilDiv(gl.numel, w) : gl.numel;
+      const bool master = policy.master_weights == MasterWeights::kFp32;
+      const Elements n = gl.grad_shard_elements;
+      constexpr Bytes kFp32 = 4;
+      if (master && gl.dtype != DType::kFp32) gl.master_bytes = kFp32 * n;
+      const Bytes state_element =
+          master ? kFp32 : DTypeElementBytes(gl.dtype == DType::kMxfp8 ? DType::kBf16 : gl.dtype);
+      const Bytes states = policy.optimizer == Optimizer::kAdam  ? 2
+                           : policy.optimizer == Optimizer::kSgd ? 1
+                                                                 : 0;
+      gl.optimizer_bytes = states * state_element * n;
+      if (master && gl.reduce_dtype != DType::kFp32) gl.accumulation_bytes = kFp32 * n;
       groups.push_back(std::move(gl));
     }
     layout.units_.push_back(std::move(groups));
@@ -111,6 +122,30 @@ Bytes ModelLayout::ShardedParamBytes() const {
     for (const GroupLayout& g : unit) {
       for (int p = 0; p < g.num_planes; ++p) total += g.shard_bytes[static_cast<std::size_t>(p)];
     }
+  }
+  return total;
+}
+
+Bytes ModelLayout::MasterBytes() const {
+  Bytes total = 0;
+  for (const auto& unit : units_) {
+    for (const GroupLayout& g : unit) total += g.master_bytes;
+  }
+  return total;
+}
+
+Bytes ModelLayout::OptimizerBytes() const {
+  Bytes total = 0;
+  for (const auto& unit : units_) {
+    for (const GroupLayout& g : unit) total += g.optimizer_bytes;
+  }
+  return total;
+}
+
+Bytes ModelLayout::AccumulationBytes() const {
+  Bytes total = 0;
+  for (const auto& unit : units_) {
+    for (const GroupLayout& g : unit) total += g.accumulation_bytes;
   }
   return total;
 }

@@ -144,6 +144,19 @@ std::string_view OnDivergenceName(OnDivergence on) {
   return on == OnDivergence::kRerecord ? "rerecord" : "error";
 }
 
+std::string_view OptimizerName(Optimizer optimizer) {
+  switch (optimizer) {
+    case Optimizer::kNone: return "none";
+    case Optimizer::kSgd: return "sgd";
+    case Optimizer::kAdam: return "adam";
+  }
+  return "unknown";
+}
+
+std::string_view MasterWeightsName(MasterWeights m) {
+  return m == MasterWeights::kFp32 ? "fp32" : "none";
+}
+
 namespace {
 
 // The parsers and printers of the field table. Errors leave out the key: ApplyPolicyKey adds it.
@@ -315,6 +328,22 @@ constexpr PolicyField kPolicyFields[] = {
                                     : std::string("param");
             },
     },
+    {.key = "optimizer",
+     .meta = "OPT",
+     .help = "the optimizer whose sharded state each rank holds (memory): none (default), sgd "
+             "(momentum: one buffer) or adam (two moments); a trace's meta.optimizer sets it",
+     .json = PolicyJson::kText,
+     .parse = ParseEnumField<&Policy::optimizer, &OptimizerName, Optimizer::kNone, Optimizer::kSgd,
+                             Optimizer::kAdam>,
+     .print = PrintEnumField<&Policy::optimizer, &OptimizerName>},
+    {.key = "master_weights",
+     .meta = "MODE",
+     .help = "none (default) or fp32: mixed precision keeps an fp32 master copy of each shard, "
+             "the optimizer state in fp32 and the sharded gradient accumulated in fp32",
+     .json = PolicyJson::kText,
+     .parse = ParseEnumField<&Policy::master_weights, &MasterWeightsName, MasterWeights::kNone,
+                             MasterWeights::kFp32>,
+     .print = PrintEnumField<&Policy::master_weights, &MasterWeightsName>},
 };
 
 // ---- per-unit overrides ("units": {"layers.3": {"forward_prefetch": "2", ...}}) -------------
@@ -601,6 +630,28 @@ std::string PolicyToJson(const Policy& policy) {
 DType ReduceDType(const Policy& policy, DType param_dtype) {
   if (policy.reduce_dtype.has_value()) return *policy.reduce_dtype;
   return param_dtype == DType::kMxfp8 ? DType::kBf16 : param_dtype;
+}
+
+}  // namespace fsdplab
+
+namespace fsdplab {
+
+Status ApplyTraceMetaPolicy(std::string_view meta_json, Policy& policy) {
+  using Json = nlohmann::json;
+  Json meta = Json::parse(meta_json, nullptr, /*allow_exceptions=*/false);
+  if (meta.is_discarded() || !meta.is_object()) return Status::Ok();  // the reader checked it
+  for (std::string_view key : {std::string_view("optimizer"), std::string_view("master_weights")}) {
+    auto it = meta.find(std::string(key));
+    if (it == meta.end() || it->is_null()) continue;
+    if (!it->is_string()) {
+      return InvalidInput(fmt::format("meta.{}: expected a string", key));
+    }
+    const std::string value = it->get<std::string>();
+    if (Status s = ApplyPolicyKey(key, value, policy); !s.ok()) {
+      return InvalidInput(fmt::format("meta.{}", s.message()));
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace fsdplab

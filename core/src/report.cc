@@ -95,6 +95,9 @@ std::string_view CategoryLabel(MemoryCategory c) {
     case MemoryCategory::kUnshardedGrads: return "unsharded gradients";
     case MemoryCategory::kReduceScatterBuffers: return "reduce-scatter buffers";
     case MemoryCategory::kActivations: return "activations";
+    case MemoryCategory::kMasterParams: return "master parameters (fp32)";
+    case MemoryCategory::kOptimizerState: return "optimizer state";
+    case MemoryCategory::kGradAccumulation: return "gradient accumulator";
   }
   return "?";
 }
@@ -243,6 +246,8 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
       for (std::size_t c = 0; c < m.bytes.size(); ++c) {
         s.category_peaks[c] = std::max(s.category_peaks[c], m.bytes[c]);
       }
+      s.peak_allocated_bytes = std::max(s.peak_allocated_bytes, m.allocated);
+      s.peak_reserved_bytes = std::max(s.peak_reserved_bytes, m.reserved);
     };
     for (const MemorySample* m : mem0) {
       if (m->t_us <= s.start_us) {
@@ -312,6 +317,11 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
       sum.peak_memory_rank = m.rank;
       sum.peak_by_category = m.bytes;
     }
+    sum.peak_allocated_bytes = std::max(sum.peak_allocated_bytes, m.allocated);
+    if (m.reserved > sum.peak_reserved_bytes) {
+      sum.peak_reserved_bytes = m.reserved;
+      sum.peak_reserved_rank = m.rank;
+    }
   }
   return r;
 }
@@ -339,7 +349,9 @@ std::string ReportToJson(const Report& r) {
                          {"reduce_scatter", CollectiveJson(s.reduce_scatter)},
                          {"peak_memory_bytes", s.peak_memory_bytes},
                          {"peak_memory_by_category", CategoriesJson(s.peak_by_category)},
-                         {"category_peaks", CategoriesJson(s.category_peaks)}});
+                         {"category_peaks", CategoriesJson(s.category_peaks)},
+                         {"peak_allocated_bytes", s.peak_allocated_bytes},
+                         {"peak_reserved_bytes", s.peak_reserved_bytes}});
   }
   doc["steps"] = steps;
   Json units = Json::array();
@@ -389,6 +401,9 @@ std::string ReportToJson(const Report& r) {
                         {"peak_memory_at_us", m.peak_memory_at_us},
                         {"peak_memory_rank", m.peak_memory_rank},
                         {"peak_memory_by_category", CategoriesJson(m.peak_by_category)},
+                        {"peak_allocated_bytes", m.peak_allocated_bytes},
+                        {"peak_reserved_bytes", m.peak_reserved_bytes},
+                        {"peak_reserved_rank", m.peak_reserved_rank},
                         {"lower_bound_us", m.lower_bound_us}};
   doc["errors"] = r.errors;
   doc["warnings"] = r.warnings;
@@ -464,6 +479,13 @@ std::string ReportToText(const Report& r) {
     if (b == 0) continue;
     line(fmt::format("  {:<34} {:>11}", CategoryLabel(static_cast<MemoryCategory>(c)),
                      FormatBytes(b)));
+  }
+  if (m.peak_reserved_bytes > 0) {
+    line(fmt::format(
+        "Caching allocator: {} reserved at most (rank {}), {} allocated in blocks at most; "
+        "--memory-cap applies to reserved",
+        FormatBytes(m.peak_reserved_bytes), m.peak_reserved_rank,
+        FormatBytes(m.peak_allocated_bytes)));
   }
   if (!r.units.empty()) {
     line("");

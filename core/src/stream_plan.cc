@@ -275,6 +275,11 @@ Status StreamPlanner::Begin() {
                     .group = g,
                     .plane = p});
       }
+      // The optimizer's side of the shard lives as long as the run (accounting only: no
+      // executor computes with it).
+      Alloc(kPlanCompute, -1, MemoryCategory::kMasterParams, gl.master_bytes, origin, u.id(), g);
+      Alloc(kPlanCompute, -1, MemoryCategory::kOptimizerState, gl.optimizer_bytes, origin, u.id(),
+            g);
     }
   }
   Record(kPlanCompute, /*timed=*/true);
@@ -642,6 +647,9 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
                      .dtype = gl.reduce_dtype,
                      .elements = all_reduce ? gl.grad_elements() : gl.grad_shard_elements});
       Alloc(s, b, MemoryCategory::kShardedGrads, buffers_.back().bytes, origin, cmd.unit, g);
+      // Under fp32 master weights with another reduce dtype, each reduction's output is added
+      // into an fp32 accumulator kept from the first reduction on (accounting only).
+      Alloc(s, -1, MemoryCategory::kGradAccumulation, gl.accumulation_bytes, origin, cmd.unit, g);
       sharded = b;
     } else {
       out_bytes += buffers_[static_cast<std::size_t>(sharded)].bytes;

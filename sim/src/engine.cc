@@ -75,6 +75,11 @@ void Engine::InitMemory(RankState& r) {
   r.gather_id.assign(r.prog->timeline.size(), -1);
   r.gather_flowed.assign(r.prog->timeline.size(), 0);
   r.mem = r.prog->initial_memory;
+  if (opt_.allocator_model) {
+    for (const ProgOp& a : r.prog->initial_allocs) {
+      (void)r.allocator.Alloc(a.stream, a.buffer, a.category, a.unit, a.bytes, std::nullopt);
+    }
+  }
   Sample(r, 0, 0, kNoUnit);
 }
 
@@ -84,11 +89,15 @@ void Engine::Sample(RankState& r, TimeUs now, int step, UnitId unit) {
     r.peak = t;
     r.peak_at = now;
   }
+  const CachingAllocatorModel& a = r.allocator.allocator();
+  r.peak_reserved = std::max(r.peak_reserved, a.reserved());
   if (!r.recorded) return;
   MemorySample s;
-  s.rank = r.rank;
+  s.rank = r.id;
   s.t_us = now;
   s.bytes = r.mem;
+  s.allocated = a.allocated();
+  s.reserved = a.reserved();
   s.step = step;
   s.unit = unit;
   timeline_->memory.push_back(s);
@@ -96,21 +105,44 @@ void Engine::Sample(RankState& r, TimeUs now, int step, UnitId unit) {
 
 // A device-side allocation: over the cap it is an out-of-memory failure. The host reserved the
 // unsharded parameters of a gather against the cap when it issued it; here they become used.
+std::optional<Bytes> Engine::AllocatorCap(const RankState& r) const {
+  if (!opt_.memory_cap) return std::nullopt;
+  return *opt_.memory_cap - std::min(*opt_.memory_cap, r.reserved);
+}
+
 bool Engine::DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op) {
   if (op.bytes == 0) return true;
   if (op.category == MemoryCategory::kUnshardedParams) {
     r.reserved -= std::min(r.reserved, op.bytes);
-  } else if (opt_.memory_cap && r.total() + r.reserved + op.bytes > *opt_.memory_cap) {
+  }
+  bool fits = true;
+  if (opt_.allocator_model) {
+    // The cap applies to what the caching allocator reserves.
+    fits = r.allocator.Alloc(op.stream, op.buffer, op.category, op.unit, op.bytes, AllocatorCap(r));
+  } else if (op.category != MemoryCategory::kUnshardedParams) {
+    fits = !opt_.memory_cap || r.total() + r.reserved + op.bytes <= *opt_.memory_cap;
+  }
+  if (!fits) {
     std::string_view what =
         op.category == MemoryCategory::kActivations      ? "the activations saved by the compute of"
         : op.category == MemoryCategory::kUnshardedGrads ? "the unsharded gradient of"
         : op.category == MemoryCategory::kReduceScatterBuffers ? "the reduce-scatter output of"
+        : op.category == MemoryCategory::kUnshardedParams      ? "the gathered parameters of"
+        : op.category == MemoryCategory::kGradAccumulation     ? "the gradient accumulator of"
                                                                : "the sharded gradient of";
+    const std::string in_use =
+        opt_.allocator_model
+            ? fmt::format(
+                  "{} bytes are reserved by the caching allocator ({} allocated in "
+                  "blocks) and {} held for gathers issued",
+                  r.allocator.allocator().reserved(), r.allocator.allocator().allocated(),
+                  r.reserved)
+            : fmt::format("{} bytes are in use or reserved", r.total() + r.reserved);
     Fail(StepFailed(fmt::format(
-        "out of memory at step {} (microbatch {}) on rank {}: {} {} needs {} bytes, {} of the cap "
-        "of {} bytes are in use or reserved",
-        op.step, op.microbatch, r.rank, what, UnitName(r, op.unit), op.bytes,
-        r.total() + r.reserved, *opt_.memory_cap)));
+        "out of memory at step {} (microbatch {}) on rank {}: {} {} needs {} bytes; of the cap of "
+        "{} bytes, {}",
+        op.step, op.microbatch, r.id, what, UnitName(r, op.unit), op.bytes, *opt_.memory_cap,
+        in_use)));
     return false;
   }
   r.mem[static_cast<std::size_t>(op.category)] += op.bytes;
@@ -118,12 +150,12 @@ bool Engine::DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op) {
   return true;
 }
 
-void Engine::Free(RankState& r, TimeUs now, MemoryCategory cat, Bytes bytes, int step, UnitId unit,
-                  std::int64_t entry) {
-  if (bytes == 0) return;
-  Bytes& b = r.mem[static_cast<std::size_t>(cat)];
-  b -= std::min(b, bytes);
-  Sample(r, now, step, unit);
+void Engine::Free(RankState& r, TimeUs now, const ProgOp& op, std::int64_t entry) {
+  if (op.bytes == 0) return;
+  Bytes& b = r.mem[static_cast<std::size_t>(op.category)];
+  b -= std::min(b, op.bytes);
+  if (opt_.allocator_model) r.allocator.Free(op.buffer, op.category, op.unit, op.bytes);
+  Sample(r, now, op.step, op.unit);
   if (r.host == HostState::kBlocked) {
     r.deps.last_waker = entry;
     r.host = HostState::kResuming;
@@ -141,7 +173,7 @@ TimelineOp& Engine::Record(RankState& r, Track track, OpKind kind, const ProgOp&
                            TimeUs end) {
   TimelineOp t;
   t.id = next_op_id_++;
-  t.rank = r.rank;
+  t.rank = r.id;
   t.track = track;
   t.kind = kind;
   t.unit = op.unit;
@@ -162,7 +194,7 @@ TimelineOp& Engine::Record(RankState& r, Track track, OpKind kind, const ProgOp&
 TimelineOp& Engine::RecordPlanned(RankState& r, const ProgOp& op, TimeUs start, TimeUs end) {
   TimelineOp t = r.prog->timeline[Idx(op.timeline_op)];
   t.id = next_op_id_++;
-  t.rank = r.rank;
+  t.rank = r.id;
   t.track = TrackOf(op.stream);
   t.waited_on.clear();
   t.start_us = start;
@@ -198,7 +230,12 @@ void Engine::OnHostIssue(TimeUs now, RankState& r) {
   }
   const ProgCommand& cmd = cmds[r.pc];
   if (cmd.gather_bytes > 0) {
-    if (opt_.memory_cap && r.total() + r.reserved + cmd.gather_bytes > *opt_.memory_cap) {
+    const bool over =
+        opt_.memory_cap &&
+        (opt_.allocator_model ? !r.allocator.allocator().ReservedAfter(
+                                    cmd.gather_bytes, kGatherStream, AllocatorCap(r))
+                              : r.total() + r.reserved + cmd.gather_bytes > *opt_.memory_cap);
+    if (over) {
       if (r.host == HostState::kRunning) r.block_start = now - opt_.launch_us;
       r.host = HostState::kBlocked;
       Advance(r, now);
@@ -301,7 +338,7 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
         const std::int64_t entry = EntryKey(s, st.completed);
         ++st.completed;
         progressed = true;
-        Free(r, now, op.category, op.bytes, op.step, op.unit, entry);
+        Free(r, now, op, entry);
         break;
       }
       case PlanOpKind::kCompute: StartCompute(r, op, now); return true;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "event_queue_types.h"
+#include "fsdplab/core/allocator_model.h"
 #include "fsdplab/core/model.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/timeline.h"
@@ -48,7 +49,9 @@ inline std::int64_t EntryKey(int stream, std::uint32_t entry) {
 struct RankState {
   const SimProgram* prog = nullptr;
   const Model* model = nullptr;
-  int rank = 0;
+  int rank = 0;     // index among the simulated ranks (events name it)
+  int id = 0;       // the rank it stands for: the first of its class (timeline, messages)
+  int members = 1;  // ranks of its class
   double compute_factor = 1.0;
   bool recorded = false;
   std::uint32_t pc = 0;  // next command to issue
@@ -66,6 +69,9 @@ struct RankState {
   Bytes peak = 0;
   TimeUs peak_at = 0;
   Bytes reserved = 0;  // gathers issued by the host, not started yet (counted against the cap)
+  // The caching allocator (SimOptions::allocator_model): what the rank's device reserves.
+  PlanMemoryReplay allocator;
+  Bytes peak_reserved = 0;
   // Timeline links: per plan timeline op of a gather, the id it got; whether an arrow was drawn.
   std::vector<std::int64_t> gather_id;
   std::vector<std::uint8_t> gather_flowed;
@@ -129,8 +135,9 @@ class Engine {
   void InitMemory(RankState& r);
   void Sample(RankState& r, TimeUs now, int step, UnitId unit);
   bool DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op);
-  void Free(RankState& r, TimeUs now, MemoryCategory cat, Bytes bytes, int step, UnitId unit,
-            std::int64_t entry);
+  void Free(RankState& r, TimeUs now, const ProgOp& op, std::int64_t entry);
+  // The cap left for the allocator once the gathers the host reserved are set aside.
+  std::optional<Bytes> AllocatorCap(const RankState& r) const;
   void Fail(Status s);
   // timeline
   TimelineOp& Record(RankState& r, Track track, OpKind kind, const ProgOp& op, TimeUs start,
@@ -186,7 +193,7 @@ class Engine {
 
   void Executed(const RankState& r, const ProgOp& op) {
     if (!opt_.log_executed_ops || op.type == PlanOpKind::kRecord) return;
-    executed_.push_back(ExecutedOp{.rank = r.rank,
+    executed_.push_back(ExecutedOp{.rank = r.id,
                                    .stream = op.stream,
                                    .kind = op.type,
                                    .unit = op.unit,

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
 #include <optional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +46,37 @@ StatusOr<Straggler> ParseStraggler(std::string_view text) {
   return s;
 }
 
+StatusOr<std::vector<double>> RankComputeScales(std::string_view text, int world) {
+  const std::string bad = fmt::format(
+      "--rank-jitter '{}': expected SIGMA or SIGMA:SEED (a log-normal spread of the ranks' "
+      "compute scales, e.g. 0.05:7)",
+      text);
+  const std::size_t colon = text.find(':');
+  const std::string sigma_text(text.substr(0, colon));
+  double sigma = 0;
+  std::uint64_t seed = 0;
+  try {
+    std::size_t used = 0;
+    sigma = std::stod(sigma_text, &used);
+    if (used != sigma_text.size()) return UsageError(bad);
+    if (colon != std::string_view::npos) {
+      const std::string seed_text(text.substr(colon + 1));
+      seed = std::stoull(seed_text, &used);
+      if (used != seed_text.size() || seed_text.starts_with('-')) return UsageError(bad);
+    }
+  } catch (const std::exception&) {
+    return UsageError(bad);
+  }
+  if (!(sigma >= 0) || !std::isfinite(sigma) || sigma > 1) {
+    return UsageError(fmt::format("--rank-jitter '{}': SIGMA must be between 0 and 1", text));
+  }
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> z(0.0, 1.0);
+  std::vector<double> scales(static_cast<std::size_t>(std::max(0, world)));
+  for (double& s : scales) s = std::exp(sigma * z(gen));
+  return scales;
+}
+
 namespace {
 
 std::size_t Idx(int i) { return static_cast<std::size_t>(i); }
@@ -56,6 +89,57 @@ struct RankProgram {
   Status status;
   std::vector<std::string> warnings;  // the plan's (protective waits it had to add)
 };
+
+// A class of ranks simulated as one: the same program (trace) at the same compute speed.
+struct RankClass {
+  int program = 0;     // index into the programs
+  double factor = 1;   // compute scale x straggler factors x the rank's own scale
+  int first_rank = 0;  // the rank that stands for the class
+  int members = 0;
+};
+
+// The classes of `world` ranks, ordered by their first rank. Unfolded (one class per rank) when
+// the options ask every rank to be simulated.
+std::vector<RankClass> RankClasses(const SimOptions& options, int world, bool one_trace) {
+  std::vector<double> factor(Idx(world), options.cluster.compute_scale);
+  for (const Straggler& s : options.stragglers) factor[Idx(s.rank)] *= s.factor;
+  for (std::size_t i = 0; i < options.rank_compute_scales.size() && i < factor.size(); ++i) {
+    factor[i] *= options.rank_compute_scales[i];
+  }
+  std::vector<RankClass> classes;
+  std::map<std::pair<int, double>, std::size_t> index;
+  for (int r = 0; r < world; ++r) {
+    const int program = one_trace ? 0 : r;
+    const bool fold = options.fold_symmetric_ranks || (one_trace && world == 1);
+    auto [it, added] = index.try_emplace({program, factor[Idx(r)]}, classes.size());
+    if (added || !fold) {
+      if (!added) it->second = classes.size();
+      classes.push_back(RankClass{program, factor[Idx(r)], r, 0});
+    }
+    ++classes[it->second].members;
+  }
+  return classes;
+}
+
+std::string ClassesNote(const std::vector<RankClass>& classes, int world, int recorded) {
+  std::string list;
+  constexpr std::size_t kListed = 6;
+  for (std::size_t i = 0; i < classes.size() && i < kListed; ++i) {
+    const RankClass& c = classes[i];
+    list += fmt::format("{}rank {}{}{}", i == 0 ? "" : ", ", c.first_rank,
+                        c.members > 1 ? fmt::format(" (+{} ranks)", c.members - 1) : "",
+                        c.factor != 1.0 ? fmt::format(" compute x{:g}", c.factor) : "");
+  }
+  if (classes.size() > kListed) list += fmt::format(", ... {} more", classes.size() - kListed);
+  return fmt::format(
+      "the {} ranks form {} rank classes (same trace, same compute speed), one rank of each "
+      "simulated and collectives costed over all {} ranks; every collective spans the world, so "
+      "the classes never diverge and none was unfolded: {}{}",
+      world, classes.size(), world, list,
+      recorded < static_cast<int>(classes.size())
+          ? fmt::format(" ({} recorded in the timeline: --timeline-ranks)", recorded)
+          : std::string());
+}
 
 RankProgram BuildProgram(const Trace& trace, const Policy& policy, int world, int steps) {
   Scheduler sched(trace.model, policy, world);
@@ -169,9 +253,12 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
   tl.source = "sim";
   tl.world_size = world;
 
-  bool symmetric = one_trace && options.fold_symmetric_ranks;
-  for (const Straggler& s : options.stragglers) symmetric = symmetric && s.factor == 1.0;
-  int simulated = symmetric ? 1 : world;
+  // Rank classes: ranks that run the same program at the same speed take the same decisions at
+  // the same virtual times (every collective spans the world, so each waits for the same
+  // slowest class), so one of each class is simulated and collectives are costed over `world`.
+  std::vector<RankClass> classes = RankClasses(options, world, one_trace);
+  const bool symmetric = classes.size() == 1;
+  const int simulated = static_cast<int>(classes.size());
 
   std::vector<RankProgram> programs;
   if (one_trace) {
@@ -191,15 +278,15 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
   std::vector<RankState> ranks(static_cast<std::size_t>(simulated));
   for (int i = 0; i < simulated; ++i) {
     RankState& r = ranks[Idx(i)];
-    const RankProgram& rp = programs[one_trace ? 0 : Idx(i)];
+    const RankClass& c = classes[Idx(i)];
+    const RankProgram& rp = programs[Idx(c.program)];
     r.prog = rp.program.get();
     r.model = rp.model;
     r.rank = i;
+    r.id = c.first_rank;
+    r.members = c.members;
     r.recorded = i < options.max_recorded_ranks;
-    r.compute_factor = options.cluster.compute_scale;
-    for (const Straggler& s : options.stragglers) {
-      if (s.rank == i) r.compute_factor *= s.factor;
-    }
+    r.compute_factor = c.factor;
   }
   Engine engine(options, world, std::move(ranks), max_colls);
   engine.Run(tl);
@@ -208,7 +295,10 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
   result.commands = engine.commands();
   result.ranks_simulated = simulated;
   tl.ranks_recorded = std::min(simulated, options.max_recorded_ranks);
-  for (const RankState& r : engine.ranks()) result.peak_memory_by_rank.push_back(r.peak);
+  for (const RankState& r : engine.ranks()) {
+    result.peak_memory_by_rank.push_back(r.peak);
+    result.peak_reserved_by_rank.push_back(r.peak_reserved);
+  }
   result.executed = engine.TakeExecuted();
   result.order = programs.front().order;
   result.divergences = programs.front().divergences;
@@ -220,6 +310,8 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
         "all {} ranks run the same trace at the same speed: rank 0 was simulated and ranks 1-{} "
         "folded onto it (collectives are costed over all {} ranks)",
         world, world - 1, world));
+  } else if (world > 1 && simulated < world) {
+    tl.notes.push_back(ClassesNote(classes, world, tl.ranks_recorded));
   } else if (world > 1) {
     tl.notes.push_back(fmt::format(
         "every one of the {} ranks was simulated{}", world,

@@ -27,9 +27,11 @@ const PolicyField* FieldOfFlag(std::string_view flag) {
   return f != nullptr && FlagName(f->key) == flag ? f : nullptr;
 }
 
-// Defaults, then --policy FILE.
-StatusOr<Policy> BasePolicy(const Args& args) {
+// Defaults, then what the trace's meta says of training (optimizer, master weights), then
+// --policy FILE.
+StatusOr<Policy> BasePolicy(const Args& args, const TraceMeta* meta) {
   Policy policy;
+  if (meta != nullptr) FSDP_RETURN_IF_ERROR(ApplyTraceMetaPolicy(meta->extra_json, policy));
   if (std::optional<std::string> file = args.Get("--policy")) {
     FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(*file));
     if (Status s = ApplyPolicyJson(text, policy); !s.ok()) {
@@ -81,8 +83,8 @@ void DeclarePolicyFlags(Args& args) {
   }
 }
 
-StatusOr<Policy> PolicyFromArgs(const Args& args, const Model& model) {
-  FSDP_ASSIGN_OR_RETURN(Policy policy, BasePolicy(args));
+StatusOr<Policy> PolicyFromArgs(const Args& args, const Model& model, const TraceMeta* meta) {
+  FSDP_ASSIGN_OR_RETURN(Policy policy, BasePolicy(args, meta));
   for (const auto& [flag, value] : args.Given()) {
     const PolicyField* f = FieldOfFlag(flag);
     if (f == nullptr) continue;
@@ -93,8 +95,9 @@ StatusOr<Policy> PolicyFromArgs(const Args& args, const Model& model) {
 }
 
 StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Model& model,
-                                                 std::vector<std::string>* varied_keys) {
-  FSDP_ASSIGN_OR_RETURN(Policy base, BasePolicy(args));
+                                                 std::vector<std::string>* varied_keys,
+                                                 const TraceMeta* meta) {
+  FSDP_ASSIGN_OR_RETURN(Policy base, BasePolicy(args, meta));
   struct Dim {
     std::string_view key;
     std::vector<std::string> values;

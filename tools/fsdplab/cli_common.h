@@ -16,9 +16,11 @@ namespace fsdplab::cli {
 
 // Declares --policy FILE and one flag per policy key (`--forward-prefetch`, ...).
 void DeclarePolicyFlags(Args& args);
-// Builds the policy: defaults, then --policy FILE, then the flags in command-line order.
-// Validates it against the model.
-StatusOr<Policy> PolicyFromArgs(const Args& args, const Model& model);
+// Builds the policy: defaults, then the trace's meta.optimizer and meta.master_weights (when
+// `meta` is given), then --policy FILE, then the flags in command-line order. Validates it
+// against the model.
+StatusOr<Policy> PolicyFromArgs(const Args& args, const Model& model,
+                                const TraceMeta* meta = nullptr);
 
 // Reads a trace for a command that replays it (order, schedule, simulate, sweep, run): the
 // reader's field checks, then the structure the scheduler relies on (core/trace_structure.h), so
@@ -27,7 +29,8 @@ StatusOr<Trace> ReadReplayableTrace(const std::string& path);
 // Like PolicyFromArgs, but a flag may hold a comma-separated list (for sweep): returns every
 // combination. Keys with lists are returned in `varied_keys`.
 StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Model& model,
-                                                 std::vector<std::string>* varied_keys);
+                                                 std::vector<std::string>* varied_keys,
+                                                 const TraceMeta* meta = nullptr);
 
 // The options whose fields a command's errors may name (each has its row in the one field ->
 // flag table of cli_common.cc; policy fields belong to every scope).

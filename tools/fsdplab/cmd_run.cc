@@ -154,7 +154,7 @@ StatusOr<Trace> LoadLiveTrace(const Args& args) {
 
 StatusOr<LiveOptions> LiveOptionsFromArgs(const Args& args, const Trace& trace) {
   LiveOptions o;
-  FSDP_ASSIGN_OR_RETURN(o.policy, PolicyFromArgs(args, trace.model));
+  FSDP_ASSIGN_OR_RETURN(o.policy, PolicyFromArgs(args, trace.model, &trace.meta));
   FSDP_RETURN_IF_ERROR(IntFlag(args, "--world-size", o.world_size, 1, 256));
   o.steps = std::max<int>(2, static_cast<int>(trace.steps.size()));
   FSDP_RETURN_IF_ERROR(IntFlag(args, "--steps", o.steps, 1, 1 << 20));

@@ -64,7 +64,7 @@ int RunSweep(const Argv& argv) {
   }
   const Trace& trace = loaded->traces.front();
   std::vector<std::string> varied;
-  StatusOr<std::vector<Policy>> grid = PolicyGridFromArgs(args, trace.model, &varied);
+  StatusOr<std::vector<Policy>> grid = PolicyGridFromArgs(args, trace.model, &varied, &trace.meta);
   if (!grid.ok()) return Fail(kCmd, grid.status());
   sim::SimOptions base;
   StatusOr<sim::Cluster> cluster = ClusterFromArgs(args, trace.meta.world_size);

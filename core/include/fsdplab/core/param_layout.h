@@ -13,7 +13,14 @@
 //   allocates W * shard_bytes[p] (the padded plane);
 // - gradients: numel elements in the reduce dtype; a rank keeps ceil(numel / W) of them, the
 //   unsharded buffer (reduce-scatter input) holds W times that;
-// - not sharded (no_shard): the whole plane and the whole gradient on every rank, no padding.
+// - not sharded (no_shard): the whole plane and the whole gradient on every rank, no padding;
+// - training state (Policy::optimizer, Policy::master_weights), per rank, over the same
+//   grad_shard_elements as the sharded gradient: under master_weights fp32 an fp32 master copy
+//   (4 B/element, none when the parameters are fp32 already), the optimizer state in fp32 (Adam 2
+//   x 4 B, SGD momentum 4 B) and, when the reduce dtype is not fp32, an fp32 gradient accumulator
+//   (4 B) into which each reduction's output is added (with an fp32 reduce dtype the reduction's
+//   output is the accumulator); without master weights the optimizer state is in the parameter
+//   dtype (bf16 for mxfp8) and there is no accumulator beyond the sharded gradient.
 #pragma once
 
 #include <array>
@@ -57,6 +64,10 @@ struct GroupLayout final {
   Elements numel = 0;
   Elements grad_shard_elements = 0;  // per rank (sharded: ceil(numel / W); else numel)
   Bytes grad_element_size = 2;
+  // Training state of this rank's shard (see the conventions above).
+  Bytes master_bytes = 0;
+  Bytes optimizer_bytes = 0;
+  Bytes accumulation_bytes = 0;
 
   // The buffer an all-gather of plane p fills (sharded: W * shard; else the plane).
   Bytes gathered_bytes(int plane) const;
@@ -89,6 +100,10 @@ class ModelLayout final {
   Bytes GradShardBytes(UnitId unit) const;
   // What one rank holds of every parameter at rest (sharded parameters, all planes).
   Bytes ShardedParamBytes() const;
+  // Sums over every group of the model: fp32 master copies, optimizer state, accumulators.
+  Bytes MasterBytes() const;
+  Bytes OptimizerBytes() const;
+  Bytes AccumulationBytes() const;
 
  private:
   int world_size_ = 1;

@@ -28,6 +28,12 @@ enum class Sharding : std::uint8_t {
   kNoShard,  // replicated params (no gathers); gradients all-reduced
 };
 enum class OnDivergence : std::uint8_t { kError, kRerecord };
+// The optimizer whose sharded state each rank holds (memory only; DESIGN §4.2): Adam keeps two
+// moments per parameter, SGD with momentum one buffer, none nothing.
+enum class Optimizer : std::uint8_t { kNone, kSgd, kAdam };
+// Mixed precision: an fp32 master copy of each rank's shard (what the optimizer updates), or none
+// (the optimizer updates the parameters in their own dtype).
+enum class MasterWeights : std::uint8_t { kNone, kFp32 };
 
 // How many successors to prefetch.
 struct Budget final {
@@ -84,6 +90,10 @@ struct Policy final {
   OnDivergence on_divergence = OnDivergence::kError;
   // Gradient reduce dtype; nullopt: the parameter dtype (bf16 for mxfp8 parameters).
   std::optional<DType> reduce_dtype;
+  // The training state beside the parameters (memory only): see OptimizerStateBytes in
+  // param_layout.h. A trace's meta may state them (ApplyTraceMetaPolicy).
+  Optimizer optimizer = Optimizer::kNone;
+  MasterWeights master_weights = MasterWeights::kNone;
   // Per-unit overrides by unit name (sorted: the JSON prints them in this order).
   std::map<std::string, UnitPolicy, std::less<>> units;
 
@@ -125,6 +135,13 @@ std::string UnitOverridesText(const Policy& policy);
 std::string_view PrefetchOrderName(PrefetchOrder order);  // "registration" | "recorded"
 std::string_view ShardingName(Sharding sharding);         // "zero3" | "zero2" | "no_shard"
 std::string_view OnDivergenceName(OnDivergence on);       // "error" | "rerecord"
+std::string_view OptimizerName(Optimizer optimizer);      // "none" | "sgd" | "adam"
+std::string_view MasterWeightsName(MasterWeights m);      // "none" | "fp32"
+
+// The keys of a trace's meta that describe training rather than the trace ("optimizer",
+// "master_weights", as the recorder writes them), applied to `policy`; `meta_json` is the meta's
+// extra keys (TraceMeta::extra_json). Errors name meta.<key>.
+Status ApplyTraceMetaPolicy(std::string_view meta_json, Policy& policy);
 
 // The gradient dtype a group is reduced in under `policy`.
 DType ReduceDType(const Policy& policy, DType param_dtype);

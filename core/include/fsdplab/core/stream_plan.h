@@ -30,6 +30,11 @@
 //                 one collective over every group; record end; free the output and the unsharded
 //                 gradients.
 //   PassEnd       free the pass's leftover activations on the compute stream.
+//   (Begin)       besides the sharded parameters, the optimizer's side of the shard, kept for
+//                 good (accounting only): fp32 master copies (kMasterParams) and the optimizer
+//                 state (kOptimizerState), as the layout sizes them (Policy::optimizer,
+//                 master_weights); a unit's first reduction also allocates its fp32 gradient
+//                 accumulator (kGradAccumulation) when the reduce dtype is not fp32.
 //   StepEnd       record an end marker on every stream in use.
 // Memory is the sum of the alloc and free operations a stream has passed: every executor applies
 // them where its stream reaches them, so the categories agree by construction.
