@@ -30,20 +30,34 @@ PlaneSet PlaneBit(int plane) {
   return plane == kRowwisePlane ? PlaneSet::Rowwise() : PlaneSet::Columnwise();
 }
 
+StatusOr<int> ShardGroupSize(const Policy& policy, int world_size) {
+  if (policy.sharding != Sharding::kHsdp) return world_size;
+  const int group = policy.shard_group_size;
+  if (group < 1 || group > world_size || world_size % group != 0) {
+    return UsageError(fmt::format(
+        "shard_group_size: {} does not divide the world of {} ranks into shard groups (sharding "
+        "hsdp needs a shard group size from 1 to {} that divides it)",
+        group, world_size, world_size));
+  }
+  return group;
+}
+
 StatusOr<ModelLayout> ModelLayout::Create(const Model& model, const Policy& policy,
                                           int world_size) {
   if (world_size < 1) return UsageError(fmt::format("world size {} is not positive", world_size));
+  FSDP_ASSIGN_OR_RETURN(const int shard_group, ShardGroupSize(policy, world_size));
   ModelLayout layout;
   layout.world_size_ = world_size;
+  layout.shard_group_size_ = shard_group;
   layout.sharded_ = policy.sharding != Sharding::kNoShard;
-  const auto w = static_cast<Bytes>(world_size);
+  const auto w = static_cast<Bytes>(shard_group);
   for (const Unit& unit : model.units()) {
     std::vector<GroupLayout> groups;
     for (const ParamGroup& group : unit.groups()) {
       GroupLayout gl;
       gl.dtype = group.dtype;
       gl.sharded = layout.sharded_;
-      gl.world_size = world_size;
+      gl.world_size = shard_group;
       gl.reduce_dtype = ReduceDType(policy, group.dtype);
       if (gl.reduce_dtype == DType::kMxfp8) gl.reduce_dtype = DType::kBf16;
       gl.grad_element_size = DTypeElementBytes(gl.reduce_dtype);

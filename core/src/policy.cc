@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -136,6 +137,7 @@ std::string_view ShardingName(Sharding sharding) {
     case Sharding::kZero3: return "zero3";
     case Sharding::kZero2: return "zero2";
     case Sharding::kNoShard: return "no_shard";
+    case Sharding::kHsdp: return "hsdp";
   }
   return "unknown";
 }
@@ -249,6 +251,16 @@ Status ParseReduceDType(std::string_view value, Policy& policy) {
   return Status::Ok();
 }
 
+Status ParseShardGroupSize(std::string_view value, Policy& policy) {
+  int n = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc() || end != value.data() + value.size() || n < 0) {
+    return BadValue(value, "expected a number of ranks (0: not given)");
+  }
+  policy.shard_group_size = n;
+  return Status::Ok();
+}
+
 constexpr PolicyField kPolicyFields[] = {
     {.key = "order",
      .meta = "ORDER",
@@ -298,11 +310,19 @@ constexpr PolicyField kPolicyFields[] = {
      .print = PrintBoolField<&Policy::reshard_after_forward>},
     {.key = "sharding",
      .meta = "MODE",
-     .help = "zero3 (default), zero2 or no_shard",
+     .help = "zero3 (default), zero2, no_shard or hsdp (zero3 within groups of "
+             "--shard-group-size ranks, replicated across them)",
      .json = PolicyJson::kText,
      .parse = ParseEnumField<&Policy::sharding, &ShardingName, Sharding::kZero3, Sharding::kZero2,
-                             Sharding::kNoShard>,
+                             Sharding::kNoShard, Sharding::kHsdp>,
      .print = PrintEnumField<&Policy::sharding, &ShardingName>},
+    {.key = "shard_group_size",
+     .meta = "N",
+     .help = "sharding hsdp: ranks per shard group, contiguous as FSDP2's (replicate, shard) "
+             "mesh; the world must be a multiple of it",
+     .json = PolicyJson::kText,
+     .parse = ParseShardGroupSize,
+     .print = [](const Policy& p) { return std::to_string(p.shard_group_size); }},
     {.key = "unified_comm_stream",
      .meta = "BOOL",
      .help = "true|false (false): all-gathers and reduce-scatters share one stream",

@@ -230,7 +230,9 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     s.idle_us = std::max(0.0, s.time_us - MeasureIn(any_work, s.start_us, s.end_us));
     for (const TimelineOp* op : ops) {
       if (op->step != index || !IsCollective(op->kind)) continue;
-      CollectiveStats& c = op->kind == OpKind::kAllGather ? s.allgather : s.reduce_scatter;
+      CollectiveStats& c = op->kind == OpKind::kAllGather   ? s.allgather
+                           : op->track == Track::kAllReduce ? s.all_reduce
+                                                            : s.reduce_scatter;
       ++c.count;
       c.bytes += op->bytes;
       c.busy_us += op->end_us - op->start_us;
@@ -305,8 +307,9 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     sum.lower_bound_us /= static_cast<double>(n);
   }
   for (const StepReport& s : r.steps) {
-    sum.collectives += s.allgather.count + s.reduce_scatter.count;
-    sum.overlapped += s.allgather.overlapped + s.reduce_scatter.overlapped;
+    sum.collectives += s.allgather.count + s.reduce_scatter.count + s.all_reduce.count;
+    sum.overlapped +=
+        s.allgather.overlapped + s.reduce_scatter.overlapped + s.all_reduce.overlapped;
   }
   sum.overlap_ratio =
       sum.collectives > 0 ? static_cast<double>(sum.overlapped) / sum.collectives : 0.0;
@@ -347,6 +350,7 @@ std::string ReportToJson(const Report& r) {
                          {"idle_us", s.idle_us},
                          {"allgather", CollectiveJson(s.allgather)},
                          {"reduce_scatter", CollectiveJson(s.reduce_scatter)},
+                         {"all_reduce", CollectiveJson(s.all_reduce)},
                          {"peak_memory_bytes", s.peak_memory_bytes},
                          {"peak_memory_by_category", CategoriesJson(s.peak_by_category)},
                          {"category_peaks", CategoriesJson(s.category_peaks)},
@@ -440,15 +444,21 @@ std::string ReportToText(const Report& r) {
   line("communication the step waits for. 'idle' is time when neither runs: the host, a stall");
   line("or a launch held the step. 'overlapped' counts collectives that ran at least partly");
   line("beside compute.");
-  line(fmt::format("{:>4}  {:>11}  {:>11}  {:>12}  {:>11}  {:>16}  {:>16}  {:>11}", "step", "time",
-                   "compute", "exposed comm", "idle", "all-gathers", "reduce-scatters",
-                   "peak mem"));
+  // The replica all-reduces (hsdp) get a column only when there are any.
+  const bool all_reduces = std::any_of(r.steps.begin(), r.steps.end(),
+                                       [](const StepReport& s) { return s.all_reduce.count > 0; });
+  line(fmt::format("{:>4}  {:>11}  {:>11}  {:>12}  {:>11}  {:>16}  {:>16}  {}{:>11}", "step",
+                   "time", "compute", "exposed comm", "idle", "all-gathers", "reduce-scatters",
+                   all_reduces ? fmt::format("{:>16}  ", "all-reduces") : "", "peak mem"));
   for (const StepReport& s : r.steps) {
     line(fmt::format(
-        "{:>4}  {:>11}  {:>11}  {:>12}  {:>11}  {:>16}  {:>16}  {:>11}", s.index,
+        "{:>4}  {:>11}  {:>11}  {:>12}  {:>11}  {:>16}  {:>16}  {}{:>11}", s.index,
         FormatUs(s.time_us), FormatUs(s.compute_us), FormatUs(s.exposed_comm_us),
         FormatUs(s.idle_us), fmt::format("{} ({} ovl)", s.allgather.count, s.allgather.overlapped),
         fmt::format("{} ({} ovl)", s.reduce_scatter.count, s.reduce_scatter.overlapped),
+        all_reduces ? fmt::format("{:>16}  ", fmt::format("{} ({} ovl)", s.all_reduce.count,
+                                                          s.all_reduce.overlapped))
+                    : "",
         FormatBytes(s.peak_memory_bytes)));
   }
   line("");

@@ -362,7 +362,8 @@ class Scheduler::Impl {
   }
 
   bool ReshardsAfterForward(UnitId u) const {
-    return sharded() && policy_.sharding == Sharding::kZero3 &&
+    return sharded() &&
+           (policy_.sharding == Sharding::kZero3 || policy_.sharding == Sharding::kHsdp) &&
            rt_of(u).policy.reshard_after_forward && !model_.unit(u).is_root();
   }
 

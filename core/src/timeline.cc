@@ -10,6 +10,7 @@ std::string_view TrackName(Track track) {
     case Track::kCompute: return "compute";
     case Track::kAllGather: return "all_gather";
     case Track::kReduceScatter: return "reduce_scatter";
+    case Track::kAllReduce: return "all_reduce";
   }
   return "unknown";
 }

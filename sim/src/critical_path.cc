@@ -89,7 +89,8 @@ CriticalPath BuildCriticalPath(const std::vector<RankState>& ranks, const SimOpt
   // Node ids: host issues and stream entries per rank; collectives once per (stream, sequence).
   std::vector<std::vector<std::uint32_t>> host_base(ranks.size());
   std::vector<std::array<std::vector<std::uint32_t>, kNumStreams>> entry_node(ranks.size());
-  std::array<std::map<std::uint32_t, std::uint32_t>, kNumStreams> coll_node;
+  // Keyed by (the rank's collective group on the stream, sequence).
+  std::array<std::map<std::pair<int, std::uint32_t>, std::uint32_t>, kNumStreams> coll_node;
   for (std::size_t ri = 0; ri < ranks.size(); ++ri) {
     const RankState& r = ranks[ri];
     const SimProgram& p = *r.prog;
@@ -107,8 +108,8 @@ CriticalPath BuildCriticalPath(const std::vector<RankState>& ranks, const SimOpt
         const ProgOp& op = p.ops[p.stream_ops[ss][e]];
         Node node{r.id, s, e, r.deps.start[ss][e], r.deps.end[ss][e], r.deps.timeline_id[ss][e]};
         if (op.type == PlanOpKind::kCollective) {
-          auto [it, fresh] =
-              coll_node[ss].try_emplace(op.coll_seq, static_cast<std::uint32_t>(nodes.size()));
+          auto [it, fresh] = coll_node[ss].try_emplace(std::pair{r.group[ss], op.coll_seq},
+                                                       static_cast<std::uint32_t>(nodes.size()));
           if (fresh) nodes.push_back(node);
           if (node.timeline_id >= 0 && nodes[it->second].timeline_id < 0) {
             nodes[it->second].timeline_id = node.timeline_id;

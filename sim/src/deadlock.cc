@@ -81,6 +81,7 @@ std::string Engine::EdgeText(const RankState& r, const Waiting& w, const RankSta
 
 // Does q hold r up at the collective r waits in?
 bool Engine::Blocks(const RankState& r, const Waiting& w, const RankState& q) const {
+  if (q.group[Idx(w.stream)] != r.group[Idx(w.stream)]) return false;  // another group's
   const StreamState& qs = q.streams[Idx(w.stream)];
   if (!qs.arrived || qs.coll_done != r.streams[Idx(w.stream)].coll_done) return true;
   const ProgOp& qop = OpAt(q, w.stream, qs.completed);

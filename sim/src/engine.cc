@@ -14,6 +14,7 @@ Track TrackOf(int stream) {
   switch (stream) {
     case kComputeStream: return Track::kCompute;
     case kGatherStream: return Track::kAllGather;
+    case kAllReduceStream: return Track::kAllReduce;
     default: return Track::kReduceScatter;
   }
 }
@@ -28,10 +29,19 @@ OpKind CollectiveOpKind(CollectiveKind kind) {
 
 }  // namespace
 
-Engine::Engine(const SimOptions& options, int world_size, std::vector<RankState> ranks,
+Engine::Engine(const SimOptions& options, const std::array<StreamGroupShape, kNumStreams>& shapes,
+               std::vector<RankState> ranks,
                const std::array<std::uint32_t, kNumStreams>& max_collectives_per_stream)
-    : opt_(options), world_size_(world_size), ranks_(std::move(ranks)) {
-  for (int s = 0; s < kNumStreams; ++s) pending_[Idx(s)].resize(max_collectives_per_stream[Idx(s)]);
+    : opt_(options), shapes_(shapes), ranks_(std::move(ranks)) {
+  for (int s = 0; s < kNumStreams; ++s) {
+    std::vector<CommGroup>& groups = groups_[Idx(s)];
+    for (const RankState& r : ranks_) {
+      const int g = r.group[Idx(s)];
+      if (static_cast<int>(groups.size()) <= g) groups.resize(Idx(g) + 1);
+      groups[Idx(g)].members.push_back(r.rank);
+    }
+    for (CommGroup& g : groups) g.pending.resize(max_collectives_per_stream[Idx(s)]);
+  }
   // The reduce-scatter stream also runs the all-reduces of NO_SHARD: they take its factor.
   const CommContention cc = EffectiveCommContention(options);
   comm_slowdown_[kGatherStream] = cc.all_gather;
@@ -287,7 +297,8 @@ void Engine::Advance(RankState& r, TimeUs now) {
   // start: a free that the same instant makes possible is not delayed behind another stream's
   // allocation, so a peak is not inflated by the order of simultaneous events. Communication
   // streams first.
-  constexpr std::array<int, 3> kOrder = {kGatherStream, kScatterStream, kComputeStream};
+  constexpr std::array<int, 4> kOrder = {kGatherStream, kScatterStream, kAllReduceStream,
+                                         kComputeStream};
   bool progress = true;
   while (progress && failure_.ok()) {
     progress = false;
@@ -344,7 +355,7 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
       case PlanOpKind::kCompute: StartCompute(r, op, now); return true;
       case PlanOpKind::kCollective:
         st.arrived = true;
-        Arrive(s, op, now);
+        Arrive(s, r, op, now);
         return true;
       default:  // records, and fill/check operations (not in a simulated plan)
         Executed(r, op);
@@ -411,26 +422,32 @@ void Engine::OnComputeDone(TimeUs now, const ComputeDoneEv& e) {
 
 // ---- collectives ----
 
-void Engine::Arrive(int s, const ProgOp& op, TimeUs now) {
-  PendingCollective& p = pending_[Idx(s)][op.coll_seq];
+void Engine::Arrive(int s, const RankState& r, const ProgOp& op, TimeUs now) {
+  const int gi = r.group[Idx(s)];
+  CommGroup& group = groups_[Idx(s)][Idx(gi)];
+  PendingCollective& p = group.pending[op.coll_seq];
   ++p.arrived;
-  if (p.arrived < static_cast<int>(ranks_.size())) return;
-  // Every rank is at the head of this stream with its k-th collective: they must agree.
-  for (const RankState& q : ranks_) {
+  if (p.arrived < static_cast<int>(group.members.size())) return;
+  // Every rank of the group is at the head of this stream with its k-th collective: they must
+  // agree.
+  for (int m : group.members) {
+    const RankState& q = ranks_[Idx(m)];
     const ProgOp& qop = OpAt(q, s, q.streams[Idx(s)].completed);
     if (qop.unit != op.unit || qop.bytes != op.bytes || qop.kind != op.kind) {
       return;  // mismatch: nobody starts; reported as a deadlock at the end
     }
   }
   p.started = true;
-  TimeUs cost = opt_.cluster.CollectiveUs(op.kind, op.bytes, world_size_);
+  const StreamGroupShape& shape = shapes_[Idx(s)];
+  TimeUs cost = opt_.cluster.CollectiveUs(op.kind, op.bytes, shape.size, shape.stride);
   for (const GatherRef& g : opt_.zero_cost_gathers) {
     if (op.kind == CollectiveKind::kAllGather && g.unit == op.unit && g.step == op.step &&
         g.microbatch == op.microbatch && g.event == op.event) {
       cost = 0;  // a what-if of the critical path: this gather costs nothing
     }
   }
-  for (RankState& q : ranks_) {
+  for (int m : group.members) {
+    RankState& q = ranks_[Idx(m)];
     StreamState& st = q.streams[Idx(s)];
     st.busy = true;
     st.arrived = false;
@@ -438,49 +455,72 @@ void Engine::Arrive(int s, const ProgOp& op, TimeUs now) {
     ++q.active_collectives;
     Reprice(q, now);
   }
-  StartCollectiveClock(s, op.coll_seq, cost, now);
+  StartCollectiveClock(s, gi, op.coll_seq, cost, now);
 }
 
 // Communication contention: collectives of one group run on the all-gather and the
 // reduce-scatter streams at once; while both are in progress the one on stream s runs
-// (1 + comm_slowdown_[s]) times slower (they share links, copy engines and cores). Every rank
-// takes part in every collective, so the overlap is the same on every rank and one clock per
-// stream suffices. Each clock counts solo microseconds left at its own rate: a start or an end
-// on one stream reprices the others, each by its own factor.
-void Engine::StartCollectiveClock(int s, std::uint32_t seq, TimeUs cost, TimeUs now) {
-  CollClock& c = coll_clock_[Idx(s)];
+// (1 + comm_slowdown_[s]) times slower (they share links, copy engines and cores). Every rank of
+// a group takes part in its group's collectives, so the overlap is the same on every member and
+// one clock per stream and group suffices. Each clock counts solo microseconds left at its own
+// rate: a start or an end on one stream reprices the others of the group, each by its own
+// factor. The replica all-reduce (hsdp) runs on other links (across the shard groups) and
+// neither slows nor is slowed.
+void Engine::StartCollectiveClock(int s, int group, std::uint32_t seq, TimeUs cost, TimeUs now) {
+  CollClock& c = groups_[Idx(s)][Idx(group)].clock;
   c.active = true;
   c.seq = seq;
   c.remaining = cost;
   c.rate = 0;  // forces a (re)schedule below
   c.last = now;
-  RepriceCollectives(now);
+  RepriceCollectives(s, group, now);
 }
 
-void Engine::RepriceCollectives(TimeUs now) {
+void Engine::RepriceCollectives(int stream, int group, TimeUs now) {
+  // The clocks that contend: the group's all-gather and reduce-scatter; an all-reduce alone.
+  std::array<int, 2> streams{};
+  std::array<CollClock*, 2> clocks{};
+  int n = 0;
+  auto add = [&](int s) {
+    std::vector<CommGroup>& groups = groups_[Idx(s)];
+    if (Idx(group) >= groups.size()) return;
+    streams[Idx(n)] = s;
+    clocks[Idx(n)] = &groups[Idx(group)].clock;
+    ++n;
+  };
+  if (stream == kAllReduceStream) {
+    add(kAllReduceStream);
+  } else {
+    add(kGatherStream);
+    add(kScatterStream);
+  }
   int active = 0;
-  for (const CollClock& c : coll_clock_) active += c.active ? 1 : 0;
-  for (std::size_t s = 0; s < coll_clock_.size(); ++s) {
-    CollClock& c = coll_clock_[s];
-    const double rate = active >= 2 ? 1.0 / (1.0 + comm_slowdown_[s]) : 1.0;
+  for (int k = 0; k < n; ++k) active += clocks[Idx(k)]->active ? 1 : 0;
+  for (int k = 0; k < n; ++k) {
+    const int s = streams[Idx(k)];
+    CollClock& c = *clocks[Idx(k)];
+    const double rate = active >= 2 ? 1.0 / (1.0 + comm_slowdown_[Idx(s)]) : 1.0;
     if (!c.active || c.rate == rate) continue;
     if (c.rate > 0) c.remaining = std::max(0.0, c.remaining - (now - c.last) * c.rate);
     c.last = now;
     c.rate = rate;
     ++c.version;
     queue_.Push(now + c.remaining / rate,
-                CollectiveDoneEv{static_cast<std::int32_t>(s), c.seq, c.version});
+                CollectiveDoneEv{static_cast<std::int32_t>(s), static_cast<std::int32_t>(group),
+                                 c.seq, c.version});
   }
 }
 
 void Engine::OnCollectiveDone(TimeUs now, const CollectiveDoneEv& e) {
-  CollClock& clock = coll_clock_[Idx(e.stream)];
+  CommGroup& group = groups_[Idx(e.stream)][Idx(e.group)];
+  CollClock& clock = group.clock;
   if (!clock.active || e.version != clock.version) return;  // repriced
   clock.active = false;
-  RepriceCollectives(now);
+  RepriceCollectives(e.stream, e.group, now);
   last_time_ = std::max(last_time_, now);
   int s = e.stream;
-  for (RankState& q : ranks_) {
+  for (int m : group.members) {
+    RankState& q = ranks_[Idx(m)];
     StreamState& st = q.streams[Idx(s)];
     const ProgOp& op = OpAt(q, s, st.completed);
     Executed(q, op);
@@ -503,7 +543,7 @@ void Engine::OnCollectiveDone(TimeUs now, const CollectiveDoneEv& e) {
     }
     LogTimes(q, s, entry, st.start, now, id);
   }
-  for (RankState& q : ranks_) Advance(q, now);
+  for (int m : group.members) Advance(ranks_[Idx(m)], now);
 }
 
 }  // namespace fsdplab::sim

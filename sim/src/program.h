@@ -18,6 +18,7 @@ constexpr int kNumStreams = kPlanStreams;
 constexpr int kComputeStream = kPlanCompute;
 constexpr int kGatherStream = kPlanAllGather;
 constexpr int kScatterStream = kPlanReduceScatter;
+constexpr int kAllReduceStream = kPlanAllReduce;
 
 struct ProgOp {
   PlanOpKind type = PlanOpKind::kRecord;

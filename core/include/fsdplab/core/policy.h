@@ -26,6 +26,10 @@ enum class Sharding : std::uint8_t {
   kZero3,    // shard params, grads; reshard after forward (per reshard_after_forward)
   kZero2,    // shard params, grads; keep params unsharded from forward to backward
   kNoShard,  // replicated params (no gathers); gradients all-reduced
+  // Hybrid (FSDP2's 2D mesh): zero3 within shard groups of shard_group_size contiguous ranks,
+  // replicated across the world / shard_group_size groups; each reduced gradient shard is then
+  // all-reduced across the replicas.
+  kHsdp,
 };
 enum class OnDivergence : std::uint8_t { kError, kRerecord };
 // The optimizer whose sharded state each rank holds (memory only; DESIGN §4.2): Adam keeps two
@@ -86,6 +90,9 @@ struct Policy final {
   bool prefetch_first_unit = true;
   bool reshard_after_forward = true;  // the root keeps its parameters regardless
   Sharding sharding = Sharding::kZero3;
+  // sharding hsdp: ranks per shard group (0: not given; ModelLayout::Create checks it against
+  // the world size). Ignored by the other modes.
+  int shard_group_size = 0;
   bool unified_comm_stream = false;
   OnDivergence on_divergence = OnDivergence::kError;
   // Gradient reduce dtype; nullopt: the parameter dtype (bf16 for mxfp8 parameters).
@@ -133,7 +140,7 @@ std::string PolicyKeyValue(const Policy& policy, std::string_view key);  // text
 // The per-unit overrides in one line: "layers.0{forward_prefetch=2} layers.3{...}" ("" if none).
 std::string UnitOverridesText(const Policy& policy);
 std::string_view PrefetchOrderName(PrefetchOrder order);  // "registration" | "recorded"
-std::string_view ShardingName(Sharding sharding);         // "zero3" | "zero2" | "no_shard"
+std::string_view ShardingName(Sharding sharding);         // "zero3" | "zero2" | "no_shard" | "hsdp"
 std::string_view OnDivergenceName(OnDivergence on);       // "error" | "rerecord"
 std::string_view OptimizerName(Optimizer optimizer);      // "none" | "sgd" | "adam"
 std::string_view MasterWeightsName(MasterWeights m);      // "none" | "fp32"

@@ -43,7 +43,8 @@ struct StepReport final {
   TimeUs exposed_comm_us = 0;
   TimeUs idle_us = 0;  // no compute and no collective in progress on the rank
   CollectiveStats allgather;
-  CollectiveStats reduce_scatter;
+  CollectiveStats reduce_scatter;  // no_shard's all-reduces in place of reduce-scatters too
+  CollectiveStats all_reduce;      // hsdp: the replica all-reduces (their own stream)
   Bytes peak_memory_bytes = 0;
   std::array<Bytes, kNumMemoryCategories> peak_by_category{};  // at the step's peak
   // Each category's own peak within the step (they need not coincide with the total's).

@@ -17,8 +17,11 @@ namespace fsdplab {
 
 // Where an op ran: the host thread of a rank or one of its streams. With a unified
 // communication stream, all-gathers and reduce-scatters share the kAllGather track.
-enum class Track : std::uint8_t { kHost, kCompute, kAllGather, kReduceScatter };
-std::string_view TrackName(Track track);  // "host", "compute", "all_gather", "reduce_scatter"
+// kAllReduce: the replica all-reduce's own stream under hsdp (no_shard's all-reduce runs on the
+// reduce-scatter stream, in place of the reduce-scatter).
+enum class Track : std::uint8_t { kHost, kCompute, kAllGather, kReduceScatter, kAllReduce };
+// "host", "compute", "all_gather", "reduce_scatter", "all_reduce"
+std::string_view TrackName(Track track);
 
 enum class OpKind : std::uint8_t {
   kCompute,
