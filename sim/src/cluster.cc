@@ -210,8 +210,9 @@ TimeUs Cluster::CollectiveUs(CollectiveKind kind, Bytes bytes, int group_size, i
   }
   const int g = std::max(1, gpus_per_node);
   auto intra_us = [&](int ranks) {
-    return cal.intra.empty() ? RingUs(ranks, bytes, intra.latency_us, intra.bandwidth_GBps)
-                             : cal.intra.Us(bytes, ranks);
+    return cal.intra.empty()
+               ? RingPasses(kind) * RingUs(ranks, bytes, intra.latency_us, intra.bandwidth_GBps)
+               : cal.intra.Us(bytes, ranks);
   };
   const Placement p = PlaceGroup(group_size, stride, g);
   if (p.nodes <= 1) return intra_us(group_size);
@@ -249,10 +250,11 @@ CollectiveCost Cluster::Cost(CollectiveKind kind, Bytes bytes, int group_size, i
       c.source = fmt::format("{} intra calibration", name);
       c.detail = cal.intra.Describe(bytes, ranks);
     } else {
-      c.time_us = RingUs(ranks, bytes, intra.latency_us, intra.bandwidth_GBps);
+      c.time_us = RingPasses(kind) * RingUs(ranks, bytes, intra.latency_us, intra.bandwidth_GBps);
       c.source = fmt::format("intra line ({})", line_kind);
-      c.detail = fmt::format("ring over {} ranks, {:g} us, {:g} GB/s", ranks, intra.latency_us,
-                             intra.bandwidth_GBps);
+      c.detail = fmt::format("{}ring over {} ranks, {:g} us, {:g} GB/s",
+                             RingPasses(kind) > 1 ? "two passes of a " : "", ranks,
+                             intra.latency_us, intra.bandwidth_GBps);
     }
     return c;
   };
