@@ -33,6 +33,12 @@ PlaneSet PlaneBit(int plane) {
 StatusOr<int> ShardGroupSize(const Policy& policy, int world_size) {
   if (policy.sharding != Sharding::kHsdp) return world_size;
   const int group = policy.shard_group_size;
+  if (group == 0) {
+    return UsageError(fmt::format(
+        "shard_group_size: not given; sharding hsdp needs the ranks of a shard group (from 1 to "
+        "{} and dividing the world of {} ranks)",
+        world_size, world_size));
+  }
   if (group < 1 || group > world_size || world_size % group != 0) {
     return UsageError(fmt::format(
         "shard_group_size: {} does not divide the world of {} ranks into shard groups (sharding "

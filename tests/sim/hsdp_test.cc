@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "fsdplab/core/param_layout.h"
+#include "fsdplab/core/policy.h"
 #include "fsdplab/core/report.h"
 #include "fsdplab/sim/simulator.h"
 #include "sim_test_util.h"
@@ -99,7 +100,7 @@ TEST(Hsdp, LayoutShardsOverTheShardGroup) {
 TEST(Hsdp, ShardGroupSizeErrorsNameBothNumbers) {
   Policy p;
   p.sharding = Sharding::kHsdp;
-  for (int bad : {0, 3, 16}) {
+  for (int bad : {3, 16, -2}) {
     p.shard_group_size = bad;
     StatusOr<int> s = ShardGroupSize(p, 8);
     ASSERT_FALSE(s.ok()) << bad;
@@ -108,11 +109,28 @@ TEST(Hsdp, ShardGroupSizeErrorsNameBothNumbers) {
         << s.status().message();
     EXPECT_NE(s.status().message().find("the world of 8 ranks"), std::string::npos);
   }
+  p.shard_group_size = 0;  // not given
+  EXPECT_EQ(ShardGroupSize(p, 8).status().message(),
+            "shard_group_size: not given; sharding hsdp needs the ranks of a shard group (from 1 "
+            "to 8 and dividing the world of 8 ranks)");
   p.shard_group_size = 8;  // one shard group: zero3 with nothing to all-reduce
   EXPECT_EQ(*ShardGroupSize(p, 8), 8);
   StatusOr<SimResult> r = Simulate(ThreeUnitTrace(), Hsdp(8, 3));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("shard_group_size: 3"), std::string::npos);
+}
+
+// The policy key reads numbers (JSON or flag text) and prints back what it read.
+TEST(Hsdp, PolicyKeysRoundTrip) {
+  Policy p;
+  ASSERT_TRUE(ApplyPolicyJson(R"({"sharding": "hsdp", "shard_group_size": 64})", p).ok());
+  EXPECT_EQ(p.sharding, Sharding::kHsdp);
+  EXPECT_EQ(p.shard_group_size, 64);
+  Policy back;
+  ASSERT_TRUE(ApplyPolicyJson(PolicyToJson(p), back).ok());
+  EXPECT_EQ(back, p);
+  EXPECT_EQ(ApplyPolicyKey("shard_group_size", "8x", p).message(),
+            "shard_group_size: '8x' is not valid (expected a number of ranks (0: not given))");
 }
 
 // A hand-computed timeline on lines with round numbers: intra 100 GB/s (1e5 B/us) 5 us per
