@@ -43,6 +43,14 @@ struct RankState {
   std::unique_ptr<StreamPlanner> program;
   std::array<CudaStream, kPlanStreams> streams;
   NcclComm comm;
+  // hsdp (more than one replica): the shard group's and the replica column's sub-communicators.
+  NcclComm shard_comm;
+  NcclComm replica_comm;
+  // The communicator a collective on plan stream `stream` runs on.
+  ncclComm_t CommFor(int stream) const {
+    if (!replica_comm.valid()) return comm.get();
+    return stream == kPlanAllReduce ? replica_comm.get() : shard_comm.get();
+  }
   CublasHandle cublas;
   std::vector<DeviceBuffer> buffers;
   std::vector<CudaEvent> events;
@@ -157,6 +165,35 @@ Status CudaExecutor::Impl::Setup(const Trace& trace, std::vector<NcclComm> comms
                   .fault = config_.fault};
     r.program = std::make_unique<StreamPlanner>(model_, layout_, pc);
     FSDP_RETURN_IF_ERROR(r.program->Begin());
+  }
+  // hsdp: gathers and reduce-scatters within the shard group, the replica all-reduce across the
+  // replicas: NCCL sub-communicators split from the world's (every rank of a parent calls the
+  // split, so the whole process splits in one group).
+  if (!config_.emulated && layout_.replicas() > 1) {
+    const int group = layout_.shard_group_size();
+    std::vector<NcclComm> parents;
+    std::vector<int> row, column, in_row, in_column;
+    for (RankState& r : ranks_) {
+      parents.push_back(std::move(r.comm));
+      row.push_back(r.rank / group);
+      in_row.push_back(r.rank % group);
+      column.push_back(r.rank % group);
+      in_column.push_back(r.rank / group);
+    }
+    StatusOr<std::vector<NcclComm>> shards = NcclComm::Split(parents, row, in_row);
+    StatusOr<std::vector<NcclComm>> replicas =
+        shards.ok() ? NcclComm::Split(parents, column, in_column) : shards.status();
+    for (std::size_t i = 0; i < n; ++i) ranks_[i].comm = std::move(parents[i]);
+    FSDP_RETURN_IF_ERROR(shards.status());
+    FSDP_RETURN_IF_ERROR(replicas.status());
+    for (std::size_t i = 0; i < n; ++i) {
+      ranks_[i].shard_comm = std::move((*shards)[i]);
+      ranks_[i].replica_comm = std::move((*replicas)[i]);
+    }
+    notes_.push_back(fmt::format(
+        "hsdp: NCCL sub-communicators split from the world's: {} shard groups of {} ranks "
+        "(all-gathers, reduce-scatters) and {} replica columns of {} ranks (all-reduces)",
+        layout_.replicas(), group, group, layout_.replicas()));
   }
   if (config_.compute == ComputeMode::kGemm) {
     FSDP_RETURN_IF_ERROR(CalibrateGemm(ranks_[0]));
@@ -425,9 +462,12 @@ Status CudaExecutor::Impl::RunOp(RankState& r, const PlanOp& op) {
     case PlanOpKind::kCheckReduce: {
       const PlanBuffer& info = r.program->buffers()[static_cast<std::size_t>(op.buffer)];
       const ParamGroup& g = model_.unit(op.unit).groups()[static_cast<std::size_t>(op.group)];
-      const Elements offset = op.collective == CollectiveKind::kAllReduce
-                                  ? 0
-                                  : static_cast<Elements>(r.rank) * info.elements;
+      // A reduce-scatter's shard is the rank's place in its shard group (hsdp: rank mod S);
+      // after the replica all-reduce it holds the sum over the whole world.
+      const Elements offset =
+          op.collective == CollectiveKind::kAllReduce
+              ? 0
+              : static_cast<Elements>(r.rank % layout_.shard_group_size()) * info.elements;
       FSDP_CUDA_CHECK(internal::CheckReduced(
           buffer(op.buffer).get(), info.dtype, info.elements, offset, g.numel,
           internal::PatternKey(config_.seed ^ kGradSeedSalt, op.unit, op.group, 0),
@@ -471,7 +511,7 @@ Status CudaExecutor::Impl::RunPart(RankState& r, const PlanOp& op, const Collect
     }
     return Status::Ok();
   }
-  ncclComm_t comm = r.comm.get();
+  ncclComm_t comm = r.CommFor(op.stream);
   switch (op.collective) {
     case CollectiveKind::kAllGather: {
       std::size_t count = part.shard_bytes;
@@ -630,6 +670,8 @@ Status CudaExecutor::Impl::WaitSlots(const std::vector<std::pair<int, int>>& slo
     if (left == 0) break;
     for (std::size_t i = 0; i < ranks_.size(); ++i) {
       Status async = ranks_[i].comm.AsyncError();
+      if (async.ok()) async = ranks_[i].shard_comm.AsyncError();
+      if (async.ok()) async = ranks_[i].replica_comm.AsyncError();
       if (!async.ok()) {
         Status s = async.WithContext(DescribeStuck(i));
         Abort();
@@ -736,7 +778,11 @@ Status CudaExecutor::Impl::Finish() {
 void CudaExecutor::Impl::Abort() noexcept {
   if (aborted_) return;
   aborted_ = true;
-  for (RankState& r : ranks_) r.comm.Abort();
+  for (RankState& r : ranks_) {
+    r.replica_comm.Abort();
+    r.shard_comm.Abort();
+    r.comm.Abort();
+  }
 }
 
 // ---- public

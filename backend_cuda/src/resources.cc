@@ -195,6 +195,34 @@ StatusOr<NcclComm> NcclComm::CreateRank(int device, int world_size, int rank,
   return c;
 }
 
+StatusOr<std::vector<NcclComm>> NcclComm::Split(std::span<const NcclComm> parents,
+                                                std::span<const int> colors,
+                                                std::span<const int> keys) {
+  if (colors.size() != parents.size() || keys.size() != parents.size()) {
+    return InternalError("NcclComm::Split: one color and one key per parent communicator");
+  }
+  std::vector<ncclComm_t> raw(parents.size(), nullptr);
+  FSDP_NCCL_CHECK(ncclGroupStart());
+  for (std::size_t i = 0; i < parents.size(); ++i) {
+    DeviceGuard guard(parents[i].device_);
+    const ncclResult_t res =
+        ncclCommSplit(parents[i].comm_, colors[i], keys[i], &raw[i], /*config=*/nullptr);
+    if (res != ncclSuccess) {
+      (void)ncclGroupEnd();
+      return NcclError(res, fmt::format("ncclCommSplit(color {}, key {})", colors[i], keys[i]),
+                       __FILE__, __LINE__);
+    }
+  }
+  FSDP_NCCL_CHECK(ncclGroupEnd());
+  std::vector<NcclComm> out(parents.size());
+  for (std::size_t i = 0; i < parents.size(); ++i) {
+    out[i].comm_ = raw[i];
+    out[i].device_ = parents[i].device_;
+    out[i].rank_ = parents[i].rank_;
+  }
+  return out;
+}
+
 NcclComm::~NcclComm() { Reset(); }
 
 NcclComm::NcclComm(NcclComm&& other) noexcept

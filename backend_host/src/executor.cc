@@ -199,15 +199,18 @@ void AccumulateGrads(const ModelData& data, UnitId unit, const GradBuffers& add,
 
 HostExecutor::HostExecutor(const Model& model, const ModelData& data, const ExecutorConfig& config,
                            RunControl& control, Communicator& all_gather,
-                           Communicator& reduce_scatter, int rank)
+                           Communicator& reduce_scatter, int rank, Communicator* all_reduce)
     : model_(model),
       data_(data),
       config_(config),
       control_(control),
       ag_comm_(all_gather),
       rs_comm_(reduce_scatter),
+      ar_comm_(all_reduce),
       rank_(rank),
       world_size_(data.world_size()),
+      shard_rank_(rank % data.layout().shard_group_size()),
+      replica_rank_(rank / data.layout().shard_group_size()),
       planner_(model, data.layout(),
                PlanConfig{.rank = rank, .unified_comm_stream = config.unified_comm_stream}) {
   const auto units = static_cast<std::size_t>(model.num_units());
@@ -217,7 +220,14 @@ HostExecutor::HostExecutor(const Model& model, const ModelData& data, const Exec
   if (!config.unified_comm_stream) {
     reduce_scatter_ = std::make_unique<StreamWorker>(control, rank, "reduce_scatter");
   }
+  if (planner_.replica_all_reduce()) {
+    all_reduce_ = std::make_unique<StreamWorker>(control, rank, "all_reduce");
+    if (ar_comm_ == nullptr) {
+      control_.Fail(rank_, InternalError("hsdp: the host executor has no replica communicator"));
+    }
+  }
   grad_gen_.assign(units, 0);
+  last_reduce_gen_.assign(units, 0);
   reduced_.resize(units);
   params_.resize(units);
   shards_.resize(units);
@@ -242,7 +252,7 @@ HostExecutor::HostExecutor(const Model& model, const ModelData& data, const Exec
           // Not sharded: every rank holds the whole parameter, present from the start.
           params_[uu][g][p] = std::make_shared<std::vector<std::byte>>(full.begin(), full.end());
         } else {
-          const std::size_t offset = static_cast<std::size_t>(rank) * gl.shard_bytes[p];
+          const std::size_t offset = static_cast<std::size_t>(shard_rank_) * gl.shard_bytes[p];
           shards_[uu][g][p].assign(
               full.begin() + static_cast<std::ptrdiff_t>(offset),
               full.begin() + static_cast<std::ptrdiff_t>(offset + gl.shard_bytes[p]));
@@ -271,9 +281,11 @@ HostExecutor::~HostExecutor() {
   compute_->Close();
   all_gather_->Close();
   if (reduce_scatter_) reduce_scatter_->Close();
+  if (all_reduce_) all_reduce_->Close();
   compute_->Join();
   all_gather_->Join();
   if (reduce_scatter_) reduce_scatter_->Join();
+  if (all_reduce_) all_reduce_->Join();
 }
 
 void HostExecutor::Start() {
@@ -283,6 +295,7 @@ void HostExecutor::Start() {
   compute_->Start(/*low_timer_slack=*/true);
   all_gather_->Start(/*low_timer_slack=*/false, comm_nice);
   if (reduce_scatter_) reduce_scatter_->Start(/*low_timer_slack=*/false, comm_nice);
+  if (all_reduce_) all_reduce_->Start(/*low_timer_slack=*/false, comm_nice);
 }
 
 OpContext HostExecutor::Context(const CommandOrigin& origin, UnitId unit, std::string op) const {
@@ -294,6 +307,7 @@ StreamWorker& HostExecutor::StreamAt(int plan_stream) {
   switch (plan_stream) {
     case kPlanCompute: return *compute_;
     case kPlanAllGather: return *all_gather_;
+    case kPlanAllReduce: return all_reduce_ ? *all_reduce_ : *all_gather_;
     default: return reduce_scatter_ ? *reduce_scatter_ : *all_gather_;
   }
 }
@@ -302,6 +316,7 @@ Track HostExecutor::TrackAt(int plan_stream) const {
   switch (plan_stream) {
     case kPlanCompute: return Track::kCompute;
     case kPlanAllGather: return Track::kAllGather;
+    case kPlanAllReduce: return Track::kAllReduce;
     default: return Track::kReduceScatter;
   }
 }
@@ -428,8 +443,13 @@ Status HostExecutor::Enqueue(const PlanOp& op) {
           mismatch_armed_ = false;
         }
         stream.Enqueue([this, op, id, mismatch] { return RunGather(op, id, mismatch); });
+      } else if (op.stream == kPlanAllReduce) {
+        // hsdp: the replica all-reduce of the reduction just issued for the unit.
+        const std::uint64_t gen = last_reduce_gen_[static_cast<std::size_t>(op.unit)];
+        stream.Enqueue([this, op, gen] { return RunReplicaAllReduce(op, gen); });
       } else {
         const std::uint64_t gen = grad_gen_[static_cast<std::size_t>(op.unit)]++;
+        last_reduce_gen_[static_cast<std::size_t>(op.unit)] = gen;
         grad_events_.push_back(GradEvent{true, op.unit, origin});
         stream.Enqueue([this, op, gen] { return RunReduce(op, gen); });
       }
@@ -501,7 +521,7 @@ Status HostExecutor::RunGather(const PlanOp& cmd, std::int64_t op_id, bool misma
   desc.unit = cmd.unit;
   desc.unit_name = std::string(model_.NameOf(cmd.unit));
   desc.bytes = cmd.bytes;
-  StatusOr<CollectiveTimes> times = ag_comm_.Call(rank_, desc, segments, ctx);
+  StatusOr<CollectiveTimes> times = ag_comm_.Call(shard_rank_, desc, segments, ctx);
   if (!times.ok()) return times.status();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -768,21 +788,14 @@ Status HostExecutor::RunReduce(const PlanOp& cmd, std::uint64_t gen) {
   desc.unit = cmd.unit;
   desc.unit_name = std::string(model_.NameOf(cmd.unit));
   desc.bytes = cmd.bytes;
-  StatusOr<CollectiveTimes> times = rs_comm_.Call(rank_, desc, segments, ctx);
+  StatusOr<CollectiveTimes> times = rs_comm_.Call(shard_rank_, desc, segments, ctx);
   if (!times.ok()) return times.status();
-  // The fp32 accumulation of the reduced shards only feeds the check: without it the stream
-  // goes straight on to its next collective, as a device stream would.
-  if (Checked(origin)) {
-    const TimeUs begin = control_.NowUs();
-    auto& reduced = reduced_[static_cast<std::size_t>(cmd.unit)];
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      const GroupLayout& gl = groups[g];
-      std::vector<float>& acc = reduced[g];
-      for (std::size_t i = 0; i < acc.size(); ++i) {
-        acc[i] += LoadElement(gl.reduce_dtype, outs[g]->data(), i);
-      }
-    }
-    CheckOp(origin, cmd.stream, cmd.unit, begin, stats_.check_reduce_us);
+  if (planner_.replica_all_reduce()) {
+    // hsdp: the shard is final after the replica all-reduce, which takes the outputs over.
+    std::lock_guard<std::mutex> lock(mu_);
+    awaiting_all_reduce_[{cmd.unit, gen}] = std::move(outs);
+  } else {
+    AccumulateReduced(cmd, outs);
   }
   if (counted) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -790,6 +803,71 @@ Status HostExecutor::RunReduce(const PlanOp& cmd, std::uint64_t gen) {
   }
   TimelineOp op = NewOp(origin, TrackAt(cmd.stream),
                         all_reduce ? OpKind::kAllReduce : OpKind::kReduceScatter, cmd.unit);
+  op.phase = Phase::kBackward;
+  op.bytes = cmd.bytes;
+  op.start_us = times->start_us;
+  op.end_us = times->end_us;
+  ops_[static_cast<std::size_t>(cmd.stream)].push_back(std::move(op));
+  return Status::Ok();
+}
+
+// The fp32 accumulation of the reduced shards only feeds the check: without it the stream goes
+// straight on to its next collective, as a device stream would.
+void HostExecutor::AccumulateReduced(const PlanOp& cmd, const std::vector<PlaneBuffer>& outs) {
+  if (!Checked(cmd.origin)) return;
+  const TimeUs begin = control_.NowUs();
+  const std::vector<GroupLayout>& groups = data_.groups(cmd.unit);
+  auto& reduced = reduced_[static_cast<std::size_t>(cmd.unit)];
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const GroupLayout& gl = groups[g];
+    std::vector<float>& acc = reduced[g];
+    for (std::size_t i = 0; i < acc.size(); ++i) {
+      acc[i] += LoadElement(gl.reduce_dtype, outs[g]->data(), i);
+    }
+  }
+  CheckOp(cmd.origin, cmd.stream, cmd.unit, begin, stats_.check_reduce_us);
+}
+
+// hsdp: each rank's reduced shard summed over the replicas holding the same shard (its replica
+// column), in replica order. Into a buffer of its own: the communicator reads every rank's
+// input while others write their outputs (the plan's accounting, in place, is unaffected).
+Status HostExecutor::RunReplicaAllReduce(const PlanOp& cmd, std::uint64_t gen) {
+  const OpContext ctx = Context(cmd.origin, cmd.unit, "all_reduce (replicas)");
+  const std::vector<GroupLayout>& groups = data_.groups(cmd.unit);
+  std::vector<PlaneBuffer> ins;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = awaiting_all_reduce_.find({cmd.unit, gen});
+    if (it == awaiting_all_reduce_.end()) {
+      return InternalError(
+          fmt::format("{}: no reduce-scatter output to all-reduce", ctx.Describe()));
+    }
+    ins = std::move(it->second);
+    awaiting_all_reduce_.erase(it);
+  }
+  std::vector<PlaneBuffer> outs;
+  std::vector<Segment> segments;
+  for (const CollectivePart& part : cmd.parts) {
+    const GroupLayout& gl = groups[static_cast<std::size_t>(part.group)];
+    outs.push_back(pool_.Get(part.bytes));
+    Segment seg;
+    seg.input = ins[static_cast<std::size_t>(part.group)]->data();
+    seg.output = outs.back()->data();
+    seg.dtype = gl.reduce_dtype;
+    seg.element_size = gl.grad_element_size;
+    seg.shard_elements = gl.grad_shard_elements;
+    seg.elements = gl.grad_shard_elements;
+    segments.push_back(seg);
+  }
+  CollectiveDesc desc;
+  desc.kind = CollectiveKind::kAllReduce;
+  desc.unit = cmd.unit;
+  desc.unit_name = std::string(model_.NameOf(cmd.unit));
+  desc.bytes = cmd.bytes;
+  StatusOr<CollectiveTimes> times = ar_comm_->Call(replica_rank_, desc, segments, ctx);
+  if (!times.ok()) return times.status();
+  AccumulateReduced(cmd, outs);
+  TimelineOp op = NewOp(cmd.origin, Track::kAllReduce, OpKind::kAllReduce, cmd.unit);
   op.phase = Phase::kBackward;
   op.bytes = cmd.bytes;
   op.start_us = times->start_us;
@@ -814,6 +892,7 @@ Status HostExecutor::DrainStreams(const OpContext& ctx) {
   Status status = compute_->Drain(ctx);
   if (status.ok()) status = all_gather_->Drain(ctx);
   if (status.ok() && reduce_scatter_) status = reduce_scatter_->Drain(ctx);
+  if (status.ok() && all_reduce_) status = all_reduce_->Drain(ctx);
   if (!status.ok() && !control_.aborted()) control_.Fail(rank_, status);
   return status;
 }
@@ -823,9 +902,11 @@ Status HostExecutor::Finish(const OpContext& ctx) {
   compute_->Close();
   all_gather_->Close();
   if (reduce_scatter_) reduce_scatter_->Close();
+  if (all_reduce_) all_reduce_->Close();
   compute_->Join();
   all_gather_->Join();
   if (reduce_scatter_) reduce_scatter_->Join();
+  if (all_reduce_) all_reduce_->Join();
   return status;
 }
 

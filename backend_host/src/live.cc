@@ -149,6 +149,11 @@ void CheckGradients(const ModelData& data, const LiveOptions& options, std::int6
                     const std::vector<std::unique_ptr<HostExecutor>>& executors, LiveCheck& check) {
   const int w = options.world_size;
   const bool replicated = options.policy.sharding == Sharding::kNoShard;
+  // hsdp: shard groups of S ranks reduce-scatter, then the R replicas of each shard all-reduce
+  // it; the reference sums in the same order: within each group in rank order, rounded to the
+  // reduce dtype, then the groups' partial sums in group order.
+  const int shard_group = data.layout().shard_group_size();
+  const int replicas = data.layout().replicas();
   std::vector<std::map<UnitId, GradBuffers>> pending(static_cast<std::size_t>(w));
   // reference[r][unit][group]
   std::vector<std::map<UnitId, std::vector<std::vector<float>>>> reference(
@@ -193,11 +198,27 @@ void CheckGradients(const ModelData& data, const LiveOptions& options, std::int6
         // whole gradient, which the layout's grad_shard_elements already is (core/param_layout.h).
         const std::size_t n = gl.grad_shard_elements;
         const std::size_t first =
-            replicated ? 0 : static_cast<std::size_t>(r) * gl.grad_shard_elements;
-        std::vector<const std::byte*> ins;
-        for (const GradBuffers& b : inputs) ins.push_back(b[g].data());
+            replicated ? 0 : static_cast<std::size_t>(r % shard_group) * gl.grad_shard_elements;
         std::vector<std::byte> out(n * gl.grad_element_size);
-        ReduceElements(gl.reduce_dtype, ins, first, n, out.data());
+        if (replicas == 1) {
+          std::vector<const std::byte*> ins;
+          for (const GradBuffers& b : inputs) ins.push_back(b[g].data());
+          ReduceElements(gl.reduce_dtype, ins, first, n, out.data());
+        } else {
+          std::vector<std::vector<std::byte>> partial(static_cast<std::size_t>(replicas));
+          std::vector<const std::byte*> sums;
+          for (int k = 0; k < replicas; ++k) {
+            std::vector<const std::byte*> ins;
+            for (int q = k * shard_group; q < (k + 1) * shard_group; ++q) {
+              ins.push_back(inputs[static_cast<std::size_t>(q)][g].data());
+            }
+            std::vector<std::byte>& sum = partial[static_cast<std::size_t>(k)];
+            sum.resize(n * gl.grad_element_size);
+            ReduceElements(gl.reduce_dtype, ins, first, n, sum.data());
+            sums.push_back(sum.data());
+          }
+          ReduceElements(gl.reduce_dtype, sums, 0, n, out.data());
+        }
         acc[g].resize(n, 0.0f);
         for (std::size_t i = 0; i < n; ++i)
           acc[g][i] += LoadElement(gl.reduce_dtype, out.data(), i);
@@ -256,12 +277,41 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   RunControl control(options.timeout_us, w);
   RankBarrier barrier(control, w);
   const bool unified = options.policy.unified_comm_stream;
-  Communicator all_gather(control, w, unified ? "communication" : "all_gather");
-  Communicator reduce_scatter(control, w, "reduce_scatter");
+  // One communicator per shard group (the world but under hsdp) and stream, and under hsdp one
+  // per replica column, as NCCL sub-communicators: shard group k is ranks [k S, (k + 1) S),
+  // column c the ranks c, c + S, ...
+  const int shard_group = data.layout().shard_group_size();
+  const int replicas = data.layout().replicas();
+  std::vector<std::unique_ptr<Communicator>> gathers;
+  std::vector<std::unique_ptr<Communicator>> scatters;
+  std::vector<std::unique_ptr<Communicator>> columns;
+  // Under hsdp a communicator's name says which ranks it joins (its errors number them 0..n-1).
+  auto group_name = [&](std::string_view what, int k) {
+    if (replicas == 1) return std::string(what);
+    return fmt::format("{} of shard group {} (ranks {}-{})", what, k, k * shard_group,
+                       (k + 1) * shard_group - 1);
+  };
+  for (int k = 0; k < replicas; ++k) {
+    gathers.push_back(std::make_unique<Communicator>(
+        control, shard_group, group_name(unified ? "communication" : "all_gather", k)));
+    scatters.push_back(
+        std::make_unique<Communicator>(control, shard_group, group_name("reduce_scatter", k)));
+  }
+  if (replicas > 1) {
+    for (int c = 0; c < shard_group; ++c) {
+      columns.push_back(std::make_unique<Communicator>(
+          control, replicas,
+          fmt::format("all_reduce of replica column {} (ranks {}, {}, ...)", c, c,
+                      c + shard_group)));
+    }
+  }
   std::vector<std::unique_ptr<HostExecutor>> executors;
   for (int r = 0; r < w; ++r) {
+    const auto row = static_cast<std::size_t>(r / shard_group);
+    Communicator& ag = *gathers[row];
     executors.push_back(std::make_unique<HostExecutor>(
-        trace.model, data, config, control, all_gather, unified ? all_gather : reduce_scatter, r));
+        trace.model, data, config, control, ag, unified ? ag : *scatters[row], r,
+        replicas > 1 ? columns[static_cast<std::size_t>(r % shard_group)].get() : nullptr));
   }
   for (auto& e : executors) e->Start();
   std::vector<RankRun> runs(static_cast<std::size_t>(w));

@@ -415,10 +415,19 @@ DerivedTiers DeriveTierLines(const CalibratedCluster& cluster) {
         have = have || (f.collective == kind && f.tier == tier);
       if (have) continue;
       const TierLine& line = tier == TierKind::kIntra ? out.intra : out.inter;
-      if (kind == CollectiveKind::kAllReduce) {
+      bool any_all_reduce = false;
+      for (const CollectiveFit& f : cluster.fits)
+        any_all_reduce = any_all_reduce || f.collective == CollectiveKind::kAllReduce;
+      if (kind == CollectiveKind::kAllReduce && !any_all_reduce) {
         out.notes.push_back(
             fmt::format("all_reduce {}: no curve; costed as a reduce_scatter plus an all_gather",
                         TierKindName(tier)));
+      } else if (kind == CollectiveKind::kAllReduce) {
+        // The simulator's hierarchical model: two passes of the inter line (reduce-scatter and
+        // all-gather between the nodes) beside the intra all_reduce curve.
+        out.notes.push_back(fmt::format(
+            "all_reduce {}: no curve; the {} line ({}) twice, as a ring all-reduce's two passes",
+            TierKindName(tier), TierKindName(tier), line.measured ? "measured" : "default"));
       } else {
         out.notes.push_back(fmt::format(
             "{} {}: no curve; uses the {} line ({})", CollectiveLabel(kind), TierKindName(tier),

@@ -37,6 +37,7 @@ std::string_view ThreadLabel(Track t, bool unified) {
     case Track::kAllGather:
       return unified ? "communication stream (all-gather + reduce-scatter)" : "all-gather stream";
     case Track::kReduceScatter: return "reduce-scatter stream";
+    case Track::kAllReduce: return "all-reduce stream (across replicas)";
   }
   return "?";
 }
@@ -67,9 +68,11 @@ std::string TimelineToChromeTrace(const Timeline& timeline, const Model& model) 
   Json events = Json::array();
   std::set<int> ranks;
   bool has_rs_track = false;
+  bool has_ar_track = false;
   for (const TimelineOp& op : timeline.ops) {
     ranks.insert(op.rank);
     has_rs_track = has_rs_track || op.track == Track::kReduceScatter;
+    has_ar_track = has_ar_track || op.track == Track::kAllReduce;
   }
   for (const MemorySample& m : timeline.memory) ranks.insert(m.rank);
   bool unified = !has_rs_track;
@@ -85,8 +88,10 @@ std::string TimelineToChromeTrace(const Timeline& timeline, const Model& model) 
                           {"pid", rank},
                           {"tid", 0},
                           {"args", {{"sort_index", rank}}}});
-    for (Track t : {Track::kHost, Track::kCompute, Track::kAllGather, Track::kReduceScatter}) {
+    for (Track t : {Track::kHost, Track::kCompute, Track::kAllGather, Track::kReduceScatter,
+                    Track::kAllReduce}) {
       if (t == Track::kReduceScatter && unified) continue;
+      if (t == Track::kAllReduce && !has_ar_track) continue;
       events.push_back(Json{{"ph", "M"},
                             {"name", "thread_name"},
                             {"pid", rank},

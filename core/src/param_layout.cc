@@ -30,20 +30,40 @@ PlaneSet PlaneBit(int plane) {
   return plane == kRowwisePlane ? PlaneSet::Rowwise() : PlaneSet::Columnwise();
 }
 
+StatusOr<int> ShardGroupSize(const Policy& policy, int world_size) {
+  if (policy.sharding != Sharding::kHsdp) return world_size;
+  const int group = policy.shard_group_size;
+  if (group == 0) {
+    return UsageError(fmt::format(
+        "shard_group_size: not given; sharding hsdp needs the ranks of a shard group (from 1 to "
+        "{} and dividing the world of {} ranks)",
+        world_size, world_size));
+  }
+  if (group < 1 || group > world_size || world_size % group != 0) {
+    return UsageError(fmt::format(
+        "shard_group_size: {} does not divide the world of {} ranks into shard groups (sharding "
+        "hsdp needs a shard group size from 1 to {} that divides it)",
+        group, world_size, world_size));
+  }
+  return group;
+}
+
 StatusOr<ModelLayout> ModelLayout::Create(const Model& model, const Policy& policy,
                                           int world_size) {
   if (world_size < 1) return UsageError(fmt::format("world size {} is not positive", world_size));
+  FSDP_ASSIGN_OR_RETURN(const int shard_group, ShardGroupSize(policy, world_size));
   ModelLayout layout;
   layout.world_size_ = world_size;
+  layout.shard_group_size_ = shard_group;
   layout.sharded_ = policy.sharding != Sharding::kNoShard;
-  const auto w = static_cast<Bytes>(world_size);
+  const auto w = static_cast<Bytes>(shard_group);
   for (const Unit& unit : model.units()) {
     std::vector<GroupLayout> groups;
     for (const ParamGroup& group : unit.groups()) {
       GroupLayout gl;
       gl.dtype = group.dtype;
       gl.sharded = layout.sharded_;
-      gl.world_size = world_size;
+      gl.world_size = shard_group;
       gl.reduce_dtype = ReduceDType(policy, group.dtype);
       if (gl.reduce_dtype == DType::kMxfp8) gl.reduce_dtype = DType::kBf16;
       gl.grad_element_size = DTypeElementBytes(gl.reduce_dtype);
@@ -86,6 +106,17 @@ StatusOr<ModelLayout> ModelLayout::Create(const Model& model, const Policy& poli
         gl.shard_bytes[p] = layout.sharded_ ? CeilDiv(gl.plane_bytes[p], w) : gl.plane_bytes[p];
       }
       gl.grad_shard_elements = layout.sharded_ ? CeilDiv(gl.numel, w) : gl.numel;
+      const bool master = policy.master_weights == MasterWeights::kFp32;
+      const Elements n = gl.grad_shard_elements;
+      constexpr Bytes kFp32 = 4;
+      if (master && gl.dtype != DType::kFp32) gl.master_bytes = kFp32 * n;
+      const Bytes state_element =
+          master ? kFp32 : DTypeElementBytes(gl.dtype == DType::kMxfp8 ? DType::kBf16 : gl.dtype);
+      const Bytes states = policy.optimizer == Optimizer::kAdam  ? 2
+                           : policy.optimizer == Optimizer::kSgd ? 1
+                                                                 : 0;
+      gl.optimizer_bytes = states * state_element * n;
+      if (master && gl.reduce_dtype != DType::kFp32) gl.accumulation_bytes = kFp32 * n;
       groups.push_back(std::move(gl));
     }
     layout.units_.push_back(std::move(groups));
@@ -111,6 +142,30 @@ Bytes ModelLayout::ShardedParamBytes() const {
     for (const GroupLayout& g : unit) {
       for (int p = 0; p < g.num_planes; ++p) total += g.shard_bytes[static_cast<std::size_t>(p)];
     }
+  }
+  return total;
+}
+
+Bytes ModelLayout::MasterBytes() const {
+  Bytes total = 0;
+  for (const auto& unit : units_) {
+    for (const GroupLayout& g : unit) total += g.master_bytes;
+  }
+  return total;
+}
+
+Bytes ModelLayout::OptimizerBytes() const {
+  Bytes total = 0;
+  for (const auto& unit : units_) {
+    for (const GroupLayout& g : unit) total += g.optimizer_bytes;
+  }
+  return total;
+}
+
+Bytes ModelLayout::AccumulationBytes() const {
+  Bytes total = 0;
+  for (const auto& unit : units_) {
+    for (const GroupLayout& g : unit) total += g.accumulation_bytes;
   }
   return total;
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -136,12 +137,26 @@ std::string_view ShardingName(Sharding sharding) {
     case Sharding::kZero3: return "zero3";
     case Sharding::kZero2: return "zero2";
     case Sharding::kNoShard: return "no_shard";
+    case Sharding::kHsdp: return "hsdp";
   }
   return "unknown";
 }
 
 std::string_view OnDivergenceName(OnDivergence on) {
   return on == OnDivergence::kRerecord ? "rerecord" : "error";
+}
+
+std::string_view OptimizerName(Optimizer optimizer) {
+  switch (optimizer) {
+    case Optimizer::kNone: return "none";
+    case Optimizer::kSgd: return "sgd";
+    case Optimizer::kAdam: return "adam";
+  }
+  return "unknown";
+}
+
+std::string_view MasterWeightsName(MasterWeights m) {
+  return m == MasterWeights::kFp32 ? "fp32" : "none";
 }
 
 namespace {
@@ -236,6 +251,16 @@ Status ParseReduceDType(std::string_view value, Policy& policy) {
   return Status::Ok();
 }
 
+Status ParseShardGroupSize(std::string_view value, Policy& policy) {
+  int n = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc() || end != value.data() + value.size() || n < 0) {
+    return BadValue(value, "expected a number of ranks (0: not given)");
+  }
+  policy.shard_group_size = n;
+  return Status::Ok();
+}
+
 constexpr PolicyField kPolicyFields[] = {
     {.key = "order",
      .meta = "ORDER",
@@ -285,11 +310,19 @@ constexpr PolicyField kPolicyFields[] = {
      .print = PrintBoolField<&Policy::reshard_after_forward>},
     {.key = "sharding",
      .meta = "MODE",
-     .help = "zero3 (default), zero2 or no_shard",
+     .help = "zero3 (default), zero2, no_shard or hsdp (zero3 within groups of "
+             "--shard-group-size ranks, replicated across them)",
      .json = PolicyJson::kText,
      .parse = ParseEnumField<&Policy::sharding, &ShardingName, Sharding::kZero3, Sharding::kZero2,
-                             Sharding::kNoShard>,
+                             Sharding::kNoShard, Sharding::kHsdp>,
      .print = PrintEnumField<&Policy::sharding, &ShardingName>},
+    {.key = "shard_group_size",
+     .meta = "N",
+     .help = "sharding hsdp: ranks per shard group, contiguous as FSDP2's (replicate, shard) "
+             "mesh; the world must be a multiple of it",
+     .json = PolicyJson::kText,
+     .parse = ParseShardGroupSize,
+     .print = [](const Policy& p) { return std::to_string(p.shard_group_size); }},
     {.key = "unified_comm_stream",
      .meta = "BOOL",
      .help = "true|false (false): all-gathers and reduce-scatters share one stream",
@@ -315,6 +348,22 @@ constexpr PolicyField kPolicyFields[] = {
                                     : std::string("param");
             },
     },
+    {.key = "optimizer",
+     .meta = "OPT",
+     .help = "the optimizer whose sharded state each rank holds (memory): none (default), sgd "
+             "(momentum: one buffer) or adam (two moments); a trace's meta.optimizer sets it",
+     .json = PolicyJson::kText,
+     .parse = ParseEnumField<&Policy::optimizer, &OptimizerName, Optimizer::kNone, Optimizer::kSgd,
+                             Optimizer::kAdam>,
+     .print = PrintEnumField<&Policy::optimizer, &OptimizerName>},
+    {.key = "master_weights",
+     .meta = "MODE",
+     .help = "none (default) or fp32: mixed precision keeps an fp32 master copy of each shard, "
+             "the optimizer state in fp32 and the sharded gradient accumulated in fp32",
+     .json = PolicyJson::kText,
+     .parse = ParseEnumField<&Policy::master_weights, &MasterWeightsName, MasterWeights::kNone,
+                             MasterWeights::kFp32>,
+     .print = PrintEnumField<&Policy::master_weights, &MasterWeightsName>},
 };
 
 // ---- per-unit overrides ("units": {"layers.3": {"forward_prefetch": "2", ...}}) -------------
@@ -607,6 +656,28 @@ std::string PolicyToJson(const Policy& policy) {
 DType ReduceDType(const Policy& policy, DType param_dtype) {
   if (policy.reduce_dtype.has_value()) return *policy.reduce_dtype;
   return param_dtype == DType::kMxfp8 ? DType::kBf16 : param_dtype;
+}
+
+}  // namespace fsdplab
+
+namespace fsdplab {
+
+Status ApplyTraceMetaPolicy(std::string_view meta_json, Policy& policy) {
+  using Json = nlohmann::json;
+  Json meta = Json::parse(meta_json, nullptr, /*allow_exceptions=*/false);
+  if (meta.is_discarded() || !meta.is_object()) return Status::Ok();  // the reader checked it
+  for (std::string_view key : {std::string_view("optimizer"), std::string_view("master_weights")}) {
+    auto it = meta.find(std::string(key));
+    if (it == meta.end() || it->is_null()) continue;
+    if (!it->is_string()) {
+      return InvalidInput(fmt::format("meta.{}: expected a string", key));
+    }
+    const std::string value = it->get<std::string>();
+    if (Status s = ApplyPolicyKey(key, value, policy); !s.ok()) {
+      return InvalidInput(fmt::format("meta.{}", s.message()));
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace fsdplab

@@ -95,6 +95,9 @@ std::string_view CategoryLabel(MemoryCategory c) {
     case MemoryCategory::kUnshardedGrads: return "unsharded gradients";
     case MemoryCategory::kReduceScatterBuffers: return "reduce-scatter buffers";
     case MemoryCategory::kActivations: return "activations";
+    case MemoryCategory::kMasterParams: return "master parameters (fp32)";
+    case MemoryCategory::kOptimizerState: return "optimizer state";
+    case MemoryCategory::kGradAccumulation: return "gradient accumulator";
   }
   return "?";
 }
@@ -227,7 +230,9 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     s.idle_us = std::max(0.0, s.time_us - MeasureIn(any_work, s.start_us, s.end_us));
     for (const TimelineOp* op : ops) {
       if (op->step != index || !IsCollective(op->kind)) continue;
-      CollectiveStats& c = op->kind == OpKind::kAllGather ? s.allgather : s.reduce_scatter;
+      CollectiveStats& c = op->kind == OpKind::kAllGather   ? s.allgather
+                           : op->track == Track::kAllReduce ? s.all_reduce
+                                                            : s.reduce_scatter;
       ++c.count;
       c.bytes += op->bytes;
       c.busy_us += op->end_us - op->start_us;
@@ -243,6 +248,8 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
       for (std::size_t c = 0; c < m.bytes.size(); ++c) {
         s.category_peaks[c] = std::max(s.category_peaks[c], m.bytes[c]);
       }
+      s.peak_allocated_bytes = std::max(s.peak_allocated_bytes, m.allocated);
+      s.peak_reserved_bytes = std::max(s.peak_reserved_bytes, m.reserved);
     };
     for (const MemorySample* m : mem0) {
       if (m->t_us <= s.start_us) {
@@ -300,8 +307,9 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     sum.lower_bound_us /= static_cast<double>(n);
   }
   for (const StepReport& s : r.steps) {
-    sum.collectives += s.allgather.count + s.reduce_scatter.count;
-    sum.overlapped += s.allgather.overlapped + s.reduce_scatter.overlapped;
+    sum.collectives += s.allgather.count + s.reduce_scatter.count + s.all_reduce.count;
+    sum.overlapped +=
+        s.allgather.overlapped + s.reduce_scatter.overlapped + s.all_reduce.overlapped;
   }
   sum.overlap_ratio =
       sum.collectives > 0 ? static_cast<double>(sum.overlapped) / sum.collectives : 0.0;
@@ -311,6 +319,11 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
       sum.peak_memory_at_us = m.t_us;
       sum.peak_memory_rank = m.rank;
       sum.peak_by_category = m.bytes;
+    }
+    sum.peak_allocated_bytes = std::max(sum.peak_allocated_bytes, m.allocated);
+    if (m.reserved > sum.peak_reserved_bytes) {
+      sum.peak_reserved_bytes = m.reserved;
+      sum.peak_reserved_rank = m.rank;
     }
   }
   return r;
@@ -337,9 +350,12 @@ std::string ReportToJson(const Report& r) {
                          {"idle_us", s.idle_us},
                          {"allgather", CollectiveJson(s.allgather)},
                          {"reduce_scatter", CollectiveJson(s.reduce_scatter)},
+                         {"all_reduce", CollectiveJson(s.all_reduce)},
                          {"peak_memory_bytes", s.peak_memory_bytes},
                          {"peak_memory_by_category", CategoriesJson(s.peak_by_category)},
-                         {"category_peaks", CategoriesJson(s.category_peaks)}});
+                         {"category_peaks", CategoriesJson(s.category_peaks)},
+                         {"peak_allocated_bytes", s.peak_allocated_bytes},
+                         {"peak_reserved_bytes", s.peak_reserved_bytes}});
   }
   doc["steps"] = steps;
   Json units = Json::array();
@@ -389,6 +405,9 @@ std::string ReportToJson(const Report& r) {
                         {"peak_memory_at_us", m.peak_memory_at_us},
                         {"peak_memory_rank", m.peak_memory_rank},
                         {"peak_memory_by_category", CategoriesJson(m.peak_by_category)},
+                        {"peak_allocated_bytes", m.peak_allocated_bytes},
+                        {"peak_reserved_bytes", m.peak_reserved_bytes},
+                        {"peak_reserved_rank", m.peak_reserved_rank},
                         {"lower_bound_us", m.lower_bound_us}};
   doc["errors"] = r.errors;
   doc["warnings"] = r.warnings;
@@ -425,15 +444,21 @@ std::string ReportToText(const Report& r) {
   line("communication the step waits for. 'idle' is time when neither runs: the host, a stall");
   line("or a launch held the step. 'overlapped' counts collectives that ran at least partly");
   line("beside compute.");
-  line(fmt::format("{:>4}  {:>11}  {:>11}  {:>12}  {:>11}  {:>16}  {:>16}  {:>11}", "step", "time",
-                   "compute", "exposed comm", "idle", "all-gathers", "reduce-scatters",
-                   "peak mem"));
+  // The replica all-reduces (hsdp) get a column only when there are any.
+  const bool all_reduces = std::any_of(r.steps.begin(), r.steps.end(),
+                                       [](const StepReport& s) { return s.all_reduce.count > 0; });
+  line(fmt::format("{:>4}  {:>11}  {:>11}  {:>12}  {:>11}  {:>16}  {:>16}  {}{:>11}", "step",
+                   "time", "compute", "exposed comm", "idle", "all-gathers", "reduce-scatters",
+                   all_reduces ? fmt::format("{:>16}  ", "all-reduces") : "", "peak mem"));
   for (const StepReport& s : r.steps) {
     line(fmt::format(
-        "{:>4}  {:>11}  {:>11}  {:>12}  {:>11}  {:>16}  {:>16}  {:>11}", s.index,
+        "{:>4}  {:>11}  {:>11}  {:>12}  {:>11}  {:>16}  {:>16}  {}{:>11}", s.index,
         FormatUs(s.time_us), FormatUs(s.compute_us), FormatUs(s.exposed_comm_us),
         FormatUs(s.idle_us), fmt::format("{} ({} ovl)", s.allgather.count, s.allgather.overlapped),
         fmt::format("{} ({} ovl)", s.reduce_scatter.count, s.reduce_scatter.overlapped),
+        all_reduces ? fmt::format("{:>16}  ", fmt::format("{} ({} ovl)", s.all_reduce.count,
+                                                          s.all_reduce.overlapped))
+                    : "",
         FormatBytes(s.peak_memory_bytes)));
   }
   line("");
@@ -464,6 +489,13 @@ std::string ReportToText(const Report& r) {
     if (b == 0) continue;
     line(fmt::format("  {:<34} {:>11}", CategoryLabel(static_cast<MemoryCategory>(c)),
                      FormatBytes(b)));
+  }
+  if (m.peak_reserved_bytes > 0) {
+    line(fmt::format(
+        "Caching allocator: {} reserved at most (rank {}), {} allocated in blocks at most; "
+        "--memory-cap applies to reserved",
+        FormatBytes(m.peak_reserved_bytes), m.peak_reserved_rank,
+        FormatBytes(m.peak_allocated_bytes)));
   }
   if (!r.units.empty()) {
     line("");

@@ -362,7 +362,8 @@ class Scheduler::Impl {
   }
 
   bool ReshardsAfterForward(UnitId u) const {
-    return sharded() && policy_.sharding == Sharding::kZero3 &&
+    return sharded() &&
+           (policy_.sharding == Sharding::kZero3 || policy_.sharding == Sharding::kHsdp) &&
            fsdplab::ReshardsAfterForward(policy_, model_.unit(u));
   }
 

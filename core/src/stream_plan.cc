@@ -275,6 +275,11 @@ Status StreamPlanner::Begin() {
                     .group = g,
                     .plane = p});
       }
+      // The optimizer's side of the shard lives as long as the run (accounting only: no
+      // executor computes with it).
+      Alloc(kPlanCompute, -1, MemoryCategory::kMasterParams, gl.master_bytes, origin, u.id(), g);
+      Alloc(kPlanCompute, -1, MemoryCategory::kOptimizerState, gl.optimizer_bytes, origin, u.id(),
+            g);
     }
   }
   Record(kPlanCompute, /*timed=*/true);
@@ -336,7 +341,7 @@ Status StreamPlanner::LowerGather(const GatherCmd& cmd, const CommandOrigin& ori
   }
   if (cmd.pieces.empty()) return Status::Ok();  // a unit with no parameters: no collective
   const int s = kPlanAllGather;
-  const auto w = static_cast<Bytes>(layout_.world_size());
+  const auto w = static_cast<Bytes>(layout_.shard_group_size());
   const std::vector<GroupLayout>& groups = layout_.groups(cmd.unit);
   std::vector<CollectivePart> parts;
   PlaneSet planes;
@@ -543,6 +548,9 @@ Status StreamPlanner::LowerStreamWait(const StreamWaitCmd& cmd) {
   if (waiter == signaler) return Status::Ok();
   const int slot = Record(signaler, /*timed=*/false);
   Wait(waiter, slot);
+  if (cmd.signaler == Stream::kReduceScatter && replica_all_reduce()) {
+    Wait(waiter, Record(kPlanAllReduce, /*timed=*/false));
+  }
   return Status::Ok();
 }
 
@@ -595,7 +603,7 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
   const std::vector<GroupLayout>& groups = layout_.groups(cmd.unit);
   if (groups.empty()) return Status::Ok();
   const int s = stream_for(Stream::kReduceScatter);
-  const auto w = static_cast<Bytes>(layout_.world_size());
+  const auto w = static_cast<Bytes>(layout_.shard_group_size());
   const bool all_reduce = cmd.kind == CollectiveKind::kAllReduce;
   // Gradients that no backward compute produced (a trace without the unit's compute): the
   // buffer is still allocated, as the autograd engine would.
@@ -642,6 +650,9 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
                      .dtype = gl.reduce_dtype,
                      .elements = all_reduce ? gl.grad_elements() : gl.grad_shard_elements});
       Alloc(s, b, MemoryCategory::kShardedGrads, buffers_.back().bytes, origin, cmd.unit, g);
+      // Under fp32 master weights with another reduce dtype, each reduction's output is added
+      // into an fp32 accumulator kept from the first reduction on (accounting only).
+      Alloc(s, -1, MemoryCategory::kGradAccumulation, gl.accumulation_bytes, origin, cmd.unit, g);
       sharded = b;
     } else {
       out_bytes += buffers_[static_cast<std::size_t>(sharded)].bytes;
@@ -683,11 +694,14 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
                          Phase::kBackward, origin);
   t.bytes = moved;
   NewTimelineOp(std::move(t), OpSlots{start, end});
+  // Under hsdp the reduced shard is final once the replicas all-reduced it, on its own stream.
+  const int final_stream = replica_all_reduce() ? kPlanAllReduce : s;
+  if (replica_all_reduce()) LowerReplicaAllReduce(cmd.unit, parts, end, origin);
   if (CheckThisStep(origin)) {
     for (const CollectivePart& part : parts) {
       const PlanBuffer& info = buffers_[static_cast<std::size_t>(part.buffer)];
       Push(PlanOp{.kind = PlanOpKind::kCheckReduce,
-                  .stream = s,
+                  .stream = final_stream,
                   .buffer = part.buffer,
                   .collective = cmd.kind,
                   .bytes = info.bytes,
@@ -698,8 +712,8 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
     }
   }
   // The output and the unsharded gradients are freed once the reduction completes: on its
-  // stream.
-  Free(s, -1, MemoryCategory::kReduceScatterBuffers, out_bytes, origin, cmd.unit);
+  // stream (the output, under hsdp, once the all-reduce completes: on that stream).
+  Free(final_stream, -1, MemoryCategory::kReduceScatterBuffers, out_bytes, origin, cmd.unit);
   for (int g = 0; g < static_cast<int>(grad_buffers.size()); ++g) {
     const int b = grad_buffers[static_cast<std::size_t>(g)];
     Free(s, b, MemoryCategory::kUnshardedGrads, buffers_[static_cast<std::size_t>(b)].bytes, origin,
@@ -707,6 +721,42 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
     grads_[static_cast<std::size_t>(GroupSlot(cmd.unit, g))] = -1;
   }
   return Status::Ok();
+}
+
+void StreamPlanner::LowerReplicaAllReduce(UnitId unit, const std::vector<CollectivePart>& reduced,
+                                          int reduce_end, const CommandOrigin& origin) {
+  const int s = kPlanAllReduce;
+  const auto r = static_cast<Bytes>(layout_.replicas());
+  Wait(s, reduce_end);
+  std::vector<CollectivePart> parts;
+  for (const CollectivePart& in : reduced) {
+    // In place: the reduce-scatter's output (the sharded gradient or a later reduction's own
+    // output buffer) is the all-reduce's input and output.
+    const Bytes bytes = in.shard_bytes;
+    CollectivePart part{.group = in.group,
+                        .buffer = in.buffer,
+                        .src_buffer = in.buffer,
+                        .bytes = bytes,
+                        .shard_bytes = bytes};
+    // Ring all-reduce over R replicas: 2 chunks of 1/R of the buffer arrive.
+    if (config_.emulated) part.copy_bytes = 2 * (r - 1) * ((bytes + r - 1) / r);
+    parts.push_back(part);
+  }
+  const int start = Record(s, /*timed=*/true);
+  const int id = static_cast<int>(timeline_.size());
+  PlanOp op{.kind = PlanOpKind::kCollective,
+            .stream = s,
+            .collective = CollectiveKind::kAllReduce,
+            .emulated = config_.emulated,
+            .unit = unit,
+            .phase = Phase::kBackward,
+            .timeline_op = id,
+            .origin = origin};
+  const Bytes moved = PushCollective(std::move(op), parts);
+  const int end = Record(s, /*timed=*/true);
+  TimelineOp t = Planned(Track::kAllReduce, OpKind::kAllReduce, unit, Phase::kBackward, origin);
+  t.bytes = moved;
+  NewTimelineOp(std::move(t), OpSlots{start, end});
 }
 
 Status StreamPlanner::LowerPassEnd(const PassEndCmd& cmd, const CommandOrigin& origin) {
@@ -717,7 +767,9 @@ Status StreamPlanner::LowerPassEnd(const PassEndCmd& cmd, const CommandOrigin& o
 
 Status StreamPlanner::LowerStepEnd(const CommandOrigin& origin) {
   std::vector<int> ends;
-  for (int s = 0; s < num_streams_used(); ++s) ends.push_back(Record(s, /*timed=*/true));
+  for (int s = 0; s < kPlanStreams; ++s) {
+    if (stream_used(s)) ends.push_back(Record(s, /*timed=*/true));
+  }
   const auto step = static_cast<std::size_t>(std::max(0, origin.step));
   if (step_end_slots_.size() <= step) step_end_slots_.resize(step + 1);
   step_end_slots_[step] = std::move(ends);

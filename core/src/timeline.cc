@@ -10,6 +10,7 @@ std::string_view TrackName(Track track) {
     case Track::kCompute: return "compute";
     case Track::kAllGather: return "all_gather";
     case Track::kReduceScatter: return "reduce_scatter";
+    case Track::kAllReduce: return "all_reduce";
   }
   return "unknown";
 }
@@ -40,6 +41,9 @@ std::string_view MemoryCategoryName(MemoryCategory category) {
     case MemoryCategory::kUnshardedGrads: return "unsharded_grads";
     case MemoryCategory::kReduceScatterBuffers: return "reduce_scatter_buffers";
     case MemoryCategory::kActivations: return "activations";
+    case MemoryCategory::kMasterParams: return "master_params";
+    case MemoryCategory::kOptimizerState: return "optimizer_state";
+    case MemoryCategory::kGradAccumulation: return "grad_accumulation";
   }
   return "unknown";
 }

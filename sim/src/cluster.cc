@@ -182,27 +182,47 @@ TimeUs Cluster::CollectiveUs(CollectiveKind kind, Bytes bytes) const {
   return CollectiveUs(kind, bytes, world_size);
 }
 
-TimeUs Cluster::CollectiveUs(CollectiveKind kind, Bytes bytes, int group_size) const {
+// How a group of `group_size` ranks, `stride` apart, sits on nodes of g GPUs: how many of its
+// ranks share a node (1 when the stride reaches the next node) and how many nodes it spans.
+struct Placement {
+  int per_node = 1;
+  int nodes = 1;
+};
+Placement PlaceGroup(int group_size, int stride, int g) {
+  Placement p;
+  p.per_node = stride >= g ? 1 : std::max(1, g / std::max(1, stride));
+  if (stride <= 1) p.per_node = g;
+  p.per_node = std::min(p.per_node, group_size);
+  p.nodes = (group_size + p.per_node - 1) / p.per_node;
+  return p;
+}
+
+// A ring pass moves (n-1)/n of the buffer; an all-reduce is two passes.
+int RingPasses(CollectiveKind kind) { return kind == CollectiveKind::kAllReduce ? 2 : 1; }
+
+TimeUs Cluster::CollectiveUs(CollectiveKind kind, Bytes bytes, int group_size, int stride) const {
   // The simulator's hot path: the same cases as Cost(), without building the explanation.
   if (group_size <= 1) return 0;
   const TierCalibration& cal = calibration(kind);
   if (kind == CollectiveKind::kAllReduce && cal.empty()) {
-    return CollectiveUs(CollectiveKind::kReduceScatter, bytes, group_size) +
-           CollectiveUs(CollectiveKind::kAllGather, bytes, group_size);
+    return CollectiveUs(CollectiveKind::kReduceScatter, bytes, group_size, stride) +
+           CollectiveUs(CollectiveKind::kAllGather, bytes, group_size, stride);
   }
   const int g = std::max(1, gpus_per_node);
   auto intra_us = [&](int ranks) {
-    return cal.intra.empty() ? RingUs(ranks, bytes, intra.latency_us, intra.bandwidth_GBps)
-                             : cal.intra.Us(bytes, ranks);
+    return cal.intra.empty()
+               ? RingPasses(kind) * RingUs(ranks, bytes, intra.latency_us, intra.bandwidth_GBps)
+               : cal.intra.Us(bytes, ranks);
   };
-  if (group_size <= g) return intra_us(group_size);
-  if (!cal.inter.empty()) return cal.inter.Us(bytes, group_size);
-  int node_count = (group_size + g - 1) / g;
-  return RingUs(node_count, bytes / static_cast<Bytes>(g), inter.latency_us, inter.bandwidth_GBps) +
-         intra_us(g);
+  const Placement p = PlaceGroup(group_size, stride, g);
+  if (p.nodes <= 1) return intra_us(group_size);
+  if (p.per_node == g && !cal.inter.empty()) return cal.inter.Us(bytes, group_size);
+  return RingPasses(kind) * RingUs(p.nodes, bytes / static_cast<Bytes>(p.per_node),
+                                   inter.latency_us, inter.bandwidth_GBps) +
+         (p.per_node > 1 ? intra_us(p.per_node) : 0);
 }
 
-CollectiveCost Cluster::Cost(CollectiveKind kind, Bytes bytes, int group_size) const {
+CollectiveCost Cluster::Cost(CollectiveKind kind, Bytes bytes, int group_size, int stride) const {
   CollectiveCost out;
   if (group_size <= 1) {
     out.source = "one rank: no collective";
@@ -211,8 +231,8 @@ CollectiveCost Cluster::Cost(CollectiveKind kind, Bytes bytes, int group_size) c
   const std::string name(CollectiveKindName(kind));
   const TierCalibration& cal = calibration(kind);
   if (kind == CollectiveKind::kAllReduce && cal.empty()) {
-    CollectiveCost rs = Cost(CollectiveKind::kReduceScatter, bytes, group_size);
-    CollectiveCost ag = Cost(CollectiveKind::kAllGather, bytes, group_size);
+    CollectiveCost rs = Cost(CollectiveKind::kReduceScatter, bytes, group_size, stride);
+    CollectiveCost ag = Cost(CollectiveKind::kAllGather, bytes, group_size, stride);
     out.time_us = rs.time_us + ag.time_us;
     out.tier = rs.tier;
     out.source = fmt::format("no all_reduce calibration: reduce_scatter ({}) + all_gather ({})",
@@ -230,31 +250,42 @@ CollectiveCost Cluster::Cost(CollectiveKind kind, Bytes bytes, int group_size) c
       c.source = fmt::format("{} intra calibration", name);
       c.detail = cal.intra.Describe(bytes, ranks);
     } else {
-      c.time_us = RingUs(ranks, bytes, intra.latency_us, intra.bandwidth_GBps);
+      c.time_us = RingPasses(kind) * RingUs(ranks, bytes, intra.latency_us, intra.bandwidth_GBps);
       c.source = fmt::format("intra line ({})", line_kind);
-      c.detail = fmt::format("ring over {} ranks, {:g} us, {:g} GB/s", ranks, intra.latency_us,
-                             intra.bandwidth_GBps);
+      c.detail = fmt::format("{}ring over {} ranks, {:g} us, {:g} GB/s",
+                             RingPasses(kind) > 1 ? "two passes of a " : "", ranks,
+                             intra.latency_us, intra.bandwidth_GBps);
     }
     return c;
   };
-  if (group_size <= g) return intra_cost(group_size);
-  if (!cal.inter.empty()) {
+  const Placement p = PlaceGroup(group_size, stride, g);
+  if (p.nodes <= 1) return intra_cost(group_size);
+  if (p.per_node == g && !cal.inter.empty()) {
     out.tier = "inter";
     out.time_us = cal.inter.Us(bytes, group_size);
     out.source = fmt::format("{} inter calibration", name);
     out.detail = cal.inter.Describe(bytes, group_size);
     return out;
   }
-  int node_count = (group_size + g - 1) / g;
-  CollectiveCost in = intra_cost(g);
+  const int passes = RingPasses(kind);
+  const TimeUs inter_us = passes * RingUs(p.nodes, bytes / static_cast<Bytes>(p.per_node),
+                                          inter.latency_us, inter.bandwidth_GBps);
+  const std::string ring =
+      fmt::format("{}ring over {} nodes of 1/{} of the buffer at {:g} us, {:g} GB/s",
+                  passes > 1 ? "two passes of a " : "", p.nodes, p.per_node, inter.latency_us,
+                  inter.bandwidth_GBps);
+  if (p.per_node == 1) {
+    out.tier = "inter";
+    out.time_us = inter_us;
+    out.source = fmt::format("inter line ({}), one rank of the group per node", line_kind);
+    out.detail = ring;
+    return out;
+  }
+  CollectiveCost in = intra_cost(p.per_node);
   out.tier = "inter+intra";
-  out.time_us =
-      RingUs(node_count, bytes / static_cast<Bytes>(g), inter.latency_us, inter.bandwidth_GBps) +
-      in.time_us;
+  out.time_us = inter_us + in.time_us;
   out.source = fmt::format("hierarchical: inter line ({}) + {}", line_kind, in.source);
-  out.detail =
-      fmt::format("ring over {} nodes of 1/{} of the buffer at {:g} us, {:g} GB/s; then {}",
-                  node_count, g, inter.latency_us, inter.bandwidth_GBps, in.detail);
+  out.detail = fmt::format("{}; then {}", ring, in.detail);
   return out;
 }
 

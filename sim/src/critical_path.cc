@@ -89,7 +89,8 @@ CriticalPath BuildCriticalPath(const std::vector<RankState>& ranks, const SimOpt
   // Node ids: host issues and stream entries per rank; collectives once per (stream, sequence).
   std::vector<std::vector<std::uint32_t>> host_base(ranks.size());
   std::vector<std::array<std::vector<std::uint32_t>, kNumStreams>> entry_node(ranks.size());
-  std::array<std::map<std::uint32_t, std::uint32_t>, kNumStreams> coll_node;
+  // Keyed by (the rank's collective group on the stream, sequence).
+  std::array<std::map<std::pair<int, std::uint32_t>, std::uint32_t>, kNumStreams> coll_node;
   for (std::size_t ri = 0; ri < ranks.size(); ++ri) {
     const RankState& r = ranks[ri];
     const SimProgram& p = *r.prog;
@@ -97,7 +98,7 @@ CriticalPath BuildCriticalPath(const std::vector<RankState>& ranks, const SimOpt
     for (std::uint32_t c = 0; c < p.commands.size(); ++c) {
       host_base[ri][c] = static_cast<std::uint32_t>(nodes.size());
       const TimeUs dur = p.commands[c].host_cost ? opt.launch_us : 0;
-      nodes.push_back(Node{r.rank, -1, c, r.deps.issued[c] - dur, r.deps.issued[c], -1});
+      nodes.push_back(Node{r.id, -1, c, r.deps.issued[c] - dur, r.deps.issued[c], -1});
     }
     for (int s = 0; s < kNumStreams; ++s) {
       const std::size_t ss = static_cast<std::size_t>(s);
@@ -105,10 +106,10 @@ CriticalPath BuildCriticalPath(const std::vector<RankState>& ranks, const SimOpt
       entry_node[ri][ss].resize(n);
       for (std::uint32_t e = 0; e < n; ++e) {
         const ProgOp& op = p.ops[p.stream_ops[ss][e]];
-        Node node{r.rank, s, e, r.deps.start[ss][e], r.deps.end[ss][e], r.deps.timeline_id[ss][e]};
+        Node node{r.id, s, e, r.deps.start[ss][e], r.deps.end[ss][e], r.deps.timeline_id[ss][e]};
         if (op.type == PlanOpKind::kCollective) {
-          auto [it, fresh] =
-              coll_node[ss].try_emplace(op.coll_seq, static_cast<std::uint32_t>(nodes.size()));
+          auto [it, fresh] = coll_node[ss].try_emplace(std::pair{r.group[ss], op.coll_seq},
+                                                       static_cast<std::uint32_t>(nodes.size()));
           if (fresh) nodes.push_back(node);
           if (node.timeline_id >= 0 && nodes[it->second].timeline_id < 0) {
             nodes[it->second].timeline_id = node.timeline_id;
@@ -201,7 +202,7 @@ CriticalPath BuildCriticalPath(const std::vector<RankState>& ranks, const SimOpt
     const Node& n = nodes[v];
     const RankState& r = ranks[static_cast<std::size_t>(
         std::find_if(ranks.begin(), ranks.end(),
-                     [&](const RankState& q) { return q.rank == n.rank; }) -
+                     [&](const RankState& q) { return q.id == n.rank; }) -
         ranks.begin())];
     const SimProgram& p = *r.prog;
     st.rank = n.rank;

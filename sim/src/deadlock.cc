@@ -23,12 +23,15 @@ void Engine::CheckQuiescent() {
   for (const RankState& r : ranks_) {
     if (r.host == HostState::kBlocked || r.host == HostState::kResuming) {
       const ProgCommand& cmd = r.prog->commands[r.pc];
+      const Bytes held = opt_.allocator_model ? r.allocator.allocator().reserved() + r.reserved
+                                              : r.total() + r.reserved;
       Fail(StepFailed(fmt::format(
           "out of memory at step {} (microbatch {}) on rank {}: the all-gather of {} needs {} "
-          "bytes, {} of the cap of {} bytes are in use or reserved and nothing in flight frees "
-          "memory",
-          cmd.origin.step, cmd.origin.microbatch, r.rank, UnitName(r, cmd.unit), cmd.gather_bytes,
-          r.total() + r.reserved, *opt_.memory_cap)));
+          "bytes, {} of the cap of {} bytes are {} and nothing in flight frees memory",
+          cmd.origin.step, cmd.origin.microbatch, r.id, UnitName(r, cmd.unit), cmd.gather_bytes,
+          held, *opt_.memory_cap,
+          opt_.allocator_model ? "reserved by the caching allocator or held for issued gathers"
+                               : "in use or reserved")));
       return;
     }
   }
@@ -58,7 +61,7 @@ std::string Engine::DescribeOp(const RankState& r, const ProgOp& op) const {
 // Rank r waits in `w`; why rank q holds it up.
 std::string Engine::EdgeText(const RankState& r, const Waiting& w, const RankState& q) const {
   std::string text =
-      fmt::format("rank {} waits in {} which rank {} ", r.rank, DescribeOp(r, *w.op), q.rank);
+      fmt::format("rank {} waits in {} which rank {} ", r.id, DescribeOp(r, *w.op), q.id);
   const std::vector<std::uint32_t>& colls = q.prog->collectives[Idx(w.stream)];
   if (w.op->coll_seq >= colls.size()) {
     return text + fmt::format(
@@ -78,6 +81,7 @@ std::string Engine::EdgeText(const RankState& r, const Waiting& w, const RankSta
 
 // Does q hold r up at the collective r waits in?
 bool Engine::Blocks(const RankState& r, const Waiting& w, const RankState& q) const {
+  if (q.group[Idx(w.stream)] != r.group[Idx(w.stream)]) return false;  // another group's
   const StreamState& qs = q.streams[Idx(w.stream)];
   if (!qs.arrived || qs.coll_done != r.streams[Idx(w.stream)].coll_done) return true;
   const ProgOp& qop = OpAt(q, w.stream, qs.completed);
@@ -153,10 +157,10 @@ std::string Engine::DescribeDeadlock() const {
     if (waiting[x].op && next < n) {
       parts.push_back(EdgeText(r, waiting[x], ranks_[next]));
     } else if (waiting[x].op) {
-      parts.push_back(fmt::format("rank {} waits in {}", r.rank, DescribeOp(r, *waiting[x].op)));
+      parts.push_back(fmt::format("rank {} waits in {}", r.id, DescribeOp(r, *waiting[x].op)));
     } else {
       parts.push_back(
-          fmt::format("rank {} {}", r.rank,
+          fmt::format("rank {} {}", r.id,
                       r.finished() ? "has finished its program" : "is stopped with work left"));
     }
   }

@@ -14,6 +14,7 @@ Track TrackOf(int stream) {
   switch (stream) {
     case kComputeStream: return Track::kCompute;
     case kGatherStream: return Track::kAllGather;
+    case kAllReduceStream: return Track::kAllReduce;
     default: return Track::kReduceScatter;
   }
 }
@@ -28,10 +29,19 @@ OpKind CollectiveOpKind(CollectiveKind kind) {
 
 }  // namespace
 
-Engine::Engine(const SimOptions& options, int world_size, std::vector<RankState> ranks,
+Engine::Engine(const SimOptions& options, const std::array<StreamGroupShape, kNumStreams>& shapes,
+               std::vector<RankState> ranks,
                const std::array<std::uint32_t, kNumStreams>& max_collectives_per_stream)
-    : opt_(options), world_size_(world_size), ranks_(std::move(ranks)) {
-  for (int s = 0; s < kNumStreams; ++s) pending_[Idx(s)].resize(max_collectives_per_stream[Idx(s)]);
+    : opt_(options), shapes_(shapes), ranks_(std::move(ranks)) {
+  for (int s = 0; s < kNumStreams; ++s) {
+    std::vector<CommGroup>& groups = groups_[Idx(s)];
+    for (const RankState& r : ranks_) {
+      const int g = r.group[Idx(s)];
+      if (static_cast<int>(groups.size()) <= g) groups.resize(Idx(g) + 1);
+      groups[Idx(g)].members.push_back(r.rank);
+    }
+    for (CommGroup& g : groups) g.pending.resize(max_collectives_per_stream[Idx(s)]);
+  }
   // The reduce-scatter stream also runs the all-reduces of NO_SHARD: they take its factor.
   const CommContention cc = EffectiveCommContention(options);
   comm_slowdown_[kGatherStream] = cc.all_gather;
@@ -75,6 +85,11 @@ void Engine::InitMemory(RankState& r) {
   r.gather_id.assign(r.prog->timeline.size(), -1);
   r.gather_flowed.assign(r.prog->timeline.size(), 0);
   r.mem = r.prog->initial_memory;
+  if (opt_.allocator_model) {
+    for (const ProgOp& a : r.prog->initial_allocs) {
+      (void)r.allocator.Alloc(a.stream, a.buffer, a.category, a.unit, a.bytes, std::nullopt);
+    }
+  }
   Sample(r, 0, 0, kNoUnit);
 }
 
@@ -84,11 +99,15 @@ void Engine::Sample(RankState& r, TimeUs now, int step, UnitId unit) {
     r.peak = t;
     r.peak_at = now;
   }
+  const CachingAllocatorModel& a = r.allocator.allocator();
+  r.peak_reserved = std::max(r.peak_reserved, a.reserved());
   if (!r.recorded) return;
   MemorySample s;
-  s.rank = r.rank;
+  s.rank = r.id;
   s.t_us = now;
   s.bytes = r.mem;
+  s.allocated = a.allocated();
+  s.reserved = a.reserved();
   s.step = step;
   s.unit = unit;
   timeline_->memory.push_back(s);
@@ -96,21 +115,44 @@ void Engine::Sample(RankState& r, TimeUs now, int step, UnitId unit) {
 
 // A device-side allocation: over the cap it is an out-of-memory failure. The host reserved the
 // unsharded parameters of a gather against the cap when it issued it; here they become used.
+std::optional<Bytes> Engine::AllocatorCap(const RankState& r) const {
+  if (!opt_.memory_cap) return std::nullopt;
+  return *opt_.memory_cap - std::min(*opt_.memory_cap, r.reserved);
+}
+
 bool Engine::DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op) {
   if (op.bytes == 0) return true;
   if (op.category == MemoryCategory::kUnshardedParams) {
     r.reserved -= std::min(r.reserved, op.bytes);
-  } else if (opt_.memory_cap && r.total() + r.reserved + op.bytes > *opt_.memory_cap) {
+  }
+  bool fits = true;
+  if (opt_.allocator_model) {
+    // The cap applies to what the caching allocator reserves.
+    fits = r.allocator.Alloc(op.stream, op.buffer, op.category, op.unit, op.bytes, AllocatorCap(r));
+  } else if (op.category != MemoryCategory::kUnshardedParams) {
+    fits = !opt_.memory_cap || r.total() + r.reserved + op.bytes <= *opt_.memory_cap;
+  }
+  if (!fits) {
     std::string_view what =
         op.category == MemoryCategory::kActivations      ? "the activations saved by the compute of"
         : op.category == MemoryCategory::kUnshardedGrads ? "the unsharded gradient of"
         : op.category == MemoryCategory::kReduceScatterBuffers ? "the reduce-scatter output of"
+        : op.category == MemoryCategory::kUnshardedParams      ? "the gathered parameters of"
+        : op.category == MemoryCategory::kGradAccumulation     ? "the gradient accumulator of"
                                                                : "the sharded gradient of";
+    const std::string in_use =
+        opt_.allocator_model
+            ? fmt::format(
+                  "{} bytes are reserved by the caching allocator ({} allocated in "
+                  "blocks) and {} held for gathers issued",
+                  r.allocator.allocator().reserved(), r.allocator.allocator().allocated(),
+                  r.reserved)
+            : fmt::format("{} bytes are in use or reserved", r.total() + r.reserved);
     Fail(StepFailed(fmt::format(
-        "out of memory at step {} (microbatch {}) on rank {}: {} {} needs {} bytes, {} of the cap "
-        "of {} bytes are in use or reserved",
-        op.step, op.microbatch, r.rank, what, UnitName(r, op.unit), op.bytes,
-        r.total() + r.reserved, *opt_.memory_cap)));
+        "out of memory at step {} (microbatch {}) on rank {}: {} {} needs {} bytes; of the cap of "
+        "{} bytes, {}",
+        op.step, op.microbatch, r.id, what, UnitName(r, op.unit), op.bytes, *opt_.memory_cap,
+        in_use)));
     return false;
   }
   r.mem[static_cast<std::size_t>(op.category)] += op.bytes;
@@ -118,12 +160,12 @@ bool Engine::DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op) {
   return true;
 }
 
-void Engine::Free(RankState& r, TimeUs now, MemoryCategory cat, Bytes bytes, int step, UnitId unit,
-                  std::int64_t entry) {
-  if (bytes == 0) return;
-  Bytes& b = r.mem[static_cast<std::size_t>(cat)];
-  b -= std::min(b, bytes);
-  Sample(r, now, step, unit);
+void Engine::Free(RankState& r, TimeUs now, const ProgOp& op, std::int64_t entry) {
+  if (op.bytes == 0) return;
+  Bytes& b = r.mem[static_cast<std::size_t>(op.category)];
+  b -= std::min(b, op.bytes);
+  if (opt_.allocator_model) r.allocator.Free(op.buffer, op.category, op.unit, op.bytes);
+  Sample(r, now, op.step, op.unit);
   if (r.host == HostState::kBlocked) {
     r.deps.last_waker = entry;
     r.host = HostState::kResuming;
@@ -141,7 +183,7 @@ TimelineOp& Engine::Record(RankState& r, Track track, OpKind kind, const ProgOp&
                            TimeUs end) {
   TimelineOp t;
   t.id = next_op_id_++;
-  t.rank = r.rank;
+  t.rank = r.id;
   t.track = track;
   t.kind = kind;
   t.unit = op.unit;
@@ -162,7 +204,7 @@ TimelineOp& Engine::Record(RankState& r, Track track, OpKind kind, const ProgOp&
 TimelineOp& Engine::RecordPlanned(RankState& r, const ProgOp& op, TimeUs start, TimeUs end) {
   TimelineOp t = r.prog->timeline[Idx(op.timeline_op)];
   t.id = next_op_id_++;
-  t.rank = r.rank;
+  t.rank = r.id;
   t.track = TrackOf(op.stream);
   t.waited_on.clear();
   t.start_us = start;
@@ -198,7 +240,12 @@ void Engine::OnHostIssue(TimeUs now, RankState& r) {
   }
   const ProgCommand& cmd = cmds[r.pc];
   if (cmd.gather_bytes > 0) {
-    if (opt_.memory_cap && r.total() + r.reserved + cmd.gather_bytes > *opt_.memory_cap) {
+    const bool over =
+        opt_.memory_cap &&
+        (opt_.allocator_model ? !r.allocator.allocator().ReservedAfter(
+                                    cmd.gather_bytes, kGatherStream, AllocatorCap(r))
+                              : r.total() + r.reserved + cmd.gather_bytes > *opt_.memory_cap);
+    if (over) {
       if (r.host == HostState::kRunning) r.block_start = now - opt_.launch_us;
       r.host = HostState::kBlocked;
       Advance(r, now);
@@ -250,7 +297,8 @@ void Engine::Advance(RankState& r, TimeUs now) {
   // start: a free that the same instant makes possible is not delayed behind another stream's
   // allocation, so a peak is not inflated by the order of simultaneous events. Communication
   // streams first.
-  constexpr std::array<int, 3> kOrder = {kGatherStream, kScatterStream, kComputeStream};
+  constexpr std::array<int, 4> kOrder = {kGatherStream, kScatterStream, kAllReduceStream,
+                                         kComputeStream};
   bool progress = true;
   while (progress && failure_.ok()) {
     progress = false;
@@ -301,13 +349,13 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
         const std::int64_t entry = EntryKey(s, st.completed);
         ++st.completed;
         progressed = true;
-        Free(r, now, op.category, op.bytes, op.step, op.unit, entry);
+        Free(r, now, op, entry);
         break;
       }
       case PlanOpKind::kCompute: StartCompute(r, op, now); return true;
       case PlanOpKind::kCollective:
         st.arrived = true;
-        Arrive(s, op, now);
+        Arrive(s, r, op, now);
         return true;
       default:  // records, and fill/check operations (not in a simulated plan)
         Executed(r, op);
@@ -374,26 +422,32 @@ void Engine::OnComputeDone(TimeUs now, const ComputeDoneEv& e) {
 
 // ---- collectives ----
 
-void Engine::Arrive(int s, const ProgOp& op, TimeUs now) {
-  PendingCollective& p = pending_[Idx(s)][op.coll_seq];
+void Engine::Arrive(int s, const RankState& r, const ProgOp& op, TimeUs now) {
+  const int gi = r.group[Idx(s)];
+  CommGroup& group = groups_[Idx(s)][Idx(gi)];
+  PendingCollective& p = group.pending[op.coll_seq];
   ++p.arrived;
-  if (p.arrived < static_cast<int>(ranks_.size())) return;
-  // Every rank is at the head of this stream with its k-th collective: they must agree.
-  for (const RankState& q : ranks_) {
+  if (p.arrived < static_cast<int>(group.members.size())) return;
+  // Every rank of the group is at the head of this stream with its k-th collective: they must
+  // agree.
+  for (int m : group.members) {
+    const RankState& q = ranks_[Idx(m)];
     const ProgOp& qop = OpAt(q, s, q.streams[Idx(s)].completed);
     if (qop.unit != op.unit || qop.bytes != op.bytes || qop.kind != op.kind) {
       return;  // mismatch: nobody starts; reported as a deadlock at the end
     }
   }
   p.started = true;
-  TimeUs cost = opt_.cluster.CollectiveUs(op.kind, op.bytes, world_size_);
+  const StreamGroupShape& shape = shapes_[Idx(s)];
+  TimeUs cost = opt_.cluster.CollectiveUs(op.kind, op.bytes, shape.size, shape.stride);
   for (const GatherRef& g : opt_.zero_cost_gathers) {
     if (op.kind == CollectiveKind::kAllGather && g.unit == op.unit && g.step == op.step &&
         g.microbatch == op.microbatch && g.event == op.event) {
       cost = 0;  // a what-if of the critical path: this gather costs nothing
     }
   }
-  for (RankState& q : ranks_) {
+  for (int m : group.members) {
+    RankState& q = ranks_[Idx(m)];
     StreamState& st = q.streams[Idx(s)];
     st.busy = true;
     st.arrived = false;
@@ -401,49 +455,72 @@ void Engine::Arrive(int s, const ProgOp& op, TimeUs now) {
     ++q.active_collectives;
     Reprice(q, now);
   }
-  StartCollectiveClock(s, op.coll_seq, cost, now);
+  StartCollectiveClock(s, gi, op.coll_seq, cost, now);
 }
 
 // Communication contention: collectives of one group run on the all-gather and the
 // reduce-scatter streams at once; while both are in progress the one on stream s runs
-// (1 + comm_slowdown_[s]) times slower (they share links, copy engines and cores). Every rank
-// takes part in every collective, so the overlap is the same on every rank and one clock per
-// stream suffices. Each clock counts solo microseconds left at its own rate: a start or an end
-// on one stream reprices the others, each by its own factor.
-void Engine::StartCollectiveClock(int s, std::uint32_t seq, TimeUs cost, TimeUs now) {
-  CollClock& c = coll_clock_[Idx(s)];
+// (1 + comm_slowdown_[s]) times slower (they share links, copy engines and cores). Every rank of
+// a group takes part in its group's collectives, so the overlap is the same on every member and
+// one clock per stream and group suffices. Each clock counts solo microseconds left at its own
+// rate: a start or an end on one stream reprices the others of the group, each by its own
+// factor. The replica all-reduce (hsdp) runs on other links (across the shard groups) and
+// neither slows nor is slowed.
+void Engine::StartCollectiveClock(int s, int group, std::uint32_t seq, TimeUs cost, TimeUs now) {
+  CollClock& c = groups_[Idx(s)][Idx(group)].clock;
   c.active = true;
   c.seq = seq;
   c.remaining = cost;
   c.rate = 0;  // forces a (re)schedule below
   c.last = now;
-  RepriceCollectives(now);
+  RepriceCollectives(s, group, now);
 }
 
-void Engine::RepriceCollectives(TimeUs now) {
+void Engine::RepriceCollectives(int stream, int group, TimeUs now) {
+  // The clocks that contend: the group's all-gather and reduce-scatter; an all-reduce alone.
+  std::array<int, 2> streams{};
+  std::array<CollClock*, 2> clocks{};
+  int n = 0;
+  auto add = [&](int s) {
+    std::vector<CommGroup>& groups = groups_[Idx(s)];
+    if (Idx(group) >= groups.size()) return;
+    streams[Idx(n)] = s;
+    clocks[Idx(n)] = &groups[Idx(group)].clock;
+    ++n;
+  };
+  if (stream == kAllReduceStream) {
+    add(kAllReduceStream);
+  } else {
+    add(kGatherStream);
+    add(kScatterStream);
+  }
   int active = 0;
-  for (const CollClock& c : coll_clock_) active += c.active ? 1 : 0;
-  for (std::size_t s = 0; s < coll_clock_.size(); ++s) {
-    CollClock& c = coll_clock_[s];
-    const double rate = active >= 2 ? 1.0 / (1.0 + comm_slowdown_[s]) : 1.0;
+  for (int k = 0; k < n; ++k) active += clocks[Idx(k)]->active ? 1 : 0;
+  for (int k = 0; k < n; ++k) {
+    const int s = streams[Idx(k)];
+    CollClock& c = *clocks[Idx(k)];
+    const double rate = active >= 2 ? 1.0 / (1.0 + comm_slowdown_[Idx(s)]) : 1.0;
     if (!c.active || c.rate == rate) continue;
     if (c.rate > 0) c.remaining = std::max(0.0, c.remaining - (now - c.last) * c.rate);
     c.last = now;
     c.rate = rate;
     ++c.version;
     queue_.Push(now + c.remaining / rate,
-                CollectiveDoneEv{static_cast<std::int32_t>(s), c.seq, c.version});
+                CollectiveDoneEv{static_cast<std::int32_t>(s), static_cast<std::int32_t>(group),
+                                 c.seq, c.version});
   }
 }
 
 void Engine::OnCollectiveDone(TimeUs now, const CollectiveDoneEv& e) {
-  CollClock& clock = coll_clock_[Idx(e.stream)];
+  CommGroup& group = groups_[Idx(e.stream)][Idx(e.group)];
+  CollClock& clock = group.clock;
   if (!clock.active || e.version != clock.version) return;  // repriced
   clock.active = false;
-  RepriceCollectives(now);
+  RepriceCollectives(e.stream, e.group, now);
   last_time_ = std::max(last_time_, now);
   int s = e.stream;
-  for (RankState& q : ranks_) {
+  for (int m : group.members) {
+    RankState& q = ranks_[Idx(m)];
     StreamState& st = q.streams[Idx(s)];
     const ProgOp& op = OpAt(q, s, st.completed);
     Executed(q, op);
@@ -466,7 +543,7 @@ void Engine::OnCollectiveDone(TimeUs now, const CollectiveDoneEv& e) {
     }
     LogTimes(q, s, entry, st.start, now, id);
   }
-  for (RankState& q : ranks_) Advance(q, now);
+  for (int m : group.members) Advance(ranks_[Idx(m)], now);
 }
 
 }  // namespace fsdplab::sim

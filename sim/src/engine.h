@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "event_queue_types.h"
+#include "fsdplab/core/allocator_model.h"
 #include "fsdplab/core/model.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/timeline.h"
@@ -45,10 +46,25 @@ inline std::int64_t EntryKey(int stream, std::uint32_t entry) {
   return (static_cast<std::int64_t>(stream) << 32) | entry;
 }
 
+// The real groups the collectives of one stream span (for the cost model): `size` ranks,
+// `stride` apart (1: contiguous ranks). Every zero3/zero2/no_shard collective spans the world;
+// under hsdp the gathers and reduce-scatters span a shard group (S contiguous ranks) and the
+// replica all-reduces a replica column (R ranks, S apart).
+struct StreamGroupShape {
+  int size = 1;
+  int stride = 1;
+};
+
 struct RankState {
   const SimProgram* prog = nullptr;
   const Model* model = nullptr;
-  int rank = 0;
+  int rank = 0;     // index among the simulated ranks (events name it)
+  int id = 0;       // the rank it stands for: the first of its class (timeline, messages)
+  int members = 1;  // ranks of its class
+  // Per stream: the collective group it meets in (the simulated ranks with the same value meet;
+  // under hsdp its shard group on the communication streams, its replica column on the
+  // all-reduce stream).
+  std::array<int, kNumStreams> group{};
   double compute_factor = 1.0;
   bool recorded = false;
   std::uint32_t pc = 0;  // next command to issue
@@ -66,6 +82,9 @@ struct RankState {
   Bytes peak = 0;
   TimeUs peak_at = 0;
   Bytes reserved = 0;  // gathers issued by the host, not started yet (counted against the cap)
+  // The caching allocator (SimOptions::allocator_model): what the rank's device reserves.
+  PlanMemoryReplay allocator;
+  Bytes peak_reserved = 0;
   // Timeline links: per plan timeline op of a gather, the id it got; whether an arrow was drawn.
   std::vector<std::int64_t> gather_id;
   std::vector<std::uint8_t> gather_flowed;
@@ -88,7 +107,8 @@ struct RankState {
 
 class Engine {
  public:
-  Engine(const SimOptions& options, int world_size, std::vector<RankState> ranks,
+  Engine(const SimOptions& options, const std::array<StreamGroupShape, kNumStreams>& shapes,
+         std::vector<RankState> ranks,
          const std::array<std::uint32_t, kNumStreams>& max_collectives_per_stream);
 
   void Run(Timeline& timeline);
@@ -112,6 +132,14 @@ class Engine {
     double rate = 0;
     TimeUs last = 0;
   };
+  // The simulated ranks that meet in one stream's collectives, and their progress. Under hsdp
+  // the all-gather and reduce-scatter streams of one shard group share a group index (their
+  // contention is within the group).
+  struct CommGroup {
+    std::vector<int> members;
+    std::vector<PendingCollective> pending;
+    CollClock clock;
+  };
   // What rank r waits in: the collective at the head of one of its streams.
   struct Waiting {
     int stream = -1;
@@ -129,8 +157,9 @@ class Engine {
   void InitMemory(RankState& r);
   void Sample(RankState& r, TimeUs now, int step, UnitId unit);
   bool DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op);
-  void Free(RankState& r, TimeUs now, MemoryCategory cat, Bytes bytes, int step, UnitId unit,
-            std::int64_t entry);
+  void Free(RankState& r, TimeUs now, const ProgOp& op, std::int64_t entry);
+  // The cap left for the allocator once the gathers the host reserved are set aside.
+  std::optional<Bytes> AllocatorCap(const RankState& r) const;
   void Fail(Status s);
   // timeline
   TimelineOp& Record(RankState& r, Track track, OpKind kind, const ProgOp& op, TimeUs start,
@@ -147,9 +176,9 @@ class Engine {
   void Reprice(RankState& r, TimeUs now);
   void OnComputeDone(TimeUs now, const ComputeDoneEv& e);
   // collectives
-  void Arrive(int s, const ProgOp& op, TimeUs now);
-  void StartCollectiveClock(int s, std::uint32_t seq, TimeUs cost, TimeUs now);
-  void RepriceCollectives(TimeUs now);
+  void Arrive(int s, const RankState& r, const ProgOp& op, TimeUs now);
+  void StartCollectiveClock(int s, int group, std::uint32_t seq, TimeUs cost, TimeUs now);
+  void RepriceCollectives(int s, int group, TimeUs now);
   void OnCollectiveDone(TimeUs now, const CollectiveDoneEv& e);
   // the end: out of memory or deadlock (deadlock.cc)
   void CheckQuiescent();
@@ -160,11 +189,10 @@ class Engine {
   std::string DescribeDeadlock() const;
 
   const SimOptions& opt_;
-  int world_size_;
+  std::array<StreamGroupShape, kNumStreams> shapes_;
   std::vector<RankState> ranks_;
   EventQueue<SimEvent> queue_;
-  std::array<std::vector<PendingCollective>, kNumStreams> pending_;
-  std::array<CollClock, kNumStreams> coll_clock_{};
+  std::array<std::vector<CommGroup>, kNumStreams> groups_;
   std::array<double, kNumStreams> comm_slowdown_{};  // per stream, see StartCollectiveClock
   Timeline* timeline_ = nullptr;
   std::int64_t next_op_id_ = 0;
@@ -186,7 +214,7 @@ class Engine {
 
   void Executed(const RankState& r, const ProgOp& op) {
     if (!opt_.log_executed_ops || op.type == PlanOpKind::kRecord) return;
-    executed_.push_back(ExecutedOp{.rank = r.rank,
+    executed_.push_back(ExecutedOp{.rank = r.id,
                                    .stream = op.stream,
                                    .kind = op.type,
                                    .unit = op.unit,

@@ -15,6 +15,7 @@ struct ComputeDoneEv {
 };
 struct CollectiveDoneEv {
   std::int32_t stream;
+  std::int32_t group;  // the collective group (Engine::CommGroup) on that stream
   std::uint32_t seq;
   std::uint32_t version;  // stale when the collective was repriced since
 };

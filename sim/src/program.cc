@@ -14,7 +14,17 @@ std::shared_ptr<const SimProgram> CompilePlan(const StreamPlanner& plan) {
   for (; i < ops.size() && ops[i].command < 0; ++i) {
     const PlanOp& op = ops[i];
     const auto c = static_cast<std::size_t>(op.category);
-    if (op.kind == PlanOpKind::kAlloc) prog->initial_memory[c] += op.bytes;
+    if (op.kind == PlanOpKind::kAlloc) {
+      prog->initial_memory[c] += op.bytes;
+      ProgOp a;
+      a.type = op.kind;
+      a.stream = static_cast<std::int8_t>(op.stream);
+      a.category = op.category;
+      a.unit = op.unit;
+      a.bytes = op.bytes;
+      a.buffer = op.buffer;
+      prog->initial_allocs.push_back(a);
+    }
     if (op.kind == PlanOpKind::kFree) prog->initial_memory[c] -= op.bytes;
   }
   // Records take no time and change nothing in virtual time: the engine does without them, and
@@ -51,6 +61,7 @@ std::shared_ptr<const SimProgram> CompilePlan(const StreamPlanner& plan) {
       p.timeline_op = op.timeline_op;
       p.us = op.us;
       p.bytes = op.bytes;
+      p.buffer = op.buffer;
       if (op.kind == PlanOpKind::kWait) {
         p.wait_stream = static_cast<std::int8_t>(plan.slot_stream(op.slot));
         p.wait_count = slot_count[static_cast<std::size_t>(op.slot)];

@@ -18,6 +18,7 @@ constexpr int kNumStreams = kPlanStreams;
 constexpr int kComputeStream = kPlanCompute;
 constexpr int kGatherStream = kPlanAllGather;
 constexpr int kScatterStream = kPlanReduceScatter;
+constexpr int kAllReduceStream = kPlanAllReduce;
 
 struct ProgOp {
   PlanOpKind type = PlanOpKind::kRecord;
@@ -37,6 +38,7 @@ struct ProgOp {
   int timeline_op = -1;          // index into SimProgram::timeline (or the gather a wait orders)
   TimeUs us = 0;
   Bytes bytes = 0;
+  int buffer = -1;  // kAlloc, kFree: the plan buffer (-1: accounting only)
 };
 
 struct ProgCommand {
@@ -56,6 +58,7 @@ class SimProgram {
   std::array<std::vector<std::uint32_t>, kNumStreams> collectives;  // op indices per stream
   std::vector<TimelineOp> timeline;  // the plan's timeline ops (no times)
   std::array<Bytes, kNumMemoryCategories> initial_memory{};
+  std::vector<ProgOp> initial_allocs;  // the set-up's allocations (for the allocator model)
 };
 
 // Compiles a finished plan.

@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
 #include <optional>
+#include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -44,6 +47,37 @@ StatusOr<Straggler> ParseStraggler(std::string_view text) {
   return s;
 }
 
+StatusOr<std::vector<double>> RankComputeScales(std::string_view text, int world) {
+  const std::string bad = fmt::format(
+      "--rank-jitter '{}': expected SIGMA or SIGMA:SEED (a log-normal spread of the ranks' "
+      "compute scales, e.g. 0.05:7)",
+      text);
+  const std::size_t colon = text.find(':');
+  const std::string sigma_text(text.substr(0, colon));
+  double sigma = 0;
+  std::uint64_t seed = 0;
+  try {
+    std::size_t used = 0;
+    sigma = std::stod(sigma_text, &used);
+    if (used != sigma_text.size()) return UsageError(bad);
+    if (colon != std::string_view::npos) {
+      const std::string seed_text(text.substr(colon + 1));
+      seed = std::stoull(seed_text, &used);
+      if (used != seed_text.size() || seed_text.starts_with('-')) return UsageError(bad);
+    }
+  } catch (const std::exception&) {
+    return UsageError(bad);
+  }
+  if (!(sigma >= 0) || !std::isfinite(sigma) || sigma > 1) {
+    return UsageError(fmt::format("--rank-jitter '{}': SIGMA must be between 0 and 1", text));
+  }
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> z(0.0, 1.0);
+  std::vector<double> scales(static_cast<std::size_t>(std::max(0, world)));
+  for (double& s : scales) s = std::exp(sigma * z(gen));
+  return scales;
+}
+
 namespace {
 
 std::size_t Idx(int i) { return static_cast<std::size_t>(i); }
@@ -56,6 +90,125 @@ struct RankProgram {
   Status status;
   std::vector<std::string> warnings;  // the plan's (protective waits it had to add)
 };
+
+// A class of ranks simulated as one: the same program (trace) at the same compute speed, and
+// under hsdp the same place in the mesh where that matters (below).
+struct RankClass {
+  int program = 0;     // index into the programs
+  double factor = 1;   // compute scale x straggler factors x the rank's own scale
+  int first_rank = 0;  // the rank that stands for the class
+  int members = 0;
+  int row = 0;     // its collective group on the communication streams (shard group key)
+  int column = 0;  // its group on the all-reduce stream (replica column key)
+};
+
+struct RankClassing {
+  std::vector<RankClass> classes;
+  int rows_split = 0;     // hsdp: shard groups that hold a rank unlike the common one
+  int columns_split = 0;  // hsdp: replica columns that do
+};
+
+// The classes of `world` ranks, ordered by their first rank. Unfolded (one class per rank) when
+// the options ask every rank to be simulated.
+//
+// Without hsdp every collective spans the world: ranks of one speed and trace meet every
+// collective at the same virtual time, so (program, speed) is the class. Under hsdp a rank's
+// gathers and reduce-scatters wait only for its shard group (row r = rank / S) and its replica
+// all-reduce only for its replica column (c = rank mod S). Call a rank "common" when it has the
+// most frequent (program, speed), a row or column "split" when it holds an uncommon rank. The
+// run is invariant under any permutation of the unsplit rows among themselves and of the
+// unsplit columns among themselves (each such permutation maps the mesh's groups onto groups and
+// every rank onto a rank of the same program and speed), so ranks in one orbit run identical
+// timelines: the class key is (program, speed, row if split else "any unsplit row", column if
+// split else "any unsplit column"), exact, not an approximation. A group of classes on a stream
+// then stands for one real group: the classes of an unsplit row are exactly the ranks of any one
+// unsplit row.
+RankClassing RankClasses(const SimOptions& options, int world, bool one_trace, int shard_group) {
+  std::vector<double> factor(Idx(world), options.cluster.compute_scale);
+  for (const Straggler& s : options.stragglers) factor[Idx(s.rank)] *= s.factor;
+  for (std::size_t i = 0; i < options.rank_compute_scales.size() && i < factor.size(); ++i) {
+    factor[i] *= options.rank_compute_scales[i];
+  }
+  const bool fold = options.fold_symmetric_ranks || (one_trace && world == 1);
+  const bool hsdp = shard_group < world;
+  RankClassing out;
+  // Under hsdp: which rows and columns hold an uncommon rank (each gets its own key).
+  std::vector<int> row_key;
+  std::vector<int> column_key;
+  if (hsdp) {
+    std::map<std::pair<int, double>, int> count;
+    for (int r = 0; r < world; ++r) ++count[{one_trace ? 0 : r, factor[Idx(r)]}];
+    std::pair<int, double> common = count.begin()->first;
+    for (const auto& [key, n] : count) {
+      if (n > count[common]) common = key;
+    }
+    const int rows = world / shard_group;
+    row_key.assign(Idx(rows), -1);
+    column_key.assign(Idx(shard_group), -1);
+    for (int r = 0; r < world; ++r) {
+      if (fold && std::pair{one_trace ? 0 : r, factor[Idx(r)]} == common) continue;
+      row_key[Idx(r / shard_group)] = r / shard_group;
+      column_key[Idx(r % shard_group)] = r % shard_group;
+    }
+    for (int k : row_key) out.rows_split += k >= 0 ? 1 : 0;
+    for (int k : column_key) out.columns_split += k >= 0 ? 1 : 0;
+  }
+  // Group indices in order of appearance (so that all-gather and reduce-scatter groups of a row
+  // share one index).
+  std::map<int, int> row_index;
+  std::map<int, int> column_index;
+  std::map<std::tuple<int, double, int, int>, std::size_t> index;
+  for (int r = 0; r < world; ++r) {
+    const int program = one_trace ? 0 : r;
+    const int row = hsdp ? row_key[Idx(r / shard_group)] : 0;
+    const int column = hsdp ? column_key[Idx(r % shard_group)] : 0;
+    auto [it, added] =
+        index.try_emplace({program, factor[Idx(r)], row, column}, out.classes.size());
+    if (added || !fold) {
+      if (!added) it->second = out.classes.size();
+      const int ri = row_index.try_emplace(row, static_cast<int>(row_index.size())).first->second;
+      const int ci =
+          column_index.try_emplace(column, static_cast<int>(column_index.size())).first->second;
+      out.classes.push_back(RankClass{program, factor[Idx(r)], r, 0, ri, ci});
+    }
+    ++out.classes[it->second].members;
+  }
+  return out;
+}
+
+std::string ClassesNote(const RankClassing& classing, int world, int recorded, int shard_group) {
+  const std::vector<RankClass>& classes = classing.classes;
+  std::string list;
+  constexpr std::size_t kListed = 6;
+  for (std::size_t i = 0; i < classes.size() && i < kListed; ++i) {
+    const RankClass& c = classes[i];
+    list += fmt::format("{}rank {}{}{}", i == 0 ? "" : ", ", c.first_rank,
+                        c.members > 1 ? fmt::format(" (+{} ranks)", c.members - 1) : "",
+                        c.factor != 1.0 ? fmt::format(" compute x{:g}", c.factor) : "");
+  }
+  if (classes.size() > kListed) list += fmt::format(", ... {} more", classes.size() - kListed);
+  const std::string recorded_text =
+      recorded < static_cast<int>(classes.size())
+          ? fmt::format(" ({} recorded in the timeline: --timeline-ranks)", recorded)
+          : std::string();
+  if (shard_group < world) {
+    const int rows = world / shard_group;
+    return fmt::format(
+        "the {} ranks (hsdp: {} shard groups of {} ranks, {} replicas) form {} rank classes, "
+        "one rank of each simulated, each collective costed over its own group; a shard "
+        "group's gathers and reduce-scatters wait only for its ranks, a replica all-reduce only "
+        "for its column, so classes are split where they diverge: {} of {} shard groups and {} "
+        "of {} replica columns hold a rank of another trace or speed and were unfolded into "
+        "classes of their own: {}{}",
+        world, rows, shard_group, rows, classes.size(), classing.rows_split, rows,
+        classing.columns_split, shard_group, list, recorded_text);
+  }
+  return fmt::format(
+      "the {} ranks form {} rank classes (same trace, same compute speed), one rank of each "
+      "simulated and collectives costed over all {} ranks; every collective spans the world, so "
+      "the classes never diverge and none was unfolded: {}{}",
+      world, classes.size(), world, list, recorded_text);
+}
 
 RankProgram BuildProgram(const Trace& trace, const Policy& policy, int world, int steps) {
   Scheduler sched(trace.model, policy, world);
@@ -169,9 +322,14 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
   tl.source = "sim";
   tl.world_size = world;
 
-  bool symmetric = one_trace && options.fold_symmetric_ranks;
-  for (const Straggler& s : options.stragglers) symmetric = symmetric && s.factor == 1.0;
-  int simulated = symmetric ? 1 : world;
+  // Rank classes: ranks that run the same program at the same speed take the same decisions at
+  // the same virtual times (every collective spans the world, so each waits for the same
+  // slowest class), so one of each class is simulated and collectives are costed over `world`.
+  FSDP_ASSIGN_OR_RETURN(const int shard_group, ShardGroupSize(options.policy, world));
+  const RankClassing classing = RankClasses(options, world, one_trace, shard_group);
+  const std::vector<RankClass>& classes = classing.classes;
+  const bool symmetric = classes.size() == 1;
+  const int simulated = static_cast<int>(classes.size());
 
   std::vector<RankProgram> programs;
   if (one_trace) {
@@ -191,35 +349,52 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
   std::vector<RankState> ranks(static_cast<std::size_t>(simulated));
   for (int i = 0; i < simulated; ++i) {
     RankState& r = ranks[Idx(i)];
-    const RankProgram& rp = programs[one_trace ? 0 : Idx(i)];
+    const RankClass& c = classes[Idx(i)];
+    const RankProgram& rp = programs[Idx(c.program)];
     r.prog = rp.program.get();
     r.model = rp.model;
     r.rank = i;
+    r.id = c.first_rank;
+    r.members = c.members;
     r.recorded = i < options.max_recorded_ranks;
-    r.compute_factor = options.cluster.compute_scale;
-    for (const Straggler& s : options.stragglers) {
-      if (s.rank == i) r.compute_factor *= s.factor;
-    }
+    r.compute_factor = c.factor;
+    for (int s = 0; s < kNumStreams; ++s)
+      r.group[Idx(s)] = s == kAllReduceStream ? c.column : c.row;
   }
-  Engine engine(options, world, std::move(ranks), max_colls);
+  // Gathers and reduce-scatters span a shard group (the world but under hsdp), the replica
+  // all-reduce a column of world / shard_group ranks, shard_group apart.
+  std::array<StreamGroupShape, kNumStreams> shapes{};
+  shapes.fill(StreamGroupShape{.size = shard_group, .stride = 1});
+  shapes[kAllReduceStream] = StreamGroupShape{.size = world / shard_group, .stride = shard_group};
+  Engine engine(options, shapes, std::move(ranks), max_colls);
   engine.Run(tl);
 
   result.events = engine.events();
   result.commands = engine.commands();
   result.ranks_simulated = simulated;
   tl.ranks_recorded = std::min(simulated, options.max_recorded_ranks);
-  for (const RankState& r : engine.ranks()) result.peak_memory_by_rank.push_back(r.peak);
+  for (const RankState& r : engine.ranks()) {
+    result.peak_memory_by_rank.push_back(r.peak);
+    result.peak_reserved_by_rank.push_back(r.peak_reserved);
+  }
   result.executed = engine.TakeExecuted();
   result.order = programs.front().order;
   result.divergences = programs.front().divergences;
   result.memory_cap_lower_bound_us =
-      MemoryCapLowerBound(*programs.front().program, *programs.front().model, options, world);
+      MemoryCapLowerBound(*programs.front().program, *programs.front().model, options, shard_group);
 
   if (symmetric && world > 1) {
     tl.notes.push_back(fmt::format(
         "all {} ranks run the same trace at the same speed: rank 0 was simulated and ranks 1-{} "
-        "folded onto it (collectives are costed over all {} ranks)",
-        world, world - 1, world));
+        "folded onto it ({})",
+        world, world - 1,
+        shard_group < world
+            ? fmt::format("hsdp: gathers and reduce-scatters costed over shard groups of {} "
+                          "ranks, all-reduces over the {} replicas",
+                          shard_group, world / shard_group)
+            : fmt::format("collectives are costed over all {} ranks", world)));
+  } else if (world > 1 && simulated < world) {
+    tl.notes.push_back(ClassesNote(classing, world, tl.ranks_recorded, shard_group));
   } else if (world > 1) {
     tl.notes.push_back(fmt::format(
         "every one of the {} ranks was simulated{}", world,

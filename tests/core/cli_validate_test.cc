@@ -213,7 +213,7 @@ TEST(PolicyFlags, BadValuesAreUsageErrorsNamingTheFlag) {
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), StatusCode::kUsage);
   EXPECT_EQ(p.status().message(),
-            "--sharding: 'zero9' is not valid (expected zero3, zero2 or no_shard)");
+            "--sharding: 'zero9' is not valid (expected zero3, zero2, no_shard or hsdp)");
   cli::Args unknown_unit = Parsed({"--unshard-all-planes-in-backward", "model.layers.7"});
   StatusOr<Policy> q = cli::PolicyFromArgs(unknown_unit, Layers());
   ASSERT_FALSE(q.ok());

@@ -106,7 +106,8 @@ TEST(Policy, ErrorsNameTheKeyTheValueAndTheChoices) {
   Policy p;
   Status s = ApplyPolicyKey("sharding", "zero4", p);
   EXPECT_EQ(s.code(), StatusCode::kInvalidInput);
-  EXPECT_EQ(s.message(), "sharding: 'zero4' is not valid (expected zero3, zero2 or no_shard)");
+  EXPECT_EQ(s.message(),
+            "sharding: 'zero4' is not valid (expected zero3, zero2, no_shard or hsdp)");
   EXPECT_EQ(ApplyPolicyKey("order", "random", p).message(),
             "order: 'random' is not valid (expected registration or recorded)");
   EXPECT_EQ(ApplyPolicyKey("recompute_aware", "maybe", p).message(),
@@ -137,7 +138,7 @@ TEST(Policy, JsonAppliesValuesOfEveryType) {
   EXPECT_TRUE(p.recompute_aware);
   EXPECT_EQ(p.unshard_all_planes_in_backward.names.size(), 2u);
   EXPECT_EQ(ApplyPolicyJson(R"({"sharding": 3})", p).message(),
-            "sharding: '3' is not valid (expected zero3, zero2 or no_shard)");
+            "sharding: '3' is not valid (expected zero3, zero2, no_shard or hsdp)");
   EXPECT_EQ(ApplyPolicyJson(R"({"order": ["recorded"]})", p).message(),
             "order: unexpected value [\"recorded\"]");
   EXPECT_EQ(ApplyPolicyJson("[1]", p).message(), "policy: expected a JSON object of policy keys");

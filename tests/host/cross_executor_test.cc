@@ -2,6 +2,7 @@
 // must carry out the same stream plan (core/stream_plan.h) operation for operation and byte for
 // byte, and end every step with the same memory in every category. This is what keeps the
 // lowering from drifting apart again (the host once dropped PassEnd and leaked activations).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <array>
@@ -201,7 +202,36 @@ std::vector<CrossCase> RandomCases(int n, std::uint32_t seed) {
   return out;
 }
 
+// hsdp: 2 x 2 and 4 x 1 meshes of 4 ranks (the replica all-reduce on its own stream) and a
+// 1 x 4 one (a single shard group: zero3 with nothing to all-reduce), over bf16 and MXFP8, one
+// and two microbatches, split and unified communication streams.
+std::vector<CrossCase> HsdpCases() {
+  std::vector<CrossCase> out;
+  for (const char* group : {"2", "1", "4"}) {
+    for (const bool mxfp8 : {false, true}) {
+      TinySpec spec;
+      spec.dtype = mxfp8 ? DType::kMxfp8 : DType::kBf16;
+      spec.layers = 3;
+      spec.microbatches = mxfp8 ? 2 : 1;
+      spec.steps = 2;
+      std::vector<std::pair<std::string, std::string>> policy{
+          {"sharding", "hsdp"},
+          {"shard_group_size", group},
+          {"unified_comm_stream", mxfp8 ? "true" : "false"}};
+      if (mxfp8) policy.emplace_back("unshard_all_planes_in_backward", "all");
+      out.push_back(CrossCase{.name = fmt::format("hsdp_{}x{}_{}", 4 / std::stoi(group), group,
+                                                  mxfp8 ? "mxfp8_unified" : "bf16"),
+                              .trace = TinyTrace(spec),
+                              .policy = std::move(policy),
+                              .world = 4,
+                              .steps = 2});
+    }
+  }
+  return out;
+}
+
 INSTANTIATE_TEST_SUITE_P(Samples, CrossExecutor, ::testing::ValuesIn(SampleCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(Hsdp, CrossExecutor, ::testing::ValuesIn(HsdpCases()), CaseName);
 INSTANTIATE_TEST_SUITE_P(Seeded, CrossExecutor,
                          ::testing::ValuesIn(RandomCases(kRandomCases, 20261130)), CaseName);
 

@@ -451,6 +451,11 @@ TEST(Calibration, CostAndCollectiveUsAgree) {
       for (Bytes b : {Bytes{0}, Bytes{4096}, Bytes{25} << 20, Bytes{16} << 30}) {
         EXPECT_DOUBLE_EQ(c->Cost(k, b, w).time_us, c->CollectiveUs(k, b, w))
             << CollectiveKindName(k) << " " << w << " " << b;
+        // hsdp's strided groups: replica columns of w ranks, 2, 4 or 8 apart.
+        for (int stride : {2, 4, 8}) {
+          EXPECT_DOUBLE_EQ(c->Cost(k, b, w, stride).time_us, c->CollectiveUs(k, b, w, stride))
+              << CollectiveKindName(k) << " " << w << " x" << stride << " " << b;
+        }
       }
     }
   }
@@ -459,6 +464,34 @@ TEST(Calibration, CostAndCollectiveUsAgree) {
   EXPECT_EQ(c->Cost(CollectiveKind::kReduceScatter, 1 << 20, 32).tier, "inter+intra");
   EXPECT_NE(c->Cost(CollectiveKind::kAllReduce, 1 << 20, 8).source.find("all_reduce intra"),
             std::string::npos);
+}
+
+// hsdp's replica all-reduce uses the calibrated all_reduce curve: `calibrate` on the 8xH100
+// all_reduce_perf output maps its rows into the all_reduce intra model. A column of 2 ranks 4
+// apart inside an 8-GPU node is that curve at 2 ranks; on 4-GPU nodes the two ranks sit on two
+// nodes, one each: no intra part, two passes of the inter ring over the whole buffer,
+// 2 x (20 us + 1/2 x 2^20 B / 45e3 B/us) (the default inter line).
+TEST(Calibration, ReplicaAllReduceUsesTheAllReduceCurve) {
+  StatusOr<NcclTestsResult> ar = ReadNcclTestsFile(kDir + "ar_8xH100_together-ring.txt");
+  ASSERT_TRUE(ar.ok());
+  CalibratedCluster cluster;
+  cluster.world_size = 8;
+  StatusOr<CollectiveFit> f = FitNcclTests(*ar, TierKind::kIntra, FitOptions{});
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  cluster.fits.push_back(*f);
+  StatusOr<Cluster> c = ParseClusterJson(CalibratedClusterJson(cluster));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_FALSE(c->all_reduce.intra.empty());
+  const Bytes b = Bytes{1} << 20;
+  sim::CollectiveCost in_node = c->Cost(CollectiveKind::kAllReduce, b, 2, 4);
+  EXPECT_EQ(in_node.tier, "intra");
+  EXPECT_NE(in_node.source.find("all_reduce intra calibration"), std::string::npos);
+  EXPECT_DOUBLE_EQ(in_node.time_us, c->all_reduce.intra.Us(b, 2));
+  c->gpus_per_node = 4;
+  c->world_size = 8;
+  sim::CollectiveCost across = c->Cost(CollectiveKind::kAllReduce, b, 2, 4);
+  EXPECT_EQ(across.tier, "inter");
+  EXPECT_DOUBLE_EQ(across.time_us, 2 * (20.0 + 0.5 * static_cast<double>(b) / 45e3));
 }
 
 TEST(Calibration, RejectsWhatCannotBeFitted) {

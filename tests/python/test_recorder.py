@@ -1288,5 +1288,39 @@ class Fsdp2Test(unittest.TestCase):
         self.assertEqual(report["errors"], [])
 
 
+
+class OptimizerMetaTest(unittest.TestCase):
+    """meta.optimizer and meta.master_weights: what the optimizer keeps, read by the simulator."""
+
+    def test_adam_with_fp32_params_under_a_bf16_trace_is_adam_with_fp32_masters(self):
+        model = TinyLM()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        rec = fsdplab_record.Recorder(model, param_dtype="bf16", optimizer=opt)
+        try:
+            with rec.step():
+                train_step(model, [torch.randint(0, V, (BATCH, SEQ))])
+            meta = rec.trace()["meta"]
+        finally:
+            rec.remove()
+        self.assertEqual(meta["optimizer"], "adam")
+        self.assertEqual(meta["master_weights"], "fp32")
+
+    def test_sgd_without_momentum_keeps_no_state_and_fp32_trace_has_no_masters(self):
+        model = TinyLM()
+        rec = fsdplab_record.Recorder(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        try:
+            with rec.step():
+                train_step(model, [torch.randint(0, V, (BATCH, SEQ))])
+            meta = rec.trace()["meta"]
+        finally:
+            rec.remove()
+        self.assertEqual(meta["optimizer"], "none")
+        self.assertEqual(meta["master_weights"], "none")
+
+    def test_unknown_optimizer_is_refused(self):
+        with self.assertRaises(ValueError):
+            fsdplab_record.Recorder(TinyLM(), optimizer="lion")
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

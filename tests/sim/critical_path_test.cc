@@ -187,6 +187,9 @@ TEST(CriticalPath, MemoryCapWaitIsOnThePath) {
   ASSERT_TRUE(uncapped.ok() && uncapped->status.ok());
   EXPECT_DOUBLE_EQ(uncapped->critical_path->end_us, 1900);
   opt.memory_cap = 1200000;
+  // Caps derived from the tensors' exact bytes: no caching allocator (its 2 MiB segments would
+  // dwarf these buffers of a few hundred KB).
+  opt.allocator_model = false;
   Explained e = Explain(trace, opt);
   const Model& m = trace.model;
   const CriticalPath& cp = e.path;

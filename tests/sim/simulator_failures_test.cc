@@ -66,6 +66,9 @@ TEST(SimulatorFailures, MemoryCapTooSmallIsOutOfMemory) {
   opt.cluster = TwoRankCluster();
   opt.steps = 1;
   opt.memory_cap = 1000000;
+  // Caps derived from the tensors' exact bytes: no caching allocator (its 2 MiB segments would
+  // dwarf these buffers of a few hundred KB).
+  opt.allocator_model = false;
   StatusOr<SimResult> r = Simulate(trace, opt);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->status.code(), StatusCode::kStepFailed);
@@ -89,6 +92,9 @@ TEST(SimulatorFailures, MemoryCapBlocksTheHostUntilAFree) {
   opt.launch_us = 0;
   StatusOr<SimResult> free_run = Simulate(trace, opt);
   opt.memory_cap = 2200000;
+  // Caps derived from the tensors' exact bytes: no caching allocator (its 2 MiB segments would
+  // dwarf these buffers of a few hundred KB).
+  opt.allocator_model = false;
   StatusOr<SimResult> capped = Simulate(trace, opt);
   ASSERT_TRUE(free_run.ok() && capped.ok());
   ASSERT_TRUE(capped->status.ok()) << capped->status.ToString();

@@ -27,7 +27,8 @@ const PolicyField* FieldOfFlag(std::string_view flag) {
   return f != nullptr && FlagName(f->key) == flag ? f : nullptr;
 }
 
-// Defaults (or the --preset framework's), then --policy FILE.
+// Defaults (or the --preset framework's), then what the trace's meta says of training
+// (optimizer, master weights), then --policy FILE.
 StatusOr<Policy> BasePolicy(const Args& args, const Trace& trace) {
   Policy policy;
   FSDP_ASSIGN_OR_RETURN(std::optional<Framework> preset, PresetFromArgs(args));
@@ -36,6 +37,7 @@ StatusOr<Policy> BasePolicy(const Args& args, const Trace& trace) {
     if (!p.ok()) return p.status().WithContext(fmt::format("--preset {}", FrameworkName(*preset)));
     policy = *std::move(p);
   }
+  FSDP_RETURN_IF_ERROR(ApplyTraceMetaPolicy(trace.meta.extra_json, policy));
   if (std::optional<std::string> file = args.Get("--policy")) {
     FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(*file));
     if (Status s = ApplyPolicyJson(text, policy); !s.ok()) {

@@ -18,8 +18,9 @@ namespace fsdplab::cli {
 
 // Declares --preset NAME, --policy FILE and one flag per policy key (`--forward-prefetch`, ...).
 void DeclarePolicyFlags(Args& args);
-// Builds the policy: the defaults or --preset's framework defaults, then --policy FILE (its keys
-// replace the preset's, its "units" the preset's units), then the flags in command-line order.
+// Builds the policy: the defaults or --preset's framework defaults, then the trace's
+// meta.optimizer and meta.master_weights, then --policy FILE (its keys replace the preset's, its
+// "units" the preset's units), then the flags in command-line order.
 // Validates it against the trace's model.
 StatusOr<Policy> PolicyFromArgs(const Args& args, const Trace& trace);
 // The framework --preset names, if given (a usage error for an unknown name).

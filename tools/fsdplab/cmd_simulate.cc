@@ -101,9 +101,23 @@ void DeclareEngineFlags(Args& args) {
   args.Declare("--straggler", ArgKind::kRepeated,
                "RANK:FACTOR: that rank's compute takes FACTOR times longer (repeatable)", "RANK:F");
   args.Declare("--memory-cap", ArgKind::kValue,
-               "per-rank memory cap in bytes (suffixes K M G): the host waits for room before "
-               "a gather, and an allocation that cannot fit fails like an out-of-memory error",
+               "per-rank memory cap in bytes (suffixes K M G) on what the caching allocator "
+               "reserves (--allocator): the host waits for room before a gather, and an "
+               "allocation that cannot fit fails like an out-of-memory error",
                "BYTES");
+  args.Declare("--rank-jitter", ArgKind::kValue,
+               "per-rank compute scales from a seeded log-normal distribution, exp(SIGMA z): "
+               "every rank a speed of its own (SEED default 0)",
+               "SIGMA[:SEED]");
+  args.Declare("--timeline-ranks", ArgKind::kValue,
+               "keep the timeline (ops, memory samples) of the first N simulated ranks or rank "
+               "classes only; the others keep their peaks (default 64)",
+               "N");
+  args.Declare("--allocator", ArgKind::kValue,
+               "caching (default): model PyTorch's CUDA caching allocator (512-byte rounding, "
+               "2/20 MiB segments, per-stream pools) and report its reserved bytes; exact: the "
+               "cap applies to the tensors' bytes alone",
+               "MODEL");
 }
 
 Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& o) {
@@ -136,6 +150,21 @@ Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& o) {
   if (std::optional<std::string> v = args.Get("--memory-cap")) {
     FSDP_ASSIGN_OR_RETURN(std::uint64_t cap, ParseSize(*v, "--memory-cap"));
     o.memory_cap = cap;
+  }
+  if (std::optional<std::string> v = args.Get("--rank-jitter")) {
+    FSDP_ASSIGN_OR_RETURN(o.rank_compute_scales, sim::RankComputeScales(*v, o.cluster.world_size));
+  }
+  o.max_recorded_ranks = 64;
+  if (std::optional<std::string> v = args.Get("--timeline-ranks")) {
+    FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--timeline-ranks"));
+    if (n < 1) return UsageError("--timeline-ranks: must be at least 1");
+    o.max_recorded_ranks = static_cast<int>(std::min<std::int64_t>(n, 1 << 30));
+  }
+  if (std::optional<std::string> v = args.Get("--allocator")) {
+    if (*v != "caching" && *v != "exact") {
+      return UsageError(fmt::format("--allocator '{}': expected caching or exact", *v));
+    }
+    o.allocator_model = *v == "caching";
   }
   return Status::Ok();
 }

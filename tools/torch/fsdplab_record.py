@@ -366,6 +366,33 @@ def _all_gather_bytes(result, u):
         return int(out.numel() * out.element_size())
     return u.param_bytes
 
+def _optimizer_meta(optimizer):
+    """(meta.optimizer, whether the optimizer's parameters are fp32) for an optimizer or name."""
+    if isinstance(optimizer, str):
+        if optimizer not in ("adam", "sgd", "none"):
+            raise ValueError(
+                f"fsdplab_record: optimizer={optimizer!r}: expected 'adam', 'sgd' or 'none', "
+                "or a torch.optim.Optimizer"
+            )
+        return optimizer, True
+    cls = type(optimizer).__name__
+    groups = getattr(optimizer, "param_groups", None)
+    if groups is None:
+        raise ValueError(f"fsdplab_record: optimizer={cls}: expected a torch.optim.Optimizer")
+    if cls in ("Adam", "AdamW"):
+        name = "adam"
+    elif cls == "SGD":
+        name = "sgd" if any(g.get("momentum", 0) for g in groups) else "none"
+    else:
+        raise ValueError(
+            f"fsdplab_record: optimizer={cls}: only Adam, AdamW and SGD are known; pass "
+            "optimizer='adam', 'sgd' or 'none' for the state it keeps"
+        )
+    params = [p for g in groups for p in g["params"]]
+    master_fp32 = bool(params) and all(p.dtype == torch.float32 for p in params)
+    return name, master_fp32
+
+
 class Recorder:
     """Records the steps run inside ``with rec.step():`` and writes them with ``save``.
 
@@ -384,6 +411,11 @@ class Recorder:
       fsdp_work: with FSDP2, write FSDP's own work outside its collectives (copies in and out of
         the gather buffers, casts, gradient division) as computes without a unit, so that a
         replay keeps that time; False drops it. Never part of a unit's compute.
+      optimizer: the training's optimizer (a torch.optim.Optimizer, or "adam", "sgd", "none"),
+        written as meta.optimizer so that memory reports count its sharded state: Adam and
+        AdamW are "adam", SGD with momentum "sgd", SGD without momentum "none". Its parameters'
+        dtype gives meta.master_weights: "fp32" when they are fp32 while the trace's parameters
+        are not (param_dtype, or FSDP2 mixed precision), else "none". None writes neither key.
 
     Create it after ``fully_shard``: FSDP2 units are found by what fully_shard made of the
     modules. A recorder created before is re-detected when its first step opens (with a
@@ -401,6 +433,7 @@ class Recorder:
         saved_bytes=True,
         param_dtype=None,
         fsdp_work=True,
+        optimizer=None,
     ):
         if hooks not in ("auto", "tensor"):
             raise ValueError(f"fsdplab_record: hooks={hooks!r}: expected 'auto' or 'tensor'")
@@ -412,6 +445,7 @@ class Recorder:
             )
         self._model = model
         self._param_dtype = param_dtype
+        self._optimizer = _optimizer_meta(optimizer) if optimizer is not None else None
         self._fsdp_work = fsdp_work
         self._root_name = root_name
         self._units_arg = units
@@ -510,6 +544,11 @@ class Recorder:
         if self._lazy_params:
             recorder["fsdp_excluded_us"] = round(self._fsdp_ns / 1000.0, 3)
         meta = {"source": "torch", "world_size": world_size, "rank": rank, "recorder": recorder}
+        if self._optimizer is not None:
+            name, master_fp32 = self._optimizer
+            meta["optimizer"] = name
+            trace_dtypes = {p["dtype"] for u in units for p in u["params"]}
+            meta["master_weights"] = "fp32" if master_fp32 and trace_dtypes - {"fp32"} else "none"
         return {
             "format": _TRACE_FORMAT,
             "version": _TRACE_VERSION,

@@ -17,6 +17,7 @@
 #include <nccl.h>
 
 #include <cstddef>
+#include <span>
 #include <vector>
 
 #include "fsdplab/core/status.h"
@@ -126,6 +127,14 @@ class NcclComm final {
   // One rank of `world_size` (one process per GPU), from a unique id every rank received.
   static StatusOr<NcclComm> CreateRank(int device, int world_size, int rank,
                                        const ncclUniqueId& id);
+  // Sub-communicators (ncclCommSplit, one NCCL group over every parent this process holds, as
+  // each parent rank must call it): parent i joins the communicator of colors[i], ranked there
+  // by keys[i]. hsdp splits the world into shard groups (color rank / S, key rank mod S) and
+  // replica columns (color rank mod S, key rank / S). A split keeps the parent's rank for
+  // messages.
+  static StatusOr<std::vector<NcclComm>> Split(std::span<const NcclComm> parents,
+                                               std::span<const int> colors,
+                                               std::span<const int> keys);
   ~NcclComm();
   NcclComm(NcclComm&& other) noexcept;
   NcclComm& operator=(NcclComm&& other) noexcept;

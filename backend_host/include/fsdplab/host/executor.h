@@ -126,9 +126,12 @@ struct ExecutorStats final {
 
 class HostExecutor final : public CommandSink {
  public:
+  // Under hsdp `all_gather` and `reduce_scatter` are this rank's shard group's communicators
+  // (its rank there: rank mod S) and `all_reduce` its replica column's (rank / S; null without
+  // a replica all-reduce).
   HostExecutor(const Model& model, const ModelData& data, const ExecutorConfig& config,
                RunControl& control, Communicator& all_gather, Communicator& reduce_scatter,
-               int rank);
+               int rank, Communicator* all_reduce = nullptr);
   ~HostExecutor() override;
   HostExecutor(const HostExecutor&) = delete;
   HostExecutor& operator=(const HostExecutor&) = delete;
@@ -173,6 +176,10 @@ class HostExecutor final : public CommandSink {
   Status RunCompute(const PlanOp& op, std::uint64_t grad_gen, bool inject,
                     Clock::time_point issued);
   Status RunReduce(const PlanOp& op, std::uint64_t gen);
+  // hsdp: the replica all-reduce of the shards reduction `gen` of the unit produced.
+  Status RunReplicaAllReduce(const PlanOp& op, std::uint64_t gen);
+  // Adds reduced shards to reduced_ (the checked step) and draws the check on `stream`.
+  void AccumulateReduced(const PlanOp& op, const std::vector<PlaneBuffer>& outs);
   void ComputeGemms(const PlanOp& op, const std::vector<std::pair<int, PlaneBuffer>>& weights,
                     GradBuffers* grads, bool fresh_grads);
   Status InjectedFault(const OpContext& ctx);
@@ -187,18 +194,23 @@ class HostExecutor final : public CommandSink {
   RunControl& control_;
   Communicator& ag_comm_;
   Communicator& rs_comm_;
+  Communicator* ar_comm_;
   const int rank_;
   const int world_size_;
+  const int shard_rank_;    // in the shard group (the world but under hsdp)
+  const int replica_rank_;  // in the replica column (hsdp)
 
   std::unique_ptr<StreamWorker> compute_;
   std::unique_ptr<StreamWorker> all_gather_;
   std::unique_ptr<StreamWorker> reduce_scatter_;  // null when unified
+  std::unique_ptr<StreamWorker> all_reduce_;      // hsdp's replica all-reduce, else null
 
   // Host thread only.
   StreamPlanner planner_;
   std::vector<std::uint64_t> slot_seq_;     // per plan event: its stream's issued count
   std::vector<std::int64_t> timeline_ids_;  // per plan timeline op: the id it was given
   std::vector<std::uint64_t> grad_gen_;
+  std::vector<std::uint64_t> last_reduce_gen_;  // per unit: its latest reduction's generation
   std::vector<GradEvent> grad_events_;
   bool fault_armed_ = true;
   bool mismatch_armed_ = true;
@@ -214,9 +226,12 @@ class HostExecutor final : public CommandSink {
   ExecutorStats stats_;
   // Reduce-scatter thread only.
   std::vector<std::vector<std::vector<float>>> reduced_;
-  // Per stream (compute, all-gather, reduce-scatter): only that stream's thread appends.
-  std::array<std::vector<TimelineOp>, 3> ops_;
-  std::array<std::vector<ExecutedOp>, 3> executed_;
+  // Per plan stream (compute, all-gather, reduce-scatter, all-reduce): only that stream's
+  // thread appends.
+  std::array<std::vector<TimelineOp>, kPlanStreams> ops_;
+  std::array<std::vector<ExecutedOp>, kPlanStreams> executed_;
+  // hsdp: reduce-scatter outputs waiting for their replica all-reduce, by (unit, generation).
+  std::map<std::pair<UnitId, std::uint64_t>, std::vector<PlaneBuffer>> awaiting_all_reduce_;
 
   // This rank's shards of every plane: [unit][group][plane]. Read-only after construction.
   std::vector<std::vector<std::array<std::vector<std::byte>, 2>>> shards_;

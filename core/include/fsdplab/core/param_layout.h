@@ -13,7 +13,18 @@
 //   allocates W * shard_bytes[p] (the padded plane);
 // - gradients: numel elements in the reduce dtype; a rank keeps ceil(numel / W) of them, the
 //   unsharded buffer (reduce-scatter input) holds W times that;
-// - not sharded (no_shard): the whole plane and the whole gradient on every rank, no padding.
+// - not sharded (no_shard): the whole plane and the whole gradient on every rank, no padding;
+// - hsdp: "W" above is the shard group's size S (Policy::shard_group_size): parameters and
+//   gradients are sharded over the S ranks of a group exactly as zero3 over a world of S, and
+//   each of the R = W / S replicas holds the same shards (the replica all-reduce moves the
+//   sharded gradient, grad_shard_bytes);
+// - training state (Policy::optimizer, Policy::master_weights), per rank, over the same
+//   grad_shard_elements as the sharded gradient: under master_weights fp32 an fp32 master copy
+//   (4 B/element, none when the parameters are fp32 already), the optimizer state in fp32 (Adam 2
+//   x 4 B, SGD momentum 4 B) and, when the reduce dtype is not fp32, an fp32 gradient accumulator
+//   (4 B) into which each reduction's output is added (with an fp32 reduce dtype the reduction's
+//   output is the accumulator); without master weights the optimizer state is in the parameter
+//   dtype (bf16 for mxfp8) and there is no accumulator beyond the sharded gradient.
 #pragma once
 
 #include <array>
@@ -50,13 +61,17 @@ struct GroupLayout final {
   DType reduce_dtype = DType::kBf16;
   int num_planes = 1;  // 2 for mxfp8
   bool sharded = true;
-  int world_size = 1;
+  int world_size = 1;  // the ranks a gather and a reduce-scatter span (hsdp: the shard group)
   std::vector<ParamLayout> params;
   std::array<Bytes, 2> plane_bytes{};  // unsharded bytes of each plane
   std::array<Bytes, 2> shard_bytes{};  // per rank (sharded: padded plane / W; else the plane)
   Elements numel = 0;
   Elements grad_shard_elements = 0;  // per rank (sharded: ceil(numel / W); else numel)
   Bytes grad_element_size = 2;
+  // Training state of this rank's shard (see the conventions above).
+  Bytes master_bytes = 0;
+  Bytes optimizer_bytes = 0;
+  Bytes accumulation_bytes = 0;
 
   // The buffer an all-gather of plane p fills (sharded: W * shard; else the plane).
   Bytes gathered_bytes(int plane) const;
@@ -71,12 +86,26 @@ struct GroupLayout final {
 std::vector<int> PlanesOf(const GroupLayout& group, PlaneSet planes);
 PlaneSet PlaneBit(int plane);
 
+// The ranks a gather and a reduce-scatter span under `policy` in a world of `world_size`: the
+// world, or under hsdp Policy::shard_group_size, checked (given, from 1 to the world, dividing
+// it; the error names both numbers). The one check ModelLayout::Create and the simulator's rank
+// classes use.
+StatusOr<int> ShardGroupSize(const Policy& policy, int world_size);
+
 class ModelLayout final {
  public:
+  // Errors: a world size below 1; under hsdp a shard group size that is not given, below 1,
+  // above the world, or does not divide it (naming both numbers).
   static StatusOr<ModelLayout> Create(const Model& model, const Policy& policy, int world_size);
 
   int world_size() const { return world_size_; }
   bool sharded() const { return sharded_; }
+  // The ranks a gather and a reduce-scatter span: the world, or under hsdp the shard group.
+  // Shard group k is ranks [k * S, (k + 1) * S) (FSDP2's 2D mesh, replicate x shard).
+  int shard_group_size() const { return shard_group_size_; }
+  // How many copies of each shard exist (hsdp: W / S; else 1). Above 1, each reduced gradient
+  // shard is all-reduced across the replicas: ranks r mod S + k * S for every k.
+  int replicas() const { return world_size_ / shard_group_size_; }
   int num_units() const { return static_cast<int>(units_.size()); }
   const std::vector<GroupLayout>& groups(UnitId unit) const {
     return units_[static_cast<std::size_t>(unit)];
@@ -89,9 +118,14 @@ class ModelLayout final {
   Bytes GradShardBytes(UnitId unit) const;
   // What one rank holds of every parameter at rest (sharded parameters, all planes).
   Bytes ShardedParamBytes() const;
+  // Sums over every group of the model: fp32 master copies, optimizer state, accumulators.
+  Bytes MasterBytes() const;
+  Bytes OptimizerBytes() const;
+  Bytes AccumulationBytes() const;
 
  private:
   int world_size_ = 1;
+  int shard_group_size_ = 1;
   bool sharded_ = true;
   std::vector<std::vector<GroupLayout>> units_;
 };

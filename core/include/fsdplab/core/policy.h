@@ -26,8 +26,18 @@ enum class Sharding : std::uint8_t {
   kZero3,    // shard params, grads; reshard after forward (per reshard_after_forward)
   kZero2,    // shard params, grads; keep params unsharded from forward to backward
   kNoShard,  // replicated params (no gathers); gradients all-reduced
+  // Hybrid (FSDP2's 2D mesh): zero3 within shard groups of shard_group_size contiguous ranks,
+  // replicated across the world / shard_group_size groups; each reduced gradient shard is then
+  // all-reduced across the replicas.
+  kHsdp,
 };
 enum class OnDivergence : std::uint8_t { kError, kRerecord };
+// The optimizer whose sharded state each rank holds (memory only; DESIGN §4.2): Adam keeps two
+// moments per parameter, SGD with momentum one buffer, none nothing.
+enum class Optimizer : std::uint8_t { kNone, kSgd, kAdam };
+// Mixed precision: an fp32 master copy of each rank's shard (what the optimizer updates), or none
+// (the optimizer updates the parameters in their own dtype).
+enum class MasterWeights : std::uint8_t { kNone, kFp32 };
 
 // How many successors to prefetch.
 struct Budget final {
@@ -81,10 +91,17 @@ struct Policy final {
   // The root keeps its parameters unless its own "units" entry says otherwise.
   bool reshard_after_forward = true;
   Sharding sharding = Sharding::kZero3;
+  // sharding hsdp: ranks per shard group (0: not given; ModelLayout::Create checks it against
+  // the world size). Ignored by the other modes.
+  int shard_group_size = 0;
   bool unified_comm_stream = false;
   OnDivergence on_divergence = OnDivergence::kError;
   // Gradient reduce dtype; nullopt: the parameter dtype (bf16 for mxfp8 parameters).
   std::optional<DType> reduce_dtype;
+  // The training state beside the parameters (memory only): see OptimizerStateBytes in
+  // param_layout.h. A trace's meta may state them (ApplyTraceMetaPolicy).
+  Optimizer optimizer = Optimizer::kNone;
+  MasterWeights master_weights = MasterWeights::kNone;
   // Per-unit overrides by unit name (sorted: the JSON prints them in this order).
   std::map<std::string, UnitPolicy, std::less<>> units;
 
@@ -130,8 +147,15 @@ std::string PolicyKeyValue(const Policy& policy, std::string_view key);  // text
 // The per-unit overrides in one line: "layers.0{forward_prefetch=2} layers.3{...}" ("" if none).
 std::string UnitOverridesText(const Policy& policy);
 std::string_view PrefetchOrderName(PrefetchOrder order);  // "registration" | "recorded"
-std::string_view ShardingName(Sharding sharding);         // "zero3" | "zero2" | "no_shard"
+std::string_view ShardingName(Sharding sharding);         // "zero3" | "zero2" | "no_shard" | "hsdp"
 std::string_view OnDivergenceName(OnDivergence on);       // "error" | "rerecord"
+std::string_view OptimizerName(Optimizer optimizer);      // "none" | "sgd" | "adam"
+std::string_view MasterWeightsName(MasterWeights m);      // "none" | "fp32"
+
+// The keys of a trace's meta that describe training rather than the trace ("optimizer",
+// "master_weights", as the recorder writes them), applied to `policy`; `meta_json` is the meta's
+// extra keys (TraceMeta::extra_json). Errors name meta.<key>.
+Status ApplyTraceMetaPolicy(std::string_view meta_json, Policy& policy);
 
 // The gradient dtype a group is reduced in under `policy`.
 DType ReduceDType(const Policy& policy, DType param_dtype);

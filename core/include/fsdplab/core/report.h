@@ -43,11 +43,15 @@ struct StepReport final {
   TimeUs exposed_comm_us = 0;
   TimeUs idle_us = 0;  // no compute and no collective in progress on the rank
   CollectiveStats allgather;
-  CollectiveStats reduce_scatter;
+  CollectiveStats reduce_scatter;  // no_shard's all-reduces in place of reduce-scatters too
+  CollectiveStats all_reduce;      // hsdp: the replica all-reduces (their own stream)
   Bytes peak_memory_bytes = 0;
   std::array<Bytes, kNumMemoryCategories> peak_by_category{};  // at the step's peak
   // Each category's own peak within the step (they need not coincide with the total's).
   std::array<Bytes, kNumMemoryCategories> category_peaks{};
+  // The caching allocator's peaks within the step (0 when the executor does not model it).
+  Bytes peak_allocated_bytes = 0;
+  Bytes peak_reserved_bytes = 0;
 };
 
 struct UnitReport final {
@@ -87,6 +91,12 @@ struct ReportSummary final {
   TimeUs peak_memory_at_us = 0;
   int peak_memory_rank = 0;
   std::array<Bytes, kNumMemoryCategories> peak_by_category{};
+  // The caching allocator's peaks over every sample (core/allocator_model.h; 0 when not
+  // modelled): bytes in blocks handed out and bytes of segments reserved, and where the reserved
+  // peak was. --memory-cap applies to the reserved bytes.
+  Bytes peak_allocated_bytes = 0;
+  Bytes peak_reserved_bytes = 0;
+  int peak_reserved_rank = 0;
   TimeUs lower_bound_us = 0;
   TimeUs compute_us = 0;  // mean, same steps as step_time_us
   int collectives = 0;

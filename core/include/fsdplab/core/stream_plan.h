@@ -29,7 +29,20 @@
 //                 reduction, its sharded gradients (kShardedGrads, kept for good); record start;
 //                 one collective over every group; record end; free the output and the unsharded
 //                 gradients.
+//                 Under hsdp with more than one replica the reduced shard is not final yet:
+//                 the all-reduce stream waits for the reduce-scatter's end, all-reduces the
+//                 sharded gradients in place across the replicas (one collective over every
+//                 group, as FSDP2's foreach_reduce on its all_reduce_stream), records its end,
+//                 and frees the reduce-scatter output after it (the check, in a checked step,
+//                 follows the all-reduce).
+//   StreamWait    with the reduce-scatter stream as the signaler under hsdp, the waiter also
+//                 waits for the all-reduce stream (backward_end: every gradient is final).
 //   PassEnd       free the pass's leftover activations on the compute stream.
+//   (Begin)       besides the sharded parameters, the optimizer's side of the shard, kept for
+//                 good (accounting only): fp32 master copies (kMasterParams) and the optimizer
+//                 state (kOptimizerState), as the layout sizes them (Policy::optimizer,
+//                 master_weights); a unit's first reduction also allocates its fp32 gradient
+//                 accumulator (kGradAccumulation) when the reduce dtype is not fp32.
 //   StepEnd       record an end marker on every stream in use.
 // Memory is the sum of the alloc and free operations a stream has passed: every executor applies
 // them where its stream reaches them, so the categories agree by construction.
@@ -52,11 +65,13 @@
 namespace fsdplab {
 
 // Physical streams of one rank. With a unified communication stream, reduce-scatters run on
-// kPlanAllGather and kPlanReduceScatter is unused.
+// kPlanAllGather and kPlanReduceScatter is unused. kPlanAllReduce is used only under hsdp with
+// more than one replica (the replica all-reduce of each reduced gradient shard).
 inline constexpr int kPlanCompute = 0;
 inline constexpr int kPlanAllGather = 1;
 inline constexpr int kPlanReduceScatter = 2;
-inline constexpr int kPlanStreams = 3;
+inline constexpr int kPlanAllReduce = 3;
+inline constexpr int kPlanStreams = 4;
 
 enum class PlanOpKind : std::uint8_t {
   kRecord,      // record event `slot` on `stream`
@@ -209,7 +224,15 @@ class StreamPlanner final : public CommandSink {
   const std::vector<PlanCommand>& commands() const { return commands_; }
 
   int stream_for(Stream stream) const;
-  int num_streams_used() const { return config_.unified_comm_stream ? 2 : 3; }
+  // Whether the plan puts anything on physical stream s.
+  bool stream_used(int s) const {
+    if (s == kPlanReduceScatter) return !config_.unified_comm_stream;
+    if (s == kPlanAllReduce) return replica_all_reduce();
+    return s >= 0 && s < kPlanStreams;
+  }
+  // Under hsdp with more than one replica: each reduced gradient shard is all-reduced across
+  // the replicas on kPlanAllReduce.
+  bool replica_all_reduce() const { return layout_.replicas() > 1; }
   const PlanConfig& config() const { return config_; }
   const ModelLayout& layout() const { return layout_; }
   const std::vector<PlanBuffer>& buffers() const { return buffers_; }
@@ -254,6 +277,10 @@ class StreamPlanner final : public CommandSink {
   Status LowerStreamWait(const StreamWaitCmd& cmd);
   Status LowerRelease(const ReleaseCmd& cmd, const CommandOrigin& origin);
   Status LowerReduceScatter(const ReduceScatterCmd& cmd, const CommandOrigin& origin);
+  // Under hsdp: the replica all-reduce of the shards a reduce-scatter (ending at event
+  // `reduce_end`) produced.
+  void LowerReplicaAllReduce(UnitId unit, const std::vector<CollectivePart>& reduced,
+                             int reduce_end, const CommandOrigin& origin);
   Status LowerPassEnd(const PassEndCmd& cmd, const CommandOrigin& origin);
   Status LowerStepEnd(const CommandOrigin& origin);
 

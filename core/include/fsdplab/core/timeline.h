@@ -17,8 +17,11 @@ namespace fsdplab {
 
 // Where an op ran: the host thread of a rank or one of its streams. With a unified
 // communication stream, all-gathers and reduce-scatters share the kAllGather track.
-enum class Track : std::uint8_t { kHost, kCompute, kAllGather, kReduceScatter };
-std::string_view TrackName(Track track);  // "host", "compute", "all_gather", "reduce_scatter"
+// kAllReduce: the replica all-reduce's own stream under hsdp (no_shard's all-reduce runs on the
+// reduce-scatter stream, in place of the reduce-scatter).
+enum class Track : std::uint8_t { kHost, kCompute, kAllGather, kReduceScatter, kAllReduce };
+// "host", "compute", "all_gather", "reduce_scatter", "all_reduce"
+std::string_view TrackName(Track track);
 
 enum class OpKind : std::uint8_t {
   kCompute,
@@ -63,8 +66,15 @@ enum class MemoryCategory : std::uint8_t {
   kUnshardedGrads,
   kReduceScatterBuffers,
   kActivations,
+  // The optimizer's side of the sharded state (core/param_layout.h, OptimizerSpec): the fp32
+  // master copy of the parameters under mixed precision, the optimizer's state (Adam: two
+  // moments), and the gradient accumulator (the sharded gradient in the master dtype, kept across
+  // microbatches) when it is not the reduce-scatter's output itself.
+  kMasterParams,
+  kOptimizerState,
+  kGradAccumulation,
 };
-inline constexpr int kNumMemoryCategories = 6;
+inline constexpr int kNumMemoryCategories = 9;
 std::string_view MemoryCategoryName(MemoryCategory category);  // "sharded_params", ...
 
 struct MemorySample final {
@@ -73,6 +83,10 @@ struct MemorySample final {
   std::array<Bytes, kNumMemoryCategories> bytes{};  // indexed by MemoryCategory
   int step = 0;
   UnitId unit = kNoUnit;  // the unit whose allocation or free caused the change
+  // The caching allocator's view (core/allocator_model.h) where the executor models it, else 0:
+  // bytes in blocks handed out (rounded) and bytes of segments held from the device.
+  Bytes allocated = 0;
+  Bytes reserved = 0;
   Bytes total() const;
 };
 

@@ -39,7 +39,8 @@
 // hierarchical: an inter-node ring between the N GPUs of the same local rank moves that local
 // rank's 1/G slice of the buffer, then an intra-node ring (or curve) over G GPUs moves the whole
 // buffer (a reduce-scatter runs the same two phases in the other order, at the same cost):
-//     hier(bytes) = ring_inter(N, bytes / G) + intra(G, bytes).
+//     hier(bytes) = ring_inter(N, bytes / G) + intra(G, bytes),
+// where an all-reduce's inter ring is two passes (reduce-scatter then all-gather).
 // An all-reduce uses its own calibration when the cluster has one, else costs a reduce-scatter
 // plus an all-gather. A world of one rank costs nothing. Cost() says which tier, curve segment or
 // line gave a time (`fsdplab cost` prints it).
@@ -122,10 +123,15 @@ struct Cluster final {
   int nodes() const;
   // Time of one collective over the whole world with a buffer of `bytes` (see the model above).
   TimeUs CollectiveUs(CollectiveKind kind, Bytes bytes) const;
-  // The same, for a group of `group_size` ranks (consecutive ranks, filling nodes first).
-  TimeUs CollectiveUs(CollectiveKind kind, Bytes bytes, int group_size) const;
+  // The same, for a group of `group_size` ranks `stride` apart (1: consecutive ranks, filling
+  // nodes first; hsdp's replica all-reduce: the shard group size). A strided group has
+  // max(1, gpus_per_node / stride) ranks on each node it spans: within one node it is an intra
+  // ring (or curve); across nodes with one rank per node an inter ring over the whole buffer;
+  // else the hierarchical model with that many ranks per node. A calibrated inter curve is
+  // used only for contiguous groups (what nccl-tests measured).
+  TimeUs CollectiveUs(CollectiveKind kind, Bytes bytes, int group_size, int stride = 1) const;
   // The same, with the tier and the segment or line that gave the time.
-  CollectiveCost Cost(CollectiveKind kind, Bytes bytes, int group_size) const;
+  CollectiveCost Cost(CollectiveKind kind, Bytes bytes, int group_size, int stride = 1) const;
   const TierCalibration& calibration(CollectiveKind kind) const;
 
   friend bool operator==(const Cluster&, const Cluster&) = default;

@@ -37,9 +37,12 @@
 //   an allocation on a stream over the cap, or a host that waits with nothing in flight that
 //   could free memory, is an out-of-memory failure naming the step, the unit and the bytes.
 //
-// Ranks: one trace for all ranks runs one program on every rank; when the ranks are identical
-// (no straggler) rank 0 alone is simulated and the others are folded onto it (the timeline says
-// so). One trace per rank runs one scheduler per rank.
+// Ranks: one trace for all ranks runs one program on every rank; one trace per rank runs one
+// scheduler per rank. Ranks that run the same program at the same compute speed form a rank
+// class and are simulated once: every collective spans the world, so all ranks of a class reach
+// each collective at the same virtual time and see it start when the slowest class arrives; a
+// class stands for all its ranks exactly (the timeline's notes list the classes). Stragglers,
+// per-rank scales and per-rank traces make more classes; identical ranks make one.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +72,11 @@ struct Straggler final {
 // Parses "RANK:FACTOR" ("3:1.5").
 StatusOr<Straggler> ParseStraggler(std::string_view text);
 
+// Per-rank compute scales drawn from a log-normal distribution: exp(sigma * z), z standard
+// normal from a generator seeded with `seed` (the same seed gives the same scales). "SIGMA" or
+// "SIGMA:SEED" (--rank-jitter).
+StatusOr<std::vector<double>> RankComputeScales(std::string_view text, int world);
+
 // One all-gather of the run, by the command that issued it.
 struct GatherRef final {
   UnitId unit = kNoUnit;
@@ -90,12 +98,22 @@ struct SimOptions final {
   // A unified communication stream never runs two collectives at once.
   std::optional<double> comm_contention;
   std::vector<Straggler> stragglers;
+  // Per-rank compute scales (rank i's compute takes this many times longer; missing ranks: 1),
+  // e.g. from a seeded distribution (RankComputeScales).
+  std::vector<double> rank_compute_scales;
   std::optional<Bytes> memory_cap;
-  bool record_host_ops = true;       // one kHostIssue op per issued command in the timeline
-  int max_recorded_ranks = 1 << 30;  // ranks beyond this keep no ops or memory samples
-  bool fold_symmetric_ranks = true;  // simulate one rank when all ranks are identical
-  bool log_executed_ops = false;     // SimResult::executed (tests)
-  bool critical_path = false;        // SimResult::critical_path (critical_path.h)
+  // Model PyTorch's caching allocator (core/allocator_model.h): samples carry its allocated and
+  // reserved bytes, and memory_cap applies to what it reserves (block rounding, segments, per-
+  // stream pools). Off: the cap applies to the sum of the memory categories (exact bytes).
+  bool allocator_model = true;
+  bool record_host_ops = true;  // one kHostIssue op per issued command in the timeline
+  // Simulated ranks (rank classes, by first rank) beyond this keep no ops or memory samples.
+  int max_recorded_ranks = 1 << 30;
+  // Rank classes: ranks that run the same trace at the same speed are simulated once (false:
+  // every rank is simulated).
+  bool fold_symmetric_ranks = true;
+  bool log_executed_ops = false;  // SimResult::executed (tests)
+  bool critical_path = false;     // SimResult::critical_path (critical_path.h)
   // What-ifs: these all-gathers take no time (every rank still meets at them).
   std::vector<GatherRef> zero_cost_gathers;
 };
@@ -113,7 +131,8 @@ struct SimResult final {
   // Per step: compute time plus the gathers a memory cap keeps from overlapping the compute
   // before them (0 without a cap). See MemoryCapLowerBoundUs.
   TimeUs memory_cap_lower_bound_us = 0;
-  std::vector<Bytes> peak_memory_by_rank;  // every simulated rank, recorded or not
+  std::vector<Bytes> peak_memory_by_rank;    // every simulated rank, recorded or not
+  std::vector<Bytes> peak_reserved_by_rank;  // the caching allocator's (allocator_model)
   // With log_executed_ops: every plan operation but the records, in the order each stream of
   // each simulated rank carried it out.
   std::vector<ExecutedOp> executed;
