@@ -10,9 +10,9 @@
 # 2. fsdplab calibrate: the collective model from those curves (measured before and after the
 #    model's steps; calibrate averages repeated sizes);
 # 3. fsdplab simulate --rank-trace, both ranks' traces, twice:
-#    - fsdp2_policy: FSDP2's policy as it runs on a GPU (one unit of implicit forward prefetch,
-#      backward prefetch 1, reshard after forward with the root excepted, nothing gathered
-#      before the forward);
+#    - fsdp2_policy: FSDP2's policy as it runs on a GPU, `--preset fsdp2` (recorded order, one
+#      unit of implicit forward prefetch, backward prefetch 1, reshard after forward with the
+#      root excepted, nothing gathered before the forward);
 #    - cpu_synchronous: FSDP2 as it runs here: its default unshard is synchronous and the same
 #      Python thread computes, so nothing overlaps: every gather on demand (prefetch 0) and one
 #      stream for all collectives, so that the next gather (which compute waits for) queues
@@ -39,9 +39,8 @@ mkdir -p "$out"
 for t in "$out"/traces/*.json; do "$f" validate "$t" >/dev/null; done
 
 common=(--rank-trace "$out/traces" --cluster "$out/cluster.json" --world-size 2 --json)
-# FSDP2's policy as on a GPU.
-"$f" simulate "${common[@]}" --forward-prefetch 1 --backward-prefetch 1 \
-  --reshard-after-forward true --prefetch-first-unit false -o "$out/fsdp2_policy.json" >/dev/null
+# FSDP2's policy as on a GPU: its preset (docs/design.md, "Framework presets").
+"$f" simulate "${common[@]}" --preset fsdp2 -o "$out/fsdp2_policy.json" >/dev/null
 # As FSDP2 runs on this CPU: every unshard on demand and waited for, one stream for all
 # collectives.
 "$f" simulate "${common[@]}" --forward-prefetch 0 --backward-prefetch 0 \
