@@ -43,7 +43,7 @@ struct LaunchInfo final {
   std::string master_addr;  // torchrun and fsdplab only
   int master_port = 0;
   // "RANK=1 WORLD_SIZE=2 ...": the variables the decision was made from, for messages.
-  std::string source;
+  std::string source{};
   bool multi_process() const { return launcher != Launcher::kNone; }
 };
 
