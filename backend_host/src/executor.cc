@@ -198,8 +198,8 @@ void AccumulateGrads(const ModelData& data, UnitId unit, const GradBuffers& add,
 // ---- HostExecutor ----
 
 HostExecutor::HostExecutor(const Model& model, const ModelData& data, const ExecutorConfig& config,
-                           RunControl& control, Communicator& all_gather,
-                           Communicator& reduce_scatter, int rank)
+                           RunControl& control, Transport& all_gather,
+                           Transport& reduce_scatter, int rank)
     : model_(model),
       data_(data),
       config_(config),

@@ -127,7 +127,7 @@ struct ExecutorStats final {
 class HostExecutor final : public CommandSink {
  public:
   HostExecutor(const Model& model, const ModelData& data, const ExecutorConfig& config,
-               RunControl& control, Communicator& all_gather, Communicator& reduce_scatter,
+               RunControl& control, Transport& all_gather, Transport& reduce_scatter,
                int rank);
   ~HostExecutor() override;
   HostExecutor(const HostExecutor&) = delete;
@@ -185,8 +185,8 @@ class HostExecutor final : public CommandSink {
   const ModelData& data_;
   const ExecutorConfig config_;
   RunControl& control_;
-  Communicator& ag_comm_;
-  Communicator& rs_comm_;
+  Transport& ag_comm_;
+  Transport& rs_comm_;
   const int rank_;
   const int world_size_;
 
