@@ -25,7 +25,8 @@ namespace {
 
 constexpr int kMaxWorldSize = 256;
 
-Status CheckOptions(const Trace& trace, const LiveOptions& o, const HostRunOptions& h) {
+Status CheckOptions(const Trace& trace, const LiveOptions& o, const HostRunOptions& h,
+                    bool multi_process) {
   if (o.world_size < 1 || o.world_size > kMaxWorldSize) {
     return UsageError(fmt::format("world_size: {} is outside 1..{}", o.world_size, kMaxWorldSize));
   }
@@ -40,9 +41,13 @@ Status CheckOptions(const Trace& trace, const LiveOptions& o, const HostRunOptio
     return UsageError(fmt::format("gemm_tokens: {} is outside 1..{}", h.gemm_tokens, 1 << 20));
   }
   if (!o.fail_op.empty() && o.fail_op != "compute" && o.fail_op != "mismatch" &&
-      o.fail_op != "hang") {
+      o.fail_op != "hang" && o.fail_op != "die") {
     return UsageError(
-        fmt::format("fail_op: unknown fault '{}' (compute, mismatch or hang)", o.fail_op));
+        fmt::format("fail_op: unknown fault '{}' (compute, mismatch, hang or die)", o.fail_op));
+  }
+  if (o.fail_op == "die" && !multi_process) {
+    return UsageError(
+        "fail_op: die ends the rank's process, which needs one process per rank (mpirun)");
   }
   if (o.fail_rank && (*o.fail_rank < 0 || *o.fail_rank >= o.world_size)) {
     return UsageError(
@@ -414,9 +419,10 @@ StatusOr<RankOutput> Unpack(std::string_view bytes, int rank) {
   o.grads.grad_max_abs_error = u.Pod<double>();
   o.grad_digest = u.Pod<std::uint64_t>();
   if (!u.ok()) {
-    return InternalError(fmt::format("rank {} sent rank 0 a result of {} bytes that does not "
-                                     "read back (ranks running different fsdplab binaries?)",
-                                     rank, bytes.size()));
+    return InternalError(
+        fmt::format("rank {} sent rank 0 a result of {} bytes that does not "
+                    "read back (ranks running different fsdplab binaries?)",
+                    rank, bytes.size()));
   }
   return o;
 }
@@ -441,8 +447,10 @@ ExecutorConfig MakeConfig(const LiveOptions& options, const HostRunOptions& host
   config.seed = options.seed;
   config.check = options.check;
   config.check_step = 0;
-  config.fault = FaultInjection{
-      .rank = options.fail_rank, .op = options.fail_op, .step = options.fail_step, .unit = fail_unit};
+  config.fault = FaultInjection{.rank = options.fail_rank,
+                                .op = options.fail_op,
+                                .step = options.fail_step,
+                                .unit = fail_unit};
   config.unified_comm_stream = options.policy.unified_comm_stream;
   config.log_executed_ops = options.log_executed_ops;
   return config;
@@ -638,9 +646,11 @@ StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
   RankRun run;
   RankOutput mine;
   Status failed;
+  auto executor =
+      std::make_unique<HostExecutor>(trace.model, data, config, control, group->all_gather(),
+                                     unified ? group->all_gather() : group->reduce_scatter(), rank);
   {
-    HostExecutor exec(trace.model, data, config, control, group->all_gather(),
-                      unified ? group->all_gather() : group->reduce_scatter(), rank);
+    HostExecutor& exec = *executor;
     exec.Start();
     RunRankHost(trace, options, control, group->barrier(), config.check_step, exec, run);
     if (control.aborted()) {
@@ -669,6 +679,15 @@ StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
   }
   const OpContext ctx{rank, options.steps - 1, 0, "(none)", "gathering the results to rank 0"};
   StatusOr<std::vector<std::string>> parts = group->GatherToRoot(p.Take(), ctx, options.timeout_us);
+  if (!failed.ok()) {
+    // Collectives of the failed step may still be in flight in MPI, on the executor's buffers
+    // and the group's: both stay until the process ends, which every rank of a failed run ends
+    // alike (with MPI_Abort, after every rank has had a moment to report; MPI_Finalize would
+    // wait for ranks that abandoned a collective).
+    mpi::NoteAbandoned();
+    (void)executor.release();
+    MpiGroup::Abandon(std::move(group));
+  }
   if (!parts.ok()) return failed.ok() ? parts.status() : failed;
   if (rank != 0) {
     if (!failed.ok()) return failed;
@@ -702,8 +721,8 @@ StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
     message += "\nevery rank stopped:";
     for (int q = 0; q < w; ++q) {
       const Status& e = errors[static_cast<std::size_t>(q)];
-      message += fmt::format("\n  {}", e.ok() ? fmt::format("rank {}: finished its work", q)
-                                              : e.message());
+      message += fmt::format("\n  {}",
+                             e.ok() ? fmt::format("rank {}: finished its work", q) : e.message());
     }
     return Status(root.code(), message);
   }
@@ -749,7 +768,7 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   }
   LiveOptions checked = options;
   if (launch.multi_process()) checked.world_size = launch.world_size;
-  FSDP_RETURN_IF_ERROR(CheckOptions(trace, checked, host_options));
+  FSDP_RETURN_IF_ERROR(CheckOptions(trace, checked, host_options, launch.multi_process()));
   FSDP_ASSIGN_OR_RETURN(const UnitId fail_unit, FaultUnit(trace.model, options));
   switch (launch.launcher) {
     case Launcher::kNone: {
@@ -762,8 +781,7 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
     case Launcher::kSlurm:
       return RunAcrossProcesses(trace, options, host_options, fail_unit, launch);
     case Launcher::kTorchrun:
-    case Launcher::kFsdplab:
-      break;
+    case Launcher::kFsdplab: break;
   }
   return Unavailable(fmt::format(
       "{} started this process ({}), but the host backend's processes talk over MPI, which "

@@ -32,6 +32,15 @@ constexpr auto kPollSleep = std::chrono::microseconds(20);
 
 std::string Seconds(TimeUs us) { return fmt::format("{:g} s", us / 1e6); }
 
+// Memory a collective left in flight may still read or write until the process ends: kept
+// here, never freed (the job ends at exit, see mpi::NoteAbandoned).
+void KeepUntilExit(std::shared_ptr<void> buffers) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::shared_ptr<void>>();
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(std::move(buffers));
+}
+
 enum class WaitEnd { kDone, kAborted, kTimeout, kError };
 struct WaitOutcome {
   WaitEnd end = WaitEnd::kDone;
@@ -47,8 +56,8 @@ WaitOutcome WaitAll(const RunControl& control, std::vector<MPI_Request>& request
   const Clock::time_point deadline = begin + timeout;
   for (;;) {
     int done = 0;
-    const int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
-                               MPI_STATUSES_IGNORE);
+    const int rc =
+        MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS) {
       mpi::NoteAbandoned();
       return {WaitEnd::kError, rc};
@@ -131,21 +140,23 @@ class MpiTransport final : public Transport {
       : control_(control), comm_(comm), rank_(rank), world_(world), name_(std::move(name)) {}
 
   StatusOr<CollectiveTimes> Call(int rank, const CollectiveDesc& desc,
-                                 std::span<const Segment> segments,
-                                 const OpContext& ctx) override {
+                                 std::span<const Segment> segments, const OpContext& ctx) override {
     if (rank != rank_) {
-      return InternalError(fmt::format("{}: this process is rank {}, not {}", ctx.Describe(),
-                                       rank_, rank));
+      return InternalError(
+          fmt::format("{}: this process is rank {}, not {}", ctx.Describe(), rank_, rank));
     }
     const std::uint64_t call = next_call_++;
+    // What MPI reads and writes besides the caller's buffers; kept until exit if abandoned.
+    auto own = std::make_shared<CallBuffers>();
+    own->mine = ToWire(desc, segments);
+    own->all.resize(static_cast<std::size_t>(world_));
+    std::vector<WireDesc>& all = own->all;
     // 1. Join: every rank's call, so that a mismatch is an error rather than a hang.
-    const WireDesc mine = ToWire(desc, segments);
-    std::vector<WireDesc> all(static_cast<std::size_t>(world_));
     std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
-    int rc = MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE,
-                            comm_, reqs.data());
+    int rc = MPI_Iallgather(&own->mine, sizeof(WireDesc), MPI_BYTE, all.data(), sizeof(WireDesc),
+                            MPI_BYTE, comm_, reqs.data());
     if (rc != MPI_SUCCESS) return MpiError(ctx, desc, "MPI_Iallgather", rc);
-    FSDP_RETURN_IF_ERROR(Wait(reqs, ctx, desc, call, "to join"));
+    FSDP_RETURN_IF_ERROR(Wait(reqs, ctx, desc, call, "to join", own));
     for (const WireDesc& w : all) {
       if (!SameWire(w, all[0])) {
         std::vector<CollectiveDesc> calls;
@@ -157,7 +168,8 @@ class MpiTransport final : public Transport {
 
     // 2. The data of every buffer, in flight together (one collective with a part per buffer).
     reqs.clear();
-    std::vector<BufferPool::Buffer> staged(segments.size());
+    std::vector<BufferPool::Buffer>& staged = own->staged;
+    staged.resize(segments.size());
     for (std::size_t j = 0; j < segments.size(); ++j) {
       const Segment& seg = segments[j];
       MPI_Request req = MPI_REQUEST_NULL;
@@ -180,12 +192,15 @@ class MpiTransport final : public Transport {
         rc = MPI_Iallgather(seg.input, n, MPI_BYTE, staged[j]->data(), n, MPI_BYTE, comm_, &req);
       }
       if (rc != MPI_SUCCESS) {
-        if (!reqs.empty()) mpi::NoteAbandoned();
+        if (!reqs.empty()) {
+          mpi::NoteAbandoned();
+          KeepUntilExit(own);
+        }
         return MpiError(ctx, desc, "a nonblocking collective", rc);
       }
       reqs.push_back(req);
     }
-    FSDP_RETURN_IF_ERROR(Wait(reqs, ctx, desc, call, "to finish"));
+    FSDP_RETURN_IF_ERROR(Wait(reqs, ctx, desc, call, "to finish", own));
 
     // 3. Reductions: what arrived, summed in rank order.
     if (desc.kind != CollectiveKind::kAllGather) {
@@ -208,9 +223,16 @@ class MpiTransport final : public Transport {
   const std::string& name() const override { return name_; }
 
  private:
+  struct CallBuffers {
+    WireDesc mine;
+    std::vector<WireDesc> all;
+    std::vector<BufferPool::Buffer> staged;
+  };
+
   Status Wait(std::vector<MPI_Request>& reqs, const OpContext& ctx, const CollectiveDesc& desc,
-              std::uint64_t call, std::string_view what) {
+              std::uint64_t call, std::string_view what, const std::shared_ptr<CallBuffers>& own) {
     const WaitOutcome w = WaitAll(control_, reqs, control_.timeout(), /*abortable=*/true);
+    if (w.end != WaitEnd::kDone) KeepUntilExit(own);
     switch (w.end) {
       case WaitEnd::kDone: return Status::Ok();
       case WaitEnd::kAborted: return control_.AbortedError(ctx);
@@ -225,9 +247,8 @@ class MpiTransport final : public Transport {
 
   Status MpiError(const OpContext& ctx, const CollectiveDesc& desc, std::string_view call,
                   int rc) const {
-    return StepFailed(fmt::format("{}: {} of {} on the {} communicator failed: {}",
-                                  ctx.Describe(), call, desc.Describe(), name_,
-                                  mpi::ErrorString(rc)));
+    return StepFailed(fmt::format("{}: {} of {} on the {} communicator failed: {}", ctx.Describe(),
+                                  call, desc.Describe(), name_, mpi::ErrorString(rc)));
   }
 
   RunControl& control_;
@@ -247,8 +268,8 @@ class MpiBarrier final : public StepBarrier {
     std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
     const int rc = MPI_Ibarrier(comm_, reqs.data());
     if (rc != MPI_SUCCESS) {
-      return StepFailed(fmt::format("{}: MPI_Ibarrier failed: {}", ctx.Describe(),
-                                    mpi::ErrorString(rc)));
+      return StepFailed(
+          fmt::format("{}: MPI_Ibarrier failed: {}", ctx.Describe(), mpi::ErrorString(rc)));
     }
     const WaitOutcome w = WaitAll(control_, reqs, control_.timeout(), /*abortable=*/true);
     switch (w.end) {
@@ -259,9 +280,9 @@ class MpiBarrier final : public StepBarrier {
                                       mpi::ErrorString(w.mpi_error)));
       case WaitEnd::kTimeout: break;
     }
-    return TimeoutError(fmt::format(
-        "{}: timed out after {} at the barrier between steps: some rank did not arrive",
-        ctx.Describe(), Seconds(control_.timeout_us())));
+    return TimeoutError(
+        fmt::format("{}: timed out after {} at the barrier between steps: some rank did not arrive",
+                    ctx.Describe(), Seconds(control_.timeout_us())));
   }
 
  private:
@@ -364,13 +385,13 @@ StatusOr<std::unique_ptr<MpiGroup>> MpiGroup::Create(RunControl& control) {
   for (MPI_Comm* c : {&impl->ag_comm, &impl->rs_comm, &impl->ctl_comm, &impl->abort_comm}) {
     const int rc = MPI_Comm_dup(MPI_COMM_WORLD, c);
     if (rc != MPI_SUCCESS) {
-      return Unavailable(fmt::format("rank {}: MPI_Comm_dup failed: {}", impl->rank,
-                                     mpi::ErrorString(rc)));
+      return Unavailable(
+          fmt::format("rank {}: MPI_Comm_dup failed: {}", impl->rank, mpi::ErrorString(rc)));
     }
     MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN);
   }
-  impl->ag = std::make_unique<MpiTransport>(control, impl->ag_comm, impl->rank, impl->world,
-                                            "all_gather");
+  impl->ag =
+      std::make_unique<MpiTransport>(control, impl->ag_comm, impl->rank, impl->world, "all_gather");
   impl->rs = std::make_unique<MpiTransport>(control, impl->rs_comm, impl->rank, impl->world,
                                             "reduce_scatter");
   impl->barrier = std::make_unique<MpiBarrier>(control, impl->ctl_comm);
@@ -386,6 +407,13 @@ StatusOr<std::unique_ptr<MpiGroup>> MpiGroup::Create(RunControl& control) {
 
 MpiGroup::MpiGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MpiGroup::~MpiGroup() { impl_->control.OnFirstFailure(nullptr); }
+
+void MpiGroup::Abandon(std::unique_ptr<MpiGroup> group) {
+  group->impl_->control.OnFirstFailure(nullptr);
+  group->impl_->stop.store(true, std::memory_order_release);
+  if (group->impl_->listener.joinable()) group->impl_->listener.join();
+  KeepUntilExit(std::shared_ptr<MpiGroup>(group.release()));
+}
 int MpiGroup::rank() const { return impl_->rank; }
 int MpiGroup::world_size() const { return impl_->world; }
 Transport& MpiGroup::all_gather() { return *impl_->ag; }
@@ -425,28 +453,41 @@ StatusOr<ClockAlignment> MpiGroup::AlignClocks() {
 }
 
 StatusOr<std::vector<std::string>> MpiGroup::GatherToRoot(const std::string& mine,
-                                                          const OpContext& ctx,
-                                                          TimeUs timeout_us) {
+                                                          const OpContext& ctx, TimeUs timeout_us) {
   const int w = impl_->world;
   const auto timeout = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double, std::micro>(timeout_us));
-  auto wait = [&](std::vector<MPI_Request>& reqs) -> Status {
+  auto wait = [&](std::vector<MPI_Request>& reqs, const std::shared_ptr<void>& own) -> Status {
     const WaitOutcome o = WaitAll(impl_->control, reqs, timeout, /*abortable=*/false);
     if (o.end == WaitEnd::kDone) return Status::Ok();
+    KeepUntilExit(own);
     if (o.end == WaitEnd::kError) {
       return StepFailed(fmt::format("{}: gathering to rank 0 failed: {}", ctx.Describe(),
                                     mpi::ErrorString(o.mpi_error)));
     }
-    return TimeoutError(fmt::format("{}: timed out after {} gathering every rank's results to "
-                                    "rank 0: some rank did not send them",
-                                    ctx.Describe(), Seconds(timeout_us)));
+    return TimeoutError(
+        fmt::format("{}: timed out after {} gathering every rank's results to "
+                    "rank 0: some rank did not send them",
+                    ctx.Describe(), Seconds(timeout_us)));
   };
-  FSDP_ASSIGN_OR_RETURN(const int n, Count(mine.size(), ctx));
-  std::vector<int> sizes(static_cast<std::size_t>(w), 0);
+  FSDP_ASSIGN_OR_RETURN(const int count, Count(mine.size(), ctx));
+  struct Buffers {
+    int n = 0;
+    std::string mine;
+    std::vector<int> sizes;
+    std::vector<int> displs;
+    std::string all;
+  };
+  auto own = std::make_shared<Buffers>();
+  own->n = count;
+  own->mine = mine;
+  own->sizes.assign(static_cast<std::size_t>(w), 0);
+  std::vector<int>& sizes = own->sizes;
   std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
-  MPI_Igather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, impl_->ctl_comm, reqs.data());
-  FSDP_RETURN_IF_ERROR(wait(reqs));
-  std::vector<int> displs(static_cast<std::size_t>(w), 0);
+  MPI_Igather(&own->n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, impl_->ctl_comm, reqs.data());
+  FSDP_RETURN_IF_ERROR(wait(reqs, own));
+  own->displs.assign(static_cast<std::size_t>(w), 0);
+  std::vector<int>& displs = own->displs;
   std::size_t total = 0;
   for (int q = 0; q < w; ++q) {
     displs[static_cast<std::size_t>(q)] = static_cast<int>(total);
@@ -456,11 +497,12 @@ StatusOr<std::vector<std::string>> MpiGroup::GatherToRoot(const std::string& min
     return Unavailable(fmt::format("{}: the ranks' results ({} bytes) are over MPI's int count",
                                    ctx.Describe(), total));
   }
-  std::string all(impl_->rank == 0 ? total : 0, '\0');
+  own->all.assign(impl_->rank == 0 ? total : 0, '\0');
+  const std::string& all = own->all;
   reqs.assign(1, MPI_REQUEST_NULL);
-  MPI_Igatherv(mine.data(), n, MPI_BYTE, all.data(), sizes.data(), displs.data(), MPI_BYTE, 0,
-               impl_->ctl_comm, reqs.data());
-  FSDP_RETURN_IF_ERROR(wait(reqs));
+  MPI_Igatherv(own->mine.data(), own->n, MPI_BYTE, own->all.data(), sizes.data(), displs.data(),
+               MPI_BYTE, 0, impl_->ctl_comm, reqs.data());
+  FSDP_RETURN_IF_ERROR(wait(reqs, own));
   std::vector<std::string> out;
   if (impl_->rank != 0) return out;
   for (int q = 0; q < w; ++q) {
@@ -474,11 +516,10 @@ StatusOr<std::vector<double>> MpiGroup::AllGatherValue(double mine, const OpCont
   std::vector<double> all(static_cast<std::size_t>(impl_->world), 0.0);
   std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
   MPI_Iallgather(&mine, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, impl_->ctl_comm, reqs.data());
-  const WaitOutcome o =
-      WaitAll(impl_->control, reqs, impl_->control.timeout(), /*abortable=*/true);
+  const WaitOutcome o = WaitAll(impl_->control, reqs, impl_->control.timeout(), /*abortable=*/true);
   if (o.end != WaitEnd::kDone) {
-    return TimeoutError(fmt::format("{}: exchanging a value with the other ranks did not finish",
-                                    ctx.Describe()));
+    return TimeoutError(
+        fmt::format("{}: exchanging a value with the other ranks did not finish", ctx.Describe()));
   }
   return all;
 }
@@ -501,6 +542,7 @@ Transport& MpiGroup::all_gather() { std::abort(); }
 Transport& MpiGroup::reduce_scatter() { std::abort(); }
 StepBarrier& MpiGroup::barrier() { std::abort(); }
 StatusOr<ClockAlignment> MpiGroup::AlignClocks() { return ClockAlignment{}; }
+void MpiGroup::Abandon(std::unique_ptr<MpiGroup> group) { (void)group.release(); }
 StatusOr<std::vector<std::string>> MpiGroup::GatherToRoot(const std::string&, const OpContext&,
                                                           TimeUs) {
   return std::vector<std::string>{};

@@ -170,15 +170,15 @@ TEST_P(SampleTraceTest, ProcessesAndThreadsAgreeBitForBit) {
   RunBothModes(*trace, o);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Traces, SampleTraceTest,
-    ::testing::Values("gpt_small.json", "divergent_step.json", "mxfp8_reentrant.json",
-                      "no_backward_unit.json", "reentrant_recompute.json",
-                      "reversed_registration.json", "shared_layer.json", "two_microbatches.json"),
-    [](const ::testing::TestParamInfo<std::string>& param) {
-      std::string name = param.param.substr(0, param.param.find('.'));
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Traces, SampleTraceTest,
+                         ::testing::Values("gpt_small.json", "divergent_step.json",
+                                           "mxfp8_reentrant.json", "no_backward_unit.json",
+                                           "reentrant_recompute.json", "reversed_registration.json",
+                                           "shared_layer.json", "two_microbatches.json"),
+                         [](const ::testing::TestParamInfo<std::string>& param) {
+                           std::string name = param.param.substr(0, param.param.find('.'));
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace fsdplab::host

@@ -74,8 +74,11 @@ void DeclareLiveFlags(Args& args, bool record) {
   args.Declare("--no-check", ArgKind::kSwitch,
                "skip the byte-for-byte checks of gathered parameters and reduced gradients");
   args.Declare("--fail-rank", ArgKind::kValue, "fault injection: the rank that fails", "R");
-  args.Declare("--fail-op", ArgKind::kValue,
-               "fault injection: compute (throws), mismatch (a wrong collective) or hang", "OP");
+  args.Declare(
+      "--fail-op", ArgKind::kValue,
+      "fault injection: compute (throws), mismatch (a wrong collective), hang, or die (the "
+      "rank's process exits: host, one process per rank)",
+      "OP");
   args.Declare("--fail-step", ArgKind::kValue, "fault injection: the step (default 0)", "S");
   args.Declare("--fail-unit", ArgKind::kValue,
                "fault injection: the unit (default: the first with parameters)", "UNIT");

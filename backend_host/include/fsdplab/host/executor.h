@@ -127,8 +127,7 @@ struct ExecutorStats final {
 class HostExecutor final : public CommandSink {
  public:
   HostExecutor(const Model& model, const ModelData& data, const ExecutorConfig& config,
-               RunControl& control, Transport& all_gather, Transport& reduce_scatter,
-               int rank);
+               RunControl& control, Transport& all_gather, Transport& reduce_scatter, int rank);
   ~HostExecutor() override;
   HostExecutor(const HostExecutor&) = delete;
   HostExecutor& operator=(const HostExecutor&) = delete;
@@ -231,6 +230,11 @@ class HostExecutor final : public CommandSink {
   std::vector<std::vector<std::shared_ptr<GradBuffers>>> grad_free_;  // [unit]: reusable
   std::vector<std::vector<std::array<PlaneBuffer, 2>>> params_;       // [unit][group][plane]
   std::map<std::pair<UnitId, std::uint64_t>, std::shared_ptr<GradBuffers>> grads_;
+  // Buffers of reductions that failed (a rank aborted or timed out): another process may still
+  // move data through them, so they live as long as the executor (which a failed run across
+  // processes never destroys before the process ends). Gather buffers return to pool_, which
+  // lives as long.
+  std::vector<std::shared_ptr<void>> in_flight_;
   std::array<Bytes, kNumMemoryCategories> memory_{};
   std::vector<MemorySample> samples_;
 };

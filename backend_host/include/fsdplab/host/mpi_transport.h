@@ -64,6 +64,10 @@ class MpiGroup final {
   // most `timeout_us` (it also runs after a failure, when the run has already aborted).
   StatusOr<std::vector<std::string>> GatherToRoot(const std::string& mine, const OpContext& ctx,
                                                   TimeUs timeout_us);
+  // After a failure: collectives may still be in flight on the group's communicators and buffers,
+  // which MPI cannot cancel. Stops listening and keeps the group until the process ends (the job
+  // then ends with MPI_Abort; see mpi::NoteAbandoned).
+  static void Abandon(std::unique_ptr<MpiGroup> group);
   // Every rank's `mine`, in rank order, on every rank (bench-gather's per-rank times and counts).
   StatusOr<std::vector<double>> AllGatherValue(double mine, const OpContext& ctx);
 

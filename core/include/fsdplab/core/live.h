@@ -39,7 +39,7 @@ struct LiveOptions final {
   // Fault injection for tests: make this rank fail at (step, unit, op), or call a mismatched
   // collective.
   std::optional<int> fail_rank;
-  std::string fail_op;  // "compute" | "mismatch" | "hang"
+  std::string fail_op;  // "compute" | "mismatch" | "hang" | "die" (host, one process per rank)
   int fail_step = 0;
   std::string fail_unit;          // empty: the first unit with parameters
   bool log_executed_ops = false;  // LiveResult::executed (tests that hold executors together)
