@@ -88,7 +88,7 @@ std::uint32_t GetU32(const char* in) {
 
 StatusOr<std::vector<char>> ServeRoot(const LaunchInfo& cfg, std::vector<char> payload,
                                       Clock::time_point deadline) {
-  const std::string where = fmt::format("rank 0 listening on port {}", cfg.master_port);
+  const std::string where = fmt::format("rank 0 listening on port {}", cfg.rendezvous_port);
   Socket listener(::socket(AF_INET6, SOCK_STREAM, 0));
   bool v6 = listener.fd() >= 0;
   if (!v6) listener = Socket(::socket(AF_INET, SOCK_STREAM, 0));
@@ -104,18 +104,20 @@ StatusOr<std::vector<char>> ServeRoot(const LaunchInfo& cfg, std::vector<char> p
     sockaddr_in6 addr{};
     addr.sin6_family = AF_INET6;
     addr.sin6_addr = in6addr_any;
-    addr.sin6_port = htons(static_cast<std::uint16_t>(cfg.master_port));
+    addr.sin6_port = htons(static_cast<std::uint16_t>(cfg.rendezvous_port));
     rc = ::bind(listener.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
   } else {
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    addr.sin_port = htons(static_cast<std::uint16_t>(cfg.master_port));
+    addr.sin_port = htons(static_cast<std::uint16_t>(cfg.rendezvous_port));
     rc = ::bind(listener.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
   }
   if (rc != 0) {
     return Unavailable(
-        fmt::format("{}: bind: {} (master port {})", where, std::strerror(errno), cfg.master_port));
+        fmt::format("{}: bind: {} (the rendezvous port: FSDPLAB_MASTER_PORT, or MASTER_PORT + 1 "
+                    "under torchrun)",
+                    where, std::strerror(errno)));
   }
   if (::listen(listener.fd(), cfg.world_size) != 0) {
     return InternalError(fmt::format("{}: listen: {}", where, std::strerror(errno)));
@@ -166,12 +168,12 @@ StatusOr<std::vector<char>> ServeRoot(const LaunchInfo& cfg, std::vector<char> p
 
 StatusOr<std::vector<char>> JoinRoot(const LaunchInfo& cfg, Clock::time_point deadline) {
   const std::string where =
-      fmt::format("rank {} connecting to {}:{}", cfg.rank, cfg.master_addr, cfg.master_port);
+      fmt::format("rank {} connecting to {}:{}", cfg.rank, cfg.master_addr, cfg.rendezvous_port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  const std::string port = std::to_string(cfg.master_port);
+  const std::string port = std::to_string(cfg.rendezvous_port);
   const int gai = ::getaddrinfo(cfg.master_addr.c_str(), port.c_str(), &hints, &found);
   if (gai != 0) {
     return InvalidInput(

@@ -41,19 +41,13 @@ class Ranks {
  public:
   static StatusOr<Ranks> Detect(int world_size) {
     FSDP_ASSIGN_OR_RETURN(const LaunchInfo launch, DetectLaunch());
+    FSDP_ASSIGN_OR_RETURN(const bool processes, StartRankProcesses(launch));
     Ranks r;
-    if (!launch.multi_process()) {
+    if (!processes) {
       r.world_ = world_size;
       for (int q = 0; q < world_size; ++q) r.local_.push_back(q);
       return r;
     }
-    if (launch.launcher != Launcher::kMpi && launch.launcher != Launcher::kSlurm) {
-      return Unavailable(fmt::format(
-          "{} started this process ({}), but the host backend's processes talk over MPI, which "
-          "only mpirun (or srun with PMIx) can start",
-          LauncherName(launch.launcher), launch.source));
-    }
-    FSDP_RETURN_IF_ERROR(mpi::Init(launch));
     r.world_ = launch.world_size;
     r.local_ = {launch.rank};
     r.processes_ = true;

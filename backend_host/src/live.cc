@@ -623,7 +623,6 @@ StatusOr<LiveResult> RunInProcess(const Trace& trace, const LiveOptions& options
 StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
                                         const HostRunOptions& host_options, UnitId fail_unit,
                                         const LaunchInfo& launch) {
-  FSDP_RETURN_IF_ERROR(mpi::Init(launch));
   std::vector<std::string> notes;
   const int w = launch.world_size;
   const int rank = launch.rank;
@@ -770,24 +769,12 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   if (launch.multi_process()) checked.world_size = launch.world_size;
   FSDP_RETURN_IF_ERROR(CheckOptions(trace, checked, host_options, launch.multi_process()));
   FSDP_ASSIGN_OR_RETURN(const UnitId fail_unit, FaultUnit(trace.model, options));
-  switch (launch.launcher) {
-    case Launcher::kNone: {
-      FSDP_ASSIGN_OR_RETURN(ModelData data, ModelData::Create(trace.model, options.policy,
-                                                              options.world_size, options.seed));
-      return RunInProcess(trace, options, host_options, data,
-                          MakeConfig(options, host_options, fail_unit));
-    }
-    case Launcher::kMpi:
-    case Launcher::kSlurm:
-      return RunAcrossProcesses(trace, options, host_options, fail_unit, launch);
-    case Launcher::kTorchrun:
-    case Launcher::kFsdplab: break;
-  }
-  return Unavailable(fmt::format(
-      "{} started this process ({}), but the host backend's processes talk over MPI, which "
-      "only mpirun (or srun with PMIx) can start: run `mpirun -np {} fsdplab run --backend host "
-      "...`",
-      LauncherName(launch.launcher), launch.source, launch.world_size));
+  FSDP_ASSIGN_OR_RETURN(const bool processes, StartRankProcesses(launch));
+  if (processes) return RunAcrossProcesses(trace, options, host_options, fail_unit, launch);
+  FSDP_ASSIGN_OR_RETURN(ModelData data, ModelData::Create(trace.model, options.policy,
+                                                          options.world_size, options.seed));
+  return RunInProcess(trace, options, host_options, data,
+                      MakeConfig(options, host_options, fail_unit));
 }
 
 }  // namespace fsdplab::host

@@ -18,6 +18,20 @@
 
 namespace fsdplab::host {
 
+StatusOr<bool> StartRankProcesses(const LaunchInfo& launch) {
+  switch (launch.launcher) {
+    case Launcher::kNone: return false;
+    case Launcher::kMpi:
+    case Launcher::kSlurm: FSDP_RETURN_IF_ERROR(mpi::Init(launch)); return true;
+    case Launcher::kTorchrun:
+    case Launcher::kFsdplab: break;
+  }
+  return Unavailable(fmt::format(
+      "{} started this process ({}), but the host backend's processes talk over MPI, which only "
+      "mpirun (or srun with PMIx) can start: run `mpirun -np {} fsdplab ... --backend host ...`",
+      LauncherName(launch.launcher), launch.source, launch.world_size));
+}
+
 #ifdef FSDPLAB_HAVE_MPI
 namespace {
 

@@ -94,6 +94,15 @@ StatusOr<LaunchInfo> Read(const VarSet& set, const EnvLookup& env) {
     FSDP_ASSIGN_OR_RETURN(info.master_port, ParseVar(set.port, env(set.port), 1, 65535));
     info.source +=
         fmt::format(" {}={} {}={}", set.addr, info.master_addr, set.port, info.master_port);
+    info.rendezvous_port = info.master_port;
+    if (set.launcher == Launcher::kTorchrun) {
+      if (info.master_port == 65535) {
+        return InvalidInput(
+            "MASTER_PORT=65535 leaves no port above it for fsdplab's rendezvous (torchrun's own "
+            "store listens on MASTER_PORT, fsdplab on MASTER_PORT + 1)");
+      }
+      info.rendezvous_port = info.master_port + 1;
+    }
   }
   return info;
 }

@@ -51,6 +51,7 @@ TEST(DetectLaunch, EachLauncherIsRead) {
   EXPECT_EQ(torch->world_size, 4);
   EXPECT_EQ(torch->master_addr, "node0");
   EXPECT_EQ(torch->master_port, 29500);
+  EXPECT_EQ(torch->rendezvous_port, 29501);  // torchrun's own store holds MASTER_PORT
 
   StatusOr<LaunchInfo> own = DetectLaunch(Env({{"FSDPLAB_RANK", "0"},
                                                {"FSDPLAB_WORLD_SIZE", "2"},
@@ -58,6 +59,7 @@ TEST(DetectLaunch, EachLauncherIsRead) {
                                                {"FSDPLAB_MASTER_PORT", "1"}}));
   ASSERT_TRUE(own.ok()) << own.status().message();
   EXPECT_EQ(own->launcher, Launcher::kFsdplab);
+  EXPECT_EQ(own->rendezvous_port, 1);
 
   StatusOr<LaunchInfo> srun =
       DetectLaunch(Env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}}));

@@ -39,7 +39,8 @@ TEST(TcpBroadcast, EveryRankReceivesRankZerosBytes) {
                    .world_size = kWorld,
                    .local_rank = -1,
                    .master_addr = "127.0.0.1",
-                   .master_port = port};
+                   .master_port = port,
+                   .rendezvous_port = port};
       // Ranks 1..3 start first and must retry until rank 0 listens.
       got[static_cast<std::size_t>(r)] = TcpBroadcast(c, r == 0 ? id : std::vector<char>{}, 10e6);
     });
@@ -59,7 +60,8 @@ TEST(TcpBroadcast, MissingRankTimesOutNamingIt) {
                .world_size = 2,
                .local_rank = -1,
                .master_addr = "127.0.0.1",
-               .master_port = port};
+               .master_port = port,
+               .rendezvous_port = port};
   StatusOr<std::vector<char>> r = TcpBroadcast(c, std::vector<char>(8, 'x'), 0.2e6);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kTimeout);

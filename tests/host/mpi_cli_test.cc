@@ -135,6 +135,31 @@ TEST_F(MpiCliTest, AHungOrDeadRankEndsTheJobInBoundedTime) {
   EXPECT_LT(die.seconds, 15.0) << die.out;
 }
 
+// One process per rank, one table from rank 0, every element checked on every rank.
+TEST_F(MpiCliTest, BenchGatherAcrossProcesses) {
+  for (const char* op : {"all_gather", "reduce_scatter"}) {
+    SCOPED_TRACE(op);
+    const std::string json = Path(std::string(op) + ".json");
+    Result r = Mpirun(3, fmt::format("bench-gather --backend host -b 96K -e 384K -f 4 -n 3 -w 1 "
+                                     "--op {} -J {}",
+                                     op, json));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(Count(r.out, "# fsdplab bench-gather:"), 1) << r.out;
+    StatusOr<std::string> text = ReadFile(json);
+    ASSERT_TRUE(text.ok()) << text.status().message();
+    const nlohmann::json doc = nlohmann::json::parse(*text);
+    EXPECT_EQ(doc["world_size"], 3);
+    ASSERT_EQ(doc["rows"].size(), 2u);  // 96K and 384K
+    for (const auto& row : doc["rows"]) {
+      EXPECT_EQ(row["wrong"], 0);
+      EXPECT_GT(row["time_us"].get<double>(), 0.0);
+    }
+  }
+  Result both = Mpirun(2, "bench-gather --backend host -b 64K -e 64K -n 3 -w 1 --op concurrent");
+  ASSERT_EQ(both.code, 0) << both.out;
+  EXPECT_NE(both.out.find("2 ranks"), std::string::npos) << both.out;
+}
+
 TEST_F(MpiCliTest, LaunchErrorsNameTheVariables) {
   // torchrun's variables disagreeing with mpirun's.
   Result conflict = Shell("RANK=0 WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 " +
@@ -153,6 +178,17 @@ TEST_F(MpiCliTest, LaunchErrorsNameTheVariables) {
                              "MASTER_PORT not set"),
             std::string::npos)
       << partial.out;
+  // torchrun's variables: the host backend's processes need MPI's launcher (docs/design.md).
+  Result torchrun = Shell(fmt::format(
+      "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 {} run --backend "
+      "host {}",
+      FSDPLAB_BIN, trace_));
+  EXPECT_EQ(torchrun.code, 4) << torchrun.out;
+  EXPECT_NE(torchrun.out.find("torchrun started this process (RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "
+                              "MASTER_ADDR=127.0.0.1 MASTER_PORT=29500), but the host backend's "
+                              "processes talk over MPI"),
+            std::string::npos)
+      << torchrun.out;
   // die needs one process per rank.
   Result die = Shell(
       fmt::format("{} run --backend host {} --fail-rank 0 --fail-op die", FSDPLAB_BIN, trace_));

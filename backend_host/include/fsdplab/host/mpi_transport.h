@@ -28,11 +28,18 @@
 #include <string>
 #include <vector>
 
+#include "fsdplab/core/launch.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/units.h"
 #include "fsdplab/host/runtime.h"
 
 namespace fsdplab::host {
+
+// Whether the host backend runs `launch` as one process per rank: false with no launcher (the
+// ranks are threads of this process); true under mpirun or srun, once MPI is initialised; an
+// Unavailable error under torchrun's or fsdplab's variables, since Open MPI joins only the
+// processes its own launcher (or Slurm's PMIx) started.
+StatusOr<bool> StartRankProcesses(const LaunchInfo& launch);
 
 // How the ranks' clocks were put on one origin: every rank took the origin when it left one
 // barrier; then rank 0 measured each rank's remaining offset by ping-pong (the round with the

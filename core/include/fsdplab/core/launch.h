@@ -42,6 +42,10 @@ struct LaunchInfo final {
   int local_rank = -1;      // -1: not given
   std::string master_addr;  // torchrun and fsdplab only
   int master_port = 0;
+  // The port rank 0 listens on for fsdplab's own rendezvous (the CUDA backend's NCCL id):
+  // FSDPLAB_MASTER_PORT, or under torchrun MASTER_PORT + 1, because torchrun's own store
+  // already listens on MASTER_PORT (measured with torch 2.x's torchrun, static and c10d).
+  int rendezvous_port = 0;
   // "RANK=1 WORLD_SIZE=2 ...": the variables the decision was made from, for messages.
   std::string source{};
   bool multi_process() const { return launcher != Launcher::kNone; }
