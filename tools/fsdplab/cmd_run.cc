@@ -234,6 +234,8 @@ Status Run(const Args& args, bool record) {
   LiveResult result = std::move(*run);
   // A multi-process run: rank 0 has every rank's timeline and checks and writes everything.
   if (!result.report_rank) return Status::Ok();
+  // The ranks that ran: the launcher's under mpirun (srun, ...), whatever --world-size said.
+  if (result.timeline.world_size > 0) options.world_size = result.timeline.world_size;
 
   std::vector<std::string> check_errors;
   const LiveCheck& c = result.check;
