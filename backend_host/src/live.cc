@@ -639,9 +639,9 @@ StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
                         ModelData::Create(trace.model, options.policy, w, options.seed));
   const ExecutorConfig config = MakeConfig(options, host_options, fail_unit);
   RunControl control(options.timeout_us, w);
-  FSDP_ASSIGN_OR_RETURN(std::unique_ptr<MpiGroup> group, MpiGroup::Create(control));
-  FSDP_ASSIGN_OR_RETURN(const ClockAlignment clocks, group->AlignClocks());
   const bool unified = options.policy.unified_comm_stream;
+  FSDP_ASSIGN_OR_RETURN(std::unique_ptr<MpiGroup> group, MpiGroup::Create(control, unified));
+  FSDP_ASSIGN_OR_RETURN(const ClockAlignment clocks, group->AlignClocks());
   RankRun run;
   RankOutput mine;
   Status failed;

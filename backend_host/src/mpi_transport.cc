@@ -391,7 +391,7 @@ struct MpiGroup::Impl {
   }
 };
 
-StatusOr<std::unique_ptr<MpiGroup>> MpiGroup::Create(RunControl& control) {
+StatusOr<std::unique_ptr<MpiGroup>> MpiGroup::Create(RunControl& control, bool unified) {
   if (!mpi::Initialized()) return InternalError("MpiGroup::Create before mpi::Init");
   auto impl = std::make_unique<Impl>(control);
   impl->rank = mpi::Rank();
@@ -404,8 +404,8 @@ StatusOr<std::unique_ptr<MpiGroup>> MpiGroup::Create(RunControl& control) {
     }
     MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN);
   }
-  impl->ag =
-      std::make_unique<MpiTransport>(control, impl->ag_comm, impl->rank, impl->world, "all_gather");
+  impl->ag = std::make_unique<MpiTransport>(control, impl->ag_comm, impl->rank, impl->world,
+                                            unified ? "communication" : "all_gather");
   impl->rs = std::make_unique<MpiTransport>(control, impl->rs_comm, impl->rank, impl->world,
                                             "reduce_scatter");
   impl->barrier = std::make_unique<MpiBarrier>(control, impl->ctl_comm);
@@ -542,8 +542,9 @@ StatusOr<std::vector<double>> MpiGroup::AllGatherValue(double mine, const OpCont
 
 struct MpiGroup::Impl {};
 
-StatusOr<std::unique_ptr<MpiGroup>> MpiGroup::Create(RunControl& control) {
+StatusOr<std::unique_ptr<MpiGroup>> MpiGroup::Create(RunControl& control, bool unified) {
   (void)control;
+  (void)unified;
   return Unavailable(
       "this fsdplab was built without MPI: install Open MPI (Debian: libopenmpi-dev "
       "openmpi-bin; scripts/setup.sh does) and configure again");

@@ -53,8 +53,9 @@ class MpiGroup final {
  public:
   // After mpi::Init: duplicates MPI_COMM_WORLD for the all-gather stream, the reduce-scatter
   // stream, the barrier and gathers, and the abort messages; hooks `control` so that this
-  // rank's first failure reaches the others. `control` must outlive the group.
-  static StatusOr<std::unique_ptr<MpiGroup>> Create(RunControl& control);
+  // rank's first failure reaches the others. `control` must outlive the group. `unified`: one
+  // communication stream carries both kinds (its transport is named "communication").
+  static StatusOr<std::unique_ptr<MpiGroup>> Create(RunControl& control, bool unified = false);
   ~MpiGroup();
   MpiGroup(const MpiGroup&) = delete;
   MpiGroup& operator=(const MpiGroup&) = delete;
