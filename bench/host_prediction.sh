@@ -9,6 +9,10 @@
 #   bench/host_prediction.sh [BUILD_DIR] [COMM_CONTENTION]
 #   bench/host_prediction.sh --grid [--seed N] [--count N] [--build DIR]
 #
+# MPI_NP=N: the ranks as N processes (`mpirun -np N`, collectives over MPI) for both the
+# bench-gather calibration and the live runs, instead of threads of one process (issue 18).
+# TRACES="gpt_small two_microbatches": only those sample traces.
+#
 # --grid: a seeded grid of at least 24 synthetic workloads instead of the sample traces (see
 # bench/host_prediction_grid.py: compute/communication 0.1-10, units 1-64 MB, 1-4 microbatches,
 # recompute, MXFP8, budgets 0-2, 2 and 3 ranks).
@@ -32,6 +36,12 @@ f="$build/tools/fsdplab"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 world=2
+launch=()
+if [ -n "${MPI_NP:-}" ]; then
+  world=$MPI_NP
+  launch=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np "$MPI_NP"
+    --oversubscribe)
+fi
 steps=${STEPS:-8}
 repeat=${REPEAT:-3}
 sizes=(-b 256K -e 128M -f 2 -n 10 -w 3)
@@ -44,24 +54,25 @@ sizes=(-b 256K -e 128M -f 2 -n 10 -w 3)
 # them (bench-gather --working-set); 0 measures one hot buffer, as nccl-tests does.
 ws=(--working-set "${WORKING_SET:-256M}")
 bench() {
-  "$f" bench-gather --backend host --world-size $world "${sizes[@]}" "${ws[@]}" \
+  "${launch[@]}" "$f" bench-gather --backend host --world-size $world "${sizes[@]}" "${ws[@]}" \
     --nccl-out "$work/ag$1.txt" >/dev/null
-  "$f" bench-gather --backend host --world-size $world "${sizes[@]}" "${ws[@]}" \
+  "${launch[@]}" "$f" bench-gather --backend host --world-size $world "${sizes[@]}" "${ws[@]}" \
     --op reduce_scatter --nccl-out "$work/rs$1.txt" >/dev/null
 }
 bench 0
-"$f" bench-gather --backend host --world-size $world "${sizes[@]}" --op concurrent \
+"${launch[@]}" "$f" bench-gather --backend host --world-size $world "${sizes[@]}" --op concurrent \
   -J "$work/concurrent.json" | tail -1
 
 names=()
 for t in "$root"/traces/*.json; do
   name="$(basename "$t" .json)"
+  if [ -n "${TRACES:-}" ] && [[ " $TRACES " != *" $name "* ]]; then continue; fi
   names+=("$name")
   extra=()
   [ "$name" = mxfp8_inside_recompute ] && extra=(--unshard-all-planes-in-backward all)
   [ "$name" = divergent_step ] && extra=(--order registration)
   for ((i = 0; i < repeat; i++)); do
-    "$f" run --backend host "$t" --world-size $world --steps "$steps" --compute timed \
+    "${launch[@]}" "$f" run --backend host "$t" --world-size $world --steps "$steps" --compute timed \
       --no-check "${extra[@]}" --json -o "$work/$name.meas$i.json" >/dev/null
   done
 done

@@ -14,9 +14,10 @@
 # complete when its marker file exists; an interrupted install is removed and made again.
 set -euo pipefail
 
+# libopenmpi-dev and openmpi-bin: one process per rank for live runs (mpirun -np N fsdplab run).
 FSDPLAB_PACKAGES=(cmake g++ make libboost-graph-dev nlohmann-json3-dev libfmt-dev
   libsimdjson-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev clang-format python3-torch
-  python3-venv)
+  python3-venv libopenmpi-dev openmpi-bin)
 
 missing=()
 for p in "${FSDPLAB_PACKAGES[@]}"; do

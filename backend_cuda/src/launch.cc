@@ -10,34 +10,16 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <utility>
 
-#ifdef FSDPLAB_HAVE_MPI
-#include <mpi.h>
-#endif
-
 namespace fsdplab::cuda {
 namespace {
 
 constexpr char kMagic[8] = {'F', 'S', 'D', 'P', 'L', 'A', 'B', '1'};
-
-StatusOr<int> ParseIntVar(const char* name, const char* text, int min, int max) {
-  int value = 0;
-  const char* end = text + std::strlen(text);
-  auto [ptr, ec] = std::from_chars(text, end, value);
-  if (ec != std::errc() || ptr != end || text == end) {
-    return InvalidInput(fmt::format("{}='{}' is not an integer", name, text));
-  }
-  if (value < min || value > max) {
-    return InvalidInput(fmt::format("{}={} is out of range [{}, {}]", name, value, min, max));
-  }
-  return value;
-}
 
 // An owned socket descriptor.
 class Socket final {
@@ -104,9 +86,9 @@ std::uint32_t GetU32(const char* in) {
   return ntohl(be);
 }
 
-StatusOr<std::vector<char>> ServeRoot(const LaunchConfig& cfg, std::vector<char> payload,
+StatusOr<std::vector<char>> ServeRoot(const LaunchInfo& cfg, std::vector<char> payload,
                                       Clock::time_point deadline) {
-  const std::string where = fmt::format("rank 0 listening on port {}", cfg.master_port);
+  const std::string where = fmt::format("rank 0 listening on port {}", cfg.rendezvous_port);
   Socket listener(::socket(AF_INET6, SOCK_STREAM, 0));
   bool v6 = listener.fd() >= 0;
   if (!v6) listener = Socket(::socket(AF_INET, SOCK_STREAM, 0));
@@ -122,18 +104,20 @@ StatusOr<std::vector<char>> ServeRoot(const LaunchConfig& cfg, std::vector<char>
     sockaddr_in6 addr{};
     addr.sin6_family = AF_INET6;
     addr.sin6_addr = in6addr_any;
-    addr.sin6_port = htons(static_cast<std::uint16_t>(cfg.master_port));
+    addr.sin6_port = htons(static_cast<std::uint16_t>(cfg.rendezvous_port));
     rc = ::bind(listener.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
   } else {
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    addr.sin_port = htons(static_cast<std::uint16_t>(cfg.master_port));
+    addr.sin_port = htons(static_cast<std::uint16_t>(cfg.rendezvous_port));
     rc = ::bind(listener.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
   }
   if (rc != 0) {
-    return Unavailable(fmt::format("{}: bind: {} (FSDPLAB_MASTER_PORT={})", where,
-                                   std::strerror(errno), cfg.master_port));
+    return Unavailable(
+        fmt::format("{}: bind: {} (the rendezvous port: FSDPLAB_MASTER_PORT, or MASTER_PORT + 1 "
+                    "under torchrun)",
+                    where, std::strerror(errno)));
   }
   if (::listen(listener.fd(), cfg.world_size) != 0) {
     return InternalError(fmt::format("{}: listen: {}", where, std::strerror(errno)));
@@ -163,7 +147,7 @@ StatusOr<std::vector<char>> ServeRoot(const LaunchConfig& cfg, std::vector<char>
     const int rank = static_cast<int>(GetU32(hello + 8));
     const int world = static_cast<int>(GetU32(hello + 12));
     if (world != cfg.world_size) {
-      return InvalidInput(fmt::format("{}: rank {} has FSDPLAB_WORLD_SIZE={}, rank 0 has {}", where,
+      return InvalidInput(fmt::format("{}: rank {} has a world size of {}, rank 0 of {}", where,
                                       rank, world, cfg.world_size));
     }
     if (rank <= 0 || rank >= cfg.world_size || seen[static_cast<std::size_t>(rank)]) {
@@ -182,18 +166,18 @@ StatusOr<std::vector<char>> ServeRoot(const LaunchConfig& cfg, std::vector<char>
   return payload;
 }
 
-StatusOr<std::vector<char>> JoinRoot(const LaunchConfig& cfg, Clock::time_point deadline) {
+StatusOr<std::vector<char>> JoinRoot(const LaunchInfo& cfg, Clock::time_point deadline) {
   const std::string where =
-      fmt::format("rank {} connecting to {}:{}", cfg.rank, cfg.master_addr, cfg.master_port);
+      fmt::format("rank {} connecting to {}:{}", cfg.rank, cfg.master_addr, cfg.rendezvous_port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  const std::string port = std::to_string(cfg.master_port);
+  const std::string port = std::to_string(cfg.rendezvous_port);
   const int gai = ::getaddrinfo(cfg.master_addr.c_str(), port.c_str(), &hints, &found);
   if (gai != 0) {
     return InvalidInput(
-        fmt::format("{}: cannot resolve FSDPLAB_MASTER_ADDR: {}", where, gai_strerror(gai)));
+        fmt::format("{}: cannot resolve the master address: {}", where, gai_strerror(gai)));
   }
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addrs(found, &::freeaddrinfo);
   std::string last_error = "no address";
@@ -228,112 +212,13 @@ StatusOr<std::vector<char>> JoinRoot(const LaunchConfig& cfg, Clock::time_point 
 
 }  // namespace
 
-std::string_view LaunchModeName(LaunchMode mode) {
-  switch (mode) {
-    case LaunchMode::kSingleProcess: return "single-process";
-    case LaunchMode::kEnvRendezvous: return "env-rendezvous";
-    case LaunchMode::kMpi: return "mpi";
-  }
-  return "unknown";
-}
-
-bool MpiAvailable() {
-#ifdef FSDPLAB_HAVE_MPI
-  return true;
-#else
-  return false;
-#endif
-}
-
-StatusOr<LaunchConfig> LaunchConfigFromEnv(const EnvLookup& env) {
-  static constexpr const char* kVars[] = {"FSDPLAB_RANK", "FSDPLAB_WORLD_SIZE",
-                                          "FSDPLAB_MASTER_ADDR", "FSDPLAB_MASTER_PORT"};
-  int set = 0;
-  for (const char* v : kVars) set += env(v) != nullptr ? 1 : 0;
-  LaunchConfig cfg;
-  if (set == 0) {
-    // An MPI launcher (Open MPI, MPICH/Hydra, PMIx) sets these.
-    const char* mpi_size = env("OMPI_COMM_WORLD_SIZE");
-    const char* mpi_rank = env("OMPI_COMM_WORLD_RANK");
-    if (mpi_size == nullptr) mpi_size = env("PMI_SIZE");
-    if (mpi_rank == nullptr) mpi_rank = env("PMI_RANK");
-    if (MpiAvailable() && mpi_size != nullptr && mpi_rank != nullptr) {
-      FSDP_ASSIGN_OR_RETURN(cfg.world_size, ParseIntVar("MPI world size", mpi_size, 1, 1 << 20));
-      FSDP_ASSIGN_OR_RETURN(cfg.rank, ParseIntVar("MPI rank", mpi_rank, 0, cfg.world_size - 1));
-      cfg.mode = LaunchMode::kMpi;
-      if (const char* local = env("OMPI_COMM_WORLD_LOCAL_RANK"); local != nullptr) {
-        FSDP_ASSIGN_OR_RETURN(cfg.local_rank, ParseIntVar("local rank", local, 0, 1 << 20));
-      }
-    }
-    return cfg;
-  }
-  for (const char* v : kVars) {
-    if (env(v) == nullptr) {
-      return InvalidInput(fmt::format(
-          "{} is not set: a one-process-per-GPU launch needs FSDPLAB_RANK, FSDPLAB_WORLD_SIZE, "
-          "FSDPLAB_MASTER_ADDR and FSDPLAB_MASTER_PORT",
-          v));
-    }
-  }
-  cfg.mode = LaunchMode::kEnvRendezvous;
-  FSDP_ASSIGN_OR_RETURN(cfg.world_size,
-                        ParseIntVar("FSDPLAB_WORLD_SIZE", env("FSDPLAB_WORLD_SIZE"), 1, 1 << 20));
-  FSDP_ASSIGN_OR_RETURN(cfg.rank, ParseIntVar("FSDPLAB_RANK", env("FSDPLAB_RANK"), 0, 1 << 20));
-  if (cfg.rank >= cfg.world_size) {
-    return InvalidInput(fmt::format("FSDPLAB_RANK={} is not below FSDPLAB_WORLD_SIZE={}", cfg.rank,
-                                    cfg.world_size));
-  }
-  cfg.master_addr = env("FSDPLAB_MASTER_ADDR");
-  if (cfg.master_addr.empty()) return InvalidInput("FSDPLAB_MASTER_ADDR is empty");
-  FSDP_ASSIGN_OR_RETURN(cfg.master_port,
-                        ParseIntVar("FSDPLAB_MASTER_PORT", env("FSDPLAB_MASTER_PORT"), 1, 65535));
-  if (const char* local = env("FSDPLAB_LOCAL_RANK"); local != nullptr) {
-    FSDP_ASSIGN_OR_RETURN(cfg.local_rank, ParseIntVar("FSDPLAB_LOCAL_RANK", local, 0, 1 << 20));
-  }
-  return cfg;
-}
-
-StatusOr<LaunchConfig> LaunchConfigFromEnv() {
-  return LaunchConfigFromEnv([](const char* name) -> const char* { return std::getenv(name); });
-}
-
-StatusOr<std::vector<char>> TcpBroadcast(const LaunchConfig& config, std::vector<char> payload,
+StatusOr<std::vector<char>> TcpBroadcast(const LaunchInfo& config, std::vector<char> payload,
                                          TimeUs timeout_us) {
   const auto deadline =
       Clock::now() + std::chrono::microseconds(static_cast<std::int64_t>(timeout_us));
   if (config.world_size <= 1) return payload;
   if (config.rank == 0) return ServeRoot(config, std::move(payload), deadline);
   return JoinRoot(config, deadline);
-}
-
-StatusOr<std::vector<char>> MpiBroadcast(std::vector<char> payload, std::size_t size) {
-#ifdef FSDPLAB_HAVE_MPI
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (initialized == 0) {
-    int provided = 0;
-    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
-      return Unavailable("MPI_Init_thread failed");
-    }
-    std::atexit([] {
-      int finalized = 0;
-      MPI_Finalized(&finalized);
-      if (finalized == 0) MPI_Finalize();
-    });
-  }
-  payload.resize(size);
-  if (MPI_Bcast(payload.data(), static_cast<int>(size), MPI_BYTE, 0, MPI_COMM_WORLD) !=
-      MPI_SUCCESS) {
-    return StepFailed("MPI_Bcast of the NCCL unique id failed");
-  }
-  return payload;
-#else
-  (void)payload;
-  (void)size;
-  return Unavailable(
-      "this build has no MPI: set FSDPLAB_RANK, FSDPLAB_WORLD_SIZE, "
-      "FSDPLAB_MASTER_ADDR and FSDPLAB_MASTER_PORT instead");
-#endif
 }
 
 }  // namespace fsdplab::cuda

@@ -8,12 +8,14 @@
 #include <tuple>
 #include <utility>
 
+#include "fsdplab/core/launch.h"
 #include "fsdplab/core/scheduler.h"
 #include "fsdplab/core/trace_recorder.h"
 #include "fsdplab/cuda/check.h"
 #include "fsdplab/cuda/device.h"
 #include "fsdplab/cuda/executor.h"
 #include "fsdplab/cuda/launch.h"
+#include "fsdplab/mpi/mpi.h"
 
 namespace fsdplab::cuda {
 namespace {
@@ -27,12 +29,12 @@ struct Topology {
 StatusOr<Topology> Connect(const LiveOptions& options, const CudaRunOptions& cuda_options,
                            const std::vector<DeviceInfo>& devices) {
   Topology t;
-  FSDP_ASSIGN_OR_RETURN(LaunchConfig launch, LaunchConfigFromEnv());
+  FSDP_ASSIGN_OR_RETURN(LaunchInfo launch, DetectLaunch());
   const int visible = static_cast<int>(devices.size());
   if (cuda_options.emulate_world_size.has_value()) {
     const int w = *cuda_options.emulate_world_size;
     if (w < 1) return UsageError(fmt::format("emulate_world_size: {} must be at least 1", w));
-    if (launch.mode != LaunchMode::kSingleProcess) {
+    if (launch.multi_process()) {
       return UsageError(
           "emulate_world_size: runs on one GPU in one process; it cannot be combined with a "
           "multi-process launch");
@@ -43,14 +45,14 @@ StatusOr<Topology> Connect(const LiveOptions& options, const CudaRunOptions& cud
     t.config.emulated = true;
     return t;
   }
-  if (launch.mode == LaunchMode::kSingleProcess) {
+  if (!launch.multi_process()) {
     const int w = options.world_size;
     if (w < 1) return UsageError(fmt::format("world_size: {} must be at least 1", w));
     if (w > visible) {
       return Unavailable(fmt::format(
           "world size {} needs {} GPUs in one process, {} visible: use emulate_world_size {} "
-          "on one GPU, or one process per GPU (FSDPLAB_RANK/FSDPLAB_WORLD_SIZE/"
-          "FSDPLAB_MASTER_ADDR/FSDPLAB_MASTER_PORT, or mpirun)",
+          "on one GPU, or one process per GPU (mpirun, srun, or torchrun's or fsdplab's "
+          "variables)",
           w, w, visible, w));
     }
     for (int i = 0; i < w; ++i) {
@@ -72,8 +74,9 @@ StatusOr<Topology> Connect(const LiveOptions& options, const CudaRunOptions& cud
   if (launch.rank == 0) FSDP_NCCL_CHECK(ncclGetUniqueId(&id));
   std::vector<char> bytes(reinterpret_cast<const char*>(&id),
                           reinterpret_cast<const char*>(&id) + sizeof id);
-  if (launch.mode == LaunchMode::kMpi) {
-    FSDP_ASSIGN_OR_RETURN(bytes, MpiBroadcast(std::move(bytes), sizeof id));
+  if (launch.launcher == Launcher::kMpi || launch.launcher == Launcher::kSlurm) {
+    FSDP_RETURN_IF_ERROR(mpi::Init(launch));
+    FSDP_ASSIGN_OR_RETURN(bytes, mpi::Broadcast(std::move(bytes), sizeof id));
   } else {
     FSDP_ASSIGN_OR_RETURN(bytes, TcpBroadcast(launch, std::move(bytes), options.timeout_us));
   }
@@ -88,7 +91,7 @@ StatusOr<Topology> Connect(const LiveOptions& options, const CudaRunOptions& cud
   t.config.devices = {device};
   t.config.ranks = {launch.rank};
   t.config.world_size = launch.world_size;
-  t.notes.push_back(fmt::format("launch: {} rank {} of {} on GPU {}", LaunchModeName(launch.mode),
+  t.notes.push_back(fmt::format("launch: {} rank {} of {} on GPU {}", LauncherName(launch.launcher),
                                 launch.rank, launch.world_size, device));
   if (options.world_size != launch.world_size) {
     t.notes.push_back(fmt::format("world size {} from the launcher (the option said {})",

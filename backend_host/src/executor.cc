@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
@@ -198,8 +200,8 @@ void AccumulateGrads(const ModelData& data, UnitId unit, const GradBuffers& add,
 // ---- HostExecutor ----
 
 HostExecutor::HostExecutor(const Model& model, const ModelData& data, const ExecutorConfig& config,
-                           RunControl& control, Communicator& all_gather,
-                           Communicator& reduce_scatter, int rank, Communicator* all_reduce)
+                           RunControl& control, Transport& all_gather, Transport& reduce_scatter,
+                           int rank, Transport* all_reduce)
     : model_(model),
       data_(data),
       config_(config),
@@ -464,8 +466,9 @@ Status HostExecutor::Enqueue(const PlanOp& op) {
         }
       }
       bool inject = false;
-      if ((config_.fault.op == "compute" || config_.fault.op == "hang") && fault_armed_ &&
-          at_fault(op.unit)) {
+      if ((config_.fault.op == "compute" || config_.fault.op == "hang" ||
+           config_.fault.op == "die") &&
+          fault_armed_ && at_fault(op.unit)) {
         inject = true;
         fault_armed_ = false;
       }
@@ -575,6 +578,12 @@ Status HostExecutor::RunFree(const PlanOp& op, std::optional<TimelineOp> release
 }
 
 Status HostExecutor::InjectedFault(const OpContext& ctx) {
+  if (config_.fault.op == "die") {
+    // The process dies as a crashed rank does: no error, no report, no MPI_Finalize (the
+    // launcher ends the job; no other rank waits past its timeout in any case).
+    std::fflush(stderr);
+    std::_Exit(70);
+  }
   if (config_.fault.op == "hang") {
     // A kernel that never ends: it holds the compute stream until the run aborts (the other
     // ranks time out in their collectives), bounded by ten timeouts in any case.
@@ -789,7 +798,14 @@ Status HostExecutor::RunReduce(const PlanOp& cmd, std::uint64_t gen) {
   desc.unit_name = std::string(model_.NameOf(cmd.unit));
   desc.bytes = cmd.bytes;
   StatusOr<CollectiveTimes> times = rs_comm_.Call(shard_rank_, desc, segments, ctx);
-  if (!times.ok()) return times.status();
+  if (!times.ok()) {
+    // A transport between processes may have left the collective in flight, still reading the
+    // input and writing the outputs: they stay with the executor (see in_flight_).
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.push_back(grads);
+    for (PlaneBuffer& out : outs) in_flight_.push_back(std::move(out));
+    return times.status();
+  }
   if (planner_.replica_all_reduce()) {
     // hsdp: the shard is final after the replica all-reduce, which takes the outputs over.
     std::lock_guard<std::mutex> lock(mu_);

@@ -15,9 +15,12 @@
 #include <mutex>
 #include <thread>
 
+#include "fsdplab/core/launch.h"
 #include "fsdplab/host/live.h"
+#include "fsdplab/host/mpi_transport.h"
 #include "fsdplab/host/numerics.h"
 #include "fsdplab/host/runtime.h"
+#include "fsdplab/mpi/mpi.h"
 
 namespace fsdplab::host {
 namespace {
@@ -31,30 +34,121 @@ struct RankBuffers {
   std::vector<float> a, b, c;  // the GEMM
 };
 
-// Runs `body(rank)` on one thread per rank, all started together; returns each rank's elapsed
-// seconds for its body.
-std::vector<double> OnEveryRank(int world_size, const std::function<void(int)>& body) {
-  std::vector<double> elapsed(static_cast<std::size_t>(world_size));
-  std::barrier sync(world_size);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world_size; ++r) {
-    threads.emplace_back([&, r] {
-      sync.arrive_and_wait();
-      const Clock::time_point t0 = Clock::now();
-      body(r);
-      elapsed[static_cast<std::size_t>(r)] =
-          std::chrono::duration<double>(Clock::now() - t0).count();
-    });
+// Where a benchmark's ranks run: every rank a thread of this process, or (under mpirun) this
+// process one rank of the job, its collectives over MPI. Timings and counts are combined over
+// every rank of the job, so that every process computes the same rows (rank 0 prints them).
+class Ranks {
+ public:
+  static StatusOr<Ranks> Detect(int world_size) {
+    FSDP_ASSIGN_OR_RETURN(const LaunchInfo launch, DetectLaunch());
+    FSDP_ASSIGN_OR_RETURN(const bool processes, StartRankProcesses(launch));
+    Ranks r;
+    if (!processes) {
+      r.world_ = world_size;
+      for (int q = 0; q < world_size; ++q) r.local_.push_back(q);
+      return r;
+    }
+    r.world_ = launch.world_size;
+    r.local_ = {launch.rank};
+    r.processes_ = true;
+    return r;
   }
-  for (std::thread& t : threads) t.join();
-  return elapsed;
-}
 
-double Mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / static_cast<double>(v.size());
-}
+  int world() const { return world_; }
+  bool processes() const { return processes_; }
+  const std::vector<int>& local() const { return local_; }
+
+  // A collective of `name` among the ranks: in-process, or over MPI (the group's all-gather or
+  // reduce-scatter communicator).
+  struct Comms {
+    std::unique_ptr<RunControl> control;
+    std::unique_ptr<MpiGroup> group;
+    std::vector<std::unique_ptr<Communicator>> in_process;
+    Transport* all_gather = nullptr;
+    Transport* reduce_scatter = nullptr;
+    ~Comms() {
+      in_process.clear();
+      group.reset();  // before the control they refer to
+    }
+  };
+  StatusOr<std::unique_ptr<Comms>> Open() const {
+    auto c = std::make_unique<Comms>();
+    c->control = std::make_unique<RunControl>(kBenchTimeoutUs, world_);
+    if (processes_) {
+      FSDP_ASSIGN_OR_RETURN(c->group, MpiGroup::Create(*c->control));
+      c->all_gather = &c->group->all_gather();
+      c->reduce_scatter = &c->group->reduce_scatter();
+    } else {
+      c->in_process.push_back(std::make_unique<Communicator>(*c->control, world_, "all_gather"));
+      c->in_process.push_back(
+          std::make_unique<Communicator>(*c->control, world_, "reduce_scatter"));
+      c->all_gather = c->in_process[0].get();
+      c->reduce_scatter = c->in_process[1].get();
+    }
+    return c;
+  }
+
+  // Runs `threads` bodies on each of `ranks` (ranks of this process; body(rank, which)), all
+  // started together (across processes: after a barrier); returns each thread's elapsed seconds,
+  // [i][which], for every rank that ran: `ranks` here, and the other processes' too.
+  StatusOr<std::vector<std::vector<double>>> Run(
+      Comms& comms, const std::vector<int>& ranks, int threads,
+      const std::function<void(int rank, int which)>& body) const {
+    if (processes_) {
+      FSDP_RETURN_IF_ERROR(comms.group->barrier().Arrive(local_[0], BenchContext(local_[0])));
+    }
+    const auto n = static_cast<std::ptrdiff_t>(ranks.size()) * threads;
+    std::vector<std::vector<double>> elapsed(
+        ranks.size(), std::vector<double>(static_cast<std::size_t>(threads)));
+    std::barrier sync(n);
+    std::vector<std::thread> pool;
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      for (int k = 0; k < threads; ++k) {
+        pool.emplace_back([&, i, k] {
+          sync.arrive_and_wait();
+          const Clock::time_point t0 = Clock::now();
+          body(ranks[i], k);
+          elapsed[i][static_cast<std::size_t>(k)] =
+              std::chrono::duration<double>(Clock::now() - t0).count();
+        });
+      }
+    }
+    for (std::thread& t : pool) t.join();
+    if (!processes_) return elapsed;
+    std::vector<std::vector<double>> all(static_cast<std::size_t>(world_),
+                                         std::vector<double>(static_cast<std::size_t>(threads)));
+    for (int k = 0; k < threads; ++k) {
+      FSDP_ASSIGN_OR_RETURN(const std::vector<double> each,
+                            Gather(comms, elapsed[0][static_cast<std::size_t>(k)]));
+      for (std::size_t q = 0; q < each.size(); ++q) all[q][static_cast<std::size_t>(k)] = each[q];
+    }
+    return all;
+  }
+
+  // The mean over the ranks that ran of body's elapsed seconds (every rank of this process, or
+  // only the first with `first_only`; every process's rank when the ranks are processes).
+  StatusOr<double> MeanSeconds(Comms& comms, const std::function<void(int)>& body,
+                               bool first_only = false) const {
+    const std::vector<int> ranks = first_only ? std::vector<int>{local_.front()} : local_;
+    FSDP_ASSIGN_OR_RETURN(const auto e, Run(comms, ranks, 1, [&](int r, int) { body(r); }));
+    double s = 0;
+    for (const auto& per_rank : e) s += per_rank[0];
+    return s / static_cast<double>(e.size());
+  }
+
+  // Every process's `mine` (this one's alone when the ranks are threads).
+  StatusOr<std::vector<double>> Gather(Comms& comms, double mine) const {
+    if (!processes_) return std::vector<double>{mine};
+    return comms.group->AllGatherValue(mine, BenchContext(local_[0]));
+  }
+
+ private:
+  static OpContext BenchContext(int rank) { return OpContext{rank, 0, 0, "bench", "bench-gather"}; }
+
+  int world_ = 1;
+  std::vector<int> local_;
+  bool processes_ = false;
+};
 
 // Small integers, exactly representable, whose sums over ranks stay exact.
 float InputValue(int rank, std::size_t i) {
@@ -106,22 +200,25 @@ StatusOr<DType> HostBenchDType(const std::string& name) {
   return *type.dtype;
 }
 
-// The hooks of one host benchmark: one thread per rank and wall-clock time, averaged over ranks.
+// The hooks of one host benchmark: one thread per rank and wall-clock time, averaged over ranks
+// (every rank of the job, when the ranks are processes).
 class HostGatherBench final {
  public:
-  // Before the first Init the benchmark has one rank (the GEMM probe).
-  HostGatherBench(DType dtype, std::uint64_t working_set_bytes)
-      : dtype_(dtype), working_set_(working_set_bytes), bufs_(1) {}
+  // Before the first Init the benchmark times only the GEMM probe, on one rank per process.
+  HostGatherBench(const Ranks& ranks, DType dtype, std::uint64_t working_set_bytes)
+      : ranks_(ranks),
+        dtype_(dtype),
+        working_set_(working_set_bytes),
+        bufs_(static_cast<std::size_t>(ranks.world())) {}
 
   Status Init(const BenchCase& c) {
     c_ = c;
-    const auto wz = static_cast<std::size_t>(c.world_size);
-    bufs_.assign(wz, RankBuffers{});
+    bufs_.assign(static_cast<std::size_t>(c.world_size), RankBuffers{});
     gemm_n_ = 0;
     Fill();
-    comm_.reset();  // before the control it refers to
-    control_ = std::make_unique<RunControl>(kBenchTimeoutUs, c.world_size);
-    comm_ = std::make_unique<Communicator>(*control_, c.world_size, op_name());
+    comms_.reset();
+    FSDP_ASSIGN_OR_RETURN(comms_, ranks_.Open());
+    comm_ = c.all_gather ? comms_->all_gather : comms_->reduce_scatter;
     desc_.kind = c.all_gather ? CollectiveKind::kAllGather : CollectiveKind::kReduceScatter;
     desc_.unit_name = "bench";
     desc_.bytes = c.size_bytes;
@@ -131,15 +228,27 @@ class HostGatherBench final {
 
   StatusOr<TimeUs> Time(BenchWork work, std::int64_t gemm_n, int warmup, int iters) {
     if (work == BenchWork::kGemm) {
+      const bool probe = !comms_;
+      if (probe) {
+        FSDP_ASSIGN_OR_RETURN(comms_, ranks_.Open());
+      }
       SizeGemm(gemm_n);
       // CPU GEMMs are slow: one warm-up call is enough.
-      OnEveryRank(world(), [&](int r) { Gemms(r, std::min(warmup, 1)); });
-      return Mean(OnEveryRank(world(), [&](int r) { Gemms(r, iters); })) * 1e6 / iters;
+      FSDP_RETURN_IF_ERROR(ranks_
+                               .MeanSeconds(
+                                   *comms_, [&](int r) { Gemms(r, std::min(warmup, 1)); }, probe)
+                               .status());
+      FSDP_ASSIGN_OR_RETURN(const double s, ranks_.MeanSeconds(
+                                                *comms_, [&](int r) { Gemms(r, iters); }, probe));
+      return s * 1e6 / iters;
     }
     const bool in_place = work == BenchWork::kCollectiveInPlace;
     if (in_place) PlaceInputsInOutputs();
-    OnEveryRank(world(), [&](int r) { Collectives(r, warmup, in_place); });
-    const double s = Mean(OnEveryRank(world(), [&](int r) { Collectives(r, iters, in_place); }));
+    FSDP_RETURN_IF_ERROR(
+        ranks_.MeanSeconds(*comms_, [&](int r) { Collectives(r, warmup, in_place); }).status());
+    FSDP_ASSIGN_OR_RETURN(const double s, ranks_.MeanSeconds(*comms_, [&](int r) {
+      Collectives(r, iters, in_place);
+    }));
     FSDP_RETURN_IF_ERROR(failure_);
     return s * 1e6 / iters;
   }
@@ -147,28 +256,24 @@ class HostGatherBench final {
   // Both on every rank: a communication thread and a compute thread start at once.
   StatusOr<OverlapTimes> TimeTogether(std::int64_t gemm_n, int iters) {
     SizeGemm(gemm_n);
-    const auto wz = static_cast<std::size_t>(world());
-    std::vector<double> comm_s(wz), gemm_s(wz), both_s(wz);
-    {
-      std::barrier sync(2 * world());
-      std::vector<std::thread> threads;
-      auto timed = [&](std::vector<double>& out, int r, const std::function<void()>& body) {
-        sync.arrive_and_wait();
-        const Clock::time_point t0 = Clock::now();
-        body();
-        out[static_cast<std::size_t>(r)] = std::chrono::duration<double>(Clock::now() - t0).count();
-      };
-      for (int r = 0; r < world(); ++r) {
-        threads.emplace_back([&, r] { timed(comm_s, r, [&] { Collectives(r, iters, false); }); });
-        threads.emplace_back([&, r] { timed(gemm_s, r, [&] { Gemms(r, iters); }); });
-      }
-      for (std::thread& t : threads) t.join();
-    }
+    FSDP_ASSIGN_OR_RETURN(const auto e,
+                          ranks_.Run(*comms_, ranks_.local(), 2, [&](int r, int which) {
+                            if (which == 0) {
+                              Collectives(r, iters, false);
+                            } else {
+                              Gemms(r, iters);
+                            }
+                          }));
     FSDP_RETURN_IF_ERROR(failure_);
-    for (std::size_t r = 0; r < wz; ++r) both_s[r] = std::max(comm_s[r], gemm_s[r]);
-    return OverlapTimes{.collective_us = Mean(comm_s) * 1e6 / iters,
-                        .gemm_us = Mean(gemm_s) * 1e6 / iters,
-                        .together_us = Mean(both_s) * 1e6 / iters};
+    double comm = 0, gemm = 0, both = 0;
+    for (const auto& per_rank : e) {
+      comm += per_rank[0];
+      gemm += per_rank[1];
+      both += std::max(per_rank[0], per_rank[1]);
+    }
+    const double per = 1e6 / iters / static_cast<double>(e.size());
+    return OverlapTimes{
+        .collective_us = comm * per, .gemm_us = gemm * per, .together_us = both * per};
   }
 
   // Out of place: the outputs of the timed loop. In place overwrites a reduce-scatter's input, so
@@ -177,12 +282,13 @@ class HostGatherBench final {
     if (in_place) {
       Fill();
       PlaceInputsInOutputs();
-      OnEveryRank(world(), [&](int r) { Collectives(r, 1, true); });
+      FSDP_RETURN_IF_ERROR(
+          ranks_.MeanSeconds(*comms_, [&](int r) { Collectives(r, 1, true); }).status());
       FSDP_RETURN_IF_ERROR(failure_);
     }
     const std::size_t shard_elems = c_.shard_bytes / c_.type.bytes;
     std::uint64_t wrong = 0;
-    for (int r = 0; r < world(); ++r) {
+    for (int r : ranks_.local()) {
       const RankBuffers& b = bufs_[static_cast<std::size_t>(r)];
       if (c_.all_gather) {
         wrong += WrongGathered(dtype_, b.output.data(), c_.size_bytes / c_.type.bytes, shard_elems);
@@ -191,13 +297,17 @@ class HostGatherBench final {
         wrong += WrongReduced(dtype_, out, r, world(), shard_elems);
       }
     }
-    return std::optional<std::uint64_t>(wrong);
+    FSDP_ASSIGN_OR_RETURN(const std::vector<double> all,
+                          ranks_.Gather(*comms_, static_cast<double>(wrong)));
+    std::uint64_t total = 0;
+    for (double v : all) total += static_cast<std::uint64_t>(v);
+    return std::optional<std::uint64_t>(total);
   }
 
  private:
   int world() const { return c_.world_size; }
-  std::string op_name() const { return c_.all_gather ? "all_gather" : "reduce_scatter"; }
   std::size_t Offset(int r) const { return static_cast<std::size_t>(r) * c_.shard_bytes; }
+  std::string op_name() const { return c_.all_gather ? "all_gather" : "reduce_scatter"; }
 
   void Fill() {
     const std::size_t esize = c_.type.bytes;
@@ -210,7 +320,7 @@ class HostGatherBench final {
         per_call == 0 ? 1
                       : std::clamp<std::uint64_t>((working_set_ + per_call - 1) / per_call, 1, 64);
     spares_.assign(static_cast<std::size_t>(world()), {});
-    for (int r = 0; r < world(); ++r) {
+    for (int r : ranks_.local()) {
       RankBuffers& b = bufs_[static_cast<std::size_t>(r)];
       b.input.assign(in_bytes, std::byte{0});
       b.output.assign(out_bytes, std::byte{0});
@@ -227,7 +337,7 @@ class HostGatherBench final {
   // All-gather in place: each rank's input is its slice of the output.
   void PlaceInputsInOutputs() {
     if (!c_.all_gather) return;
-    for (int r = 0; r < world(); ++r) {
+    for (int r : ranks_.local()) {
       RankBuffers& b = bufs_[static_cast<std::size_t>(r)];
       std::copy(b.input.begin(), b.input.end(),
                 b.output.begin() + static_cast<std::ptrdiff_t>(Offset(r)));
@@ -281,14 +391,15 @@ class HostGatherBench final {
     for (int k = 0; k < count; ++k) SquareGemm(b.a, b.b, gemm_n_, b.c);
   }
 
+  const Ranks& ranks_;
   DType dtype_;
   std::uint64_t working_set_ = 0;
   BenchCase c_;
-  std::vector<RankBuffers> bufs_;
+  std::vector<RankBuffers> bufs_;  // per rank of the job; only this process's ranks are filled
   // Per rank: the extra (input, output) copies of the working set.
   std::vector<std::vector<std::pair<std::vector<std::byte>, std::vector<std::byte>>>> spares_;
-  std::unique_ptr<RunControl> control_;
-  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Ranks::Comms> comms_;
+  Transport* comm_ = nullptr;
   CollectiveDesc desc_;
   std::int64_t gemm_n_ = 0;
   Status failure_;
@@ -299,25 +410,27 @@ class HostGatherBench final {
 
 StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o) {
   FSDP_ASSIGN_OR_RETURN(const DType dtype, HostBenchDType(o.dtype));
-  HostGatherBench bench(dtype, o.working_set_bytes);
+  FSDP_ASSIGN_OR_RETURN(const Ranks ranks, Ranks::Detect(o.world_size));
+  HostGatherBench bench(ranks, dtype, o.working_set_bytes);
   // The GEMM: fp32 on one core per rank, small enough for a CPU.
   const GemmSizing gemm{
       .probe_n = 128, .probe_iters = 4, .min_n = 16, .max_n = 4096, .multiple = 1};
-  return fsdplab::RunGatherBench(o, o.world_size, HooksOf(bench, gemm));
+  return fsdplab::RunGatherBench(o, ranks.world(), HooksOf(bench, gemm));
 }
 
 StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions& o) {
   FSDP_RETURN_IF_ERROR(CheckGatherBenchOptions(o));
-  if (o.world_size < 2) {
+  FSDP_ASSIGN_OR_RETURN(const BenchType type, FindBenchType(o.dtype));
+  FSDP_ASSIGN_OR_RETURN(const DType dtype, HostBenchDType(o.dtype));
+  FSDP_ASSIGN_OR_RETURN(const Ranks ranks, Ranks::Detect(o.world_size));
+  if (ranks.world() < 2) {
     return UsageError(fmt::format(
         "world_size: the concurrent benchmark needs at least 2 ranks, not {}: with one rank the "
         "collectives move nothing",
-        o.world_size));
+        ranks.world()));
   }
-  FSDP_ASSIGN_OR_RETURN(const BenchType type, FindBenchType(o.dtype));
-  FSDP_ASSIGN_OR_RETURN(const DType dtype, HostBenchDType(o.dtype));
   const std::size_t esize = type.bytes;
-  const int w = o.world_size;
+  const int w = ranks.world();
   const auto wz = static_cast<std::size_t>(w);
 
   std::vector<ContentionRow> rows;
@@ -334,7 +447,7 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
       std::vector<std::byte> ag_in, ag_out, rs_in, rs_out;
     };
     std::vector<Buffers> bufs(wz);
-    for (int r = 0; r < w; ++r) {
+    for (int r : ranks.local()) {
       Buffers& b = bufs[static_cast<std::size_t>(r)];
       b.ag_in.assign(shard, std::byte{0});
       b.ag_out.assign(size, std::byte{0});
@@ -347,9 +460,9 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
         StoreElement(dtype, b.rs_in.data(), i, InputValue(r, i));
       }
     }
-    RunControl control(kBenchTimeoutUs, w);
-    Communicator ag_comm(control, w, "all_gather");
-    Communicator rs_comm(control, w, "reduce_scatter");
+    FSDP_ASSIGN_OR_RETURN(const std::unique_ptr<Ranks::Comms> comms, ranks.Open());
+    Transport& ag_comm = *comms->all_gather;
+    Transport& rs_comm = *comms->reduce_scatter;
     CollectiveDesc ag_desc{CollectiveKind::kAllGather, kNoUnit, "bench", size};
     CollectiveDesc rs_desc{CollectiveKind::kReduceScatter, kNoUnit, "bench", size};
     Status failure;
@@ -376,12 +489,16 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
     };
 
     // Each alone.
-    OnEveryRank(w, [&](int r) { loop(true, r, o.warmup); });
-    row.all_gather_alone_us =
-        Mean(OnEveryRank(w, [&](int r) { loop(true, r, o.iters); })) * 1e6 / o.iters;
-    OnEveryRank(w, [&](int r) { loop(false, r, o.warmup); });
-    row.reduce_scatter_alone_us =
-        Mean(OnEveryRank(w, [&](int r) { loop(false, r, o.iters); })) * 1e6 / o.iters;
+    FSDP_RETURN_IF_ERROR(
+        ranks.MeanSeconds(*comms, [&](int r) { loop(true, r, o.warmup); }).status());
+    FSDP_ASSIGN_OR_RETURN(const double ag_s,
+                          ranks.MeanSeconds(*comms, [&](int r) { loop(true, r, o.iters); }));
+    row.all_gather_alone_us = ag_s * 1e6 / o.iters;
+    FSDP_RETURN_IF_ERROR(
+        ranks.MeanSeconds(*comms, [&](int r) { loop(false, r, o.warmup); }).status());
+    FSDP_ASSIGN_OR_RETURN(const double rs_s,
+                          ranks.MeanSeconds(*comms, [&](int r) { loop(false, r, o.iters); }));
+    row.reduce_scatter_alone_us = rs_s * 1e6 / o.iters;
     FSDP_RETURN_IF_ERROR(failure);
 
     // Together. The faster collective gets more calls so that both loops last about as long as
@@ -394,55 +511,62 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
     };
     const int n_ag = calls_for(row.all_gather_alone_us);
     const int n_rs = calls_for(row.reduce_scatter_alone_us);
-    // done[r][0|1]: seconds from the common start to the end of each call (all-gather, RS).
+    // done[r][0|1]: seconds from the common start to the end of each call (all-gather, RS); the
+    // start is each process's moment of leaving one barrier when the ranks are processes.
     std::vector<std::array<std::vector<double>, 2>> done(wz);
     {
-      std::barrier sync(2 * w);
-      Clock::time_point t0;
-      std::vector<std::thread> threads;
-      for (int r = 0; r < w; ++r) {
-        for (int which = 0; which < 2; ++which) {
-          threads.emplace_back([&, r, which] {
-            const bool all_gather = which == 0;
-            std::vector<double>& ends = done[static_cast<std::size_t>(r)][which];
-            ends.reserve(static_cast<std::size_t>(all_gather ? n_ag : n_rs));
-            sync.arrive_and_wait();
-            if (r == 0 && which == 0) t0 = Clock::now();
-            sync.arrive_and_wait();
-            for (int k = 0; k < (all_gather ? n_ag : n_rs); ++k) {
-              if (!call(all_gather, r)) return;
-              ends.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-            }
-          });
-        }
-      }
-      for (std::thread& t : threads) t.join();
+      FSDP_RETURN_IF_ERROR(
+          ranks
+              .Run(*comms, ranks.local(), 2,
+                   [&](int r, int which) {
+                     const bool all_gather = which == 0;
+                     std::vector<double>& ends = done[static_cast<std::size_t>(r)][which];
+                     const int n = all_gather ? n_ag : n_rs;
+                     ends.reserve(static_cast<std::size_t>(n));
+                     const Clock::time_point start = Clock::now();
+                     for (int k = 0; k < n; ++k) {
+                       if (!call(all_gather, r)) return;
+                       ends.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+                     }
+                   })
+              .status());
     }
     FSDP_RETURN_IF_ERROR(failure);
-    double window = std::numeric_limits<double>::infinity();
-    for (const auto& per_rank : done) {
-      for (const auto& ends : per_rank) {
-        if (!ends.empty()) window = std::min(window, ends.back());
+    double local_window = std::numeric_limits<double>::infinity();
+    for (int r : ranks.local()) {
+      for (const auto& ends : done[static_cast<std::size_t>(r)]) {
+        if (!ends.empty()) local_window = std::min(local_window, ends.back());
       }
     }
+    FSDP_ASSIGN_OR_RETURN(const std::vector<double> windows, ranks.Gather(*comms, local_window));
+    const double window = *std::min_element(windows.begin(), windows.end());
     // Per call of one collective during the window, averaged over ranks. A rank none of whose
     // calls ended in the window (one call longer than the other loop) counts its whole loop.
-    auto per_call_us = [&](int which) {
-      std::vector<double> each;
-      for (const auto& per_rank : done) {
-        const std::vector<double>& ends = per_rank[static_cast<std::size_t>(which)];
+    auto per_call_us = [&](int which) -> StatusOr<double> {
+      double sum = 0;
+      double count = 0;
+      for (int r : ranks.local()) {
+        const std::vector<double>& ends = done[static_cast<std::size_t>(r)][which];
         const auto in_window = static_cast<std::size_t>(
             std::upper_bound(ends.begin(), ends.end(), window * (1 + 1e-12)) - ends.begin());
         if (in_window > 0) {
-          each.push_back(ends[in_window - 1] / static_cast<double>(in_window));
+          sum += ends[in_window - 1] / static_cast<double>(in_window);
+          count += 1;
         } else if (!ends.empty()) {
-          each.push_back(ends.back() / static_cast<double>(ends.size()));
+          sum += ends.back() / static_cast<double>(ends.size());
+          count += 1;
         }
       }
-      return Mean(each) * 1e6;
+      FSDP_ASSIGN_OR_RETURN(const std::vector<double> sums, ranks.Gather(*comms, sum));
+      FSDP_ASSIGN_OR_RETURN(const std::vector<double> counts, ranks.Gather(*comms, count));
+      double s_all = 0;
+      double c_all = 0;
+      for (double v : sums) s_all += v;
+      for (double v : counts) c_all += v;
+      return c_all > 0 ? s_all / c_all * 1e6 : 0.0;
     };
-    row.all_gather_together_us = per_call_us(0);
-    row.reduce_scatter_together_us = per_call_us(1);
+    FSDP_ASSIGN_OR_RETURN(row.all_gather_together_us, per_call_us(0));
+    FSDP_ASSIGN_OR_RETURN(row.reduce_scatter_together_us, per_call_us(1));
     row.all_gather_slowdown =
         row.all_gather_alone_us > 0 ? row.all_gather_together_us / row.all_gather_alone_us - 1 : 0;
     row.reduce_scatter_slowdown =
@@ -452,11 +576,15 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
 
     if (o.check) {
       // Both results after running together, against independently computed values.
-      for (int r = 0; r < w; ++r) {
+      double wrong = 0;
+      for (int r : ranks.local()) {
         const Buffers& b = bufs[static_cast<std::size_t>(r)];
-        row.wrong += WrongGathered(dtype, b.ag_out.data(), size / esize, shard_elems);
-        row.wrong += WrongReduced(dtype, b.rs_out.data(), r, w, shard_elems);
+        wrong +=
+            static_cast<double>(WrongGathered(dtype, b.ag_out.data(), size / esize, shard_elems) +
+                                WrongReduced(dtype, b.rs_out.data(), r, w, shard_elems));
       }
+      FSDP_ASSIGN_OR_RETURN(const std::vector<double> all, ranks.Gather(*comms, wrong));
+      for (double v : all) row.wrong += static_cast<std::uint64_t>(v);
     }
     rows.push_back(row);
   }

@@ -58,8 +58,14 @@ TimeUs RunControl::ToUs(Clock::time_point t) const {
   return std::chrono::duration<double, std::micro>(t - start_).count();
 }
 
+void RunControl::OnFirstFailure(std::function<void(int rank, const Status& status)> hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_first_failure_ = std::move(hook);
+}
+
 void RunControl::Fail(int rank, const Status& status) {
   std::vector<std::pair<std::mutex*, std::condition_variable*>> waiters;
+  bool first = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (rank >= 0 && static_cast<std::size_t>(rank) < rank_errors_.size() &&
@@ -69,9 +75,11 @@ void RunControl::Fail(int rank, const Status& status) {
     if (root_rank_ < 0) {
       root_ = status;
       root_rank_ = rank;
+      first = true;
     }
     waiters = waiters_;
   }
+  if (first && on_first_failure_) on_first_failure_(rank, status);
   aborted_.store(true, std::memory_order_release);
   // Notify under each waiter's mutex so a waiter between its check and its sleep cannot miss it.
   for (auto [mu, cv] : waiters) {
@@ -316,6 +324,17 @@ Communicator::Communicator(RunControl& control, int world_size, std::string name
   control_.RegisterWaiter(&mu_, &cv_);
 }
 
+std::string CollectiveDesc::Mismatch(const std::vector<CollectiveDesc>& calls, std::uint64_t call,
+                                     std::string_view name) {
+  std::string list;
+  for (std::size_t q = 0; q < calls.size(); ++q) {
+    list += fmt::format("{}rank {} called {}", q == 0 ? "" : ", ", q, calls[q].Describe());
+  }
+  return fmt::format(
+      "mismatched collectives at call #{} on the {} communicator ({}); NCCL would hang here", call,
+      name, list);
+}
+
 std::string Communicator::CheckAgreement(const Slot& slot, std::uint64_t call) const {
   bool agree = true;
   for (int q = 1; q < world_size_; ++q) {
@@ -331,14 +350,9 @@ std::string Communicator::CheckAgreement(const Slot& slot, std::uint64_t call) c
     agree = agree && same;
   }
   if (agree) return {};
-  std::string calls;
-  for (int q = 0; q < world_size_; ++q) {
-    calls += fmt::format("{}rank {} called {}", q == 0 ? "" : ", ", q,
-                         slot.descs[static_cast<std::size_t>(q)]->Describe());
-  }
-  return fmt::format(
-      "mismatched collectives at call #{} on the {} communicator ({}); NCCL would hang here", call,
-      name_, calls);
+  std::vector<CollectiveDesc> calls;
+  for (const CollectiveDesc* d : slot.descs) calls.push_back(*d);
+  return CollectiveDesc::Mismatch(calls, call, name_);
 }
 
 void Communicator::Move(int rank, const Slot& slot) const {

@@ -3,6 +3,7 @@
 //
 //   fsdplab bench-gather --backend host -b 1M -e 64M -f 2 -n 20 -w 5 --world-size 2
 //   fsdplab bench-gather --backend host --nccl-out ag.txt && fsdplab calibrate ag.txt -o c.json
+//   mpirun -np 2 fsdplab bench-gather --backend host -b 1M -e 64M   # one process per rank
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/core/file_util.h"
+#include "fsdplab/core/launch.h"
 #include "fsdplab/core/live.h"
 
 namespace fsdplab::cli {
@@ -42,6 +44,12 @@ constexpr std::string_view kDescription =
     "`fsdplab calibrate ... --contention FILE` takes them from the -J file.";
 
 std::string NcclName(const std::string& op) { return op + "_perf"; }
+
+// Every process of a multi-process run computes the same rows; rank 0 prints and writes them.
+bool ReportsHere() {
+  StatusOr<LaunchInfo> launch = DetectLaunch();
+  return !launch.ok() || launch->rank == 0;
+}
 
 std::string Table(const GatherBenchOptions& o, const std::vector<GatherBenchRow>& rows,
                   const std::string& backend) {
@@ -238,6 +246,7 @@ Status RunConcurrent(const Args& args, const GatherBenchOptions& o, const Chosen
   if (!measured.ok()) return InFlags(measured.status(), FlagScope::kBenchGather);
   const std::vector<ContentionRow>& rows = *measured;
   const std::string json = ContentionJson(o, rows, backend);
+  if (!ReportsHere()) return Status::Ok();
   if (auto file = args.Get("-J")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));
   fmt::print("{}", args.Has("--json") ? json : ContentionTable(o, rows, backend));
   std::uint64_t wrong = 0;
@@ -280,6 +289,9 @@ Status Run(const Args& args) {
   FSDP_RETURN_IF_ERROR(int_flag("-c", check, 0, 1));
   o.check = check == 1;
   FSDP_RETURN_IF_ERROR(int_flag("--world-size", o.world_size, 1, 256));
+  // Under mpirun (srun, ...) the launcher says how many ranks there are: one per process.
+  FSDP_ASSIGN_OR_RETURN(const LaunchInfo launch, DetectLaunch());
+  if (launch.multi_process()) o.world_size = launch.world_size;
   if (auto v = args.Get("--op")) o.op = *v;
   if (auto v = args.Get("-d")) o.dtype = *v;
   if (auto v = args.Get("--gemm-n")) {
@@ -296,6 +308,7 @@ Status Run(const Args& args) {
   StatusOr<std::vector<GatherBenchRow>> rows =
       chosen.backend->BenchGather(BenchRequest{.options = o, .backend_flags = chosen.flags});
   if (!rows.ok()) return InFlags(rows.status(), FlagScope::kBenchGather);
+  if (!ReportsHere()) return Status::Ok();
   const std::string json = Json(o, *rows, backend);
   if (auto file = args.Get("-J")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));
   if (auto file = args.Get("--nccl-out")) {

@@ -3,6 +3,7 @@
 //   fsdplab run --backend host TRACE --world-size 4 --steps 3 --compute timed --json
 //   fsdplab run --backend host --synth --layers 4 --hidden 512 --compute gemm
 //   fsdplab record --backend host TRACE --world-size 2 -o recorded.json
+//   mpirun -np 2 fsdplab run --backend host TRACE   # one process per rank; rank 0 reports
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "commands.h"
 #include "fsdplab/core/chrome_trace.h"
 #include "fsdplab/core/file_util.h"
+#include "fsdplab/core/launch.h"
 #include "fsdplab/core/live.h"
 #include "fsdplab/core/report.h"
 #include "fsdplab/core/trace.h"
@@ -39,6 +41,9 @@ constexpr std::string_view kRunDescription =
     "plane is checked byte for byte against the unsharded original and every reduced gradient\n"
     "shard against a single-rank reference (--no-check skips it); on the host the checks stay\n"
     "out of the measured steps.\n"
+    "Under mpirun (or srun with PMIx) each process is one rank and the host backend's collectives\n"
+    "go over MPI; rank 0 gathers every rank's timeline and alone prints and writes\n"
+    "(`mpirun -np 2 fsdplab run --backend host TRACE`).\n"
     "Exit status 3 when a step fails (missing plane, mismatched collectives, timeout).";
 constexpr std::string_view kRecordDescription =
     "Runs live steps like `fsdplab run` and writes what one rank did as a trace (fsdplab.trace\n"
@@ -61,7 +66,8 @@ void DeclareLiveFlags(Args& args, bool record) {
   args.Declare("--seq", ArgKind::kValue, "--synth: sequence length (default 512)", "S");
   args.Declare("--tflops", ArgKind::kValue,
                "--synth: achieved TFLOP/s that sets the durations (default 0.5 on the host)", "T");
-  args.Declare("--world-size", ArgKind::kValue, "ranks (default 2)", "N");
+  args.Declare("--world-size", ArgKind::kValue,
+               "ranks (default 2); under mpirun or srun, one rank per process instead", "N");
   args.Declare("--steps", ArgKind::kValue,
                "steps to run (default: the trace's steps, at least 2); the trace's steps repeat",
                "N");
@@ -74,8 +80,11 @@ void DeclareLiveFlags(Args& args, bool record) {
   args.Declare("--no-check", ArgKind::kSwitch,
                "skip the byte-for-byte checks of gathered parameters and reduced gradients");
   args.Declare("--fail-rank", ArgKind::kValue, "fault injection: the rank that fails", "R");
-  args.Declare("--fail-op", ArgKind::kValue,
-               "fault injection: compute (throws), mismatch (a wrong collective) or hang", "OP");
+  args.Declare(
+      "--fail-op", ArgKind::kValue,
+      "fault injection: compute (throws), mismatch (a wrong collective), hang, or die (the "
+      "rank's process exits: host, one process per rank)",
+      "OP");
   args.Declare("--fail-step", ArgKind::kValue, "fault injection: the step (default 0)", "S");
   args.Declare("--fail-unit", ArgKind::kValue,
                "fault injection: the unit (default: the first with parameters)", "UNIT");
@@ -208,7 +217,10 @@ Status Run(const Args& args, bool record) {
   int record_rank = 0;
   if (record) {
     if (!args.Get("-o")) return UsageError("record needs -o FILE for the recorded trace");
-    FSDP_RETURN_IF_ERROR(IntFlag(args, "--rank", record_rank, 0, options.world_size - 1));
+    // Under mpirun (srun, ...) there is one rank per process, whatever --world-size says.
+    FSDP_ASSIGN_OR_RETURN(const LaunchInfo launch, DetectLaunch());
+    const int world = launch.multi_process() ? launch.world_size : options.world_size;
+    FSDP_RETURN_IF_ERROR(IntFlag(args, "--rank", record_rank, 0, world - 1));
   }
   StatusOr<LiveResult> run = chosen.backend->Run(
       RunRequest{.trace = &trace, .options = options, .backend_flags = chosen.flags});
@@ -220,6 +232,10 @@ Status Run(const Args& args, bool record) {
     return step_failed ? run.status() : InFlags(run.status(), FlagScope::kLive);
   }
   LiveResult result = std::move(*run);
+  // A multi-process run: rank 0 has every rank's timeline and checks and writes everything.
+  if (!result.report_rank) return Status::Ok();
+  // The ranks that ran: the launcher's under mpirun (srun, ...), whatever --world-size said.
+  if (result.timeline.world_size > 0) options.world_size = result.timeline.world_size;
 
   std::vector<std::string> check_errors;
   const LiveCheck& c = result.check;

@@ -5,7 +5,7 @@
 //   StatusOr<LiveResult> r = cuda::RunLiveSteps(trace, opt);
 //
 // Launch (see launch.h): one process drives every GPU it needs (world_size <= visible GPUs), or
-// one process per GPU (FSDPLAB_* rendezvous, or mpirun when built with MPI). With one GPU,
+// one process per GPU (mpirun or srun over MPI, torchrun or FSDPLAB_* over TCP). With one GPU,
 // world_size 1 runs NCCL for real (a local copy) and `emulate_world_size = W` replaces each
 // collective by the device copy of what a rank receives in a W-rank ring; the result's notes say
 // which. Failures (no GPU, a step that fails, a timeout) are returned as the error status, which

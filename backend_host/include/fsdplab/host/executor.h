@@ -130,8 +130,8 @@ class HostExecutor final : public CommandSink {
   // (its rank there: rank mod S) and `all_reduce` its replica column's (rank / S; null without
   // a replica all-reduce).
   HostExecutor(const Model& model, const ModelData& data, const ExecutorConfig& config,
-               RunControl& control, Communicator& all_gather, Communicator& reduce_scatter,
-               int rank, Communicator* all_reduce = nullptr);
+               RunControl& control, Transport& all_gather, Transport& reduce_scatter, int rank,
+               Transport* all_reduce = nullptr);
   ~HostExecutor() override;
   HostExecutor(const HostExecutor&) = delete;
   HostExecutor& operator=(const HostExecutor&) = delete;
@@ -192,9 +192,9 @@ class HostExecutor final : public CommandSink {
   const ModelData& data_;
   const ExecutorConfig config_;
   RunControl& control_;
-  Communicator& ag_comm_;
-  Communicator& rs_comm_;
-  Communicator* ar_comm_;
+  Transport& ag_comm_;
+  Transport& rs_comm_;
+  Transport* ar_comm_;
   const int rank_;
   const int world_size_;
   const int shard_rank_;    // in the shard group (the world but under hsdp)
@@ -246,6 +246,11 @@ class HostExecutor final : public CommandSink {
   std::vector<std::vector<std::shared_ptr<GradBuffers>>> grad_free_;  // [unit]: reusable
   std::vector<std::vector<std::array<PlaneBuffer, 2>>> params_;       // [unit][group][plane]
   std::map<std::pair<UnitId, std::uint64_t>, std::shared_ptr<GradBuffers>> grads_;
+  // Buffers of reductions that failed (a rank aborted or timed out): another process may still
+  // move data through them, so they live as long as the executor (which a failed run across
+  // processes never destroys before the process ends). Gather buffers return to pool_, which
+  // lives as long.
+  std::vector<std::shared_ptr<void>> in_flight_;
   std::array<Bytes, kNumMemoryCategories> memory_{};
   std::vector<MemorySample> samples_;
 };

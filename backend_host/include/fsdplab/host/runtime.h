@@ -6,7 +6,7 @@
 //   compute.Start();
 //   std::uint64_t seq = compute.Enqueue([] { return Status::Ok(); });
 //   FSDP_RETURN_IF_ERROR(compute.WaitReached(seq, ctx));   // an event wait, with a timeout
-//   Communicator comm(control, /*world_size=*/2, "all_gather");
+//   Communicator comm(control, /*world_size=*/2, "all_gather");    // a Transport
 //   StatusOr<CollectiveTimes> t = comm.Call(rank, desc, segments, ctx);  // on each rank's thread
 //
 // No wait blocks forever: every wait gives up after the run's timeout and returns an error naming
@@ -77,9 +77,17 @@ class RunControl final {
   // A mutex and condition variable pair to notify when the run aborts.
   void RegisterWaiter(std::mutex* mu, std::condition_variable* cv);
 
+  // Called once, by the thread that records the run's first failure, with that rank and status
+  // (a multi-process run tells the other processes). Set before any thread starts.
+  void OnFirstFailure(std::function<void(int rank, const Status& status)> hook);
+  // Moves the clock origin (ranks in other processes agree on one at a barrier). Before any
+  // thread starts.
+  void SetOrigin(Clock::time_point origin) { start_ = origin; }
+
  private:
   const TimeUs timeout_us_;
-  const Clock::time_point start_;
+  Clock::time_point start_;
+  std::function<void(int, const Status&)> on_first_failure_;
   std::atomic<bool> aborted_{false};
   mutable std::mutex mu_;
   Status root_;
@@ -167,6 +175,9 @@ struct CollectiveDesc final {
   Bytes bytes = 0;  // unsharded bytes
   // "all_gather of 'model.layers.0' (4.0 MB)"
   std::string Describe() const;
+  // The error when the ranks of call #`call` on communicator `name` disagree: every rank's call.
+  static std::string Mismatch(const std::vector<CollectiveDesc>& calls, std::uint64_t call,
+                              std::string_view name);
   bool SameCall(const CollectiveDesc& other) const;
 };
 
@@ -191,13 +202,37 @@ struct CollectiveTimes final {
   TimeUs end_us = 0;    // when every rank was done with it
 };
 
+// Where the ranks' host threads meet between steps. Returns the abort's error when the run
+// aborts, or a timeout naming the ranks that did not arrive.
+class StepBarrier {
+ public:
+  virtual ~StepBarrier() = default;
+  virtual Status Arrive(int rank, const OpContext& ctx) = 0;
+};
+
+// What a stream's collectives go through: in-process copies and sums (Communicator), or MPI
+// between processes (mpi_transport.h). Each rank calls `Call` from one thread per transport, in
+// the same order on every rank: call k of every rank forms one collective. A call waits until
+// every rank has joined, checks they agree (rank divergence is reported, never hung), and
+// returns once this rank's output is complete and its input no longer read. Reductions sum in
+// rank order, element by element, whatever the transport (ReduceElements), so results are the
+// same bits in every mode.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual StatusOr<CollectiveTimes> Call(int rank, const CollectiveDesc& desc,
+                                         std::span<const Segment> segments,
+                                         const OpContext& ctx) = 0;
+  virtual int world_size() const = 0;
+  virtual const std::string& name() const = 0;
+};
+
 // Every rank's host thread waits here until all `world_size` have arrived (reusable: the k-th
-// arrival of each rank forms round k). Returns the abort's error when the run aborts, or a
-// timeout naming the ranks that did not arrive.
-class RankBarrier final {
+// arrival of each rank forms round k).
+class RankBarrier final : public StepBarrier {
  public:
   RankBarrier(RunControl& control, int world_size);
-  Status Arrive(int rank, const OpContext& ctx);
+  Status Arrive(int rank, const OpContext& ctx) override;
 
  private:
   RunControl& control_;
@@ -209,20 +244,19 @@ class RankBarrier final {
   int count_ = 0;
 };
 
-// In-process collectives among `world_size` ranks. Each rank calls `Call` from one thread per
-// communicator, in the same order on every rank: call k of every rank forms one collective. A
-// call waits until every rank has joined, checks they agree (rank divergence is reported, never
-// hung), moves or sums the bytes, and waits until every rank is done reading the inputs.
-class Communicator final {
+// In-process collectives among `world_size` ranks (threads of this process): each call moves or
+// sums the bytes straight from the other ranks' buffers and waits until every rank is done
+// reading the inputs.
+class Communicator final : public Transport {
  public:
   Communicator(RunControl& control, int world_size, std::string name);
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
   StatusOr<CollectiveTimes> Call(int rank, const CollectiveDesc& desc,
-                                 std::span<const Segment> segments, const OpContext& ctx);
-  int world_size() const { return world_size_; }
-  const std::string& name() const { return name_; }
+                                 std::span<const Segment> segments, const OpContext& ctx) override;
+  int world_size() const override { return world_size_; }
+  const std::string& name() const override { return name_; }
 
  private:
   struct Slot {

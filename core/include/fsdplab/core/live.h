@@ -39,7 +39,7 @@ struct LiveOptions final {
   // Fault injection for tests: make this rank fail at (step, unit, op), or call a mismatched
   // collective.
   std::optional<int> fail_rank;
-  std::string fail_op;  // "compute" | "mismatch" | "hang"
+  std::string fail_op;  // "compute" | "mismatch" | "hang" | "die" (host, one process per rank)
   int fail_step = 0;
   std::string fail_unit;          // empty: the first unit with parameters
   bool log_executed_ops = false;  // LiveResult::executed (tests that hold executors together)
@@ -56,6 +56,9 @@ struct LiveCheck final {
   // of their summary as the warm-up step, so that the checks never land in a measured step.
   int step = 0;
   TimeUs check_us = 0;  // stream time the checks took in that step, summed over ranks and streams
+  // Per rank (host backend): FNV-1a of its accumulated reduced gradient shards, bit for bit, so
+  // that runs in different modes (threads, processes) can be held to the same bits.
+  std::vector<std::uint64_t> reduced_grad_digests{};
 };
 
 struct LiveResult final {
@@ -68,6 +71,9 @@ struct LiveResult final {
   // With log_executed_ops: every plan operation but the records, per rank and stream in the
   // order the stream carried it out.
   std::vector<ExecutedOp> executed;
+  // False on the ranks > 0 of a multi-process run: rank 0's result holds every rank's timeline
+  // and checks, and only rank 0 writes reports and files.
+  bool report_rank = true;
 };
 
 // nccl-tests-style gather benchmark (bench-gather).

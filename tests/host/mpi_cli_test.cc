@@ -1,0 +1,199 @@
+// The commands across processes, run as a user would under mpirun (this binary itself is not
+// started by mpirun; each test starts one job): the report and timeline from rank 0, faults on
+// one rank, and the launch errors.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "fsdplab/core/file_util.h"
+#include "fsdplab/core/trace.h"
+#include "host_test_util.h"
+
+namespace fsdplab::host {
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr
+  double seconds = 0;
+};
+
+Result Shell(const std::string& cmd) {
+  Result r;
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  std::size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+// `mpirun -np N fsdplab ARGS`, as root on a machine with fewer cores than ranks.
+Result Mpirun(int np, const std::string& args) {
+  return Shell(fmt::format(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 {} -n {} --oversubscribe {} {}",
+      FSDPLAB_MPIEXEC, np, FSDPLAB_BIN, args));
+}
+
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+class MpiCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("fsdplab_mpi_cli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    trace_ = (dir_ / "tiny.json").string();
+    ASSERT_TRUE(WriteTraceFile(testing::TinyTrace(testing::TinySpec{}), trace_).ok());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::filesystem::path dir_;
+  std::string trace_;
+};
+
+// Rank 0 alone prints and writes, with every rank's ops in the timeline (pid = rank).
+TEST_F(MpiCliTest, RankZeroWritesTheReportWithEveryRank) {
+  Result text = Mpirun(3, "run --backend host " + trace_ + " --steps 2");
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_EQ(Count(text.out, "Step time:"), 1) << text.out;
+  EXPECT_NE(text.out.find("3 ranks as processes (mpirun)"), std::string::npos) << text.out;
+
+  const std::string report = Path("report.json");
+  const std::string timeline = Path("timeline.json");
+  Result r = Mpirun(
+      3, "run --backend host " + trace_ + " --steps 2 -o " + report + " --timeline " + timeline);
+  ASSERT_EQ(r.code, 0) << r.out;
+  StatusOr<std::string> json = ReadFile(report);
+  ASSERT_TRUE(json.ok()) << json.status().message();
+  nlohmann::json doc = nlohmann::json::parse(*json);
+  EXPECT_EQ(doc["measured"], true);
+  ASSERT_EQ(doc["steps"].size(), 2u);
+  // Per step: 4 reduce-scatters (3 layers and the root) on rank 0, as in-process.
+  EXPECT_EQ(doc["steps"][1]["reduce_scatter"]["count"], 4);
+  StatusOr<std::string> chrome = ReadFile(timeline);
+  ASSERT_TRUE(chrome.ok()) << chrome.status().message();
+  std::set<int> pids;
+  const nlohmann::json events = nlohmann::json::parse(*chrome)["traceEvents"];
+  for (const auto& e : events) {
+    if (e.value("ph", "") == "X" && e.contains("pid")) pids.insert(e["pid"].get<int>());
+  }
+  EXPECT_EQ(pids, (std::set<int>{0, 1, 2}));
+}
+
+TEST_F(MpiCliTest, ARankThatThrowsStopsEveryRankWithItsPosition) {
+  Result r = Mpirun(3, "run --backend host " + trace_ +
+                           " --fail-rank 1 --fail-op compute --fail-step 1 --fail-unit "
+                           "model.layers.1");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("rank 1, step 1, microbatch 0, unit 'model.layers.1', op compute forward: "
+                       "exception in compute: injected fault\nevery rank stopped:"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("aborted because rank 1 failed"), std::string::npos) << r.out;
+}
+
+TEST_F(MpiCliTest, MismatchedCollectivesAreReportedNotHung) {
+  Result r = Mpirun(2, "run --backend host " + trace_ + " --fail-rank 0 --fail-op mismatch");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("rank 0 called reduce_scatter of 'model'"), std::string::npos) << r.out;
+}
+
+// A hung rank and a dead one: nobody waits past the timeout (0.5 s here).
+TEST_F(MpiCliTest, AHungOrDeadRankEndsTheJobInBoundedTime) {
+  Result hang = Mpirun(2, "run --backend host " + trace_ +
+                              " --timeout 0.5 --fail-rank 1 --fail-op hang --fail-unit "
+                              "model.layers.0");
+  EXPECT_EQ(hang.code, 3) << hang.out;
+  EXPECT_NE(hang.out.find("timed out after 0.5 s"), std::string::npos) << hang.out;
+  EXPECT_LT(hang.seconds, 15.0) << hang.out;
+  Result die = Mpirun(2, "run --backend host " + trace_ +
+                             " --timeout 0.5 --fail-rank 1 --fail-op die --fail-step 1");
+  EXPECT_NE(die.code, 0) << die.out;
+  EXPECT_EQ(Count(die.out, "Step time:"), 0) << die.out;
+  EXPECT_LT(die.seconds, 15.0) << die.out;
+}
+
+// One process per rank, one table from rank 0, every element checked on every rank.
+TEST_F(MpiCliTest, BenchGatherAcrossProcesses) {
+  for (const char* op : {"all_gather", "reduce_scatter"}) {
+    SCOPED_TRACE(op);
+    const std::string json = Path(std::string(op) + ".json");
+    Result r = Mpirun(3, fmt::format("bench-gather --backend host -b 96K -e 384K -f 4 -n 3 -w 1 "
+                                     "--op {} -J {}",
+                                     op, json));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(Count(r.out, "# fsdplab bench-gather:"), 1) << r.out;
+    StatusOr<std::string> text = ReadFile(json);
+    ASSERT_TRUE(text.ok()) << text.status().message();
+    const nlohmann::json doc = nlohmann::json::parse(*text);
+    EXPECT_EQ(doc["world_size"], 3);
+    ASSERT_EQ(doc["rows"].size(), 2u);  // 96K and 384K
+    for (const auto& row : doc["rows"]) {
+      EXPECT_EQ(row["wrong"], 0);
+      EXPECT_GT(row["time_us"].get<double>(), 0.0);
+    }
+  }
+  Result both = Mpirun(2, "bench-gather --backend host -b 64K -e 64K -n 3 -w 1 --op concurrent");
+  ASSERT_EQ(both.code, 0) << both.out;
+  EXPECT_NE(both.out.find("2 ranks"), std::string::npos) << both.out;
+}
+
+TEST_F(MpiCliTest, LaunchErrorsNameTheVariables) {
+  // torchrun's variables disagreeing with mpirun's.
+  Result conflict = Shell("RANK=0 WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 " +
+                          fmt::format("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                                      "{} -n 2 --oversubscribe {} run --backend host {}",
+                                      FSDPLAB_MPIEXEC, FSDPLAB_BIN, trace_));
+  EXPECT_EQ(conflict.code, 2) << conflict.out;
+  EXPECT_NE(conflict.out.find("conflicting launchers: mpirun (OMPI_COMM_WORLD_RANK=1 "
+                              "OMPI_COMM_WORLD_SIZE=2"),
+            std::string::npos)
+      << conflict.out;
+  // A partial torchrun launch.
+  Result partial = Shell(fmt::format("RANK=1 {} run --backend host {}", FSDPLAB_BIN, trace_));
+  EXPECT_EQ(partial.code, 2) << partial.out;
+  EXPECT_NE(partial.out.find("torchrun launch is incomplete: WORLD_SIZE, MASTER_ADDR, "
+                             "MASTER_PORT not set"),
+            std::string::npos)
+      << partial.out;
+  // torchrun's variables: the host backend's processes need MPI's launcher (docs/design.md).
+  Result torchrun = Shell(fmt::format(
+      "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 {} run --backend "
+      "host {}",
+      FSDPLAB_BIN, trace_));
+  EXPECT_EQ(torchrun.code, 4) << torchrun.out;
+  EXPECT_NE(torchrun.out.find("torchrun started this process (RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "
+                              "MASTER_ADDR=127.0.0.1 MASTER_PORT=29500), but the host backend's "
+                              "processes talk over MPI"),
+            std::string::npos)
+      << torchrun.out;
+  // die needs one process per rank.
+  Result die = Shell(
+      fmt::format("{} run --backend host {} --fail-rank 0 --fail-op die", FSDPLAB_BIN, trace_));
+  EXPECT_EQ(die.code, 1) << die.out;
+}
+
+}  // namespace
+}  // namespace fsdplab::host

@@ -1,0 +1,194 @@
+// The host backend across processes, run under mpirun (-np 2 and -np 3; see CMakeLists.txt):
+// every case runs once with one process per rank (collectives over MPI) and, on rank 0, once with
+// the ranks as threads of one process. Both must move the same bytes in the same collectives,
+// carry out the same plan operations on every stream of every rank, and end with the same reduced
+// gradients, bit for bit, each matching the single-rank reference.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <ostream>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fsdplab/core/launch.h"
+#include "fsdplab/core/policy.h"
+#include "fsdplab/core/trace.h"
+#include "fsdplab/host/live.h"
+#include "host_test_util.h"
+
+namespace fsdplab::host {
+namespace {
+
+using testing::TinySpec;
+using testing::TinyTrace;
+
+// This process's place in the mpirun job.
+const LaunchInfo& Launch() {
+  static const LaunchInfo launch = [] {
+    StatusOr<LaunchInfo> l = DetectLaunch();
+    return l.ok() ? *l : LaunchInfo{};
+  }();
+  return launch;
+}
+
+struct CrossCase {
+  std::string name;
+  TinySpec spec;
+  std::vector<std::pair<std::string_view, std::string_view>> keys;
+  ComputeMode compute = ComputeMode::kTimed;
+};
+void PrintTo(const CrossCase& c, std::ostream* os) { *os << c.name; }
+
+// Per rank, step and kind: how many collectives and how many bytes.
+using Counts = std::map<std::tuple<int, int, OpKind>, std::pair<int, Bytes>>;
+Counts CollectiveCounts(const Timeline& tl) {
+  Counts c;
+  for (const TimelineOp& op : tl.ops) {
+    if (!IsCollective(op.kind)) continue;
+    auto& [n, bytes] = c[{op.rank, op.step, op.kind}];
+    ++n;
+    bytes += op.bytes;
+  }
+  return c;
+}
+
+// Per rank and stream, the plan operations in the order the stream carried them out.
+std::map<std::pair<int, int>, std::vector<ExecutedOp>> ByStream(const std::vector<ExecutedOp>& e) {
+  std::map<std::pair<int, int>, std::vector<ExecutedOp>> m;
+  for (const ExecutedOp& op : e) m[{op.rank, op.stream}].push_back(op);
+  return m;
+}
+
+void ExpectExact(const LiveCheck& c, const char* mode) {
+  SCOPED_TRACE(mode);
+  EXPECT_EQ(c.tolerance, "exact");
+  EXPECT_EQ(c.gathered_bytes_wrong, 0u);
+  EXPECT_GT(c.grad_elements_checked, 0u);
+  EXPECT_EQ(c.grad_elements_wrong, 0u) << "max abs error " << c.grad_max_abs_error;
+}
+
+void RunBothModes(const Trace& trace, LiveOptions o) {
+  ASSERT_TRUE(Launch().multi_process()) << "run this binary under mpirun";
+  const int w = Launch().world_size;
+  o.world_size = w;
+  o.log_executed_ops = true;
+  StatusOr<LiveResult> processes = RunLiveSteps(trace, o);
+  ASSERT_TRUE(processes.ok()) << processes.status().message();
+  if (Launch().rank != 0) {
+    EXPECT_FALSE(processes->report_rank);
+    return;
+  }
+  ASSERT_TRUE(processes->report_rank);
+  HostRunOptions threads_only;
+  threads_only.launch = LaunchInfo{};  // no launcher: the ranks as threads of this process
+  StatusOr<LiveResult> threads = RunLiveSteps(trace, o, threads_only);
+  ASSERT_TRUE(threads.ok()) << threads.status().message();
+
+  ExpectExact(processes->check, "processes");
+  ExpectExact(threads->check, "threads");
+  EXPECT_EQ(processes->timeline.world_size, w);
+  EXPECT_EQ(processes->check.gathered_bytes_checked, threads->check.gathered_bytes_checked);
+  EXPECT_EQ(processes->check.grad_elements_checked, threads->check.grad_elements_checked);
+  // The same bits on every rank.
+  ASSERT_EQ(processes->check.reduced_grad_digests.size(), static_cast<std::size_t>(w));
+  EXPECT_EQ(processes->check.reduced_grad_digests, threads->check.reduced_grad_digests);
+  // The same collectives and bytes per rank, step and kind, and every rank present.
+  const Counts counts = CollectiveCounts(processes->timeline);
+  EXPECT_EQ(counts, CollectiveCounts(threads->timeline));
+  std::set<int> ranks;
+  for (const auto& [key, value] : counts) ranks.insert(std::get<0>(key));
+  EXPECT_EQ(ranks.size(), static_cast<std::size_t>(w));
+  // The same plan operations on every stream of every rank.
+  EXPECT_EQ(ByStream(processes->executed), ByStream(threads->executed));
+}
+
+class CrossModeTest : public ::testing::TestWithParam<CrossCase> {};
+
+TEST_P(CrossModeTest, ProcessesAndThreadsAgreeBitForBit) {
+  const CrossCase& c = GetParam();
+  Policy p;
+  for (const auto& [k, v] : c.keys) ASSERT_TRUE(ApplyPolicyKey(k, v, p).ok()) << k;
+  LiveOptions o;
+  o.steps = 2;
+  o.policy = p;
+  o.compute = c.compute;
+  o.timeout_us = 20e6;
+  RunBothModes(TinyTrace(c.spec), o);
+}
+
+TinySpec Spec(DType d = DType::kBf16, RecomputeKind r = RecomputeKind::kNone, int mbs = 1) {
+  TinySpec s;
+  s.dtype = d;
+  s.recompute = r;
+  s.microbatches = mbs;
+  return s;
+}
+
+// The policies of the in-process exactness test (live_test.cc).
+INSTANTIATE_TEST_SUITE_P(
+    Policies, CrossModeTest,
+    ::testing::Values(
+        CrossCase{"defaults", Spec(), {}}, CrossCase{"gemm", Spec(), {}, ComputeMode::kGemm},
+        CrossCase{"recorded_order", Spec(), {{"order", "recorded"}}},
+        CrossCase{"no_prefetch", Spec(), {{"forward_prefetch", "0"}, {"backward_prefetch", "0"}}},
+        CrossCase{
+            "budget_two_units", Spec(), {{"forward_prefetch", "2"}, {"backward_prefetch", "2"}}},
+        CrossCase{"budget_elements", Spec(), {{"forward_prefetch", "elements:3000"}}},
+        CrossCase{"budget_bytes", Spec(), {{"backward_prefetch", "bytes:8K"}}},
+        CrossCase{"no_first_unit", Spec(), {{"prefetch_first_unit", "false"}}},
+        CrossCase{
+            "microbatches", Spec(DType::kBf16, RecomputeKind::kNone, 2), {{"order", "recorded"}}},
+        CrossCase{"reentrant", Spec(DType::kBf16, RecomputeKind::kReentrant), {}},
+        CrossCase{"mxfp8_gemm", Spec(DType::kMxfp8), {}, ComputeMode::kGemm},
+        CrossCase{"mxfp8_inside_all_planes",
+                  Spec(DType::kMxfp8, RecomputeKind::kInside),
+                  {{"unshard_all_planes_in_backward", "all"}},
+                  ComputeMode::kGemm},
+        CrossCase{"mxfp8_reentrant_aware",
+                  Spec(DType::kMxfp8, RecomputeKind::kReentrant),
+                  {{"order", "recorded"}, {"recompute_aware", "true"}},
+                  ComputeMode::kGemm},
+        CrossCase{"zero2", Spec(), {{"sharding", "zero2"}}},
+        CrossCase{"no_shard", Spec(), {{"sharding", "no_shard"}}},
+        CrossCase{"unified_stream", Spec(), {{"unified_comm_stream", "true"}}},
+        CrossCase{"fp32_reduce", Spec(), {{"reduce_dtype", "fp32"}}, ComputeMode::kGemm},
+        CrossCase{"fp16_params", Spec(DType::kFp16), {}, ComputeMode::kGemm}),
+    [](const ::testing::TestParamInfo<CrossCase>& param) { return param.param.name; });
+
+// The bundled sample traces (heavier: tens to hundreds of MB of parameters each; one step, GEMM
+// compute off). Run by the ctest entry host_mpi_sample_traces only.
+class SampleTraceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SampleTraceTest, ProcessesAndThreadsAgreeBitForBit) {
+  StatusOr<Trace> trace = ReadTraceFile(std::string(FSDPLAB_TRACES_DIR) + "/" + GetParam());
+  ASSERT_TRUE(trace.ok()) << trace.status().message();
+  LiveOptions o;
+  o.steps = 1;
+  o.timeout_us = 60e6;
+  RunBothModes(*trace, o);
+}
+
+INSTANTIATE_TEST_SUITE_P(Traces, SampleTraceTest,
+                         ::testing::Values("gpt_small.json", "divergent_step.json",
+                                           "mxfp8_reentrant.json", "no_backward_unit.json",
+                                           "reentrant_recompute.json", "reversed_registration.json",
+                                           "shared_layer.json", "two_microbatches.json"),
+                         [](const ::testing::TestParamInfo<std::string>& param) {
+                           std::string name = param.param.substr(0, param.param.find('.'));
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace fsdplab::host
+
+// Every rank runs every test in the same order (they are collective); only rank 0 prints.
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (fsdplab::host::Launch().rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  return RUN_ALL_TESTS();
+}
