@@ -49,10 +49,11 @@ sizes=(-b 256K -e 128M -f 2 -n 10 -w 3)
 # The collective model is measured before and after the live runs and fitted to both (calibrate
 # averages repeated sizes): this machine's speed drifts by several percent within a minute, and a
 # model measured only before the runs carried that drift into every prediction at once.
-# WORKING_SET (default 256M, 8x this machine's L3): the all-gather and reduce-scatter curves are
+# WORKING_SET (default 8x this machine's last-level cache, scripts/cold_working_set.sh): the
+# all-gather and reduce-scatter curves are
 # measured on buffers cold in the caches, as a live step that walks many units' buffers finds
 # them (bench-gather --working-set); 0 measures one hot buffer, as nccl-tests does.
-ws=(--working-set "${WORKING_SET:-256M}")
+ws=(--working-set "${WORKING_SET:-$(bash "$root/scripts/cold_working_set.sh")}")
 bench() {
   "${launch[@]}" "$f" bench-gather --backend host --world-size $world "${sizes[@]}" "${ws[@]}" \
     --nccl-out "$work/ag$1.txt" >/dev/null

@@ -84,11 +84,17 @@ def main():
     ap.add_argument("--repeat", type=int, default=int(os.environ.get("REPEAT", "2")))
     ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "4")))
     ap.add_argument("--keep", help="keep the work files in this directory")
-    ap.add_argument("--working-set", default="256M",
-                    help="bench-gather --working-set for the calibration (default 256M, 8x the "
-                         "L3 here: buffers cold in the caches, as a live step over many units "
-                         "finds them; 0: one hot buffer, as nccl-tests)")
+    ap.add_argument("--working-set", default=None,
+                    help="bench-gather --working-set for the calibration (default: 8x this "
+                         "machine's last-level cache, scripts/cold_working_set.sh: buffers cold "
+                         "in the caches, as a live step over many units finds them; 0: one hot "
+                         "buffer, as nccl-tests)")
     a = ap.parse_args()
+    if a.working_set is None:
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts",
+                              "cold_working_set.sh")
+        a.working_set = subprocess.run(["bash", script], check=True, capture_output=True,
+                                       text=True).stdout.strip()
     f = os.path.join(a.build, "tools", "fsdplab")
     if not os.access(f, os.X_OK):
         sys.exit(f"no fsdplab at {f}: build first")

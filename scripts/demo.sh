@@ -36,9 +36,9 @@ echo "=== 4. Predicted vs measured: gpt_small live on this machine's CPU (host b
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 sizes=(--backend host --world-size 2 -b 1M -e 128M -f 2 -n 8 -w 2)
-# The curves are measured on buffers cold in the caches (--working-set 256M), as the live step,
-# which walks every unit's buffers, finds them.
-ws=(--working-set 256M)
+# The curves are measured on buffers cold in the caches (8x this machine's last-level cache:
+# scripts/cold_working_set.sh), as the live step, which walks every unit's buffers, finds them.
+ws=(--working-set "$(bash "$root/scripts/cold_working_set.sh")")
 # The collective curves are measured before and after the live run and fitted together, so
 # that the machine's drift during the run is in the model too.
 "$fsdplab" bench-gather "${sizes[@]}" "${ws[@]}" --nccl-out "$work/ag0.txt" >/dev/null
