@@ -170,15 +170,14 @@ Status CudaExecutor::Impl::Setup(const Trace& trace, std::vector<NcclComm> comms
   // replicas: NCCL sub-communicators split from the world's (every rank of a parent calls the
   // split, so the whole process splits in one group).
   if (!config_.emulated && layout_.replicas() > 1) {
-    const int group = layout_.shard_group_size();
     std::vector<NcclComm> parents;
     std::vector<int> row, column, in_row, in_column;
     for (RankState& r : ranks_) {
       parents.push_back(std::move(r.comm));
-      row.push_back(r.rank / group);
-      in_row.push_back(r.rank % group);
-      column.push_back(r.rank % group);
-      in_column.push_back(r.rank / group);
+      row.push_back(layout_.shard_group_of(r.rank));
+      in_row.push_back(layout_.shard_rank_of(r.rank));
+      column.push_back(layout_.shard_rank_of(r.rank));
+      in_column.push_back(layout_.shard_group_of(r.rank));
     }
     StatusOr<std::vector<NcclComm>> shards = NcclComm::Split(parents, row, in_row);
     StatusOr<std::vector<NcclComm>> replicas =
@@ -193,7 +192,8 @@ Status CudaExecutor::Impl::Setup(const Trace& trace, std::vector<NcclComm> comms
     notes_.push_back(fmt::format(
         "hsdp: NCCL sub-communicators split from the world's: {} shard groups of {} ranks "
         "(all-gathers, reduce-scatters) and {} replica columns of {} ranks (all-reduces)",
-        layout_.replicas(), group, group, layout_.replicas()));
+        layout_.replicas(), layout_.shard_group_size(), layout_.shard_group_size(),
+        layout_.replicas()));
   }
   if (config_.compute == ComputeMode::kGemm) {
     FSDP_RETURN_IF_ERROR(CalibrateGemm(ranks_[0]));
@@ -467,7 +467,7 @@ Status CudaExecutor::Impl::RunOp(RankState& r, const PlanOp& op) {
       const Elements offset =
           op.collective == CollectiveKind::kAllReduce
               ? 0
-              : static_cast<Elements>(r.rank % layout_.shard_group_size()) * info.elements;
+              : static_cast<Elements>(layout_.shard_rank_of(r.rank)) * info.elements;
       FSDP_CUDA_CHECK(internal::CheckReduced(
           buffer(op.buffer).get(), info.dtype, info.elements, offset, g.numel,
           internal::PatternKey(config_.seed ^ kGradSeedSalt, op.unit, op.group, 0),

@@ -211,8 +211,8 @@ HostExecutor::HostExecutor(const Model& model, const ModelData& data, const Exec
       ar_comm_(all_reduce),
       rank_(rank),
       world_size_(data.world_size()),
-      shard_rank_(rank % data.layout().shard_group_size()),
-      replica_rank_(rank / data.layout().shard_group_size()),
+      shard_rank_(data.layout().shard_rank_of(rank)),
+      replica_rank_(data.layout().shard_group_of(rank)),
       planner_(model, data.layout(),
                PlanConfig{.rank = rank, .unified_comm_stream = config.unified_comm_stream}) {
   const auto units = static_cast<std::size_t>(model.num_units());

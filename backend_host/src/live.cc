@@ -213,7 +213,9 @@ void CheckGradients(const ModelData& data, const LiveOptions& options, std::int6
         // whole gradient, which the layout's grad_shard_elements already is (core/param_layout.h).
         const std::size_t n = gl.grad_shard_elements;
         const std::size_t first =
-            replicated ? 0 : static_cast<std::size_t>(r % shard_group) * gl.grad_shard_elements;
+            replicated
+                ? 0
+                : static_cast<std::size_t>(data.layout().shard_rank_of(r)) * gl.grad_shard_elements;
         std::vector<std::byte> out(n * gl.grad_element_size);
         if (replicas == 1) {
           std::vector<const std::byte*> ins;
@@ -626,11 +628,12 @@ StatusOr<LiveResult> RunInProcess(const Trace& trace, const LiveOptions& options
   }
   std::vector<std::unique_ptr<HostExecutor>> executors;
   for (int r = 0; r < w; ++r) {
-    const auto row = static_cast<std::size_t>(r / shard_group);
+    const auto row = static_cast<std::size_t>(data.layout().shard_group_of(r));
     Communicator& ag = *gathers[row];
     executors.push_back(std::make_unique<HostExecutor>(
         trace.model, data, config, control, ag, unified ? ag : *scatters[row], r,
-        replicas > 1 ? columns[static_cast<std::size_t>(r % shard_group)].get() : nullptr));
+        replicas > 1 ? columns[static_cast<std::size_t>(data.layout().shard_rank_of(r))].get()
+                     : nullptr));
   }
   for (auto& e : executors) e->Start();
   std::vector<RankRun> runs(static_cast<std::size_t>(w));

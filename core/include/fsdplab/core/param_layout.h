@@ -106,6 +106,10 @@ class ModelLayout final {
   // How many copies of each shard exist (hsdp: W / S; else 1). Above 1, each reduced gradient
   // shard is all-reduced across the replicas: ranks r mod S + k * S for every k.
   int replicas() const { return world_size_ / shard_group_size_; }
+  // Where a rank sits in that mesh: its shard group (the row, and its index in the replica
+  // column) and its position within the group (the column, and the shard it holds).
+  int shard_group_of(int rank) const { return rank / shard_group_size_; }
+  int shard_rank_of(int rank) const { return rank % shard_group_size_; }
   int num_units() const { return static_cast<int>(units_.size()); }
   const std::vector<GroupLayout>& groups(UnitId unit) const {
     return units_[static_cast<std::size_t>(unit)];
