@@ -41,10 +41,29 @@ const char* CollectiveLabel(CollectiveKind k) {
   return "?";
 }
 
-// A size timed twice (a row's out-of-place and in-place halves) whose two times disagree by more
-// than kTwiceTimedPct has caught a disturbance in one of them. When the fitted half is further
-// from the line through the sizes beside it than the other half is, the other half is used
-// instead. `pts` are the block's points (sorted, one per size); returns the sizes changed.
+// Whether a block's two halves time one operation twice. On a GPU an in-place and an
+// out-of-place call move the same bytes, and their times agree within the noise at most sizes.
+// On the host an in-place all-gather skips the copy of the rank's own shard and a cold
+// out-of-place one writes a second buffer, so the halves differ at every size (2-4x here): they
+// are two operations, and neither half says anything about the other's noise. The test: the
+// median over the sizes of the halves' relative difference is within kHalvesAgreePct.
+constexpr double kHalvesAgreePct = 10;
+
+bool HalvesTimeOneOperation(const NcclTestsResult& r) {
+  std::vector<double> diff;
+  for (const NcclTestsRow& row : r.rows) {
+    if (row.size_bytes == 0 || !row.out_of_place || !row.in_place) continue;
+    const double a = row.out_of_place->time_us, b = row.in_place->time_us;
+    if (a > 0 && b > 0) diff.push_back(100 * std::abs(a - b) / (0.5 * (a + b)));
+  }
+  return !diff.empty() && Median(diff) <= kHalvesAgreePct;
+}
+
+// A size timed twice (a row's out-of-place and in-place halves, where they time one operation)
+// whose two times disagree by more than kTwiceTimedPct has caught a disturbance in one of them.
+// When the fitted half is further from the line through the sizes beside it than the other half
+// is, the other half is used instead. `pts` are the block's points (sorted, one per size);
+// returns the sizes changed.
 std::vector<Bytes> UseConsistentHalves(const NcclTestsResult& r, bool in_place,
                                        std::vector<SizeTime>& pts) {
   std::map<Bytes, TimeUs> other;
@@ -59,18 +78,18 @@ std::vector<Bytes> UseConsistentHalves(const NcclTestsResult& r, bool in_place,
     if (it == other.end()) continue;
     const double mine = orig[i].time_us, theirs = it->second;
     if (100 * std::abs(mine - theirs) / (0.5 * (mine + theirs)) <= kTwiceTimedPct) continue;
-    // The reference: the chord through the two neighbours, or the one neighbour at an end.
-    double ref = 0;
-    if (i > 0 && i + 1 < orig.size()) {
-      double b0 = static_cast<double>(orig[i - 1].bytes),
-             b2 = static_cast<double>(orig[i + 1].bytes);
-      double w = (static_cast<double>(orig[i].bytes) - b0) / (b2 - b0);
-      ref = orig[i - 1].time_us + w * (orig[i + 1].time_us - orig[i - 1].time_us);
-    } else if (orig.size() > 1) {
-      ref = orig[i == 0 ? 1 : i - 1].time_us;
-    } else {
-      continue;
-    }
+    // The reference: the chord through the two neighbours; at an end, the line through the two
+    // nearest sizes carried on to this one (a bandwidth-bound last size takes about twice the
+    // time of the one before: the neighbour's own time would favour whichever half is faster).
+    // A block of two sizes has no reference.
+    if (orig.size() < 3) continue;
+    const std::size_t j0 = i == 0 ? 1 : i + 1 < orig.size() ? i - 1 : i - 2;
+    const std::size_t j1 = i == 0 ? 2 : i + 1 < orig.size() ? i + 1 : i - 1;
+    const double b0 = static_cast<double>(orig[j0].bytes);
+    const double b1 = static_cast<double>(orig[j1].bytes);
+    const double w = (static_cast<double>(orig[i].bytes) - b0) / (b1 - b0);
+    const double ref = orig[j0].time_us + w * (orig[j1].time_us - orig[j0].time_us);
+    if (!(ref > 0)) continue;
     if (std::abs(std::log(theirs / ref)) < std::abs(std::log(mine / ref))) {
       pts[i].time_us = theirs;
       changed.push_back(pts[i].bytes);
@@ -141,6 +160,7 @@ StatusOr<CollectiveFit> FitNcclTests(const std::vector<const NcclTestsResult*>& 
   // Every timing of each size, for the noise: both halves of a row, and repeats across blocks.
   std::map<Bytes, std::vector<TimeUs>> timings;
   std::vector<Bytes> twice_apart, replaced;
+  std::optional<std::string> two_operations;  // a block whose halves time different operations
   for (const NcclTestsResult* r : results) {
     if (r->collective != first.collective || r->ranks != first.ranks) {
       return InvalidInput(
@@ -149,15 +169,24 @@ StatusOr<CollectiveFit> FitNcclTests(const std::vector<const NcclTestsResult*>& 
                       r->source, first.source));
     }
     FSDP_ASSIGN_OR_RETURN(std::vector<SizeTime> pts, PointsOf(*r, options.in_place));
-    std::vector<Bytes> swapped = UseConsistentHalves(*r, options.in_place, pts);
-    replaced.insert(replaced.end(), swapped.begin(), swapped.end());
+    const bool one_operation = HalvesTimeOneOperation(*r);
+    if (one_operation) {
+      std::vector<Bytes> swapped = UseConsistentHalves(*r, options.in_place, pts);
+      replaced.insert(replaced.end(), swapped.begin(), swapped.end());
+    } else if (r->rows.size() > 1 && !two_operations) {
+      two_operations = r->source;
+    }
     all.insert(all.end(), pts.begin(), pts.end());
     fit.sources.push_back(r->source);
     std::map<Bytes, std::vector<TimeUs>> mine;
     for (const NcclTestsRow& row : r->rows) {
       if (row.size_bytes == 0) continue;
-      for (const std::optional<NcclTiming>& t : {row.out_of_place, row.in_place}) {
-        if (t && t->time_us > 0) mine[row.size_bytes].push_back(t->time_us);
+      // The other half is a second timing of the size only where it times the same operation.
+      const std::optional<NcclTiming>& fitted = options.in_place ? row.in_place : row.out_of_place;
+      const std::optional<NcclTiming>& other = options.in_place ? row.out_of_place : row.in_place;
+      if (fitted && fitted->time_us > 0) mine[row.size_bytes].push_back(fitted->time_us);
+      if (one_operation && other && other->time_us > 0) {
+        mine[row.size_bytes].push_back(other->time_us);
       }
     }
     for (auto& [bytes, ts] : mine) {
@@ -202,6 +231,14 @@ StatusOr<CollectiveFit> FitNcclTests(const std::vector<const NcclTestsResult*>& 
         "noisy data: run-to-run, {} size(s) timed twice (out of place and in place, or in "
         "several runs) differ by more than {:.0f}%: {} B",
         twice_apart.size(), kTwiceTimedPct, SizeList(twice_apart)));
+  }
+  if (two_operations) {
+    fit.warnings.push_back(fmt::format(
+        "{}: the out-of-place and in-place halves differ at most sizes (by more than {:.0f}% in "
+        "the median): they time two operations, not one twice; the {} times are fitted and the "
+        "other half is not taken as a repeat{}",
+        *two_operations, kHalvesAgreePct, options.in_place ? "in-place" : "out-of-place",
+        options.in_place ? "" : " (--in-place fits the other)"));
   }
   if (!replaced.empty()) {
     fit.warnings.push_back(fmt::format(

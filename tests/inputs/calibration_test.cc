@@ -336,6 +336,82 @@ TEST(Calibration, WarnsAboutNoisyData) {
   EXPECT_TRUE(quiet->warnings.empty()) << fmt::format("{}", fmt::join(quiet->warnings, "\n"));
 }
 
+// An all_gather table of 8 ranks, 1 KiB .. 1 GiB, with each size's out-of-place and in-place
+// times from `times(bytes)` = {out, in}.
+template <typename F>
+std::string TableOf(F times) {
+  std::string t =
+      "# Collective test starting: all_gather_perf\n"
+      "#  size  count  type  redop  root  time  algbw  busbw  #wrong  time  algbw  "
+      "busbw  #wrong\n";
+  for (double bytes = 1024; bytes <= 1024.0 * 1024 * 1024; bytes *= 2) {
+    auto [out, in] = times(bytes);
+    t += fmt::format("{:.0f} {:.0f} float none -1 {:.17g} 1 1 0 {:.17g} 1 1 0\n", bytes,
+                     bytes / 4 / 8, out, in);
+  }
+  return t;
+}
+
+// The host's halves are two operations: an in-place all-gather skips a copy and takes about a
+// third of the out-of-place time at every size. They are not repeats, so they say nothing of the
+// noise, and the out-of-place curve, which bends where the buffers leave the cache, is followed.
+TEST(Calibration, HalvesThatTimeTwoOperationsAreNotRepeats) {
+  // Out of place: 5 us + bytes / 3 GB/s up to 16 MiB, then 1.5 GB/s beyond (twice the slope),
+  // continuous at 16 MiB; +-2% alternating jitter. In place: 0.3 x out of place.
+  const double knee = 16.0 * 1024 * 1024;
+  int i = 0;
+  std::string t = TableOf([&](double b) {
+    double us = 5 + std::min(b, knee) / 3e3 + std::max(0.0, b - knee) / 1.5e3;
+    us *= (i++ % 2 == 0) ? 1.02 : 0.98;
+    return std::pair{us, 0.3 * us};
+  });
+  StatusOr<NcclTestsResult> r = ParseNcclTests(t, "host.txt");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  StatusOr<CollectiveFit> fit = FitNcclTests(*r, TierKind::kIntra, FitOptions{});
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  // Taking the halves as repeats read a noise of 0.71 x |1 - 0.3| / 0.65 = 76% and left a single
+  // line 40-50% off in the middle. The noise is the jitter's (~2%) and every size within 3x it.
+  EXPECT_LT(fit->noise_pct, 5.0);
+  EXPECT_LE(fit->max_error_pct, 6.0);
+  EXPECT_GE(fit->curve.knots.size(), 3u);
+  // At 1 GiB (index 20, even: +2%): 1.02 x (5 + 16 MiB / 3e3 + (1 GiB - 16 MiB) / 1.5e3) us.
+  const double top = 1.02 * (5 + knee / 3e3 + (1073741824.0 - knee) / 1.5e3);
+  EXPECT_NEAR(CurveTimeUs(fit->curve, 1073741824, 8) / top, 1.0, 0.03);
+  bool said = false;
+  for (const std::string& w : fit->warnings) {
+    said = said || w.find("two operations") != std::string::npos;
+  }
+  EXPECT_TRUE(said) << fmt::format("{}", fmt::join(fit->warnings, "\n"));
+}
+
+// Where the halves time one operation, a disturbed half at the largest size is judged against the
+// line through the two sizes below carried on to it, not against the neighbour's own time (half
+// the size, about half the time), which favoured whichever half was faster.
+TEST(Calibration, DisturbedLargestSizeIsJudgedByTheExtrapolatedLine) {
+  const double gib = 1073741824;
+  const double truth = Ring(5, 150, 8, gib);  // 35 + 7/8 x 2^30 / 150e3 = 6298.5 us
+  // Out of place 60% slow at 1 GiB, in place right: the in-place time is fitted there.
+  StatusOr<NcclTestsResult> slow = ParseNcclTests(TableOf([&](double b) {
+                                                    double us = Ring(5, 150, 8, b);
+                                                    return std::pair{b == gib ? 1.6 * us : us, us};
+                                                  }),
+                                                  "slow.txt");
+  ASSERT_TRUE(slow.ok()) << slow.status().ToString();
+  StatusOr<CollectiveFit> a = FitNcclTests(*slow, TierKind::kIntra, FitOptions{});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_NEAR(a->points.back().measured_us, truth, 1e-6);
+  // Out of place right, in place 45% fast at 1 GiB: the out-of-place time stays.
+  StatusOr<NcclTestsResult> fast = ParseNcclTests(TableOf([&](double b) {
+                                                    double us = Ring(5, 150, 8, b);
+                                                    return std::pair{us, b == gib ? 0.55 * us : us};
+                                                  }),
+                                                  "fast.txt");
+  ASSERT_TRUE(fast.ok()) << fast.status().ToString();
+  StatusOr<CollectiveFit> b = FitNcclTests(*fast, TierKind::kIntra, FitOptions{});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_NEAR(b->points.back().measured_us, truth, 1e-6);
+}
+
 TEST(Calibration, TierFromHostsFlagOrSize) {
   NcclTestsResult one_host;
   one_host.source = "a";
