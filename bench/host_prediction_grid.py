@@ -10,21 +10,29 @@ Each dimension is stratified: its values are dealt out evenly over the workloads
 with the seed, so every value appears and the combinations vary with the seed.
 
 The collective model is calibrated with `bench-gather` (all-gather, reduce-scatter, and
-`--op concurrent` for the contention) for each world size, before and after the live runs, as
-`bench/host_prediction.sh` does for the sample traces; nothing is fitted to the steps being
-predicted. Each workload is run live REPEAT times (default 2, `--compute timed --no-check`);
-the run with the median step time is compared with the simulation of the same trace and policy.
+`--op concurrent` for the contention); nothing is fitted to the steps being predicted. Each
+workload is predicted twice:
+- "beside": from curves measured just before and just after the workload's own live runs, over
+  the sizes it moves, on buffers covering the bytes one of its steps walks on a rank (its
+  gathered parameters and unsharded gradients);
+- "grid": from one calibration of the whole grid per world size, before and after all the live
+  runs, on buffers 8x the last-level cache, as `bench/host_prediction.sh` does for the samples.
+The two tell the model's error from this machine's drift over minutes, which the grid-wide
+bench's own change from before to after the runs shows. Each workload is run live REPEAT times
+(default 2, `--compute timed --no-check`); the run with the median step time is compared.
 
-Prints a table (workload, predicted, measured, error, every run's step time), the median and
-90th-percentile |error|, and the three worst cases with the op kind that carries most of the
-error. Run it on an otherwise idle machine: the host collectives are memory copies on the same
-cores, and other load shows up as error.
+Prints a table (workload, measured, both predictions and errors, the beside-bench's drift, every
+run's step time), the median and 90th-percentile |error| of each prediction, and the three worst
+cases with the op kind that carries most of the error. `--regrade DIR` predicts a kept grid again
+without measuring. Run it on an otherwise idle machine: the host collectives are memory copies on
+the same cores, and other load shows up as error.
 """
 import argparse
 import json
 import math
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -84,6 +92,11 @@ def main():
     ap.add_argument("--repeat", type=int, default=int(os.environ.get("REPEAT", "2")))
     ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "4")))
     ap.add_argument("--keep", help="keep the work files in this directory")
+    ap.add_argument("--regrade", metavar="DIR",
+                    help="measure nothing: recalibrate from the bench-gather files kept in DIR "
+                         "(--keep) and predict its workloads again against their kept live runs, "
+                         "so that a change to calibrate or the simulator is judged on the same "
+                         "measurements")
     ap.add_argument("--working-set", default=None,
                     help="bench-gather --working-set for the calibration (default: 8x this "
                          "machine's last-level cache, scripts/cold_working_set.sh: buffers cold "
@@ -98,6 +111,9 @@ def main():
     f = os.path.join(a.build, "tools", "fsdplab")
     if not os.access(f, os.X_OK):
         sys.exit(f"no fsdplab at {f}: build first")
+    if a.regrade:
+        regrade(f, a.regrade)
+        return
     work = a.keep or tempfile.mkdtemp(prefix="fsdplab-grid-")
     os.makedirs(work, exist_ok=True)
     rng = random.Random(a.seed)
@@ -155,56 +171,177 @@ def main():
         workloads.append((name, trace, w, policy))
 
     for name, trace, w, policy in workloads:
-        for r in range(a.repeat):
-            run([f, "run", "--backend", "host", trace, "--world-size", str(w), "--steps",
-                 str(a.steps), "--compute", "timed", "--no-check", *policy, "--json", "-o",
-                 f"{work}/{name}.meas{r}.json"])
+        # The curves again, beside this workload's live runs (just before and just after) and
+        # over the sizes it moves: this machine's copy speed drifts by up to 40% over minutes, a
+        # drift the grid-wide calibration carries into every prediction. The same bench, the
+        # same working set, only closer in time.
+        lo, hi, footprint = collective_sizes(f, work, name, trace, w, policy)
+        local = ["-b", str(lo), "-e", str(hi), "-f", "2", "-n", "10", "-w", "3",
+                 "--working-set", str(footprint)]
+        for tag in (0, 1):
+            if tag == 1:
+                for r in range(a.repeat):
+                    run([f, "run", "--backend", "host", trace, "--world-size", str(w), "--steps",
+                         str(a.steps), "--compute", "timed", "--no-check", *policy, "--json",
+                         "-o", f"{work}/{name}.meas{r}.json"])
+            for op in ("all_gather", "reduce_scatter"):
+                run([f, "bench-gather", "--backend", "host", "--world-size", str(w), *local,
+                     "--op", op, "--nccl-out", f"{work}/{name}.{op}.{tag}.txt"])
 
     for w in sorted(set(worlds)):
         bench(w, 1)
-        run([f, "calibrate", f"{work}/all_gather{w}.0.txt", f"{work}/all_gather{w}.1.txt",
-             f"{work}/reduce_scatter{w}.0.txt", f"{work}/reduce_scatter{w}.1.txt", "--contention",
-             f"{work}/concurrent{w}.json", "-o", f"{work}/cluster{w}.json"])
+        calibrate(f, work, w, work)
+    report(f, work, work, workloads, a.steps, a.repeat, f"seed {a.seed}")
+    if a.keep:
+        print(f"work files kept in {work}")
 
-    print(f"{'workload':<52} {'predicted us':>13} {'measured us':>13} {'error':>8}   "
-          "measured step time of each run (us)")
+
+def collective_sizes(f, work, name, trace, w, policy):
+    # The smallest and largest all-gather or reduce-scatter of the workload (from a simulation
+    # with the provisional model), widened to powers of two, and the bytes one step of it walks
+    # on a rank: every unit's gathered parameters and its unsharded gradients (the bytes the
+    # first microbatch's forward gathers, twice). The bench's buffers then cover what the live
+    # step's do: a small model's stay in the cache, as they do live, and a large one's do not.
+    sim = f"{work}/{name}.sizes.json"
+    run([f, "simulate", trace, "--cluster", f"{work}/provisional{w}.json", "--world-size", str(w),
+         "--steps", "1", *policy, "--json", "-o", sim])
+    with open(sim) as fh:
+        ops = json.load(fh)["ops"]
+    sizes = [o["bytes"] for o in ops
+             if o["kind"] in ("all_gather", "reduce_scatter") and o.get("bytes", 0) > 0]
+    forward = sum(o["bytes"] for o in ops if o["kind"] == "all_gather" and
+                  o["phase"] == "forward" and o.get("microbatch", 0) == 0)
+    lo = 1 << max(12, (min(sizes) - 1).bit_length() - 1)
+    hi = 1 << (max(sizes) - 1).bit_length()
+    return lo, hi, 2 * forward
+
+
+def calibrate(f, work, w, out, name=None):
+    if name:
+        # The workload's own curves, measured beside its live runs.
+        run([f, "calibrate", *(f"{work}/{name}.{op}.{t}.txt" for op in ("all_gather",
+                                                                        "reduce_scatter")
+                               for t in (0, 1)),
+             "--contention", f"{work}/concurrent{w}.json", "-o", f"{out}/{name}.cluster.json"])
+        return
+    # The curves measured before and after the live runs, fitted together.
+    run([f, "calibrate", f"{work}/all_gather{w}.0.txt", f"{work}/all_gather{w}.1.txt",
+         f"{work}/reduce_scatter{w}.0.txt", f"{work}/reduce_scatter{w}.1.txt", "--contention",
+         f"{work}/concurrent{w}.json", "-o", f"{out}/cluster{w}.json"])
+
+
+def regrade(f, work):
+    out = os.path.join(work, "regrade")
+    os.makedirs(out, exist_ok=True)
+    workloads = []
+    for path in sorted(os.listdir(work)):
+        m = re.fullmatch(r"(w\d+_.*_b(\d)_W(\d))\.json", path)
+        if m:
+            b = m.group(2)
+            workloads.append((m.group(1), os.path.join(work, path), int(m.group(3)),
+                              ["--forward-prefetch", b, "--backward-prefetch", b]))
+    if not workloads:
+        sys.exit(f"{work}: no grid workloads (w*_b*_W*.json) to regrade")
+    for w in sorted({w for _, _, w, _ in workloads}):
+        calibrate(f, work, w, out)
+    name = workloads[0][0]
+    repeat = len([p for p in os.listdir(work) if p.startswith(name + ".meas")])
+    with open(os.path.join(work, f"{name}.meas0.json")) as fh:
+        steps = len(json.load(fh)["steps"])
+    report(f, work, out, workloads, steps, repeat, f"regraded {work}")
+
+
+def predict(f, trace, cluster, w, steps, policy, sim, measured):
+    run([f, "simulate", trace, "--cluster", cluster, "--world-size", str(w), "--steps",
+         str(steps), *policy, "--json", "-o", sim])
+    return json.loads(run([f, "compare", sim, measured, "--json"]))
+
+
+def bench_times(path):
+    # size -> out-of-place time (us) of a bench-gather --nccl-out file.
+    out = {}
+    with open(path) as fh:
+        for line in fh:
+            p = line.split()
+            if len(p) >= 6 and not line.startswith("#") and p[0].isdigit():
+                out[int(p[0])] = float(p[5])
+    return out
+
+
+def drift(before, after):
+    # The median change of the bench's time from one file to the other, over their common sizes.
+    a, b = bench_times(before), bench_times(after)
+    common = [k for k in a if k in b and a[k] > 0]
+    return statistics.median(b[k] / a[k] - 1 for k in common) * 100 if common else 0.0
+
+
+def summary(errs):
+    errs = sorted(abs(e) for e in errs)
+    p90 = errs[min(len(errs) - 1, math.ceil(0.9 * len(errs)) - 1)]
+    return (f"median |error| {statistics.median(errs):.1f}%, 90th percentile {p90:.1f}%, "
+            f"largest {errs[-1]:.1f}%")
+
+
+def report(f, work, out, workloads, steps, repeat, label):
+    # Two predictions of each workload: from its own curves, measured beside its live runs
+    # ("beside"), when the grid measured them, and from the one calibration of the whole grid
+    # (before and after every run: "grid").
+    print(f"{'workload':<52} {'measured us':>12} {'beside us':>12} {'error':>7} {'grid us':>12}"
+          f" {'error':>7}  bench drift AG/RS  step time of each run (us)")
     results = []
     for name, trace, w, policy in workloads:
-        sim = f"{work}/{name}.sim.json"
-        run([f, "simulate", trace, "--cluster", f"{work}/cluster{w}.json", "--world-size", str(w),
-             "--steps", str(a.steps), *policy, "--json", "-o", sim])
         runs = []
-        for r in range(a.repeat):
+        for r in range(repeat):
             path = f"{work}/{name}.meas{r}.json"
             with open(path) as fh:
                 runs.append((json.load(fh)["summary"]["step_time_us"], path))
         runs.sort()
         median_path = runs[(len(runs) - 1) // 2][1]
-        c = json.loads(run([f, "compare", sim, median_path, "--json"]))
+        grid = predict(f, trace, f"{out}/cluster{w}.json", w, steps, policy,
+                       f"{out}/{name}.sim.json", median_path)
+        beside = None
+        local_drift = "-"
+        if os.path.exists(f"{work}/{name}.all_gather.0.txt"):
+            calibrate(f, work, w, out, name)
+            beside = predict(f, trace, f"{out}/{name}.cluster.json", w, steps, policy,
+                             f"{out}/{name}.beside.sim.json", median_path)
+            local_drift = (f"{drift(f'{work}/{name}.all_gather.0.txt', f'{work}/{name}.all_gather.1.txt'):+.0f}%/"
+                           f"{drift(f'{work}/{name}.reduce_scatter.0.txt', f'{work}/{name}.reduce_scatter.1.txt'):+.0f}%")
+        c = beside or grid
         s = c["summary"]
-        spread = (max(t for t, _ in runs) - min(t for t, _ in runs)) / s["step_time_measured_us"]
+        measured = s["step_time_measured_us"]
+        spread = (max(t for t, _ in runs) - min(t for t, _ in runs)) / measured
         # The op kind that carries most of the error: the largest |predicted - measured| summed.
         kinds = sorted(c["op_kinds"], key=lambda k: -abs(k["predicted_us"] - k["measured_us"]))
         carrier = (f"{kinds[0]['kind']} {kinds[0]['error_pct']:+.1f}% "
                    f"({(kinds[0]['predicted_us'] - kinds[0]['measured_us']) / 1000:+.1f} ms)"
                    if kinds else "-")
-        results.append((name, s["step_time_predicted_us"], s["step_time_measured_us"],
-                        s["step_time_error_pct"], spread, carrier))
-        print(f"{name:<52} {s['step_time_predicted_us']:>13.1f} {s['step_time_measured_us']:>13.1f}"
-              f" {s['step_time_error_pct']:>+7.1f}%   "
-              + " ".join(f"{t:.0f}" for t, _ in runs))
-    errs = sorted(abs(r[3]) for r in results)
-    spreads = sorted(r[4] * 100 for r in results)
-    p90 = errs[min(len(errs) - 1, math.ceil(0.9 * len(errs)) - 1)]
-    print(f"\n{len(results)} workloads (seed {a.seed}): median |error| {statistics.median(errs):.1f}%,"
-          f" 90th percentile {p90:.1f}%, largest {errs[-1]:.1f}%")
-    print(f"run-to-run spread (max - min over {a.repeat} runs, of the measured step): median "
+        g = grid["summary"]
+        b = beside["summary"] if beside else None
+        results.append((name, b["step_time_error_pct"] if b else None,
+                        g["step_time_error_pct"], spread, carrier))
+        print(f"{name:<52} {measured:>12.0f} "
+              + (f"{b['step_time_predicted_us']:>12.0f} {b['step_time_error_pct']:>+6.1f}% "
+                 if b else f"{'-':>12} {'-':>7} ")
+              + f"{g['step_time_predicted_us']:>12.0f} {g['step_time_error_pct']:>+6.1f}%  "
+              f"{local_drift:>17}  " + " ".join(f"{t:.0f}" for t, _ in runs))
+    print(f"\n{len(results)} workloads ({label}):")
+    if all(r[1] is not None for r in results):
+        print(f"  calibrated beside each workload's runs: {summary([r[1] for r in results])}")
+    print(f"  one calibration for the whole grid:     {summary([r[2] for r in results])}")
+    worlds = sorted({w for _, _, w, _ in workloads})
+    for w in worlds:
+        if os.path.exists(f"{work}/all_gather{w}.1.txt"):
+            print(f"  the grid-wide bench moved from before to after the runs ({w} ranks): "
+                  f"all-gather {drift(f'{work}/all_gather{w}.0.txt', f'{work}/all_gather{w}.1.txt'):+.1f}%, "
+                  f"reduce-scatter {drift(f'{work}/reduce_scatter{w}.0.txt', f'{work}/reduce_scatter{w}.1.txt'):+.1f}% (median over sizes)")
+    spreads = sorted(r[3] * 100 for r in results)
+    print(f"run-to-run spread (max - min over {repeat} runs, of the measured step): median "
           f"{statistics.median(spreads):.1f}%, largest {spreads[-1]:.1f}%")
+    key = 1 if all(r[1] is not None for r in results) else 2
     print("worst three (the op kind carrying most of the error):")
-    for r in sorted(results, key=lambda r: -abs(r[3]))[:3]:
-        print(f"  {r[0]:<52} {r[3]:+.1f}%   {r[5]}")
-    if a.keep:
-        print(f"work files kept in {work}")
+    for r in sorted(results, key=lambda r: -abs(r[key]))[:3]:
+        print(f"  {r[0]:<52} {r[key]:+.1f}%   {r[4]}")
 
 
 if __name__ == "__main__":
