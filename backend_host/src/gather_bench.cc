@@ -446,9 +446,17 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
     struct Buffers {
       std::vector<std::byte> ag_in, ag_out, rs_in, rs_out;
     };
-    std::vector<Buffers> bufs(wz);
+    // With --working-set, copies of them rotated call by call so that the calls walk that many
+    // bytes before a copy comes round again (at most 64 copies), as the curves' bench does: the
+    // contention is then measured in the same cache regime as the curves it scales.
+    const std::uint64_t per_copy = static_cast<std::uint64_t>(wz) * 2 * (shard + size);
+    const auto copies = static_cast<std::size_t>(
+        per_copy == 0
+            ? 1
+            : std::clamp<std::uint64_t>((o.working_set_bytes + per_copy - 1) / per_copy, 1, 64));
+    std::vector<std::vector<Buffers>> bufs(wz);
     for (int r : ranks.local()) {
-      Buffers& b = bufs[static_cast<std::size_t>(r)];
+      Buffers b;
       b.ag_in.assign(shard, std::byte{0});
       b.ag_out.assign(size, std::byte{0});
       b.rs_in.assign(size, std::byte{0});
@@ -459,6 +467,7 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
       for (std::size_t i = 0; i < size / esize; ++i) {
         StoreElement(dtype, b.rs_in.data(), i, InputValue(r, i));
       }
+      bufs[static_cast<std::size_t>(r)].assign(copies, b);
     }
     FSDP_ASSIGN_OR_RETURN(const std::unique_ptr<Ranks::Comms> comms, ranks.Open());
     Transport& ag_comm = *comms->all_gather;
@@ -467,9 +476,9 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
     CollectiveDesc rs_desc{CollectiveKind::kReduceScatter, kNoUnit, "bench", size};
     Status failure;
     std::mutex failure_mu;
-    // One call of either collective on rank r; false after a failure (recorded once).
-    auto call = [&](bool all_gather, int r) {
-      Buffers& b = bufs[static_cast<std::size_t>(r)];
+    // Call k of either collective on rank r; false after a failure (recorded once).
+    auto call = [&](bool all_gather, int r, int k) {
+      Buffers& b = bufs[static_cast<std::size_t>(r)][static_cast<std::size_t>(k) % copies];
       Segment seg = BenchSegment(dtype, all_gather, shard);
       seg.input = all_gather ? b.ag_in.data() : b.rs_in.data();
       seg.output = all_gather ? b.ag_out.data() : b.rs_out.data();
@@ -484,7 +493,7 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
     };
     auto loop = [&](bool all_gather, int r, int n) {
       for (int k = 0; k < n; ++k) {
-        if (!call(all_gather, r)) return;
+        if (!call(all_gather, r, k)) return;
       }
     };
 
@@ -525,7 +534,7 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
                      ends.reserve(static_cast<std::size_t>(n));
                      const Clock::time_point start = Clock::now();
                      for (int k = 0; k < n; ++k) {
-                       if (!call(all_gather, r)) return;
+                       if (!call(all_gather, r, k)) return;
                        ends.push_back(std::chrono::duration<double>(Clock::now() - start).count());
                      }
                    })
@@ -575,10 +584,11 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
             : 0;
 
     if (o.check) {
-      // Both results after running together, against independently computed values.
+      // Both results after running together (the first copy, which every loop's first call
+      // wrote), against independently computed values.
       double wrong = 0;
       for (int r : ranks.local()) {
-        const Buffers& b = bufs[static_cast<std::size_t>(r)];
+        const Buffers& b = bufs[static_cast<std::size_t>(r)].front();
         wrong +=
             static_cast<double>(WrongGathered(dtype, b.ag_out.data(), size / esize, shard_elems) +
                                 WrongReduced(dtype, b.rs_out.data(), r, w, shard_elems));

@@ -160,7 +160,18 @@ TEST_F(CliTest, BenchGatherWorkingSetKeepsTheResultsExact) {
     ASSERT_TRUE(text.ok());
     EXPECT_NE(text->find("# working set: 1048576 bytes"), std::string::npos);
   }
-  EXPECT_EQ(Fsdplab("bench-gather --op concurrent -b 64K --working-set 1M").code, 1);
+  // --op concurrent rotates both collectives' calls: 64K on 3 ranks is 65532 B (a multiple of
+  // 3 x 2 B), a shard of 21844 B, 3 x 2 x (21844 + 65532) = 524256 B per copy of every rank's
+  // four buffers, so 1M takes 3 copies, each used by -w 1 -n 3; the results stay exact.
+  Result c = Fsdplab(
+      "bench-gather --backend host --op concurrent -b 64K -e 64K -n 3 -w 1 --world-size 3 "
+      "--working-set 1M --json");
+  ASSERT_EQ(c.code, 0) << c.out;
+  nlohmann::json doc = nlohmann::json::parse(c.out);
+  EXPECT_EQ(doc["working_set_bytes"], 1048576);
+  ASSERT_EQ(doc["rows"].size(), 1u);
+  EXPECT_EQ(doc["rows"][0]["size_bytes"], 65532);
+  EXPECT_EQ(doc["rows"][0]["wrong"], 0);
 }
 
 TEST_F(CliTest, BenchGatherConcurrentMeasuresContention) {

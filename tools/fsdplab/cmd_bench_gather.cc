@@ -302,7 +302,6 @@ Status Run(const Args& args) {
   if (auto v = args.Get("--working-set")) {
     FSDP_ASSIGN_OR_RETURN(o.working_set_bytes, ParseSize(*v, "--working-set"));
     if (backend != "host") return UsageError("--working-set: the host backend only");
-    if (o.op == "concurrent") return UsageError("--working-set: not with --op concurrent");
   }
   if (o.op == "concurrent") return RunConcurrent(args, o, chosen);
   StatusOr<std::vector<GatherBenchRow>> rows =
@@ -346,8 +345,9 @@ int RunBenchGather(const Argv& argv) {
                "overlapped GEMM size n (n x n x n); 0 (default) sizes it to match the collective",
                "N");
   args.Declare("--working-set", ArgKind::kValue,
-               "host: rotate the out-of-place calls over buffer copies covering SIZE bytes, as a "
-               "live step walks many units' buffers (default 0: one hot buffer)",
+               "host: rotate the out-of-place calls (with --op concurrent, both collectives' "
+               "calls) over buffer copies covering SIZE bytes, as a live step walks many units' "
+               "buffers (default 0: one hot buffer)",
                "SIZE");
   args.Declare("--json", ArgKind::kSwitch, "print JSON instead of the table");
   args.Declare("-J", ArgKind::kValue, "also write the JSON to FILE", "FILE");
