@@ -11,6 +11,8 @@
 #
 # MPI_NP=N: the ranks as N processes (`mpirun -np N`, collectives over MPI) for both the
 # bench-gather calibration and the live runs, instead of threads of one process (issue 18).
+# TORCHRUN_NP=N: the same under torchrun (`torchrun --nproc-per-node N --no-python`, collectives
+# over Gloo; TORCHRUN overrides the torch 2.x environment's torchrun).
 # TRACES="gpt_small two_microbatches": only those sample traces.
 #
 # --grid: a seeded grid of at least 24 synthetic workloads instead of the sample traces (see
@@ -41,6 +43,11 @@ if [ -n "${MPI_NP:-}" ]; then
   world=$MPI_NP
   launch=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np "$MPI_NP"
     --oversubscribe)
+elif [ -n "${TORCHRUN_NP:-}" ]; then
+  world=$TORCHRUN_NP
+  launch=("${TORCHRUN:-${XDG_CACHE_HOME:-$HOME/.cache}/fsdplab/torch2-venv/bin/torchrun}"
+    --nproc-per-node "$TORCHRUN_NP" --master-addr 127.0.0.1 --master-port "${MASTER_PORT:-29611}"
+    --no-python)
 fi
 steps=${STEPS:-8}
 repeat=${REPEAT:-3}

@@ -15,9 +15,10 @@
 set -euo pipefail
 
 # libopenmpi-dev and openmpi-bin: one process per rank for live runs (mpirun -np N fsdplab run).
+# libgloo-dev: the same under torchrun's (or fsdplab's) variables, over a TCP rendezvous.
 FSDPLAB_PACKAGES=(cmake g++ make libboost-graph-dev nlohmann-json3-dev libfmt-dev
   libsimdjson-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev clang-format python3-torch
-  python3-venv libopenmpi-dev openmpi-bin)
+  python3-venv libopenmpi-dev openmpi-bin libgloo-dev)
 
 missing=()
 for p in "${FSDPLAB_PACKAGES[@]}"; do

@@ -1,6 +1,8 @@
 #include "fsdplab/host/executor.h"
 
 #include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -579,10 +581,12 @@ Status HostExecutor::RunFree(const PlanOp& op, std::optional<TimelineOp> release
 
 Status HostExecutor::InjectedFault(const OpContext& ctx) {
   if (config_.fault.op == "die") {
-    // The process dies as a crashed rank does: no error, no report, no MPI_Finalize (the
-    // launcher ends the job; no other rank waits past its timeout in any case).
+    // The process is killed as an out-of-memory killer or a crash kills a rank: SIGKILL, no
+    // error, no report, no MPI_Finalize (the launcher ends the job, or the other ranks see its
+    // connections close; no other rank waits past its timeout in any case).
     std::fflush(stderr);
-    std::_Exit(70);
+    ::kill(::getpid(), SIGKILL);
+    std::_Exit(70);  // not reached
   }
   if (config_.fault.op == "hang") {
     // A kernel that never ends: it holds the compute stream until the run aborts (the other

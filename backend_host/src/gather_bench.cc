@@ -17,10 +17,9 @@
 
 #include "fsdplab/core/launch.h"
 #include "fsdplab/host/live.h"
-#include "fsdplab/host/mpi_transport.h"
 #include "fsdplab/host/numerics.h"
+#include "fsdplab/host/process_group.h"
 #include "fsdplab/host/runtime.h"
-#include "fsdplab/mpi/mpi.h"
 
 namespace fsdplab::host {
 namespace {
@@ -34,9 +33,10 @@ struct RankBuffers {
   std::vector<float> a, b, c;  // the GEMM
 };
 
-// Where a benchmark's ranks run: every rank a thread of this process, or (under mpirun) this
-// process one rank of the job, its collectives over MPI. Timings and counts are combined over
-// every rank of the job, so that every process computes the same rows (rank 0 prints them).
+// Where a benchmark's ranks run: every rank a thread of this process, or (under a launcher) this
+// process one rank of the job, its collectives over the process group (MPI or Gloo). Timings and
+// counts are combined over every rank of the job, so that every process computes the same rows
+// (rank 0 prints them).
 class Ranks {
  public:
   static StatusOr<Ranks> Detect(int world_size) {
@@ -51,6 +51,7 @@ class Ranks {
     r.world_ = launch.world_size;
     r.local_ = {launch.rank};
     r.processes_ = true;
+    r.launch_ = launch;
     return r;
   }
 
@@ -58,11 +59,11 @@ class Ranks {
   bool processes() const { return processes_; }
   const std::vector<int>& local() const { return local_; }
 
-  // A collective of `name` among the ranks: in-process, or over MPI (the group's all-gather or
-  // reduce-scatter communicator).
+  // A collective of `name` among the ranks: in-process, or over the process group (its
+  // all-gather or reduce-scatter channel).
   struct Comms {
     std::unique_ptr<RunControl> control;
-    std::unique_ptr<MpiGroup> group;
+    std::unique_ptr<ProcessGroup> group;
     std::vector<std::unique_ptr<Communicator>> in_process;
     Transport* all_gather = nullptr;
     Transport* reduce_scatter = nullptr;
@@ -75,7 +76,7 @@ class Ranks {
     auto c = std::make_unique<Comms>();
     c->control = std::make_unique<RunControl>(kBenchTimeoutUs, world_);
     if (processes_) {
-      FSDP_ASSIGN_OR_RETURN(c->group, MpiGroup::Create(*c->control));
+      FSDP_ASSIGN_OR_RETURN(c->group, ProcessGroup::Create(launch_, *c->control));
       c->all_gather = &c->group->all_gather();
       c->reduce_scatter = &c->group->reduce_scatter();
     } else {
@@ -148,6 +149,7 @@ class Ranks {
   int world_ = 1;
   std::vector<int> local_;
   bool processes_ = false;
+  LaunchInfo launch_;
 };
 
 // Small integers, exactly representable, whose sums over ranks stay exact.

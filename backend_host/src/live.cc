@@ -15,10 +15,9 @@
 #include "fsdplab/core/scheduler.h"
 #include "fsdplab/core/trace_recorder.h"
 #include "fsdplab/host/executor.h"
-#include "fsdplab/host/mpi_transport.h"
 #include "fsdplab/host/numerics.h"
+#include "fsdplab/host/process_group.h"
 #include "fsdplab/host/runtime.h"
-#include "fsdplab/mpi/mpi.h"
 
 namespace fsdplab::host {
 namespace {
@@ -47,7 +46,8 @@ Status CheckOptions(const Trace& trace, const LiveOptions& o, const HostRunOptio
   }
   if (o.fail_op == "die" && !multi_process) {
     return UsageError(
-        "fail_op: die ends the rank's process, which needs one process per rank (mpirun)");
+        "fail_op: die ends the rank's process, which needs one process per rank (mpirun or "
+        "torchrun)");
   }
   if (o.fail_rank && (*o.fail_rank < 0 || *o.fail_rank >= o.world_size)) {
     return UsageError(
@@ -691,17 +691,19 @@ StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
   FSDP_ASSIGN_OR_RETURN(ModelData data,
                         ModelData::Create(trace.model, options.policy, w, options.seed));
   if (data.layout().replicas() > 1) {
-    // The MPI transport has one communicator per stream over the world; hsdp needs one per shard
-    // group and per replica column (MPI_Comm_split), which it does not make yet.
+    // The process group has one channel per stream over the world; hsdp needs one per shard
+    // group and per replica column (sub-communicators), which it does not make yet.
     return UsageError(fmt::format(
-        "sharding hsdp with {} replicas: not supported across processes yet (the MPI transport "
-        "has no sub-communicators); run it with the ranks as threads of one process (no mpirun)",
+        "sharding hsdp with {} replicas: not supported across processes yet (the process group "
+        "has no sub-communicators); run it with the ranks as threads of one process (no "
+        "launcher)",
         data.layout().replicas()));
   }
   const ExecutorConfig config = MakeConfig(options, host_options, fail_unit);
   RunControl control(options.timeout_us, w);
   const bool unified = options.policy.unified_comm_stream;
-  FSDP_ASSIGN_OR_RETURN(std::unique_ptr<MpiGroup> group, MpiGroup::Create(control, unified));
+  FSDP_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
+                        ProcessGroup::Create(launch, control, unified));
   FSDP_ASSIGN_OR_RETURN(const ClockAlignment clocks, group->AlignClocks());
   RankRun run;
   RankOutput mine;
@@ -740,13 +742,12 @@ StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
   const OpContext ctx{rank, options.steps - 1, 0, "(none)", "gathering the results to rank 0"};
   StatusOr<std::vector<std::string>> parts = group->GatherToRoot(p.Take(), ctx, options.timeout_us);
   if (!failed.ok()) {
-    // Collectives of the failed step may still be in flight in MPI, on the executor's buffers
-    // and the group's: both stay until the process ends, which every rank of a failed run ends
-    // alike (with MPI_Abort, after every rank has had a moment to report; MPI_Finalize would
-    // wait for ranks that abandoned a collective).
-    mpi::NoteAbandoned();
+    // Collectives of the failed step may still be in flight in the engine, on the executor's
+    // buffers and the group's: both stay until the process ends, which every rank of a failed
+    // run ends alike (under MPI with MPI_Abort, after every rank has had a moment to report;
+    // MPI_Finalize would wait for ranks that abandoned a collective).
     (void)executor.release();
-    MpiGroup::Abandon(std::move(group));
+    ProcessGroup::Abandon(std::move(group));
   }
   if (!parts.ok()) return failed.ok() ? parts.status() : failed;
   if (rank != 0) {
@@ -805,9 +806,10 @@ StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
   for (TimeUs off : clocks.offset_us) max_offset = std::max(max_offset, std::fabs(off));
   notes.insert(notes.begin(),
                fmt::format("host backend: {} ranks as processes ({}), one per rank on {} cores "
-                           "of this machine; collectives over MPI (all-gather; reduce-scatter "
+                           "of this machine; collectives over {} (all-gather; reduce-scatter "
                            "as an all-to-all of the slices, then rank-ordered fp32 sums)",
-                           w, LauncherName(launch.launcher), std::thread::hardware_concurrency()));
+                           w, LauncherName(launch.launcher), std::thread::hardware_concurrency(),
+                           group->engine_name()));
   notes.push_back(fmt::format(
       "clocks: every rank took its origin on leaving one barrier; rank 0 then measured each "
       "rank's remaining offset by ping-pong (largest {:.1f} us, known to +-{:.1f} us) and the "

@@ -1,32 +1,19 @@
-// The TCP rendezvous of torchrun-style launches, on the CPU (launcher detection: tests/core).
+// The NCCL id broadcast over core's TCP rendezvous, on the CPU (the rendezvous itself:
+// tests/core/rendezvous_test.cc).
 #include "fsdplab/cuda/launch.h"
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <string>
 #include <thread>
 
+#include "free_port.h"
+
 namespace fsdplab::cuda {
 namespace {
 
-// A port that was free a moment ago (bound to 0, read back, closed).
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 TEST(TcpBroadcast, EveryRankReceivesRankZerosBytes) {
-  const int port = FreePort();
+  const int port = testing::FreePort();
   constexpr int kWorld = 4;
   std::vector<char> id(128);
   for (std::size_t i = 0; i < id.size(); ++i) id[i] = static_cast<char>(i * 7 + 1);
@@ -54,7 +41,7 @@ TEST(TcpBroadcast, EveryRankReceivesRankZerosBytes) {
 }
 
 TEST(TcpBroadcast, MissingRankTimesOutNamingIt) {
-  const int port = FreePort();
+  const int port = testing::FreePort();
   LaunchInfo c{.launcher = Launcher::kFsdplab,
                .rank = 0,
                .world_size = 2,
@@ -65,7 +52,7 @@ TEST(TcpBroadcast, MissingRankTimesOutNamingIt) {
   StatusOr<std::vector<char>> r = TcpBroadcast(c, std::vector<char>(8, 'x'), 0.2e6);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kTimeout);
-  EXPECT_NE(r.status().message().find("ranks 1 did not connect"), std::string::npos)
+  EXPECT_NE(r.status().message().find("rank 1 did not join the rendezvous"), std::string::npos)
       << r.status().message();
 }
 

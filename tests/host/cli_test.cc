@@ -1,11 +1,7 @@
 // The commands on the host backend, run as a user would: run, record -> validate -> simulate,
 // compare, bench-gather -> calibrate.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -16,39 +12,12 @@
 namespace fsdplab::host {
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr
-};
+using testing::Fsdplab;
+using testing::Result;
 
-Result Fsdplab(const std::string& args) {
-  const std::string cmd = std::string(FSDPLAB_BIN) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  std::size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-class CliTest : public ::testing::Test {
+class CliTest : public testing::CliFixture {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("fsdplab_host_cli_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
-    trace_ = (dir_ / "tiny.json").string();
-    ASSERT_TRUE(WriteTraceFile(testing::TinyTrace(testing::TinySpec{}), trace_).ok());
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
-
-  std::filesystem::path dir_;
-  std::string trace_;
+  CliTest() : CliFixture("fsdplab_host_cli_") {}
 };
 
 TEST_F(CliTest, RunPrintsAMeasuredReport) {

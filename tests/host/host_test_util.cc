@@ -1,6 +1,12 @@
 #include "host_test_util.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
 #include <cassert>
+#include <chrono>
+#include <cstdio>
 #include <utility>
 
 namespace fsdplab::host::testing {
@@ -71,5 +77,121 @@ Trace TinyTrace(const TinySpec& spec) {
   }
   return t;
 }
+
+TinySpec Spec(DType d, RecomputeKind r, int mbs) {
+  TinySpec s;
+  s.dtype = d;
+  s.recompute = r;
+  s.microbatches = mbs;
+  return s;
+}
+
+bool PolicyCase::hsdp_replicas() const {
+  int group = 0;
+  bool hsdp = false;
+  for (const auto& [k, v] : keys) {
+    if (k == "sharding") hsdp = v == "hsdp";
+    if (k == "shard_group_size") group = std::stoi(std::string(v));
+  }
+  return hsdp && group > 0 && group < world;
+}
+
+void PrintTo(const PolicyCase& c, std::ostream* os) { *os << c.name; }
+std::string CaseName(const ::testing::TestParamInfo<PolicyCase>& param) { return param.param.name; }
+
+const std::vector<PolicyCase>& ExactnessPolicies() {
+  static const std::vector<PolicyCase> cases = {
+
+      PolicyCase{"defaults", Spec(), {}}, PolicyCase{"gemm", Spec(), {}, ComputeMode::kGemm},
+      PolicyCase{"recorded_order", Spec(), {{"order", "recorded"}}},
+      PolicyCase{"no_prefetch", Spec(), {{"forward_prefetch", "0"}, {"backward_prefetch", "0"}}},
+      PolicyCase{
+          "budget_two_units", Spec(), {{"forward_prefetch", "2"}, {"backward_prefetch", "2"}}},
+      PolicyCase{"budget_elements", Spec(), {{"forward_prefetch", "elements:3000"}}},
+      PolicyCase{"budget_bytes", Spec(), {{"backward_prefetch", "bytes:8K"}}},
+      PolicyCase{"no_first_unit", Spec(), {{"prefetch_first_unit", "false"}}},
+      PolicyCase{
+          "microbatches", Spec(DType::kBf16, RecomputeKind::kNone, 2), {{"order", "recorded"}}},
+      PolicyCase{"reentrant", Spec(DType::kBf16, RecomputeKind::kReentrant), {}},
+      // hsdp: each reduced shard is summed within its shard group, then across the replicas;
+      // the reference sums in that order (2 x 2, 4 x 1 meshes; mxfp8 with an fp32 reduction).
+      PolicyCase{"hsdp_2x2",
+                 Spec(DType::kBf16, RecomputeKind::kNone, 2),
+                 {{"sharding", "hsdp"}, {"shard_group_size", "2"}},
+                 ComputeMode::kTimed,
+                 4},
+      PolicyCase{"hsdp_4x1_gemm",
+                 Spec(),
+                 {{"sharding", "hsdp"}, {"shard_group_size", "1"}},
+                 ComputeMode::kGemm,
+                 4},
+      PolicyCase{"hsdp_2x2_mxfp8_fp32_unified",
+                 Spec(DType::kMxfp8),
+                 {{"sharding", "hsdp"},
+                  {"shard_group_size", "2"},
+                  {"reduce_dtype", "fp32"},
+                  {"unified_comm_stream", "true"}},
+                 ComputeMode::kTimed,
+                 4},
+      PolicyCase{"mxfp8_gemm", Spec(DType::kMxfp8), {}, ComputeMode::kGemm},
+      PolicyCase{"mxfp8_inside_all_planes",
+                 Spec(DType::kMxfp8, RecomputeKind::kInside),
+                 {{"unshard_all_planes_in_backward", "all"}},
+                 ComputeMode::kGemm},
+      PolicyCase{"mxfp8_reentrant_aware",
+                 Spec(DType::kMxfp8, RecomputeKind::kReentrant),
+                 {{"order", "recorded"}, {"recompute_aware", "true"}},
+                 ComputeMode::kGemm},
+      PolicyCase{"zero2", Spec(), {{"sharding", "zero2"}}},
+      PolicyCase{"no_shard", Spec(), {{"sharding", "no_shard"}}},
+      PolicyCase{"unified_stream", Spec(), {{"unified_comm_stream", "true"}}},
+      PolicyCase{
+          "fp32_reduce_three_ranks", Spec(), {{"reduce_dtype", "fp32"}}, ComputeMode::kGemm, 3},
+      PolicyCase{"fp16_params", Spec(DType::kFp16), {}, ComputeMode::kGemm}};
+  return cases;
+}
+
+std::vector<PolicyCase> CrossProcessPolicies() {
+  std::vector<PolicyCase> out;
+  for (const PolicyCase& c : ExactnessPolicies()) {
+    if (!c.hsdp_replicas()) out.push_back(c);
+  }
+  return out;
+}
+
+Result Shell(const std::string& cmd) {
+  Result r;
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  std::size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+Result Fsdplab(const std::string& args) { return Shell(std::string(FSDPLAB_BIN) + " " + args); }
+
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+void CliFixture::SetUp() {
+  dir_ = std::filesystem::temp_directory_path() /
+         (prefix_ + std::to_string(::getpid()) + "_" +
+          ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::create_directories(dir_);
+  trace_ = (dir_ / "tiny.json").string();
+  ASSERT_TRUE(WriteTraceFile(TinyTrace(TinySpec{}), trace_).ok());
+}
+
+void CliFixture::TearDown() { std::filesystem::remove_all(dir_); }
 
 }  // namespace fsdplab::host::testing

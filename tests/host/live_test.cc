@@ -18,6 +18,8 @@
 namespace fsdplab::host {
 namespace {
 
+using testing::PolicyCase;
+using testing::Spec;
 using testing::TinySpec;
 using testing::TinyTrace;
 
@@ -53,18 +55,6 @@ void ExpectExact(const Trace& trace, const LiveOptions& o) {
   EXPECT_EQ(c.grad_elements_wrong, 0u) << "max abs error " << c.grad_max_abs_error;
 }
 
-struct PolicyCase {
-  std::string name;
-  TinySpec spec;
-  std::vector<std::pair<std::string_view, std::string_view>> keys;
-  ComputeMode compute = ComputeMode::kTimed;
-  int world = 2;
-};
-
-// What gtest prints for a case (and ctest's discovered test name): its name, not a hex dump of the
-// struct, whose heap pointers would change the names from build to build.
-void PrintTo(const PolicyCase& c, std::ostream* os) { *os << c.name; }
-
 class ExactnessTest : public ::testing::TestWithParam<PolicyCase> {};
 
 TEST_P(ExactnessTest, GatheredParamsAndReducedGradsMatchTheReference) {
@@ -76,64 +66,9 @@ TEST_P(ExactnessTest, GatheredParamsAndReducedGradsMatchTheReference) {
   ExpectExact(TinyTrace(c.spec), o);
 }
 
-TinySpec Spec(DType d = DType::kBf16, RecomputeKind r = RecomputeKind::kNone, int mbs = 1) {
-  TinySpec s;
-  s.dtype = d;
-  s.recompute = r;
-  s.microbatches = mbs;
-  return s;
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Policies, ExactnessTest,
-    ::testing::Values(
-        PolicyCase{"defaults", Spec(), {}}, PolicyCase{"gemm", Spec(), {}, ComputeMode::kGemm},
-        PolicyCase{"recorded_order", Spec(), {{"order", "recorded"}}},
-        PolicyCase{"no_prefetch", Spec(), {{"forward_prefetch", "0"}, {"backward_prefetch", "0"}}},
-        PolicyCase{
-            "budget_two_units", Spec(), {{"forward_prefetch", "2"}, {"backward_prefetch", "2"}}},
-        PolicyCase{"budget_elements", Spec(), {{"forward_prefetch", "elements:3000"}}},
-        PolicyCase{"budget_bytes", Spec(), {{"backward_prefetch", "bytes:8K"}}},
-        PolicyCase{"no_first_unit", Spec(), {{"prefetch_first_unit", "false"}}},
-        PolicyCase{
-            "microbatches", Spec(DType::kBf16, RecomputeKind::kNone, 2), {{"order", "recorded"}}},
-        PolicyCase{"reentrant", Spec(DType::kBf16, RecomputeKind::kReentrant), {}},
-        // hsdp: each reduced shard is summed within its shard group, then across the replicas;
-        // the reference sums in that order (2 x 2, 4 x 1 meshes; mxfp8 with an fp32 reduction).
-        PolicyCase{"hsdp_2x2",
-                   Spec(DType::kBf16, RecomputeKind::kNone, 2),
-                   {{"sharding", "hsdp"}, {"shard_group_size", "2"}},
-                   ComputeMode::kTimed,
-                   4},
-        PolicyCase{"hsdp_4x1_gemm",
-                   Spec(),
-                   {{"sharding", "hsdp"}, {"shard_group_size", "1"}},
-                   ComputeMode::kGemm,
-                   4},
-        PolicyCase{"hsdp_2x2_mxfp8_fp32_unified",
-                   Spec(DType::kMxfp8),
-                   {{"sharding", "hsdp"},
-                    {"shard_group_size", "2"},
-                    {"reduce_dtype", "fp32"},
-                    {"unified_comm_stream", "true"}},
-                   ComputeMode::kTimed,
-                   4},
-        PolicyCase{"mxfp8_gemm", Spec(DType::kMxfp8), {}, ComputeMode::kGemm},
-        PolicyCase{"mxfp8_inside_all_planes",
-                   Spec(DType::kMxfp8, RecomputeKind::kInside),
-                   {{"unshard_all_planes_in_backward", "all"}},
-                   ComputeMode::kGemm},
-        PolicyCase{"mxfp8_reentrant_aware",
-                   Spec(DType::kMxfp8, RecomputeKind::kReentrant),
-                   {{"order", "recorded"}, {"recompute_aware", "true"}},
-                   ComputeMode::kGemm},
-        PolicyCase{"zero2", Spec(), {{"sharding", "zero2"}}},
-        PolicyCase{"no_shard", Spec(), {{"sharding", "no_shard"}}},
-        PolicyCase{"unified_stream", Spec(), {{"unified_comm_stream", "true"}}},
-        PolicyCase{
-            "fp32_reduce_three_ranks", Spec(), {{"reduce_dtype", "fp32"}}, ComputeMode::kGemm, 3},
-        PolicyCase{"fp16_params", Spec(DType::kFp16), {}, ComputeMode::kGemm}),
-    [](const ::testing::TestParamInfo<PolicyCase>& param) { return param.param.name; });
+// Every policy of the one list the cross-mode tests share (host_test_util.cc).
+INSTANTIATE_TEST_SUITE_P(Policies, ExactnessTest, ::testing::ValuesIn(testing::ExactnessPolicies()),
+                         testing::CaseName);
 
 // Counts rank 0's gathers of `step` by reason.
 int Gathers(const Timeline& tl, int step, GatherReason reason) {

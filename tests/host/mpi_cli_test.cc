@@ -3,13 +3,7 @@
 // one rank, and the launch errors.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <array>
-#include <chrono>
-#include <cstdio>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -21,25 +15,9 @@
 namespace fsdplab::host {
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr
-  double seconds = 0;
-};
-
-Result Shell(const std::string& cmd) {
-  Result r;
-  const auto t0 = std::chrono::steady_clock::now();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  std::size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
-}
+using testing::Count;
+using testing::Result;
+using testing::Shell;
 
 // `mpirun -np N fsdplab ARGS`, as root on a machine with fewer cores than ranks.
 Result Mpirun(int np, const std::string& args) {
@@ -48,29 +26,9 @@ Result Mpirun(int np, const std::string& args) {
       FSDPLAB_MPIEXEC, np, FSDPLAB_BIN, args));
 }
 
-int Count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
-    ++n;
-  }
-  return n;
-}
-
-class MpiCliTest : public ::testing::Test {
+class MpiCliTest : public testing::CliFixture {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("fsdplab_mpi_cli_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
-    trace_ = (dir_ / "tiny.json").string();
-    ASSERT_TRUE(WriteTraceFile(testing::TinyTrace(testing::TinySpec{}), trace_).ok());
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
-
-  std::filesystem::path dir_;
-  std::string trace_;
+  MpiCliTest() : CliFixture("fsdplab_mpi_cli_") {}
 };
 
 // Rank 0 alone prints and writes, with every rank's ops in the timeline (pid = rank).
@@ -178,17 +136,6 @@ TEST_F(MpiCliTest, LaunchErrorsNameTheVariables) {
                              "MASTER_PORT not set"),
             std::string::npos)
       << partial.out;
-  // torchrun's variables: the host backend's processes need MPI's launcher (docs/design.md).
-  Result torchrun = Shell(fmt::format(
-      "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 {} run --backend "
-      "host {}",
-      FSDPLAB_BIN, trace_));
-  EXPECT_EQ(torchrun.code, 4) << torchrun.out;
-  EXPECT_NE(torchrun.out.find("torchrun started this process (RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "
-                              "MASTER_ADDR=127.0.0.1 MASTER_PORT=29500), but the host backend's "
-                              "processes talk over MPI"),
-            std::string::npos)
-      << torchrun.out;
   // die needs one process per rank.
   Result die = Shell(
       fmt::format("{} run --backend host {} --fail-rank 0 --fail-op die", FSDPLAB_BIN, trace_));

@@ -6,9 +6,9 @@
 // - mpirun (or srun with PMIx): one process per GPU; the NCCL unique id goes out with MPI_Bcast
 //   (fsdplab/mpi/mpi.h).
 // - torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) or fsdplab's
-//   (FSDPLAB_RANK, ...): one process per GPU; rank 0 listens on the master port and sends the
-//   NCCL unique id to every other rank over TCP. The GPU is the local rank (default: the rank
-//   modulo the visible GPUs).
+//   (FSDPLAB_RANK, ...): one process per GPU; the NCCL unique id goes through core's TCP
+//   rendezvous (core/rendezvous.h), served by rank 0 on the rendezvous port. The GPU is the local
+//   rank (default: the rank modulo the visible GPUs).
 //
 // This header has no CUDA in it: the TCP exchange is tested on any machine.
 //
@@ -27,9 +27,9 @@
 
 namespace fsdplab::cuda {
 
-// Rank 0 sends `payload` to every other rank over TCP; every rank returns the payload (rank 0 its
-// own). Ranks > 0 retry connecting until `timeout_us`; rank 0 waits that long for all of them.
-// Errors name the rank, the address and what failed.
+// Rank 0 sends `payload` to every other rank over the rendezvous; every rank returns the payload
+// (rank 0 its own). Every rank waits at most `timeout_us` for the others to join; errors are the
+// rendezvous's (they name the rank, the address and port, the missing ranks).
 StatusOr<std::vector<char>> TcpBroadcast(const LaunchInfo& config, std::vector<char> payload,
                                          TimeUs timeout_us);
 

@@ -211,10 +211,10 @@ class StepBarrier {
 };
 
 // What a stream's collectives go through: in-process copies and sums (Communicator), or MPI
-// between processes (mpi_transport.h). Each rank calls `Call` from one thread per transport, in
-// the same order on every rank: call k of every rank forms one collective. A call waits until
-// every rank has joined, checks they agree (rank divergence is reported, never hung), and
-// returns once this rank's output is complete and its input no longer read. Reductions sum in
+// between processes (process_group.h: MPI or Gloo). Each rank calls `Call` from one thread per
+// transport, in the same order on every rank: call k of every rank forms one collective. A call
+// waits until every rank has joined, checks they agree (rank divergence is reported, never hung),
+// and returns once this rank's output is complete and its input no longer read. Reductions sum in
 // rank order, element by element, whatever the transport (ReduceElements), so results are the
 // same bits in every mode.
 class Transport {

@@ -1,5 +1,6 @@
-// The host backend across processes, run under mpirun (-np 2 and -np 3; see CMakeLists.txt):
-// every case runs once with one process per rank (collectives over MPI) and, on rank 0, once with
+// The host backend across processes, run under mpirun (collectives over MPI) or under
+// torchrun-style variables set by fsdplab_spawn_ranks (over Gloo), -np 2 and -np 3 (see
+// CMakeLists.txt): every case runs once with one process per rank and, on rank 0, once with
 // the ranks as threads of one process. Both must move the same bytes in the same collectives,
 // carry out the same plan operations on every stream of every rank, and end with the same reduced
 // gradients, bit for bit, each matching the single-rank reference.
@@ -21,7 +22,7 @@
 namespace fsdplab::host {
 namespace {
 
-using testing::TinySpec;
+using testing::PolicyCase;
 using testing::TinyTrace;
 
 // This process's place in the mpirun job.
@@ -32,14 +33,6 @@ const LaunchInfo& Launch() {
   }();
   return launch;
 }
-
-struct CrossCase {
-  std::string name;
-  TinySpec spec;
-  std::vector<std::pair<std::string_view, std::string_view>> keys;
-  ComputeMode compute = ComputeMode::kTimed;
-};
-void PrintTo(const CrossCase& c, std::ostream* os) { *os << c.name; }
 
 // Per rank, step and kind: how many collectives and how many bytes.
 using Counts = std::map<std::tuple<int, int, OpKind>, std::pair<int, Bytes>>;
@@ -70,7 +63,7 @@ void ExpectExact(const LiveCheck& c, const char* mode) {
 }
 
 void RunBothModes(const Trace& trace, LiveOptions o) {
-  ASSERT_TRUE(Launch().multi_process()) << "run this binary under mpirun";
+  ASSERT_TRUE(Launch().multi_process()) << "run this binary under mpirun or fsdplab_spawn_ranks";
   const int w = Launch().world_size;
   o.world_size = w;
   o.log_executed_ops = true;
@@ -104,10 +97,10 @@ void RunBothModes(const Trace& trace, LiveOptions o) {
   EXPECT_EQ(ByStream(processes->executed), ByStream(threads->executed));
 }
 
-class CrossModeTest : public ::testing::TestWithParam<CrossCase> {};
+class CrossModeTest : public ::testing::TestWithParam<PolicyCase> {};
 
 TEST_P(CrossModeTest, ProcessesAndThreadsAgreeBitForBit) {
-  const CrossCase& c = GetParam();
+  const PolicyCase& c = GetParam();
   Policy p;
   for (const auto& [k, v] : c.keys) ASSERT_TRUE(ApplyPolicyKey(k, v, p).ok()) << k;
   LiveOptions o;
@@ -118,44 +111,10 @@ TEST_P(CrossModeTest, ProcessesAndThreadsAgreeBitForBit) {
   RunBothModes(TinyTrace(c.spec), o);
 }
 
-TinySpec Spec(DType d = DType::kBf16, RecomputeKind r = RecomputeKind::kNone, int mbs = 1) {
-  TinySpec s;
-  s.dtype = d;
-  s.recompute = r;
-  s.microbatches = mbs;
-  return s;
-}
-
-// The policies of the in-process exactness test (live_test.cc).
-INSTANTIATE_TEST_SUITE_P(
-    Policies, CrossModeTest,
-    ::testing::Values(
-        CrossCase{"defaults", Spec(), {}}, CrossCase{"gemm", Spec(), {}, ComputeMode::kGemm},
-        CrossCase{"recorded_order", Spec(), {{"order", "recorded"}}},
-        CrossCase{"no_prefetch", Spec(), {{"forward_prefetch", "0"}, {"backward_prefetch", "0"}}},
-        CrossCase{
-            "budget_two_units", Spec(), {{"forward_prefetch", "2"}, {"backward_prefetch", "2"}}},
-        CrossCase{"budget_elements", Spec(), {{"forward_prefetch", "elements:3000"}}},
-        CrossCase{"budget_bytes", Spec(), {{"backward_prefetch", "bytes:8K"}}},
-        CrossCase{"no_first_unit", Spec(), {{"prefetch_first_unit", "false"}}},
-        CrossCase{
-            "microbatches", Spec(DType::kBf16, RecomputeKind::kNone, 2), {{"order", "recorded"}}},
-        CrossCase{"reentrant", Spec(DType::kBf16, RecomputeKind::kReentrant), {}},
-        CrossCase{"mxfp8_gemm", Spec(DType::kMxfp8), {}, ComputeMode::kGemm},
-        CrossCase{"mxfp8_inside_all_planes",
-                  Spec(DType::kMxfp8, RecomputeKind::kInside),
-                  {{"unshard_all_planes_in_backward", "all"}},
-                  ComputeMode::kGemm},
-        CrossCase{"mxfp8_reentrant_aware",
-                  Spec(DType::kMxfp8, RecomputeKind::kReentrant),
-                  {{"order", "recorded"}, {"recompute_aware", "true"}},
-                  ComputeMode::kGemm},
-        CrossCase{"zero2", Spec(), {{"sharding", "zero2"}}},
-        CrossCase{"no_shard", Spec(), {{"sharding", "no_shard"}}},
-        CrossCase{"unified_stream", Spec(), {{"unified_comm_stream", "true"}}},
-        CrossCase{"fp32_reduce", Spec(), {{"reduce_dtype", "fp32"}}, ComputeMode::kGemm},
-        CrossCase{"fp16_params", Spec(DType::kFp16), {}, ComputeMode::kGemm}),
-    [](const ::testing::TestParamInfo<CrossCase>& param) { return param.param.name; });
+// The policies of the in-process exactness test (one list: host_test_util.cc), less hsdp with
+// several replicas, which runs in one process only.
+INSTANTIATE_TEST_SUITE_P(Policies, CrossModeTest,
+                         ::testing::ValuesIn(testing::CrossProcessPolicies()), testing::CaseName);
 
 // The bundled sample traces (heavier: tens to hundreds of MB of parameters each; one step, GEMM
 // compute off). Run by the ctest entry host_mpi_sample_traces only.
