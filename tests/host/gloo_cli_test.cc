@@ -162,11 +162,22 @@ TEST_F(GlooCliTest, TorchrunLaunchesTheHostBackend) {
     GTEST_SKIP() << "torchrun not found (" << (torchrun.empty() ? "no torch 2.x venv" : torchrun)
                  << "): the torch 2.x venv provides it (scripts/setup.sh)";
   }
-  const int port = fsdplab::testing::FreePort() - 1;
-  Result r = Shell(fmt::format(
-      "{} --nproc-per-node 2 --master-addr 127.0.0.1 --master-port {} --no-python {} run "
-      "--backend host {} --steps 2 --timeout 20",
-      torchrun, port, FSDPLAB_BIN, trace_));
+  // torchrun's store takes the port and fsdplab's rendezvous the next. Both were free a moment
+  // ago; a test running beside this one may take one in between, so a launch that failed on a
+  // port in use is tried again on another pair.
+  Result r;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int port = fsdplab::testing::FreePortPair();
+    ASSERT_NE(port, 0) << "no two consecutive free ports on loopback";
+    r = Shell(fmt::format(
+        "{} --nproc-per-node 2 --master-addr 127.0.0.1 --master-port {} --no-python {} run "
+        "--backend host {} --steps 2 --timeout 20",
+        torchrun, port, FSDPLAB_BIN, trace_));
+    if (r.code == 0 || (r.out.find("EADDRINUSE") == std::string::npos &&
+                        r.out.find("Address already in use") == std::string::npos)) {
+      break;
+    }
+  }
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(Count(r.out, "Step time:"), 1) << r.out;
   EXPECT_NE(r.out.find("2 ranks as processes (torchrun)"), std::string::npos) << r.out;
