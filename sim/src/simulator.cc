@@ -18,6 +18,7 @@
 
 #include "engine.h"
 #include "fsdplab/core/limits.h"
+#include "fsdplab/core/param_layout.h"
 #include "memory_bound.h"
 #include "program.h"
 
@@ -147,8 +148,8 @@ RankClassing RankClasses(const SimOptions& options, int world, bool one_trace, i
     column_key.assign(Idx(shard_group), -1);
     for (int r = 0; r < world; ++r) {
       if (fold && std::pair{one_trace ? 0 : r, factor[Idx(r)]} == common) continue;
-      row_key[Idx(r / shard_group)] = r / shard_group;
-      column_key[Idx(r % shard_group)] = r % shard_group;
+      row_key[Idx(ShardGroupOf(r, shard_group))] = ShardGroupOf(r, shard_group);
+      column_key[Idx(ShardRankOf(r, shard_group))] = ShardRankOf(r, shard_group);
     }
     for (int k : row_key) out.rows_split += k >= 0 ? 1 : 0;
     for (int k : column_key) out.columns_split += k >= 0 ? 1 : 0;
@@ -160,8 +161,8 @@ RankClassing RankClasses(const SimOptions& options, int world, bool one_trace, i
   std::map<std::tuple<int, double, int, int>, std::size_t> index;
   for (int r = 0; r < world; ++r) {
     const int program = one_trace ? 0 : r;
-    const int row = hsdp ? row_key[Idx(r / shard_group)] : 0;
-    const int column = hsdp ? column_key[Idx(r % shard_group)] : 0;
+    const int row = hsdp ? row_key[Idx(ShardGroupOf(r, shard_group))] : 0;
+    const int column = hsdp ? column_key[Idx(ShardRankOf(r, shard_group))] : 0;
     auto [it, added] =
         index.try_emplace({program, factor[Idx(r)], row, column}, out.classes.size());
     if (added || !fold) {

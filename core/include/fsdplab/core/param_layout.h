@@ -92,6 +92,13 @@ PlaneSet PlaneBit(int plane);
 // classes use.
 StatusOr<int> ShardGroupSize(const Policy& policy, int world_size);
 
+// Where a rank sits in an HSDP mesh of shard groups of `shard_group_size` consecutive ranks
+// (FSDP2's 2D mesh, replicate x shard): its shard group (the row, and its index in the replica
+// column) and its position within the group (the column, and the shard it holds). Without hsdp
+// the one group is the world. ModelLayout and the simulator's rank classes both use these.
+constexpr int ShardGroupOf(int rank, int shard_group_size) { return rank / shard_group_size; }
+constexpr int ShardRankOf(int rank, int shard_group_size) { return rank % shard_group_size; }
+
 class ModelLayout final {
  public:
   // Errors: a world size below 1; under hsdp a shard group size that is not given, below 1,
@@ -106,10 +113,9 @@ class ModelLayout final {
   // How many copies of each shard exist (hsdp: W / S; else 1). Above 1, each reduced gradient
   // shard is all-reduced across the replicas: ranks r mod S + k * S for every k.
   int replicas() const { return world_size_ / shard_group_size_; }
-  // Where a rank sits in that mesh: its shard group (the row, and its index in the replica
-  // column) and its position within the group (the column, and the shard it holds).
-  int shard_group_of(int rank) const { return rank / shard_group_size_; }
-  int shard_rank_of(int rank) const { return rank % shard_group_size_; }
+  // Where a rank sits in that mesh (ShardGroupOf / ShardRankOf).
+  int shard_group_of(int rank) const { return ShardGroupOf(rank, shard_group_size_); }
+  int shard_rank_of(int rank) const { return ShardRankOf(rank, shard_group_size_); }
   int num_units() const { return static_cast<int>(units_.size()); }
   const std::vector<GroupLayout>& groups(UnitId unit) const {
     return units_[static_cast<std::size_t>(unit)];
