@@ -599,18 +599,17 @@ StatusOr<LiveResult> RunInProcess(const Trace& trace, const LiveOptions& options
   RankBarrier barrier(control, w);
   const bool unified = options.policy.unified_comm_stream;
   // One communicator per shard group (the world but under hsdp) and stream, and under hsdp one
-  // per replica column, as NCCL sub-communicators: shard group k is ranks [k S, (k + 1) S),
-  // column c the ranks c, c + S, ...
-  const int shard_group = data.layout().shard_group_size();
-  const int replicas = data.layout().replicas();
+  // per replica column, as NCCL sub-communicators (MeshGroup: the same groups and names as
+  // across processes).
+  const ModelLayout& mesh = data.layout();
+  const int shard_group = mesh.shard_group_size();
+  const int replicas = mesh.replicas();
   std::vector<std::unique_ptr<Communicator>> gathers;
   std::vector<std::unique_ptr<Communicator>> scatters;
   std::vector<std::unique_ptr<Communicator>> columns;
   // Under hsdp a communicator's name says which ranks it joins (its errors number them 0..n-1).
   auto group_name = [&](std::string_view what, int k) {
-    if (replicas == 1) return std::string(what);
-    return fmt::format("{} of shard group {} (ranks {}-{})", what, k, k * shard_group,
-                       (k + 1) * shard_group - 1);
+    return replicas == 1 ? std::string(what) : ShardGroup(mesh, k).CommName(what);
   };
   for (int k = 0; k < replicas; ++k) {
     gathers.push_back(std::make_unique<Communicator>(
@@ -621,9 +620,7 @@ StatusOr<LiveResult> RunInProcess(const Trace& trace, const LiveOptions& options
   if (replicas > 1) {
     for (int c = 0; c < shard_group; ++c) {
       columns.push_back(std::make_unique<Communicator>(
-          control, replicas,
-          fmt::format("all_reduce of replica column {} (ranks {}, {}, ...)", c, c,
-                      c + shard_group)));
+          control, replicas, ReplicaColumn(mesh, c).CommName("all_reduce")));
     }
   }
   std::vector<std::unique_ptr<HostExecutor>> executors;
@@ -690,27 +687,18 @@ StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
   }
   FSDP_ASSIGN_OR_RETURN(ModelData data,
                         ModelData::Create(trace.model, options.policy, w, options.seed));
-  if (data.layout().replicas() > 1) {
-    // The process group has one channel per stream over the world; hsdp needs one per shard
-    // group and per replica column (sub-communicators), which it does not make yet.
-    return UsageError(fmt::format(
-        "sharding hsdp with {} replicas: not supported across processes yet (the process group "
-        "has no sub-communicators); run it with the ranks as threads of one process (no "
-        "launcher)",
-        data.layout().replicas()));
-  }
   const ExecutorConfig config = MakeConfig(options, host_options, fail_unit);
   RunControl control(options.timeout_us, w);
   const bool unified = options.policy.unified_comm_stream;
   FSDP_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
-                        ProcessGroup::Create(launch, control, unified));
+                        ProcessGroup::Create(launch, control, unified, &data.layout()));
   FSDP_ASSIGN_OR_RETURN(const ClockAlignment clocks, group->AlignClocks());
   RankRun run;
   RankOutput mine;
   Status failed;
   auto executor =
       std::make_unique<HostExecutor>(trace.model, data, config, control, group->all_gather(),
-                                     unified ? group->all_gather() : group->reduce_scatter(), rank);
+                                     group->reduce_scatter(), rank, group->all_reduce());
   {
     HostExecutor& exec = *executor;
     exec.Start();

@@ -316,6 +316,40 @@ bool CollectiveDesc::SameCall(const CollectiveDesc& other) const {
   return kind == other.kind && unit == other.unit && bytes == other.bytes;
 }
 
+namespace {
+
+MeshGroup GroupWhere(const ModelLayout& layout, std::string name, int index,
+                     int (ModelLayout::*position)(int) const) {
+  MeshGroup g{std::move(name), index, {}};
+  for (int r = 0; r < layout.world_size(); ++r) {
+    if ((layout.*position)(r) == index) g.ranks.push_back(r);
+  }
+  return g;
+}
+
+}  // namespace
+
+std::string MeshGroup::CommName(std::string_view stream) const {
+  std::string list;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    // Long groups: the first two, then the last.
+    if (ranks.size() > 4 && i == 2) {
+      list += ", ...";
+      i = ranks.size() - 1;
+    }
+    list += fmt::format("{}{}", list.empty() ? "" : ", ", ranks[i]);
+  }
+  return fmt::format("{} of {} (ranks {})", stream, name, list);
+}
+
+MeshGroup ShardGroup(const ModelLayout& layout, int k) {
+  return GroupWhere(layout, fmt::format("shard group {}", k), k, &ModelLayout::shard_group_of);
+}
+
+MeshGroup ReplicaColumn(const ModelLayout& layout, int c) {
+  return GroupWhere(layout, fmt::format("replica column {}", c), c, &ModelLayout::shard_rank_of);
+}
+
 Communicator::Communicator(RunControl& control, int world_size, std::string name)
     : control_(control),
       world_size_(world_size),

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "fsdplab/core/model.h"
+#include "fsdplab/core/param_layout.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/core/units.h"
@@ -243,6 +244,20 @@ class RankBarrier final : public StepBarrier {
   std::vector<bool> arrived_;
   int count_ = 0;
 };
+
+// Under hsdp, the sub-communicators of the mesh (ModelLayout): shard group k joins the ranks
+// whose shard_group_of is k, replica column c those whose shard_rank_of is c. The in-process run
+// and the process group both form and name theirs from these.
+struct MeshGroup final {
+  std::string name;        // "shard group 1", "replica column 0"
+  int index = 0;           // k or c
+  std::vector<int> ranks;  // ascending; a communicator over the group numbers them 0..n-1
+  // What errors call the group's communicator of `stream`, naming its ranks: "all_gather of
+  // shard group 1 (ranks 2, 3)".
+  std::string CommName(std::string_view stream) const;
+};
+MeshGroup ShardGroup(const ModelLayout& layout, int k);
+MeshGroup ReplicaColumn(const ModelLayout& layout, int c);
 
 // In-process collectives among `world_size` ranks (threads of this process): each call moves or
 // sums the bytes straight from the other ranks' buffers and waits until every rank is done
