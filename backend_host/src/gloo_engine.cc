@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -428,6 +429,10 @@ class GlooEngine final : public Engine {
 }  // namespace
 
 StatusOr<std::unique_ptr<Engine>> OpenGlooEngine(const LaunchInfo& launch, TimeUs timeout_us) {
+  // Gloo's TCP pairs write with plain writes: to a peer that died, the kernel would end this
+  // process with SIGPIPE before Gloo could report the lost peer. Ignored, the write fails with
+  // EPIPE and the wait names the peer.
+  std::signal(SIGPIPE, SIG_IGN);
   auto engine = std::make_unique<GlooEngine>();
   FSDP_RETURN_IF_ERROR(engine->Open(launch, timeout_us));
   return std::unique_ptr<Engine>(std::move(engine));

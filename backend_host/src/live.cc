@@ -798,6 +798,13 @@ StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
                            "as an all-to-all of the slices, then rank-ordered fp32 sums)",
                            w, LauncherName(launch.launcher), std::thread::hardware_concurrency(),
                            group->engine_name()));
+  if (data.layout().replicas() > 1) {
+    notes.push_back(fmt::format(
+        "hsdp across processes: each rank all-gathers and reduce-scatters within its shard "
+        "group of {} ranks and all-reduces within its replica column of {}, each on a "
+        "sub-group of its own over {}",
+        data.layout().shard_group_size(), data.layout().replicas(), group->engine_name()));
+  }
   notes.push_back(fmt::format(
       "clocks: every rank took its origin on leaving one barrier; rank 0 then measured each "
       "rank's remaining offset by ping-pong (largest {:.1f} us, known to +-{:.1f} us) and the "
