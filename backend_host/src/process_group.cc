@@ -306,7 +306,7 @@ struct ProcessGroup::Impl {
   RunControl& control;
   Engine& engine;
   std::unique_ptr<GroupTransport> ag;
-  std::unique_ptr<GroupTransport> rs;  // null when `ag` carries both (unified, under hsdp)
+  std::unique_ptr<GroupTransport> rs;  // null when `ag` carries both (unified)
   std::unique_ptr<GroupTransport> ar;  // hsdp with replicas: the replica column's
   std::unique_ptr<GroupBarrier> barrier;
   std::unique_ptr<internal::AbortListener> listener;
@@ -354,7 +354,7 @@ StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const LaunchInfo& l
                           impl->MeshTransport(column, ChannelId::kAllReduce, "all_reduce"));
   } else {
     impl->ag = impl->WorldTransport(ChannelId::kAllGather, std::string(gather));
-    impl->rs = impl->WorldTransport(ChannelId::kReduceScatter, "reduce_scatter");
+    if (!unified) impl->rs = impl->WorldTransport(ChannelId::kReduceScatter, "reduce_scatter");
   }
   impl->barrier =
       std::make_unique<GroupBarrier>(control, *engine, engine->channel(ChannelId::kControl));
