@@ -607,20 +607,23 @@ StatusOr<LiveResult> RunInProcess(const Trace& trace, const LiveOptions& options
   std::vector<std::unique_ptr<Communicator>> gathers;
   std::vector<std::unique_ptr<Communicator>> scatters;
   std::vector<std::unique_ptr<Communicator>> columns;
-  // Under hsdp a communicator's name says which ranks it joins (its errors number them 0..n-1).
-  auto group_name = [&](std::string_view what, int k) {
-    return replicas == 1 ? std::string(what) : ShardGroup(mesh, k).CommName(what);
+  // Under hsdp a communicator's name says which ranks it joins, and its errors name them.
+  auto shard_comm = [&](std::string_view what, int k) {
+    if (replicas == 1) {
+      return std::make_unique<Communicator>(control, shard_group, std::string(what));
+    }
+    const MeshGroup g = ShardGroup(mesh, k);
+    return std::make_unique<Communicator>(control, shard_group, g.CommName(what), g.ranks);
   };
   for (int k = 0; k < replicas; ++k) {
-    gathers.push_back(std::make_unique<Communicator>(
-        control, shard_group, group_name(unified ? "communication" : "all_gather", k)));
-    scatters.push_back(
-        std::make_unique<Communicator>(control, shard_group, group_name("reduce_scatter", k)));
+    gathers.push_back(shard_comm(unified ? "communication" : "all_gather", k));
+    scatters.push_back(shard_comm("reduce_scatter", k));
   }
   if (replicas > 1) {
     for (int c = 0; c < shard_group; ++c) {
-      columns.push_back(std::make_unique<Communicator>(
-          control, replicas, ReplicaColumn(mesh, c).CommName("all_reduce")));
+      const MeshGroup g = ReplicaColumn(mesh, c);
+      columns.push_back(
+          std::make_unique<Communicator>(control, replicas, g.CommName("all_reduce"), g.ranks));
     }
   }
   std::vector<std::unique_ptr<HostExecutor>> executors;

@@ -134,17 +134,19 @@ const std::byte* Bytes(const void* p) { return static_cast<const std::byte*>(p);
 std::byte* Bytes(void* p) { return static_cast<std::byte*>(p); }
 
 // A stream's collectives over one channel of the engine: the world's, or a group's (`rank` and
-// `world`: this rank's position in the group and its size).
+// `world`: this rank's position in the group and its size; `ranks`: the group's world ranks, for
+// messages, or empty for the world).
 class GroupTransport final : public Transport {
  public:
   GroupTransport(RunControl& control, Engine& engine, Channel& channel, int rank, int world,
-                 std::string name)
+                 std::string name, std::vector<int> ranks = {})
       : control_(control),
         engine_(engine),
         channel_(channel),
         rank_(rank),
         world_(world),
-        name_(std::move(name)) {}
+        name_(std::move(name)),
+        ranks_(std::move(ranks)) {}
 
   StatusOr<CollectiveTimes> Call(int rank, const CollectiveDesc& desc,
                                  std::span<const Segment> segments, const OpContext& ctx) override {
@@ -166,7 +168,8 @@ class GroupTransport final : public Transport {
       if (!SameWire(w, all[0])) {
         std::vector<CollectiveDesc> calls;
         for (const WireDesc& c : all) calls.push_back(FromWire(c));
-        return DeadlockError(ctx.Describe() + ": " + CollectiveDesc::Mismatch(calls, call, name_));
+        return DeadlockError(ctx.Describe() + ": " +
+                             CollectiveDesc::Mismatch(calls, call, name_, ranks_));
       }
     }
     const TimeUs start_us = control_.NowUs();
@@ -251,6 +254,7 @@ class GroupTransport final : public Transport {
   const int rank_;
   const int world_;
   const std::string name_;
+  const std::vector<int> ranks_;
   std::uint64_t next_call_ = 0;  // this stream's thread only
   BufferPool pool_;
 };
@@ -323,7 +327,7 @@ struct ProcessGroup::Impl {
     const auto at = std::find(group.ranks.begin(), group.ranks.end(), engine.rank());
     return std::make_unique<GroupTransport>(
         control, engine, *channel, static_cast<int>(at - group.ranks.begin()),
-        static_cast<int>(group.ranks.size()), group.CommName(stream));
+        static_cast<int>(group.ranks.size()), group.CommName(stream), group.ranks);
   }
   WaitSpec Wait(Clock::duration timeout, bool abortable) const {
     return WaitSpec{&control, timeout, abortable};

@@ -350,19 +350,22 @@ MeshGroup ReplicaColumn(const ModelLayout& layout, int c) {
   return GroupWhere(layout, fmt::format("replica column {}", c), c, &ModelLayout::shard_rank_of);
 }
 
-Communicator::Communicator(RunControl& control, int world_size, std::string name)
+Communicator::Communicator(RunControl& control, int world_size, std::string name,
+                           std::vector<int> ranks)
     : control_(control),
       world_size_(world_size),
       name_(std::move(name)),
+      ranks_(std::move(ranks)),
       next_call_(static_cast<std::size_t>(world_size), 0) {
   control_.RegisterWaiter(&mu_, &cv_);
 }
 
 std::string CollectiveDesc::Mismatch(const std::vector<CollectiveDesc>& calls, std::uint64_t call,
-                                     std::string_view name) {
+                                     std::string_view name, std::span<const int> ranks) {
   std::string list;
   for (std::size_t q = 0; q < calls.size(); ++q) {
-    list += fmt::format("{}rank {} called {}", q == 0 ? "" : ", ", q, calls[q].Describe());
+    const int rank = q < ranks.size() ? ranks[q] : static_cast<int>(q);
+    list += fmt::format("{}rank {} called {}", q == 0 ? "" : ", ", rank, calls[q].Describe());
   }
   return fmt::format(
       "mismatched collectives at call #{} on the {} communicator ({}); NCCL would hang here", call,
@@ -386,7 +389,7 @@ std::string Communicator::CheckAgreement(const Slot& slot, std::uint64_t call) c
   if (agree) return {};
   std::vector<CollectiveDesc> calls;
   for (const CollectiveDesc* d : slot.descs) calls.push_back(*d);
-  return CollectiveDesc::Mismatch(calls, call, name_);
+  return CollectiveDesc::Mismatch(calls, call, name_, ranks_);
 }
 
 void Communicator::Move(int rank, const Slot& slot) const {

@@ -122,6 +122,25 @@ TEST_F(GlooCliTest, AKilledRankOfOneReplicaStopsBothSubGroups) {
   EXPECT_LT(r.seconds, 15.0) << r.out;
 }
 
+// hsdp on a 2 x 2 mesh, rank 2 calls another collective than rank 3, its shard group's other
+// rank: both report it on their sub-group, by world rank, and every rank stops.
+TEST_F(GlooCliTest, MismatchedCollectivesInAShardGroupAreReportedNotHung) {
+  Result r = Spawn(4, "run --backend host " + trace_ +
+                          " --sharding hsdp --shard-group-size 2 --timeout 5 --fail-rank 2 "
+                          "--fail-op mismatch");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("on the all_gather of shard group 1 (ranks 2, 3) communicator (rank 2 "
+                       "called reduce_scatter of 'model'"),
+            std::string::npos)
+      << r.out;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.out.find(fmt::format("spawn_ranks: rank {} exited with code 3", rank)),
+              std::string::npos)
+        << r.out;
+  }
+  EXPECT_LT(r.seconds, 10.0) << r.out;
+}
+
 // Rank 2 of 3 never starts: ranks 0 and 1 give up at the timeout, naming it.
 TEST_F(GlooCliTest, ARankThatNeverJoinsIsNamed) {
   Result r = Spawn(3, "run --backend host " + trace_ + " --timeout 1", "--skip-rank 2");

@@ -182,5 +182,18 @@ TEST(MeshGroupTest, ShardGroupsAndReplicaColumnsFollowTheLayout) {
             "all_reduce of replica column 0 (ranks 0, 1, ..., 7)");
 }
 
+// A sub-communicator's mismatch names world ranks: shard group 1 of a 2 x 2 mesh is ranks 2, 3.
+TEST(MeshGroupTest, MismatchNamesWorldRanks) {
+  CollectiveDesc gather{CollectiveKind::kAllGather, 0, "model", 1024};
+  CollectiveDesc scatter{CollectiveKind::kReduceScatter, 0, "model", 1024};
+  const std::string group = CollectiveDesc::Mismatch({scatter, gather}, 7, "g", {{2, 3}});
+  EXPECT_NE(group.find("call #7 on the g communicator (rank 2 called reduce_scatter of 'model' "
+                       "(1.00 KiB), rank 3 called all_gather of 'model' (1.00 KiB))"),
+            std::string::npos)
+      << group;
+  const std::string world = CollectiveDesc::Mismatch({scatter, gather}, 7, "g");
+  EXPECT_NE(world.find("(rank 0 called reduce_scatter"), std::string::npos) << world;
+}
+
 }  // namespace
 }  // namespace fsdplab::host

@@ -176,9 +176,11 @@ struct CollectiveDesc final {
   Bytes bytes = 0;  // unsharded bytes
   // "all_gather of 'model.layers.0' (4.0 MB)"
   std::string Describe() const;
-  // The error when the ranks of call #`call` on communicator `name` disagree: every rank's call.
+  // The error when the ranks of call #`call` on communicator `name` disagree: every rank's call,
+  // by world rank: `ranks[q]` is the world rank of the communicator's rank q (hsdp's
+  // sub-communicators), or, empty, q itself.
   static std::string Mismatch(const std::vector<CollectiveDesc>& calls, std::uint64_t call,
-                              std::string_view name);
+                              std::string_view name, std::span<const int> ranks = {});
   bool SameCall(const CollectiveDesc& other) const;
 };
 
@@ -261,10 +263,10 @@ MeshGroup ReplicaColumn(const ModelLayout& layout, int c);
 
 // In-process collectives among `world_size` ranks (threads of this process): each call moves or
 // sums the bytes straight from the other ranks' buffers and waits until every rank is done
-// reading the inputs.
+// reading the inputs. `ranks`: a sub-communicator's world ranks, which its errors name.
 class Communicator final : public Transport {
  public:
-  Communicator(RunControl& control, int world_size, std::string name);
+  Communicator(RunControl& control, int world_size, std::string name, std::vector<int> ranks = {});
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -292,6 +294,7 @@ class Communicator final : public Transport {
   RunControl& control_;
   const int world_size_;
   const std::string name_;
+  const std::vector<int> ranks_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::uint64_t, Slot> slots_;
