@@ -1,16 +1,22 @@
 // The Gloo engine of the host backend's process group: processes that torchrun's or fsdplab's
 // variables started (Open MPI cannot join them). The ranks meet at core's TCP rendezvous, which
-// serves as Gloo's store while each channel's Gloo context connects its full mesh of TCP pairs;
-// then the store is closed. Every primitive is sends and receives of Gloo's unbound buffers, one
-// per peer (so an error names the peer), with slots counted per peer; a wait can be interrupted
-// when the run aborts (abortWaitRecv/abortWaitSend), and a dead peer's closed connection ends
-// it with Gloo's error.
+// serves as Gloo's store while each channel's Gloo context connects its full mesh of TCP pairs
+// (the world's; under hsdp, each shard group's and replica column's among its members, under a
+// key prefix of its own). The store stays open while the engine lives (until the process ends),
+// so that a later run of this process can connect the groups of another mesh. Every primitive is
+// sends and receives of Gloo's unbound buffers, one per peer (so an error names the peer), with
+// slots counted per peer; a wait can be interrupted when the run aborts
+// (abortWaitRecv/abortWaitSend), and a dead peer's closed connection ends it with Gloo's error.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "fsdplab/core/rendezvous.h"
 #include "internal/engine.h"
@@ -80,9 +86,12 @@ struct Pending {
 
 class GlooChannel final : public Channel {
  public:
-  GlooChannel(std::shared_ptr<gloo::Context> context, std::string name)
+  // `world_ranks`: the world rank of each rank of the context, for messages.
+  GlooChannel(std::shared_ptr<gloo::Context> context, std::string name,
+              std::vector<int> world_ranks)
       : context_(std::move(context)),
         name_(std::move(name)),
+        world_ranks_(std::move(world_ranks)),
         rank_(context_->rank),
         world_(context_->size),
         send_slot_(static_cast<std::size_t>(world_), 0),
@@ -168,10 +177,12 @@ class GlooChannel final : public Channel {
       }
       pending.ops.push_back({std::move(b), peer, send});
     } catch (const std::exception& e) {
-      return {WaitEnd::kError, fmt::format("rank {}: {}", peer, e.what())};
+      return {WaitEnd::kError, fmt::format("rank {}: {}", WorldRank(peer), e.what())};
     }
     return {};
   }
+
+  int WorldRank(int peer) const { return world_ranks_[static_cast<std::size_t>(peer)]; }
 
   Outcome Abandon(const std::shared_ptr<Pending>& pending, Outcome o) {
     KeepUntilExit(pending);
@@ -204,7 +215,7 @@ class GlooChannel final : public Channel {
                   ? Outcome{WaitEnd::kTimeout, {}}
                   : Outcome{WaitEnd::kError, fmt::format("{} rank {} on the {} channel: {}",
                                                          op.send ? "sending to" : "receiving from",
-                                                         op.peer, name_, e.what())};
+                                                         WorldRank(op.peer), name_, e.what())};
       }
     }
     if (wait.abortable) {
@@ -220,6 +231,7 @@ class GlooChannel final : public Channel {
 
   std::shared_ptr<gloo::Context> context_;
   const std::string name_;
+  const std::vector<int> world_ranks_;
   const int rank_;
   const int world_;
   std::vector<std::uint64_t> send_slot_;  // per peer
@@ -292,7 +304,7 @@ class GlooEngine final : public Engine {
   Status Open(const LaunchInfo& launch, TimeUs timeout_us) {
     rank_ = launch.rank;
     world_ = launch.world_size;
-    FSDP_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> store,
+    FSDP_ASSIGN_OR_RETURN(store_,
                           RendezvousStore::Join(RendezvousConfig::From(launch, timeout_us)));
     gloo::transport::tcp::attr attr;
     if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"); iface != nullptr && *iface) {
@@ -301,26 +313,27 @@ class GlooEngine final : public Engine {
       attr.hostname = "127.0.0.1";  // every rank on this machine
     }                               // else the machine's hostname, as Gloo resolves it
     const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_us / 1e3));
+    where_ = fmt::format("rendezvous at {}:{}", launch.master_addr, launch.rendezvous_port);
     const std::string where =
-        fmt::format("rank {}: connecting Gloo's TCP pairs (rendezvous at {}:{})", rank_,
-                    launch.master_addr, launch.rendezvous_port);
+        fmt::format("rank {}: connecting Gloo's TCP pairs ({})", rank_, where_);
     try {
       device_ = gloo::transport::tcp::CreateDevice(attr);
       for (const char* name : {"all_gather", "reduce_scatter", "control", "abort"}) {
         auto context = std::make_shared<gloo::rendezvous::Context>(rank_, world_);
         context->setTimeout(timeout);
-        StoreAdapter prefixed(*store, fmt::format("gloo/{}/", name));
+        StoreAdapter prefixed(*store_, fmt::format("gloo/{}/", name));
         context->connectFullMesh(prefixed, device_);
         contexts_.push_back(context);
       }
     } catch (const std::exception& e) {
       return Unavailable(fmt::format("{}: {}", where, e.what()));
     }
-    ag_ = std::make_unique<GlooChannel>(contexts_[0], "all_gather");
-    rs_ = std::make_unique<GlooChannel>(contexts_[1], "reduce_scatter");
-    ctl_ = std::make_unique<GlooChannel>(contexts_[2], "control");
-    // Every rank is connected before the store closes (rank 0's then serves until the others
-    // have closed theirs).
+    std::vector<int> everyone(static_cast<std::size_t>(world_));
+    for (int q = 0; q < world_; ++q) everyone[static_cast<std::size_t>(q)] = q;
+    ag_ = std::make_unique<GlooChannel>(contexts_[0], "all_gather", everyone);
+    rs_ = std::make_unique<GlooChannel>(contexts_[1], "reduce_scatter", everyone);
+    ctl_ = std::make_unique<GlooChannel>(contexts_[2], "control", everyone);
+    // Every rank is connected before going on.
     const Outcome o = ctl_->Barrier(WaitSpec{nullptr, timeout, false});
     if (!o.done()) {
       return Unavailable(fmt::format("{}: the first barrier did not finish{}", where,
@@ -335,10 +348,37 @@ class GlooEngine final : public Engine {
   Channel& channel(ChannelId id) override {
     switch (id) {
       case ChannelId::kAllGather: return *ag_;
-      case ChannelId::kReduceScatter: return *rs_;
+      case ChannelId::kReduceScatter:
+      case ChannelId::kAllReduce: return *rs_;
       case ChannelId::kControl: break;
     }
     return *ctl_;
+  }
+  // A context of the group's members, its rank this rank's position among them, connected
+  // through the rendezvous under the prefix "gloo/<group>/<ranks>/<channel>/" (another mesh's
+  // group of the same name has other ranks: its keys are not these).
+  StatusOr<Channel*> GroupChannel(const MeshGroup& group, ChannelId id,
+                                  TimeUs timeout_us) override {
+    const auto key = std::make_tuple(group.name, group.ranks, id);
+    if (auto it = groups_.find(key); it != groups_.end()) return it->second.get();
+    const std::string where = fmt::format("rank {}: connecting the {} channel of {} over Gloo ({})",
+                                          rank_, ChannelName(id), group.name, where_);
+    const auto at = std::find(group.ranks.begin(), group.ranks.end(), rank_);
+    if (at == group.ranks.end()) return InternalError(where + ": this rank is not a member");
+    const std::string name = fmt::format("{} of {}", ChannelName(id), group.name);
+    try {
+      auto context = std::make_shared<gloo::rendezvous::Context>(
+          static_cast<int>(at - group.ranks.begin()), static_cast<int>(group.ranks.size()));
+      context->setTimeout(std::chrono::milliseconds(static_cast<std::int64_t>(timeout_us / 1e3)));
+      StoreAdapter prefixed(*store_, fmt::format("gloo/{}/{}/{}/", group.name,
+                                                 fmt::join(group.ranks, ","), ChannelName(id)));
+      context->connectFullMesh(prefixed, device_);
+      auto& made = groups_[key];
+      made = std::make_unique<GlooChannel>(context, name, group.ranks);
+      return made.get();
+    } catch (const std::exception& e) {
+      return Unavailable(fmt::format("{}: {}", where, e.what()));
+    }
   }
   std::unique_ptr<AbortListener> Listen(
       std::function<void(int rank, std::string message)> on_abort) override {
@@ -368,15 +408,20 @@ class GlooEngine final : public Engine {
   }
   void Interrupt() override {
     for (GlooChannel* c : {ag_.get(), rs_.get(), ctl_.get()}) c->Interrupt();
+    for (auto& [key, c] : groups_) c->Interrupt();
   }
   void NoteAbandoned() override {}  // the engine is kept until the process ends anyway
 
  private:
   int rank_ = 0;
   int world_ = 1;
+  std::string where_;                       // the rendezvous, for messages
+  std::unique_ptr<RendezvousStore> store_;  // rank 0's serves until the process ends
   std::shared_ptr<gloo::transport::Device> device_;
   std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts_;
   std::unique_ptr<GlooChannel> ag_, rs_, ctl_;
+  std::map<std::tuple<std::string, std::vector<int>, ChannelId>, std::unique_ptr<GlooChannel>>
+      groups_;
   std::mutex abort_mu_;
   std::uint64_t generation_ = 0;
 };
@@ -384,6 +429,10 @@ class GlooEngine final : public Engine {
 }  // namespace
 
 StatusOr<std::unique_ptr<Engine>> OpenGlooEngine(const LaunchInfo& launch, TimeUs timeout_us) {
+  // Gloo's TCP pairs write with plain writes: to a peer that died, the kernel would end this
+  // process with SIGPIPE before Gloo could report the lost peer. Ignored, the write fails with
+  // EPIPE and the wait names the peer.
+  std::signal(SIGPIPE, SIG_IGN);
   auto engine = std::make_unique<GlooEngine>();
   FSDP_RETURN_IF_ERROR(engine->Open(launch, timeout_us));
   return std::unique_ptr<Engine>(std::move(engine));

@@ -599,31 +599,31 @@ StatusOr<LiveResult> RunInProcess(const Trace& trace, const LiveOptions& options
   RankBarrier barrier(control, w);
   const bool unified = options.policy.unified_comm_stream;
   // One communicator per shard group (the world but under hsdp) and stream, and under hsdp one
-  // per replica column, as NCCL sub-communicators: shard group k is ranks [k S, (k + 1) S),
-  // column c the ranks c, c + S, ...
-  const int shard_group = data.layout().shard_group_size();
-  const int replicas = data.layout().replicas();
+  // per replica column, as NCCL sub-communicators (MeshGroup: the same groups and names as
+  // across processes).
+  const ModelLayout& mesh = data.layout();
+  const int shard_group = mesh.shard_group_size();
+  const int replicas = mesh.replicas();
   std::vector<std::unique_ptr<Communicator>> gathers;
   std::vector<std::unique_ptr<Communicator>> scatters;
   std::vector<std::unique_ptr<Communicator>> columns;
-  // Under hsdp a communicator's name says which ranks it joins (its errors number them 0..n-1).
-  auto group_name = [&](std::string_view what, int k) {
-    if (replicas == 1) return std::string(what);
-    return fmt::format("{} of shard group {} (ranks {}-{})", what, k, k * shard_group,
-                       (k + 1) * shard_group - 1);
+  // Under hsdp a communicator's name says which ranks it joins, and its errors name them.
+  auto shard_comm = [&](std::string_view what, int k) {
+    if (replicas == 1) {
+      return std::make_unique<Communicator>(control, shard_group, std::string(what));
+    }
+    const MeshGroup g = ShardGroup(mesh, k);
+    return std::make_unique<Communicator>(control, shard_group, g.CommName(what), g.ranks);
   };
   for (int k = 0; k < replicas; ++k) {
-    gathers.push_back(std::make_unique<Communicator>(
-        control, shard_group, group_name(unified ? "communication" : "all_gather", k)));
-    scatters.push_back(
-        std::make_unique<Communicator>(control, shard_group, group_name("reduce_scatter", k)));
+    gathers.push_back(shard_comm(unified ? "communication" : "all_gather", k));
+    scatters.push_back(shard_comm("reduce_scatter", k));
   }
   if (replicas > 1) {
     for (int c = 0; c < shard_group; ++c) {
-      columns.push_back(std::make_unique<Communicator>(
-          control, replicas,
-          fmt::format("all_reduce of replica column {} (ranks {}, {}, ...)", c, c,
-                      c + shard_group)));
+      const MeshGroup g = ReplicaColumn(mesh, c);
+      columns.push_back(
+          std::make_unique<Communicator>(control, replicas, g.CommName("all_reduce"), g.ranks));
     }
   }
   std::vector<std::unique_ptr<HostExecutor>> executors;
@@ -690,27 +690,18 @@ StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
   }
   FSDP_ASSIGN_OR_RETURN(ModelData data,
                         ModelData::Create(trace.model, options.policy, w, options.seed));
-  if (data.layout().replicas() > 1) {
-    // The process group has one channel per stream over the world; hsdp needs one per shard
-    // group and per replica column (sub-communicators), which it does not make yet.
-    return UsageError(fmt::format(
-        "sharding hsdp with {} replicas: not supported across processes yet (the process group "
-        "has no sub-communicators); run it with the ranks as threads of one process (no "
-        "launcher)",
-        data.layout().replicas()));
-  }
   const ExecutorConfig config = MakeConfig(options, host_options, fail_unit);
   RunControl control(options.timeout_us, w);
   const bool unified = options.policy.unified_comm_stream;
   FSDP_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
-                        ProcessGroup::Create(launch, control, unified));
+                        ProcessGroup::Create(launch, control, unified, &data.layout()));
   FSDP_ASSIGN_OR_RETURN(const ClockAlignment clocks, group->AlignClocks());
   RankRun run;
   RankOutput mine;
   Status failed;
   auto executor =
       std::make_unique<HostExecutor>(trace.model, data, config, control, group->all_gather(),
-                                     unified ? group->all_gather() : group->reduce_scatter(), rank);
+                                     group->reduce_scatter(), rank, group->all_reduce());
   {
     HostExecutor& exec = *executor;
     exec.Start();
@@ -810,6 +801,13 @@ StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
                            "as an all-to-all of the slices, then rank-ordered fp32 sums)",
                            w, LauncherName(launch.launcher), std::thread::hardware_concurrency(),
                            group->engine_name()));
+  if (data.layout().replicas() > 1) {
+    notes.push_back(fmt::format(
+        "hsdp across processes: each rank all-gathers and reduce-scatters within its shard "
+        "group of {} ranks and all-reduces within its replica column of {}, each on a "
+        "sub-group of its own over {}",
+        data.layout().shard_group_size(), data.layout().replicas(), group->engine_name()));
+  }
   notes.push_back(fmt::format(
       "clocks: every rank took its origin on leaving one barrier; rank 0 then measured each "
       "rank's remaining offset by ping-pong (largest {:.1f} us, known to +-{:.1f} us) and the "

@@ -2,13 +2,17 @@
 // is its own duplicate of MPI_COMM_WORLD, so the streams' calls never interleave; every call is
 // nonblocking and its thread polls it (MPI_THREAD_MULTIPLE), so a wait can give up.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <climits>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "fsdplab/mpi/mpi.h"
 #include "internal/engine.h"
@@ -221,10 +225,40 @@ class MpiEngine final : public Engine {
   Channel& channel(ChannelId id) override {
     switch (id) {
       case ChannelId::kAllGather: return *ag_;
-      case ChannelId::kReduceScatter: return *rs_;
+      case ChannelId::kReduceScatter:
+      case ChannelId::kAllReduce: return *rs_;
       case ChannelId::kControl: break;
     }
     return *ctl_;
+  }
+  // MPI_Comm_split of the world by the group's index, ranked by world rank: the members in
+  // order, as group.ranks lists them (checked).
+  StatusOr<Channel*> GroupChannel(const MeshGroup& group, ChannelId id,
+                                  TimeUs timeout_us) override {
+    (void)timeout_us;  // MPI_Comm_split is blocking; a rank that never comes is mpirun's to end
+    const auto key = std::make_tuple(group.name, group.ranks, id);
+    if (auto it = groups_.find(key); it != groups_.end()) return it->second.get();
+    MPI_Comm comm = MPI_COMM_NULL;
+    const int rc = MPI_Comm_split(MPI_COMM_WORLD, group.index, rank_, &comm);
+    if (rc != MPI_SUCCESS) {
+      return Unavailable(fmt::format("rank {}: MPI_Comm_split for the {} channel of {} failed: {}",
+                                     rank_, ChannelName(id), group.name, mpi::ErrorString(rc)));
+    }
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    int size = 0;
+    int rank = 0;
+    MPI_Comm_size(comm, &size);
+    MPI_Comm_rank(comm, &rank);
+    const auto at = std::find(group.ranks.begin(), group.ranks.end(), rank_);
+    if (static_cast<std::size_t>(size) != group.ranks.size() || at == group.ranks.end() ||
+        at - group.ranks.begin() != rank) {
+      return InternalError(
+          fmt::format("rank {}: MPI split {} into {} ranks, this one {}, but its members are {}",
+                      rank_, group.name, size, rank, fmt::join(group.ranks, ", ")));
+    }
+    auto& made = groups_[key];
+    made = std::make_unique<MpiChannel>(comm, rank);
+    return made.get();
   }
   std::unique_ptr<AbortListener> Listen(
       std::function<void(int rank, std::string message)> on_abort) override {
@@ -254,6 +288,9 @@ class MpiEngine final : public Engine {
   MPI_Comm ctl_comm_ = MPI_COMM_NULL;
   MPI_Comm abort_comm_ = MPI_COMM_NULL;
   std::unique_ptr<MpiChannel> ag_, rs_, ctl_;
+  // By group name and channel; their communicators, like the world's, until MPI_Finalize.
+  std::map<std::tuple<std::string, std::vector<int>, ChannelId>, std::unique_ptr<MpiChannel>>
+      groups_;
   std::mutex sent_mu_;
 };
 

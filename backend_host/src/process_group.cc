@@ -45,6 +45,16 @@ StatusOr<bool> StartRankProcesses(const LaunchInfo& launch) {
 
 namespace internal {
 
+std::string_view ChannelName(ChannelId id) {
+  switch (id) {
+    case ChannelId::kAllGather: return "all_gather";
+    case ChannelId::kReduceScatter: return "reduce_scatter";
+    case ChannelId::kAllReduce: return "all_reduce";
+    case ChannelId::kControl: break;
+  }
+  return "control";
+}
+
 void KeepUntilExit(std::shared_ptr<void> keep) {
   static std::mutex mu;
   static auto* kept = new std::vector<std::shared_ptr<void>>();
@@ -123,16 +133,20 @@ bool SameWire(const WireDesc& a, const WireDesc& b) {
 const std::byte* Bytes(const void* p) { return static_cast<const std::byte*>(p); }
 std::byte* Bytes(void* p) { return static_cast<std::byte*>(p); }
 
-// A stream's collectives over one channel of the engine.
+// A stream's collectives over one channel of the engine: the world's, or a group's (`rank` and
+// `world`: this rank's position in the group and its size; `ranks`: the group's world ranks, for
+// messages, or empty for the world).
 class GroupTransport final : public Transport {
  public:
-  GroupTransport(RunControl& control, Engine& engine, Channel& channel, std::string name)
+  GroupTransport(RunControl& control, Engine& engine, Channel& channel, int rank, int world,
+                 std::string name, std::vector<int> ranks = {})
       : control_(control),
         engine_(engine),
         channel_(channel),
-        rank_(engine.rank()),
-        world_(engine.world_size()),
-        name_(std::move(name)) {}
+        rank_(rank),
+        world_(world),
+        name_(std::move(name)),
+        ranks_(std::move(ranks)) {}
 
   StatusOr<CollectiveTimes> Call(int rank, const CollectiveDesc& desc,
                                  std::span<const Segment> segments, const OpContext& ctx) override {
@@ -154,7 +168,8 @@ class GroupTransport final : public Transport {
       if (!SameWire(w, all[0])) {
         std::vector<CollectiveDesc> calls;
         for (const WireDesc& c : all) calls.push_back(FromWire(c));
-        return DeadlockError(ctx.Describe() + ": " + CollectiveDesc::Mismatch(calls, call, name_));
+        return DeadlockError(ctx.Describe() + ": " +
+                             CollectiveDesc::Mismatch(calls, call, name_, ranks_));
       }
     }
     const TimeUs start_us = control_.NowUs();
@@ -239,6 +254,7 @@ class GroupTransport final : public Transport {
   const int rank_;
   const int world_;
   const std::string name_;
+  const std::vector<int> ranks_;
   std::uint64_t next_call_ = 0;  // this stream's thread only
   BufferPool pool_;
 };
@@ -294,26 +310,56 @@ struct ProcessGroup::Impl {
   RunControl& control;
   Engine& engine;
   std::unique_ptr<GroupTransport> ag;
-  std::unique_ptr<GroupTransport> rs;
+  std::unique_ptr<GroupTransport> rs;  // null when `ag` carries both (unified)
+  std::unique_ptr<GroupTransport> ar;  // hsdp with replicas: the replica column's
   std::unique_ptr<GroupBarrier> barrier;
   std::unique_ptr<internal::AbortListener> listener;
 
   Impl(RunControl& c, Engine& e) : control(c), engine(e) {}
   Channel& control_channel() { return engine.channel(ChannelId::kControl); }
+  std::unique_ptr<GroupTransport> WorldTransport(ChannelId id, std::string name) {
+    return std::make_unique<GroupTransport>(control, engine, engine.channel(id), engine.rank(),
+                                            engine.world_size(), std::move(name));
+  }
+  StatusOr<std::unique_ptr<GroupTransport>> MeshTransport(const MeshGroup& group, ChannelId id,
+                                                          std::string_view stream) {
+    FSDP_ASSIGN_OR_RETURN(Channel * channel, engine.GroupChannel(group, id, control.timeout_us()));
+    const auto at = std::find(group.ranks.begin(), group.ranks.end(), engine.rank());
+    return std::make_unique<GroupTransport>(
+        control, engine, *channel, static_cast<int>(at - group.ranks.begin()),
+        static_cast<int>(group.ranks.size()), group.CommName(stream), group.ranks);
+  }
   WaitSpec Wait(Clock::duration timeout, bool abortable) const {
     return WaitSpec{&control, timeout, abortable};
   }
 };
 
 StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const LaunchInfo& launch,
-                                                             RunControl& control, bool unified) {
+                                                             RunControl& control, bool unified,
+                                                             const ModelLayout* mesh) {
   FSDP_ASSIGN_OR_RETURN(Engine * engine, internal::ProcessEngine(launch, control.timeout_us()));
   auto impl = std::make_unique<Impl>(control, *engine);
-  impl->ag =
-      std::make_unique<GroupTransport>(control, *engine, engine->channel(ChannelId::kAllGather),
-                                       unified ? "communication" : "all_gather");
-  impl->rs = std::make_unique<GroupTransport>(
-      control, *engine, engine->channel(ChannelId::kReduceScatter), "reduce_scatter");
+  const std::string_view gather = unified ? "communication" : "all_gather";
+  const int me = engine->rank();
+  if (mesh != nullptr && mesh->replicas() > 1) {
+    if (mesh->world_size() != engine->world_size()) {
+      return InternalError(fmt::format("rank {}: a mesh of {} ranks for a world of {}", me,
+                                       mesh->world_size(), engine->world_size()));
+    }
+    // Every rank makes its shard group's channels, then its replica column's, in this order.
+    const MeshGroup shard = ShardGroup(*mesh, mesh->shard_group_of(me));
+    const MeshGroup column = ReplicaColumn(*mesh, mesh->shard_rank_of(me));
+    FSDP_ASSIGN_OR_RETURN(impl->ag, impl->MeshTransport(shard, ChannelId::kAllGather, gather));
+    if (!unified) {
+      FSDP_ASSIGN_OR_RETURN(
+          impl->rs, impl->MeshTransport(shard, ChannelId::kReduceScatter, "reduce_scatter"));
+    }
+    FSDP_ASSIGN_OR_RETURN(impl->ar,
+                          impl->MeshTransport(column, ChannelId::kAllReduce, "all_reduce"));
+  } else {
+    impl->ag = impl->WorldTransport(ChannelId::kAllGather, std::string(gather));
+    if (!unified) impl->rs = impl->WorldTransport(ChannelId::kReduceScatter, "reduce_scatter");
+  }
   impl->barrier =
       std::make_unique<GroupBarrier>(control, *engine, engine->channel(ChannelId::kControl));
   impl->listener = engine->Listen([&control](int rank, std::string message) {
@@ -341,7 +387,8 @@ int ProcessGroup::rank() const { return impl_->engine.rank(); }
 int ProcessGroup::world_size() const { return impl_->engine.world_size(); }
 std::string_view ProcessGroup::engine_name() const { return impl_->engine.name(); }
 Transport& ProcessGroup::all_gather() { return *impl_->ag; }
-Transport& ProcessGroup::reduce_scatter() { return *impl_->rs; }
+Transport& ProcessGroup::reduce_scatter() { return impl_->rs ? *impl_->rs : *impl_->ag; }
+Transport* ProcessGroup::all_reduce() { return impl_->ar.get(); }
 StepBarrier& ProcessGroup::barrier() { return *impl_->barrier; }
 
 StatusOr<ClockAlignment> ProcessGroup::AlignClocks() {

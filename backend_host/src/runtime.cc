@@ -316,19 +316,56 @@ bool CollectiveDesc::SameCall(const CollectiveDesc& other) const {
   return kind == other.kind && unit == other.unit && bytes == other.bytes;
 }
 
-Communicator::Communicator(RunControl& control, int world_size, std::string name)
+namespace {
+
+MeshGroup GroupWhere(const ModelLayout& layout, std::string name, int index,
+                     int (ModelLayout::*position)(int) const) {
+  MeshGroup g{std::move(name), index, {}};
+  for (int r = 0; r < layout.world_size(); ++r) {
+    if ((layout.*position)(r) == index) g.ranks.push_back(r);
+  }
+  return g;
+}
+
+}  // namespace
+
+std::string MeshGroup::CommName(std::string_view stream) const {
+  std::string list;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    // Long groups: the first two, then the last.
+    if (ranks.size() > 4 && i == 2) {
+      list += ", ...";
+      i = ranks.size() - 1;
+    }
+    list += fmt::format("{}{}", list.empty() ? "" : ", ", ranks[i]);
+  }
+  return fmt::format("{} of {} (ranks {})", stream, name, list);
+}
+
+MeshGroup ShardGroup(const ModelLayout& layout, int k) {
+  return GroupWhere(layout, fmt::format("shard group {}", k), k, &ModelLayout::shard_group_of);
+}
+
+MeshGroup ReplicaColumn(const ModelLayout& layout, int c) {
+  return GroupWhere(layout, fmt::format("replica column {}", c), c, &ModelLayout::shard_rank_of);
+}
+
+Communicator::Communicator(RunControl& control, int world_size, std::string name,
+                           std::vector<int> ranks)
     : control_(control),
       world_size_(world_size),
       name_(std::move(name)),
+      ranks_(std::move(ranks)),
       next_call_(static_cast<std::size_t>(world_size), 0) {
   control_.RegisterWaiter(&mu_, &cv_);
 }
 
 std::string CollectiveDesc::Mismatch(const std::vector<CollectiveDesc>& calls, std::uint64_t call,
-                                     std::string_view name) {
+                                     std::string_view name, std::span<const int> ranks) {
   std::string list;
   for (std::size_t q = 0; q < calls.size(); ++q) {
-    list += fmt::format("{}rank {} called {}", q == 0 ? "" : ", ", q, calls[q].Describe());
+    const int rank = q < ranks.size() ? ranks[q] : static_cast<int>(q);
+    list += fmt::format("{}rank {} called {}", q == 0 ? "" : ", ", rank, calls[q].Describe());
   }
   return fmt::format(
       "mismatched collectives at call #{} on the {} communicator ({}); NCCL would hang here", call,
@@ -352,7 +389,7 @@ std::string Communicator::CheckAgreement(const Slot& slot, std::uint64_t call) c
   if (agree) return {};
   std::vector<CollectiveDesc> calls;
   for (const CollectiveDesc* d : slot.descs) calls.push_back(*d);
-  return CollectiveDesc::Mismatch(calls, call, name_);
+  return CollectiveDesc::Mismatch(calls, call, name_, ranks_);
 }
 
 void Communicator::Move(int rank, const Slot& slot) const {

@@ -93,6 +93,54 @@ TEST_F(GlooCliTest, AKilledRankStopsTheOthersInBoundedTime) {
   EXPECT_LT(r.seconds, 15.0) << r.out;
 }
 
+// hsdp on a 2 x 2 mesh: rank 3 (shard group 1 with rank 2, replica column 1 with rank 1) is
+// killed in step 1. Rank 2 loses it in their shard group, rank 1 in their column, and rank 0,
+// which shares no group with it, hears of it from them (or times out): every survivor stops
+// within the 2 s timeout (4 ranks on 2 cores need more than 1 s for the checked first step)
+// naming where it was, and no report is written.
+TEST_F(GlooCliTest, AKilledRankOfOneReplicaStopsBothSubGroups) {
+  const std::string report = Path("report.json");
+  Result r = Spawn(4, "run --backend host " + trace_ +
+                          " --sharding hsdp --shard-group-size 2 --timeout 2 --fail-rank 3 "
+                          "--fail-op die --fail-step 1 -o " +
+                          report);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("spawn_ranks: rank 3 was killed by signal 9"), std::string::npos) << r.out;
+  for (const char* rank : {"rank 0, step ", "rank 1, step ", "rank 2, step "}) {
+    const std::size_t at = r.out.find(std::string("fsdplab run: ") + rank);
+    ASSERT_NE(at, std::string::npos) << rank << "\n" << r.out;
+    const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+    EXPECT_NE(line.find(", op "), std::string::npos) << line;
+  }
+  // A survivor that shares a group with rank 3 names it, on that group's channel.
+  EXPECT_TRUE(r.out.find("rank 3 on the all_gather of shard group 1") != std::string::npos ||
+              r.out.find("rank 3 on the reduce_scatter of shard group 1") != std::string::npos ||
+              r.out.find("rank 3 on the all_reduce of replica column 1") != std::string::npos)
+      << r.out;
+  EXPECT_EQ(Count(r.out, "Step time:"), 0) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(report));
+  EXPECT_LT(r.seconds, 15.0) << r.out;
+}
+
+// hsdp on a 2 x 2 mesh, rank 2 calls another collective than rank 3, its shard group's other
+// rank: both report it on their sub-group, by world rank, and every rank stops.
+TEST_F(GlooCliTest, MismatchedCollectivesInAShardGroupAreReportedNotHung) {
+  Result r = Spawn(4, "run --backend host " + trace_ +
+                          " --sharding hsdp --shard-group-size 2 --timeout 5 --fail-rank 2 "
+                          "--fail-op mismatch");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("on the all_gather of shard group 1 (ranks 2, 3) communicator (rank 2 "
+                       "called reduce_scatter of 'model'"),
+            std::string::npos)
+      << r.out;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.out.find(fmt::format("spawn_ranks: rank {} exited with code 3", rank)),
+              std::string::npos)
+        << r.out;
+  }
+  EXPECT_LT(r.seconds, 10.0) << r.out;
+}
+
 // Rank 2 of 3 never starts: ranks 0 and 1 give up at the timeout, naming it.
 TEST_F(GlooCliTest, ARankThatNeverJoinsIsNamed) {
   Result r = Spawn(3, "run --backend host " + trace_ + " --timeout 1", "--skip-rank 2");

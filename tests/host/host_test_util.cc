@@ -86,16 +86,6 @@ TinySpec Spec(DType d, RecomputeKind r, int mbs) {
   return s;
 }
 
-bool PolicyCase::hsdp_replicas() const {
-  int group = 0;
-  bool hsdp = false;
-  for (const auto& [k, v] : keys) {
-    if (k == "sharding") hsdp = v == "hsdp";
-    if (k == "shard_group_size") group = std::stoi(std::string(v));
-  }
-  return hsdp && group > 0 && group < world;
-}
-
 void PrintTo(const PolicyCase& c, std::ostream* os) { *os << c.name; }
 std::string CaseName(const ::testing::TestParamInfo<PolicyCase>& param) { return param.param.name; }
 
@@ -149,14 +139,6 @@ const std::vector<PolicyCase>& ExactnessPolicies() {
           "fp32_reduce_three_ranks", Spec(), {{"reduce_dtype", "fp32"}}, ComputeMode::kGemm, 3},
       PolicyCase{"fp16_params", Spec(DType::kFp16), {}, ComputeMode::kGemm}};
   return cases;
-}
-
-std::vector<PolicyCase> CrossProcessPolicies() {
-  std::vector<PolicyCase> out;
-  for (const PolicyCase& c : ExactnessPolicies()) {
-    if (!c.hsdp_replicas()) out.push_back(c);
-  }
-  return out;
 }
 
 Result Shell(const std::string& cmd) {

@@ -42,17 +42,14 @@ struct PolicyCase {
   std::vector<std::pair<std::string_view, std::string_view>> keys;
   ComputeMode compute = ComputeMode::kTimed;
   int world = 2;
-  bool hsdp_replicas() const;  // hsdp with more than one replica at `world`
 };
 // What gtest prints for a case (and ctest's discovered test name): its name, not a hex dump of the
 // struct, whose heap pointers would change the names from build to build.
 void PrintTo(const PolicyCase& c, std::ostream* os);
 std::string CaseName(const ::testing::TestParamInfo<PolicyCase>& param);
 
-// Every policy the in-process exactness test runs.
+// Every policy the in-process exactness test and the cross-mode tests run.
 const std::vector<PolicyCase>& ExactnessPolicies();
-// Those a run across processes supports (hsdp with several replicas is refused there).
-std::vector<PolicyCase> CrossProcessPolicies();
 
 // A command's outcome: its exit code, its stdout and stderr together, and its wall time.
 struct Result {

@@ -93,6 +93,40 @@ TEST_F(MpiCliTest, AHungOrDeadRankEndsTheJobInBoundedTime) {
   EXPECT_LT(die.seconds, 15.0) << die.out;
 }
 
+// hsdp across processes on a 2 x 2 mesh: rank 0's report has the shard group's collectives
+// (per step, 4 reduce-scatters, one per unit, and as many replica all-reduces) and every rank.
+TEST_F(MpiCliTest, HsdpWithTwoReplicasRunsAcrossProcesses) {
+  const std::string report = Path("report.json");
+  Result r = Mpirun(4, "run --backend host " + trace_ +
+                           " --sharding hsdp --shard-group-size 2 --steps 2 -o " + report);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(Count(r.out, "Step time:"), 1) << r.out;
+  StatusOr<std::string> json = ReadFile(report);
+  ASSERT_TRUE(json.ok()) << json.status().message();
+  const nlohmann::json doc = nlohmann::json::parse(*json);
+  ASSERT_EQ(doc["steps"].size(), 2u);
+  EXPECT_EQ(doc["steps"][1]["reduce_scatter"]["count"], 4);
+  EXPECT_EQ(doc["steps"][1]["all_reduce"]["count"], 4);
+  EXPECT_NE(r.out.find("within its shard group of 2 ranks and all-reduces within its replica "
+                       "column of 2, each on a sub-group of its own over MPI"),
+            std::string::npos)
+      << r.out;
+}
+
+// The same with rank 3 (shard group 1, replica column 1) killed in step 1: mpirun names it and
+// ends the job, ranks 0 and 2 included, within the 2 s timeout (ranks as slow as 4 on 2 cores
+// need more than 0.5 s for the checked first step), and no rank reports a step.
+TEST_F(MpiCliTest, ADeadRankOfOneReplicaEndsTheHsdpJobInBoundedTime) {
+  Result r = Mpirun(4, "run --backend host " + trace_ +
+                           " --sharding hsdp --shard-group-size 2 --timeout 2 --fail-rank 3 "
+                           "--fail-op die --fail-step 1");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("process rank 3 with PID"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("exited on signal 9"), std::string::npos) << r.out;
+  EXPECT_EQ(Count(r.out, "Step time:"), 0) << r.out;
+  EXPECT_LT(r.seconds, 15.0) << r.out;
+}
+
 // One process per rank, one table from rank 0, every element checked on every rank.
 TEST_F(MpiCliTest, BenchGatherAcrossProcesses) {
   for (const char* op : {"all_gather", "reduce_scatter"}) {

@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "fsdplab/core/policy.h"
+#include "host_test_util.h"
 
 namespace fsdplab::host {
 namespace {
@@ -148,6 +152,47 @@ TEST(BufferPoolTest, ReusesAFreedBufferOfTheSameSize) {
   EXPECT_EQ(b->data(), first);
   BufferPool::Buffer c = pool.Get(1024);  // the only free one is taken: a new buffer
   EXPECT_NE(c->data(), first);
+}
+
+// hsdp's sub-communicators, by ModelLayout's mesh position. W = 8, S = 4 (2 x 4 mesh): shard
+// group 1 is ranks 4-7 (shard_group_of = 1), replica column 2 is ranks 2 and 6
+// (shard_rank_of = 2). S = 1 (8 x 1): column 0 is every rank, its name cut to the first two and
+// the last.
+TEST(MeshGroupTest, ShardGroupsAndReplicaColumnsFollowTheLayout) {
+  const Trace trace = testing::TinyTrace(testing::Spec());
+  Policy p;
+  ASSERT_TRUE(ApplyPolicyKey("sharding", "hsdp", p).ok());
+  ASSERT_TRUE(ApplyPolicyKey("shard_group_size", "4", p).ok());
+  StatusOr<ModelLayout> mesh = ModelLayout::Create(trace.model, p, 8);
+  ASSERT_TRUE(mesh.ok()) << mesh.status().message();
+  const MeshGroup row = ShardGroup(*mesh, 1);
+  EXPECT_EQ(row.index, 1);
+  EXPECT_EQ(row.ranks, (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(row.CommName("all_gather"), "all_gather of shard group 1 (ranks 4, 5, 6, 7)");
+  const MeshGroup column = ReplicaColumn(*mesh, 2);
+  EXPECT_EQ(column.ranks, (std::vector<int>{2, 6}));
+  EXPECT_EQ(column.CommName("all_reduce"), "all_reduce of replica column 2 (ranks 2, 6)");
+
+  ASSERT_TRUE(ApplyPolicyKey("shard_group_size", "1", p).ok());
+  StatusOr<ModelLayout> tall = ModelLayout::Create(trace.model, p, 8);
+  ASSERT_TRUE(tall.ok()) << tall.status().message();
+  EXPECT_EQ(ShardGroup(*tall, 5).ranks, (std::vector<int>{5}));
+  EXPECT_EQ(ReplicaColumn(*tall, 0).ranks, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(ReplicaColumn(*tall, 0).CommName("all_reduce"),
+            "all_reduce of replica column 0 (ranks 0, 1, ..., 7)");
+}
+
+// A sub-communicator's mismatch names world ranks: shard group 1 of a 2 x 2 mesh is ranks 2, 3.
+TEST(MeshGroupTest, MismatchNamesWorldRanks) {
+  CollectiveDesc gather{CollectiveKind::kAllGather, 0, "model", 1024};
+  CollectiveDesc scatter{CollectiveKind::kReduceScatter, 0, "model", 1024};
+  const std::string group = CollectiveDesc::Mismatch({scatter, gather}, 7, "g", {{2, 3}});
+  EXPECT_NE(group.find("call #7 on the g communicator (rank 2 called reduce_scatter of 'model' "
+                       "(1.00 KiB), rank 3 called all_gather of 'model' (1.00 KiB))"),
+            std::string::npos)
+      << group;
+  const std::string world = CollectiveDesc::Mismatch({scatter, gather}, 7, "g");
+  EXPECT_NE(world.find("(rank 0 called reduce_scatter"), std::string::npos) << world;
 }
 
 }  // namespace

@@ -57,7 +57,8 @@ class Channel {
   virtual Outcome Barrier(const WaitSpec& wait) = 0;
 };
 
-enum class ChannelId { kAllGather, kReduceScatter, kControl };
+enum class ChannelId { kAllGather, kReduceScatter, kAllReduce, kControl };
+std::string_view ChannelName(ChannelId id);  // "all_gather", ...
 
 // Another rank's failure arriving: a thread calls `on_abort(rank, message)` for the first one.
 // Destroying it stops listening; Abandon (after a failure) stops the thread but keeps what the
@@ -76,7 +77,16 @@ class Engine {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   virtual std::string_view name() const = 0;  // "MPI", "Gloo"
+  // A channel over the whole world: kAllGather, kReduceScatter or kControl (kAllReduce is a
+  // replica column's only).
   virtual Channel& channel(ChannelId id) = 0;
+  // A channel over `group`, which holds this rank; its ranks are the positions in group.ranks.
+  // Every rank of the world asks for its own group's channel of a kind at the same point (MPI
+  // splits the world by group.index; Gloo connects the members' pairs through the rendezvous
+  // within `timeout_us`). Made once per group (name and ranks) and id, kept by the engine until
+  // the process ends: a later run of the same mesh in this process finds it made on every rank.
+  virtual StatusOr<Channel*> GroupChannel(const MeshGroup& group, ChannelId id,
+                                          TimeUs timeout_us) = 0;
   virtual std::unique_ptr<AbortListener> Listen(
       std::function<void(int rank, std::string message)> on_abort) = 0;
   // Sends `message` (at most kAbortMessageBytes) to every other rank without waiting.

@@ -6,10 +6,10 @@
 //   FSDP_ASSIGN_OR_RETURN(const bool processes, StartRankProcesses(launch));
 //   RunControl control(timeout_us, launch.world_size);
 //   FSDP_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
-//                         ProcessGroup::Create(launch, control));
+//                         ProcessGroup::Create(launch, control, unified, &data.layout()));
 //   FSDP_ASSIGN_OR_RETURN(ClockAlignment clocks, group->AlignClocks());  // before threads start
 //   HostExecutor exec(model, data, config, control, group->all_gather(),
-//                     group->reduce_scatter(), group->rank());
+//                     group->reduce_scatter(), group->rank(), group->all_reduce());
 //   ... RunRankHost(..., group->barrier(), exec, ...);
 //   StatusOr<std::vector<std::string>> parts = group->GatherToRoot(mine, ctx, timeout);
 //
@@ -20,6 +20,9 @@
 //   engine moves the data (an all-to-all of the slices, or an all-gather of whole buffers), then
 //   this rank sums what it received in rank order with the same ReduceElements as the in-process
 //   communicator: the same bits in every mode.
+// - Under hsdp with several replicas, the all-gather and reduce-scatter span this rank's shard
+//   group and the all-reduce its replica column (MeshGroup, from ModelLayout's mesh position):
+//   the engine's channels over those ranks, with every guarantee here; aborts reach the world.
 // - A wait gives up when the run aborts or after the run's timeout. This rank's first failure is
 //   sent to every other rank; a listener thread turns another rank's message into this run's
 //   abort, so no rank waits for one that already failed.
@@ -31,6 +34,7 @@
 #include <vector>
 
 #include "fsdplab/core/launch.h"
+#include "fsdplab/core/param_layout.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/units.h"
 #include "fsdplab/host/runtime.h"
@@ -57,9 +61,12 @@ class ProcessGroup final {
   // within the run's timeout), channels for the all-gather stream, the reduce-scatter stream and
   // the barrier and gathers; hooks `control` so that this rank's first failure reaches the
   // others. `control` must outlive the group. `unified`: one communication stream carries both
-  // kinds (its transport is named "communication").
+  // kinds (its transport is named "communication"). `mesh`: the run's layout; with several hsdp
+  // replicas the streams' channels span this rank's shard group and replica column (every rank
+  // of the world passes the same layout), else (or null) the world.
   static StatusOr<std::unique_ptr<ProcessGroup>> Create(const LaunchInfo& launch,
-                                                        RunControl& control, bool unified = false);
+                                                        RunControl& control, bool unified = false,
+                                                        const ModelLayout* mesh = nullptr);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -68,7 +75,8 @@ class ProcessGroup final {
   int world_size() const;
   std::string_view engine_name() const;  // "MPI", "Gloo"
   Transport& all_gather();
-  Transport& reduce_scatter();
+  Transport& reduce_scatter();  // the all-gather's under `unified`
+  Transport* all_reduce();      // the replica column's under hsdp with replicas; else null
   StepBarrier& barrier();
 
   // Sets `control`'s origin at a barrier and measures the offsets. Before any thread starts.

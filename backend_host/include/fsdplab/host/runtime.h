@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "fsdplab/core/model.h"
+#include "fsdplab/core/param_layout.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/core/units.h"
@@ -175,9 +176,11 @@ struct CollectiveDesc final {
   Bytes bytes = 0;  // unsharded bytes
   // "all_gather of 'model.layers.0' (4.0 MB)"
   std::string Describe() const;
-  // The error when the ranks of call #`call` on communicator `name` disagree: every rank's call.
+  // The error when the ranks of call #`call` on communicator `name` disagree: every rank's call,
+  // by world rank: `ranks[q]` is the world rank of the communicator's rank q (hsdp's
+  // sub-communicators), or, empty, q itself.
   static std::string Mismatch(const std::vector<CollectiveDesc>& calls, std::uint64_t call,
-                              std::string_view name);
+                              std::string_view name, std::span<const int> ranks = {});
   bool SameCall(const CollectiveDesc& other) const;
 };
 
@@ -244,12 +247,26 @@ class RankBarrier final : public StepBarrier {
   int count_ = 0;
 };
 
+// Under hsdp, the sub-communicators of the mesh (ModelLayout): shard group k joins the ranks
+// whose shard_group_of is k, replica column c those whose shard_rank_of is c. The in-process run
+// and the process group both form and name theirs from these.
+struct MeshGroup final {
+  std::string name;        // "shard group 1", "replica column 0"
+  int index = 0;           // k or c
+  std::vector<int> ranks;  // ascending; a communicator over the group numbers them 0..n-1
+  // What errors call the group's communicator of `stream`, naming its ranks: "all_gather of
+  // shard group 1 (ranks 2, 3)".
+  std::string CommName(std::string_view stream) const;
+};
+MeshGroup ShardGroup(const ModelLayout& layout, int k);
+MeshGroup ReplicaColumn(const ModelLayout& layout, int c);
+
 // In-process collectives among `world_size` ranks (threads of this process): each call moves or
 // sums the bytes straight from the other ranks' buffers and waits until every rank is done
-// reading the inputs.
+// reading the inputs. `ranks`: a sub-communicator's world ranks, which its errors name.
 class Communicator final : public Transport {
  public:
-  Communicator(RunControl& control, int world_size, std::string name);
+  Communicator(RunControl& control, int world_size, std::string name, std::vector<int> ranks = {});
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -277,6 +294,7 @@ class Communicator final : public Transport {
   RunControl& control_;
   const int world_size_;
   const std::string name_;
+  const std::vector<int> ranks_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::uint64_t, Slot> slots_;
