@@ -59,6 +59,7 @@ COMPARISONS = (
     ("recording (vs idle)", "recording", "idle"),
 )
 TARGET_PCT = 2.0
+MIN_BLOCKS = 30  # fewer: a bootstrap CI of a median is not to be trusted
 
 
 class Lm(nn.Module):
@@ -117,7 +118,9 @@ def median_ci(values, rng, resamples=2000):
     return statistics.median(values), meds[int(0.025 * resamples)], meds[int(0.975 * resamples)]
 
 
-def verdict(lo, hi, floor_halfwidth):
+def verdict(lo, hi, floor_halfwidth, blocks):
+    if blocks < MIN_BLOCKS:
+        return f"not decided ({blocks} blocks: a CI needs at least {MIN_BLOCKS})"
     if hi <= TARGET_PCT:
         return f"at most {TARGET_PCT:g}%: met (the whole CI is below it)"
     if lo > TARGET_PCT:
@@ -217,7 +220,7 @@ def main():
         print(f"  {name:31s} CPU {cols[0]}   wall {cols[1]}")
     _, flo, fhi = results["plain'"]
     _, lo, hi = results["recording"]
-    print(f"recording, CPU time: {verdict(lo, hi, (fhi - flo) / 2)}")
+    print(f"recording, CPU time: {verdict(lo, hi, (fhi - flo) / 2, blocks)}")
     steps = max(blocks, 1)
     hooks = (after["hook_calls"] - before["hook_calls"]) / steps
     inside = (after["hook_total_us"] - before["hook_total_us"]) / steps
