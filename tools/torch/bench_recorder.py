@@ -1,26 +1,46 @@
-"""The recorder's cost on a training step: without it, attached but idle, and recording.
+"""The recorder's cost on a training step, measured above the noise of a shared machine.
 
-    PYTHON tools/torch/bench_recorder.py [--layers 6] [--d-model 256] [--steps 30]
+    PYTHON tools/torch/bench_recorder.py [--seconds 180] [--microbatches 1] [--layers 6]
 
 PYTHON: /usr/bin/python3 (Debian's torch 1.13) or the torch 2.x virtual environment that
 scripts/setup.sh makes (${XDG_CACHE_HOME:-~/.cache}/fsdplab/torch2-venv/bin/python).
 
 The model is the one of the recorder's field report: an embedding, torch.nn.TransformerEncoder
 (6 layers, d_model 256, 4 heads, feed-forward 1024) and a head; units are the root and each
-layer. Three runs take turns, step by step (so that drift in the machine's speed hits them
-alike): plain (a copy never attached), and one model with a recorder
-attached, stepped outside rec.step() (idle) and inside it (recording). Times are the process's
-CPU time per step, median over the steps. Idle is compared with plain (a different copy of the
-same weights: copies alone differ by a few percent here, so this is the noise of the comparison;
-an idle recorder has no hook at all), recording with idle (the same model); as a ratio of
-medians and as the median of each step's ratio to the step run beside it. Also prints the hooks
-a recorded step fires and the time spent inside them as the recorder measures it
-(rec.overhead()).
+layer. One thread (torch.set_num_threads).
+
+Method. A step of this model takes about 150-200 ms, and on a machine that other work shares
+its time varies by 5-20% from one step to the next (the speed of the machine changes within
+tens of milliseconds), more than the effect to measure. So four kinds of step take turns in
+blocks:
+  plain      a copy of the model that no recorder was ever attached to;
+  plain'     the same copy again: plain' against plain is the noise floor (A against A);
+  idle       the model a recorder is attached to, stepped outside rec.step();
+  recording  the same model, inside rec.step().
+A step can leave something to the step after it (caches, the allocator, garbage), so the orders
+within blocks are the rows of a Williams square, cycled with the kinds shuffled at each cycle:
+every kind follows every other kind equally often. (With random orders, one sequence of
+orders, the same in every run of a seed, gave plain' - plain of +0.5% to +1.0% in three runs.)
+Each block gives one relative difference per comparison (idle - plain, recording - idle,
+plain' - plain, over the reference), so that drift slower than a block cancels; the result is
+the median over the blocks, with a 95% confidence interval from resampling the blocks
+(bootstrap, percentile). Recording is compared with idle on the same model object; idle with
+plain, a different copy, so that whatever an attached recorder might leave on its model shows.
+Times are the process's CPU time (time slices taken by other processes are not counted) and,
+beside it, wall time. Garbage: after the warm-up the objects alive are frozen out of the
+collector (gc.freeze) and gc.collect() runs before every timed step, for every kind alike;
+collections during a step stay on (garbage a recorder makes is its cost). The recorder's own
+time inside its hooks, as it measures it (rec.overhead()), is printed too.
+
+The CI's width shrinks with the square root of the number of blocks: on the 2-core machine this
+was written on, shared with a build and a fuzzer, 180 s (about 200 blocks) give about +-1%.
 """
 
 import argparse
 import copy
+import gc
 import os
+import random
 import statistics
 import sys
 import time
@@ -30,6 +50,16 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fsdplab_record  # noqa: E402
+
+KINDS = ("plain", "plain'", "idle", "recording")
+# (name, kind, reference kind): each block's relative difference kind - reference.
+COMPARISONS = (
+    ("noise floor (plain' vs plain)", "plain'", "plain"),
+    ("attached, idle (vs plain)", "idle", "plain"),
+    ("recording (vs idle)", "recording", "idle"),
+)
+TARGET_PCT = 2.0
+MIN_BLOCKS = 30  # fewer: a bootstrap CI of a median is not to be trusted
 
 
 class Lm(nn.Module):
@@ -53,18 +83,52 @@ def step(model, batches, vocab):
     model.zero_grad(set_to_none=True)
 
 
-def cpu_us(fn):
-    # CPU time of the process, not wall time: on a shared machine, time slices lost to other
-    # processes would otherwise land on whichever run they hit.
-    t0 = time.process_time_ns()
-    fn()
-    return (time.process_time_ns() - t0) / 1000.0
-
-
 def recorded_step(rec, model, batches, vocab):
     with rec.step():
         step(model, batches, vocab)
     rec._steps.clear()  # keep memory flat over many steps; the trace itself is not the subject
+
+
+def williams_orders(kinds, rng):
+    """Orders of the kinds in which each kind follows each other kind exactly once (a Williams
+    square for an even number of kinds: rows 0, 1, n-1, 2, n-2, ... shifted), endlessly, with
+    the kinds shuffled at every cycle of n orders."""
+    n = len(kinds)
+    first = [0]
+    for i in range(1, n):
+        first.append((i + 1) // 2 if i % 2 else n - i // 2)
+    while True:
+        perm = rng.sample(kinds, n)
+        for shift in range(n):
+            yield [perm[(j + shift) % n] for j in first]
+
+
+def timed(fn):
+    """(CPU ns, wall ns) of fn(), after collecting the garbage of what ran before."""
+    gc.collect()
+    c0, w0 = time.process_time_ns(), time.perf_counter_ns()
+    fn()
+    return time.process_time_ns() - c0, time.perf_counter_ns() - w0
+
+
+def median_ci(values, rng, resamples=2000):
+    """The median and a percentile-bootstrap 95% confidence interval of it."""
+    n = len(values)
+    meds = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
+    return statistics.median(values), meds[int(0.025 * resamples)], meds[int(0.975 * resamples)]
+
+
+def verdict(lo, hi, floor_halfwidth, blocks):
+    if blocks < MIN_BLOCKS:
+        return f"not decided ({blocks} blocks: a CI needs at least {MIN_BLOCKS})"
+    if hi <= TARGET_PCT:
+        return f"at most {TARGET_PCT:g}%: met (the whole CI is below it)"
+    if lo > TARGET_PCT:
+        return f"at most {TARGET_PCT:g}%: NOT met (the whole CI is above it)"
+    return (
+        f"at most {TARGET_PCT:g}%: not decided (the CI straddles it; the noise floor's CI is "
+        f"+-{floor_halfwidth:.2f}%: run longer)"
+    )
 
 
 def main():
@@ -75,19 +139,21 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--microbatches", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--seconds", type=float, default=180.0, help="timed blocks run this long")
+    ap.add_argument("--blocks", type=int, default=0, help="a fixed number of blocks instead")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed blocks first")
+    ap.add_argument("--seed", type=int, default=0, help="the order of kinds within blocks")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-saved-bytes", action="store_true", help="without saved-tensor hooks")
     ap.add_argument("--hooks", default="auto", help="the recorder's hooks= (auto or tensor)")
     args = ap.parse_args()
+    if args.seconds <= 0 and args.blocks <= 0:
+        ap.error("--seconds or --blocks must be positive")
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
-    # "idle" and "recording" are the same model (the recorder attached to it runs its steps
-    # outside and inside rec.step()): copies of a model at other addresses differ by a few
-    # percent by themselves, which the "plain" copy (never attached) shows.
-    plain = Lm(args.layers, args.d_model, args.vocab)
-    recorded = copy.deepcopy(plain)
-    idle = recorded
+    base = Lm(args.layers, args.d_model, args.vocab)
+    plain = copy.deepcopy(base)
+    recorded = copy.deepcopy(base)
     rec = fsdplab_record.Recorder(
         recorded,
         units=lambda n, m: n.startswith("encoder.layers.") and n.count(".") == 2,
@@ -99,45 +165,70 @@ def main():
     ]
     runs = {
         "plain": lambda: step(plain, batches, args.vocab),
-        "idle": lambda: step(idle, batches, args.vocab),
+        "plain'": lambda: step(plain, batches, args.vocab),
+        "idle": lambda: step(recorded, batches, args.vocab),
         "recording": lambda: recorded_step(rec, recorded, batches, args.vocab),
     }
-    for _ in range(3):  # warm up all three
-        for fn in runs.values():
-            fn()
-    times = {k: [] for k in runs}
+    orders = williams_orders(KINDS, random.Random(args.seed))
+    for _ in range(args.warmup):
+        for k in KINDS:
+            runs[k]()
+    gc.collect()
+    gc.freeze()  # what is alive now is never garbage: later collections need not walk it
+    cpu = {k: [] for k in KINDS}
+    wall = {k: [] for k in KINDS}
     before = rec.overhead()
-    for i in range(args.steps):
-        order = list(runs) if i % 2 == 0 else list(reversed(runs))
-        for k in order:
-            times[k].append(cpu_us(runs[k]))
+    start = time.perf_counter()
+    blocks = 0
+
+    def more():
+        if args.blocks > 0:
+            return blocks < args.blocks
+        return time.perf_counter() - start < args.seconds
+
+    while more():
+        for k in next(orders):
+            c, w = timed(runs[k])
+            cpu[k].append(c)
+            wall[k].append(w)
+        blocks += 1
+    elapsed = time.perf_counter() - start
     after = rec.overhead()
-    med = {k: statistics.median(v) for k, v in times.items()}
-    # Paired: each step against the step run next to it, so that slow drift cancels. Recording
-    # against idle: the same model, with and without rec.step().
-    paired = {
-        k: statistics.median(100.0 * (a - b) / b for a, b in zip(times[k], times[ref]))
-        for k, ref in (("idle", "plain"), ("recording", "idle"))
-    }
-    hooks = (after["hook_calls"] - before["hook_calls"]) / args.steps
-    inside = (after["hook_total_us"] - before["hook_total_us"]) / args.steps
+    rec.remove()
+
     print(
         f"torch {torch.__version__}, {args.layers} layers x d_model {args.d_model}, "
         f"batch {args.batch} x seq {args.seq}, {args.microbatches} microbatch(es), "
         f"{args.threads} thread(s), {len(rec.units)} units"
     )
-    print(f"step without recorder   {med['plain']:12.1f} us CPU (median of {args.steps})")
-    for k, ref in (("idle", "plain"), ("recording", "idle")):
-        pct = 100.0 * (med[k] - med[ref]) / med[ref]
-        print(
-            f"step, recorder {k:9s}{med[k]:12.1f} us   vs {ref:5s} {pct:+6.2f}% of medians, "
-            f"{paired[k]:+6.2f}% paired (median of per-step ratios)"
-        )
-    spread = statistics.pstdev(times["plain"]) / med["plain"] * 100.0
-    print(f"plain step spread (stdev/median) {spread:.2f}%: the noise floor of the overheads")
-    print(f"hooks per recorded step {hooks:10.0f}, inside hooks {inside:10.1f} us per step "
-          f"({100.0 * inside / med['plain']:.2f}% of a plain step)")
-    rec.remove()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(
+        f"{blocks} blocks of {len(KINDS)} steps in {elapsed:.0f} s (load average {load:.1f}); "
+        f"plain step: median {statistics.median(cpu['plain']) / 1e6:.1f} ms CPU, "
+        f"{statistics.median(wall['plain']) / 1e6:.1f} ms wall"
+    )
+    print("median of the per-block differences, [95% CI]:")
+    boot_rng = random.Random(1)
+    results = {}
+    for name, kind, ref in COMPARISONS:
+        cols = []
+        for times in (cpu, wall):
+            diffs = [100.0 * (a - b) / b for a, b in zip(times[kind], times[ref])]
+            med, lo, hi = median_ci(diffs, boot_rng)
+            cols.append(f"{med:+6.2f}% [{lo:+6.2f}, {hi:+6.2f}]")
+            results.setdefault(kind, (med, lo, hi))
+        print(f"  {name:31s} CPU {cols[0]}   wall {cols[1]}")
+    _, flo, fhi = results["plain'"]
+    _, lo, hi = results["recording"]
+    print(f"recording, CPU time: {verdict(lo, hi, (fhi - flo) / 2, blocks)}")
+    steps = max(blocks, 1)
+    hooks = (after["hook_calls"] - before["hook_calls"]) / steps
+    inside = (after["hook_total_us"] - before["hook_total_us"]) / steps
+    plain_us = statistics.median(cpu["plain"]) / 1000.0
+    print(
+        f"hooks per recorded step {hooks:.0f}; the recorder's own time inside them "
+        f"{inside:.0f} us per step ({100.0 * inside / plain_us:.2f}% of a plain step, wall time)"
+    )
 
 
 if __name__ == "__main__":

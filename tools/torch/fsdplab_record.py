@@ -34,12 +34,14 @@ Units: PyTorch FSDP2 (``fully_shard``) modules and Megatron-FSDP unit modules ar
 name and attributes (no import of the FSDP packages); otherwise module names, a predicate, or by
 default the root plus each child of the model's first ``ModuleList``. The root is always a unit.
 
-Hooks are chosen by feature detection so this runs on PyTorch 1.13 and on current 2.x: full
-backward pre-hooks where they exist, else hooks on the gradient of the unit's outputs;
-post-accumulate-grad hooks where they exist, else parameter gradient hooks, counted down; a unit
-without trainable parameters uses its module backward hook; the end of the backward is a callback
-queued on the autograd engine. Durations come from CUDA events resolved after the step (nothing
-synchronises inside it) when the model is on a GPU, else from the monotonic clock.
+Hooks are chosen by feature detection so this runs on PyTorch 1.13 and on current 2.x: a unit's
+backward starts at the first gradient of one of its outputs (a hook on each output tensor, which
+costs far less than a module backward pre-hook: that one wraps the inputs and outputs of every
+call in a Python autograd function); post-accumulate-grad hooks where they exist, else parameter
+gradient hooks, counted down; a unit without trainable parameters uses its module backward hook;
+the end of the backward is a callback queued on the autograd engine. Durations come from CUDA
+events resolved after the step (nothing synchronises inside it) when the model is on a GPU, else
+from the monotonic clock.
 
 The recorder never changes results: hooks return nothing and the saved-tensor hooks store the
 tensor itself. Hooks exist only inside ``rec.step()``: they are registered when it opens (so
@@ -218,6 +220,7 @@ class _Unit:
         "bw_frame",
         "grads_seen",
         "remaining",
+        "trainable_slots",
         "param_bytes",
     )
 
@@ -237,6 +240,7 @@ class _Unit:
         self.bw_frame = None  # the open backward frame
         self.grads_seen = set()  # parameter slots whose gradient arrived in this backward pass
         self.remaining = 0  # gradients still to come before post_backward
+        self.trainable_slots = 0  # parameter slots that need a gradient (counted at step start)
         self.param_bytes = 0  # bytes of the unit's trainable parameters (reduce-scatter size)
 
 
@@ -245,16 +249,18 @@ class _Frame:
 
     phase "fsdp" is FSDP's own work (no unit): its time is excluded from every compute. An
     inside recomputation frame (`inside`) stays open between the modules it recomputes (`leaf`
-    is the module running now, None between two of them)."""
+    is the module running now, None between two of them). A forward or recompute frame collects
+    the tensors autograd saves while it is the innermost (`tensors`); they are measured into
+    `saved` when the frame's compute is emitted."""
 
-    __slots__ = ("unit", "phase", "segments", "saved", "saved_keys", "leaf", "inside", "name")
+    __slots__ = ("unit", "phase", "segments", "saved", "tensors", "leaf", "inside", "name")
 
     def __init__(self, unit, phase, leaf=None, inside=False, name=None):
         self.unit = unit  # _Unit, or None for work outside every unit (the loss) or FSDP's
         self.phase = phase
         self.segments = []  # (mark, mark) pairs
         self.saved = 0
-        self.saved_keys = set()
+        self.tensors = [] if phase == "forward" or phase == "recompute" else None
         self.leaf = leaf  # the module of an inside recomputation running now
         self.inside = inside
         self.name = name  # the event's label ("fsdp": FSDP's own work outside collectives)
@@ -297,10 +303,6 @@ class _CudaClock:
         torch.cuda.synchronize()
         first = self.marks[0]
         return [first.elapsed_time(ev) * 1000.0 for ev in self.marks]
-
-
-def _has_full_backward_pre_hook():
-    return hasattr(torch.nn.Module, "register_full_backward_pre_hook")
 
 
 def _has_post_accumulate_grad_hook():
@@ -403,8 +405,9 @@ class Recorder:
         or a predicate ``f(name, module) -> bool``.
       root_name: the trace name of the root unit; other units are ``root_name + "." + name``.
       timing: "auto" (CUDA events when the model has CUDA parameters), "cuda" or "cpu".
-      hooks: "auto" (module backward pre-hooks / post-accumulate-grad hooks where this PyTorch has
-        them) or "tensor" (hooks on output and parameter gradients, as on PyTorch 1.13).
+      hooks: "auto" (post-accumulate-grad hooks where this PyTorch has them) or "tensor" (hooks
+        on parameter gradients, as on PyTorch 1.13). Either way a unit's backward starts at a
+        hook on the gradient of its outputs.
       saved_bytes: measure the activations autograd saves (saved-tensor hooks).
       param_dtype: trace dtype for every parameter ("bf16", ...), e.g. the gather dtype of a
         mixed-precision policy; None reads each parameter's dtype.
@@ -454,7 +457,6 @@ class Recorder:
             on_cuda = any(p.is_cuda for p in model.parameters())
             timing = "cuda" if on_cuda and torch.cuda.is_available() else "cpu"
         self._timing = timing
-        self._module_pre_backward = hooks == "auto" and _has_full_backward_pre_hook()
         self._post_accumulate = hooks == "auto" and _has_post_accumulate_grad_hook()
         self._always_call = _has_always_call()
         self._prepend = _has_hook_kwarg("prepend")
@@ -537,7 +539,7 @@ class Recorder:
             "torch": str(torch.__version__),
             "units_from": self.detected_by,
             "timing": self._timing,
-            "pre_backward": "module-hook" if self._module_pre_backward else "tensor-hook",
+            "pre_backward": "tensor-hook",
             "post_backward": ("post-accumulate-grad-hook" if self._post_accumulate else "grad-hook"),
             **self.overhead(),
         }
@@ -690,10 +692,6 @@ class Recorder:
             self._handles.append(
                 m.register_forward_hook(self._make_post_forward(u), **always, **first)
             )
-            if self._module_pre_backward:
-                self._handles.append(
-                    m.register_full_backward_pre_hook(self._make_module_pre_backward(u))
-                )
             if not u.trainable:
                 self._handles.append(m.register_full_backward_hook(self._make_module_backward(u)))
             elif not self._lazy_params:
@@ -862,9 +860,11 @@ class Recorder:
             self._world_size = dist.get_world_size()
         self._param_ptrs = set()  # where the parameters are now (the units' slots hold them all)
         for u in self._units:
+            u.trainable_slots = 0  # FSDP swaps a slot's parameter, never whether it needs a grad
             for module, attr in u.param_slots:
                 p = module._parameters.get(attr)
                 if p is not None:
+                    u.trainable_slots += p.requires_grad
                     with contextlib.suppress(RuntimeError, NotImplementedError, TypeError):
                         self._param_ptrs.add(p.data_ptr())
         self._reset_microbatch()
@@ -919,6 +919,9 @@ class Recorder:
         self._events.append((op, unit, m))
 
     def _emit_compute(self, frame):
+        if frame.tensors:
+            self._measure_saved(frame)
+        frame.tensors = None
         first = frame.segments[0][0] if frame.segments else self._last_mark
         self._events.append(("compute", frame, first))
 
@@ -930,10 +933,6 @@ class Recorder:
                 f"fsdplab_record: the step ended with units still open ({open_units}): a forward "
                 "or backward was interrupted"
             )
-        for raw in self._microbatches:
-            for op, obj, _ in raw:
-                if op == "compute":
-                    obj.saved_keys = None
         # Read the clock now (CUDA: one synchronize, after the step); build the events on demand.
         return (self._microbatches, self._clock.times_us())
 
@@ -1014,8 +1013,7 @@ class Recorder:
                 m = self._mark()
                 self._close_forward_frame(frame, m)
                 if torch.is_grad_enabled() and output is not None:
-                    if not self._module_pre_backward:
-                        self._hook_output_grads(u, output)
+                    self._hook_output_grads(u, output)
                     if u.trainable and self._lazy_params:
                         self._hook_params(u)
             self._hook_calls += 1
@@ -1085,27 +1083,12 @@ class Recorder:
             if entry is not None and entry[0]() is p:
                 continue
             key = (id(module), attr)
+            hook = self._make_param_grad(u, key)
             if self._post_accumulate:
-                handle = p.register_post_accumulate_grad_hook(
-                    lambda param, u=u, key=key: self._param_grad(u, key)
-                )
+                handle = p.register_post_accumulate_grad_hook(hook)
             else:
-                handle = p.register_hook(lambda grad, u=u, key=key: self._param_grad(u, key))
+                handle = p.register_hook(hook)
             self._hooked_params[id(p)] = (weakref.ref(p), handle)
-
-    def _trainable_slots(self, u):
-        return sum(
-            1
-            for module, attr in u.param_slots
-            if module._parameters.get(attr) is not None and module._parameters[attr].requires_grad
-        )
-
-    def _make_module_pre_backward(self, u):
-        def hook(module, grad_output):
-            if self._active:
-                self._pre_backward(u)
-
-        return hook
 
     def _make_module_backward(self, u):
         def hook(module, grad_input, grad_output):
@@ -1143,9 +1126,7 @@ class Recorder:
             self._stack.append(u.bw_frame)
         else:
             u.bw_frame = _Frame(u, "backward")
-            u.remaining = (
-                max(self._trainable_slots(u) - len(u.grads_seen), 0) if u.trainable else 0
-            )
+            u.remaining = max(u.trainable_slots - len(u.grads_seen), 0) if u.trainable else 0
             self._stack.append(u.bw_frame)
         self._emit("pre_backward", u, m)
         self._hook_calls += 1
@@ -1163,17 +1144,22 @@ class Recorder:
         self._stack[self._stack.index(frame)] = fresh
         u.bw_frame = fresh
 
-    def _param_grad(self, u, key):
-        if not self._active or not self._in_backward or key in u.grads_seen:
-            return
-        t0 = time.perf_counter_ns()
-        u.grads_seen.add(key)
-        if u.bw_frame is not None and u.remaining > 0:
-            u.remaining -= 1
-            if u.remaining == 0:
-                self._post_backward(u, self._mark())
-        self._hook_calls += 1
-        self._hook_ns += time.perf_counter_ns() - t0
+    def _make_param_grad(self, u, key):
+        # One hook per parameter, run once per backward for each (about 75 per step of a 6-layer
+        # transformer): the whole hook in one function.
+        def hook(_):
+            if not self._active or not self._in_backward or key in u.grads_seen:
+                return
+            t0 = time.perf_counter_ns()
+            u.grads_seen.add(key)
+            if u.bw_frame is not None and u.remaining > 0:
+                u.remaining -= 1
+                if u.remaining == 0:
+                    self._post_backward(u, self._mark())
+            self._hook_calls += 1
+            self._hook_ns += time.perf_counter_ns() - t0
+
+        return hook
 
     def _post_backward(self, u, m):
         self._close_stopped_recomputations(m)
@@ -1249,36 +1235,46 @@ class Recorder:
         self._hook_calls += 1
         self._hook_ns += time.perf_counter_ns() - t0
 
-    # Saved-tensor hooks: count the activations each open forward / recompute keeps for
-    # backward. Parameters (and views of them) are not activations.
+    # Saved-tensor hooks. The pack hook runs for every tensor autograd saves (about 150 per step
+    # of a 6-layer transformer), in the middle of the step's tensor work: it only hands the tensor
+    # to the innermost open forward or recompute frame. The frame measures them when its compute
+    # is emitted (_measure_saved): one loop instead of many cold calls. The tensors are saved for
+    # the backward anyway, so holding them until then keeps no memory longer than autograd does.
     def _pack(self, t):
-        if not self._active:
-            return t
         stack = self._stack
-        if not stack:
-            return t
-        frame = stack[-1]
-        if frame.phase == "backward" or frame.phase == "fsdp":
-            return t
+        if stack:
+            tensors = stack[-1].tensors
+            if tensors is not None:
+                tensors.append(t)
+        return t
+
+    def _measure_saved(self, frame):
+        """Adds to frame.saved the bytes of the activations among the tensors saved in it, each
+        storage once. Parameters (and views of them) are not activations."""
         t0 = time.perf_counter_ns()
-        self._hook_calls += 1
-        try:
-            ptr = t.data_ptr()
-        except (RuntimeError, NotImplementedError, TypeError):  # no storage to measure
-            ptr = None
-        # Cheapest tests first: a parameter's own storage, then one already counted, then a
-        # view of a parameter (a slice of MultiheadAttention's in_proj_weight starts elsewhere).
-        if ptr is not None and ptr not in self._param_ptrs:
+        params = self._param_ptrs
+        seen = set()
+        saved = 0
+        for t in frame.tensors:
+            try:
+                ptr = t.data_ptr()
+            except (RuntimeError, NotImplementedError, TypeError):  # no storage to measure
+                continue
+            # Cheapest tests first: a parameter's own storage, then one already counted, then a
+            # view of a parameter (a slice of MultiheadAttention's in_proj_weight starts elsewhere).
+            if ptr in params:
+                continue
             n = t.numel()
             key = (ptr, n, t.dtype)
-            keys = frame.saved_keys
-            if key not in keys:
-                base = t._base if t._base is not None else t  # FSDP's unsharded parameters
-                if not isinstance(base, torch.nn.Parameter):  # are not in _param_ptrs
-                    keys.add(key)
-                    frame.saved += n * t.element_size()
+            if key in seen:
+                continue
+            base = t._base if t._base is not None else t  # FSDP's unsharded parameters
+            if not isinstance(base, torch.nn.Parameter):  # are not in _param_ptrs
+                seen.add(key)
+                saved += n * t.element_size()
+        frame.saved += saved
+        self._hook_calls += len(frame.tensors)
         self._hook_ns += time.perf_counter_ns() - t0
-        return t
 
     @staticmethod
     def _unpack(t):
