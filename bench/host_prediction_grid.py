@@ -13,8 +13,7 @@ The collective model is calibrated with `bench-gather` (all-gather, reduce-scatt
 `--op concurrent` for the contention); nothing is fitted to the steps being predicted. Each
 workload is predicted twice:
 - "beside": from curves measured just before and just after the workload's own live runs, over
-  the sizes it moves, on buffers covering the bytes one of its steps walks on a rank (its
-  gathered parameters and unsharded gradients);
+  the sizes it moves, on the same cold working set;
 - "grid": from one calibration of the whole grid per world size, before and after all the live
   runs, on buffers 8x the last-level cache, as `bench/host_prediction.sh` does for the samples.
 The two tell the model's error from this machine's drift over minutes, which the grid-wide
@@ -175,9 +174,8 @@ def main():
         # over the sizes it moves: this machine's copy speed drifts by up to 40% over minutes, a
         # drift the grid-wide calibration carries into every prediction. The same bench, the
         # same working set, only closer in time.
-        lo, hi, footprint = collective_sizes(f, work, name, trace, w, policy)
-        local = ["-b", str(lo), "-e", str(hi), "-f", "2", "-n", "10", "-w", "3",
-                 "--working-set", str(footprint)]
+        lo, hi = collective_sizes(f, work, name, trace, w, policy)
+        local = ["-b", str(lo), "-e", str(hi), "-f", "2", "-n", "10", "-w", "3", *ws_flags]
         for tag in (0, 1):
             if tag == 1:
                 for r in range(a.repeat):
@@ -198,10 +196,10 @@ def main():
 
 def collective_sizes(f, work, name, trace, w, policy):
     # The smallest and largest all-gather or reduce-scatter of the workload (from a simulation
-    # with the provisional model), widened to powers of two, and the bytes one step of it walks
-    # on a rank: every unit's gathered parameters and its unsharded gradients (the bytes the
-    # first microbatch's forward gathers, twice). The bench's buffers then cover what the live
-    # step's do: a small model's stay in the cache, as they do live, and a large one's do not.
+    # with the provisional model), widened to powers of two. (Buffers covering only the bytes a
+    # step of the workload walks, rather than the cold working set, were tried on seed 3: a
+    # small model's bench then ran hot and under-predicted its live step by up to 34%; the
+    # live collectives do not find a small model's buffers in the cache.)
     sim = f"{work}/{name}.sizes.json"
     run([f, "simulate", trace, "--cluster", f"{work}/provisional{w}.json", "--world-size", str(w),
          "--steps", "1", *policy, "--json", "-o", sim])
@@ -209,11 +207,9 @@ def collective_sizes(f, work, name, trace, w, policy):
         ops = json.load(fh)["ops"]
     sizes = [o["bytes"] for o in ops
              if o["kind"] in ("all_gather", "reduce_scatter") and o.get("bytes", 0) > 0]
-    forward = sum(o["bytes"] for o in ops if o["kind"] == "all_gather" and
-                  o["phase"] == "forward" and o.get("microbatch", 0) == 0)
     lo = 1 << max(12, (min(sizes) - 1).bit_length() - 1)
     hi = 1 << (max(sizes) - 1).bit_length()
-    return lo, hi, 2 * forward
+    return lo, hi
 
 
 def calibrate(f, work, w, out, name=None):
