@@ -345,14 +345,10 @@ class GlooEngine final : public Engine {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string_view name() const override { return "Gloo"; }
-  Channel& channel(ChannelId id) override {
-    switch (id) {
-      case ChannelId::kAllGather: return *ag_;
-      case ChannelId::kReduceScatter:
-      case ChannelId::kAllReduce: return *rs_;
-      case ChannelId::kControl: break;
-    }
-    return *ctl_;
+  Channel& world_channel(WorldChannel which) override {
+    return which == WorldChannel::kAllGather       ? *ag_
+           : which == WorldChannel::kReduceScatter ? *rs_
+                                                   : *ctl_;
   }
   // A context of the group's members, its rank this rank's position among them, connected
   // through the rendezvous under the prefix "gloo/<group>/<ranks>/<channel>/" (another mesh's

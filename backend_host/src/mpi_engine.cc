@@ -222,14 +222,10 @@ class MpiEngine final : public Engine {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string_view name() const override { return "MPI"; }
-  Channel& channel(ChannelId id) override {
-    switch (id) {
-      case ChannelId::kAllGather: return *ag_;
-      case ChannelId::kReduceScatter:
-      case ChannelId::kAllReduce: return *rs_;
-      case ChannelId::kControl: break;
-    }
-    return *ctl_;
+  Channel& world_channel(WorldChannel which) override {
+    return which == WorldChannel::kAllGather       ? *ag_
+           : which == WorldChannel::kReduceScatter ? *rs_
+                                                   : *ctl_;
   }
   // MPI_Comm_split of the world by the group's index, ranked by world rank: the members in
   // order, as group.ranks lists them (checked).

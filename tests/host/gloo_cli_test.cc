@@ -22,6 +22,7 @@ namespace fsdplab::host {
 namespace {
 
 using testing::Count;
+using testing::ExpectReportAndTimelineOfThreeRanks;
 using testing::Result;
 using testing::Shell;
 
@@ -46,20 +47,7 @@ TEST_F(GlooCliTest, RankZeroWritesTheReportAndTimelineWithEveryRank) {
   EXPECT_EQ(Count(r.out, "Step time:"), 1) << r.out;
   EXPECT_NE(r.out.find("3 ranks as processes (torchrun)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("collectives over Gloo"), std::string::npos) << r.out;
-  StatusOr<std::string> json = ReadFile(report);
-  ASSERT_TRUE(json.ok()) << json.status().message();
-  const nlohmann::json doc = nlohmann::json::parse(*json);
-  ASSERT_EQ(doc["steps"].size(), 2u);
-  // Per step: 4 reduce-scatters (3 layers and the root) on rank 0, as in-process.
-  EXPECT_EQ(doc["steps"][1]["reduce_scatter"]["count"], 4);
-  StatusOr<std::string> chrome = ReadFile(timeline);
-  ASSERT_TRUE(chrome.ok()) << chrome.status().message();
-  std::set<int> pids;
-  const nlohmann::json events = nlohmann::json::parse(*chrome)["traceEvents"];
-  for (const auto& e : events) {
-    if (e.value("ph", "") == "X" && e.contains("pid")) pids.insert(e["pid"].get<int>());
-  }
-  EXPECT_EQ(pids, (std::set<int>{0, 1, 2}));
+  ExpectReportAndTimelineOfThreeRanks(report, timeline);
 }
 
 // A rank killed mid-step (SIGKILL in step 1): the others stop within the timeout, naming where

@@ -7,7 +7,11 @@
 #include <cassert>
 #include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <utility>
+
+#include "fsdplab/core/file_util.h"
 
 namespace fsdplab::host::testing {
 
@@ -156,6 +160,23 @@ Result Shell(const std::string& cmd) {
 }
 
 Result Fsdplab(const std::string& args) { return Shell(std::string(FSDPLAB_BIN) + " " + args); }
+
+void ExpectReportAndTimelineOfThreeRanks(const std::string& report, const std::string& timeline) {
+  StatusOr<std::string> json = ReadFile(report);
+  ASSERT_TRUE(json.ok()) << json.status().message();
+  const nlohmann::json doc = nlohmann::json::parse(*json);
+  EXPECT_EQ(doc["measured"], true);
+  ASSERT_EQ(doc["steps"].size(), 2u);
+  EXPECT_EQ(doc["steps"][1]["reduce_scatter"]["count"], 4);
+  StatusOr<std::string> chrome = ReadFile(timeline);
+  ASSERT_TRUE(chrome.ok()) << chrome.status().message();
+  std::set<int> pids;
+  const nlohmann::json events = nlohmann::json::parse(*chrome)["traceEvents"];
+  for (const auto& e : events) {
+    if (e.value("ph", "") == "X" && e.contains("pid")) pids.insert(e["pid"].get<int>());
+  }
+  EXPECT_EQ(pids, (std::set<int>{0, 1, 2}));
+}
 
 int Count(const std::string& text, const std::string& what) {
   int n = 0;

@@ -63,6 +63,11 @@ Result Fsdplab(const std::string& args);
 // How many times `what` occurs in `text`.
 int Count(const std::string& text, const std::string& what);
 
+// What rank 0 wrote for the tiny trace run as 3 processes for 2 steps, whatever launched them:
+// a report of 2 steps with 4 reduce-scatters per step on rank 0 (3 layers and the root, as
+// in-process), and a timeline holding every rank's ops (pid = rank).
+void ExpectReportAndTimelineOfThreeRanks(const std::string& report, const std::string& timeline);
+
 // A test's own directory with the tiny trace written in it (tiny.json).
 class CliFixture : public ::testing::Test {
  protected:

@@ -16,6 +16,7 @@ namespace fsdplab::host {
 namespace {
 
 using testing::Count;
+using testing::ExpectReportAndTimelineOfThreeRanks;
 using testing::Result;
 using testing::Shell;
 
@@ -43,21 +44,7 @@ TEST_F(MpiCliTest, RankZeroWritesTheReportWithEveryRank) {
   Result r = Mpirun(
       3, "run --backend host " + trace_ + " --steps 2 -o " + report + " --timeline " + timeline);
   ASSERT_EQ(r.code, 0) << r.out;
-  StatusOr<std::string> json = ReadFile(report);
-  ASSERT_TRUE(json.ok()) << json.status().message();
-  nlohmann::json doc = nlohmann::json::parse(*json);
-  EXPECT_EQ(doc["measured"], true);
-  ASSERT_EQ(doc["steps"].size(), 2u);
-  // Per step: 4 reduce-scatters (3 layers and the root) on rank 0, as in-process.
-  EXPECT_EQ(doc["steps"][1]["reduce_scatter"]["count"], 4);
-  StatusOr<std::string> chrome = ReadFile(timeline);
-  ASSERT_TRUE(chrome.ok()) << chrome.status().message();
-  std::set<int> pids;
-  const nlohmann::json events = nlohmann::json::parse(*chrome)["traceEvents"];
-  for (const auto& e : events) {
-    if (e.value("ph", "") == "X" && e.contains("pid")) pids.insert(e["pid"].get<int>());
-  }
-  EXPECT_EQ(pids, (std::set<int>{0, 1, 2}));
+  ExpectReportAndTimelineOfThreeRanks(report, timeline);
 }
 
 TEST_F(MpiCliTest, ARankThatThrowsStopsEveryRankWithItsPosition) {

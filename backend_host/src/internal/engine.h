@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
@@ -78,8 +79,17 @@ class Engine {
   virtual int world_size() const = 0;
   virtual std::string_view name() const = 0;  // "MPI", "Gloo"
   // A channel over the whole world: kAllGather, kReduceScatter or kControl (kAllReduce is a
-  // replica column's only).
-  virtual Channel& channel(ChannelId id) = 0;
+  // replica column's only; asked of the world, it shares the reduce-scatter's). Which engine
+  // channel carries which stream is decided here, once for every engine.
+  Channel& channel(ChannelId id) {
+    switch (id) {
+      case ChannelId::kAllGather: return world_channel(WorldChannel::kAllGather);
+      case ChannelId::kReduceScatter:
+      case ChannelId::kAllReduce: return world_channel(WorldChannel::kReduceScatter);
+      case ChannelId::kControl: break;
+    }
+    return world_channel(WorldChannel::kControl);
+  }
   // A channel over `group`, which holds this rank; its ranks are the positions in group.ranks.
   // Every rank of the world asks for its own group's channel of a kind at the same point (MPI
   // splits the world by group.index; Gloo connects the members' pairs through the rendezvous
@@ -95,6 +105,11 @@ class Engine {
   virtual void Interrupt() = 0;
   // A call was left in flight: the process must not shut the engine down cleanly at exit.
   virtual void NoteAbandoned() = 0;
+
+ protected:
+  // The engine's three channels over the world.
+  enum class WorldChannel : std::uint8_t { kAllGather, kReduceScatter, kControl };
+  virtual Channel& world_channel(WorldChannel which) = 0;
 };
 
 // The process's engine for `launch`, made on first use and kept until the process ends: MPI under
