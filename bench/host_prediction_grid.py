@@ -89,7 +89,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=24)
     ap.add_argument("--repeat", type=int, default=int(os.environ.get("REPEAT", "2")))
-    ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "4")))
+    ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "8")))
     ap.add_argument("--keep", help="keep the work files in this directory")
     ap.add_argument("--regrade", metavar="DIR",
                     help="measure nothing: recalibrate from the bench-gather files kept in DIR "

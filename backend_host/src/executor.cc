@@ -295,11 +295,12 @@ HostExecutor::~HostExecutor() {
 void HostExecutor::Start() {
   // With an emulated device the compute thread sleeps to deadlines: the communication threads,
   // which copy and sum on the same cores, yield to it so its kernels end on time.
-  const int comm_nice = config_.compute == ComputeMode::kTimed ? 5 : 0;
+  const int comm_nice = config_.compute == ComputeMode::kTimed ? kEmulatedCommNice : 0;
+  const int core = RankCore(rank_, world_size_);
   compute_->Start(/*low_timer_slack=*/true);
-  all_gather_->Start(/*low_timer_slack=*/false, comm_nice);
-  if (reduce_scatter_) reduce_scatter_->Start(/*low_timer_slack=*/false, comm_nice);
-  if (all_reduce_) all_reduce_->Start(/*low_timer_slack=*/false, comm_nice);
+  all_gather_->Start(/*low_timer_slack=*/false, comm_nice, core);
+  if (reduce_scatter_) reduce_scatter_->Start(/*low_timer_slack=*/false, comm_nice, core);
+  if (all_reduce_) all_reduce_->Start(/*low_timer_slack=*/false, comm_nice, core);
 }
 
 OpContext HostExecutor::Context(const CommandOrigin& origin, UnitId unit, std::string op) const {
@@ -700,14 +701,7 @@ Status HostExecutor::RunCompute(const PlanOp& cmd, std::uint64_t grad_gen, bool 
     // streams waiting on this one are signalled close to it on average. The kernel ends at
     // end_tp whatever the wake-up: the device's clock is not the thread's. A thread already
     // behind the device's clock (it woke late before) does not sleep and signals late.
-    const Clock::time_point now = Clock::now();
-    Clock::time_point woke = now;
-    if (now < end_tp) {
-      const Clock::time_point target = std::max(now, end_tp - wake_lateness_);
-      std::this_thread::sleep_until(target);
-      woke = Clock::now();
-      wake_lateness_ = (wake_lateness_ * 7 + std::max(Clock::duration::zero(), woke - target)) / 8;
-    }
+    const Clock::time_point woke = SleepTowards(end_tp, wake_lateness_);
     const TimeUs error = std::chrono::duration<double, std::micro>(woke - end_tp).count();
     ++stats_.timed_computes;
     stats_.wake_error_sum_us += error;

@@ -7,13 +7,16 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <barrier>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "fsdplab/core/launch.h"
 #include "fsdplab/host/live.h"
@@ -91,10 +94,13 @@ class Ranks {
 
   // Runs `threads` bodies on each of `ranks` (ranks of this process; body(rank, which)), all
   // started together (across processes: after a barrier); returns each thread's elapsed seconds,
-  // [i][which], for every rank that ran: `ranks` here, and the other processes' too.
+  // [i][which], for every rank that ran: `ranks` here, and the other processes' too. Bodies that
+  // communicate (`gemm_body`: which one does not, -1 none) run on their rank's core, as the
+  // executor's communication streams do (RankCore); a GEMM runs where the scheduler puts it, as
+  // the executor's compute stream does.
   StatusOr<std::vector<std::vector<double>>> Run(
       Comms& comms, const std::vector<int>& ranks, int threads,
-      const std::function<void(int rank, int which)>& body) const {
+      const std::function<void(int rank, int which)>& body, int gemm_body = -1) const {
     if (processes_) {
       FSDP_RETURN_IF_ERROR(comms.group->barrier().Arrive(local_[0], BenchContext(local_[0])));
     }
@@ -106,6 +112,7 @@ class Ranks {
     for (std::size_t i = 0; i < ranks.size(); ++i) {
       for (int k = 0; k < threads; ++k) {
         pool.emplace_back([&, i, k] {
+          if (k != gemm_body) PinThisThread(RankCore(ranks[i], world_));
           sync.arrive_and_wait();
           const Clock::time_point t0 = Clock::now();
           body(ranks[i], k);
@@ -129,9 +136,11 @@ class Ranks {
   // The mean over the ranks that ran of body's elapsed seconds (every rank of this process, or
   // only the first with `first_only`; every process's rank when the ranks are processes).
   StatusOr<double> MeanSeconds(Comms& comms, const std::function<void(int)>& body,
-                               bool first_only = false) const {
+                               bool first_only = false, bool gemm = false) const {
     const std::vector<int> ranks = first_only ? std::vector<int>{local_.front()} : local_;
-    FSDP_ASSIGN_OR_RETURN(const auto e, Run(comms, ranks, 1, [&](int r, int) { body(r); }));
+    FSDP_ASSIGN_OR_RETURN(const auto e,
+                          Run(
+                              comms, ranks, 1, [&](int r, int) { body(r); }, gemm ? 0 : -1));
     double s = 0;
     for (const auto& per_rank : e) s += per_rank[0];
     return s / static_cast<double>(e.size());
@@ -238,10 +247,12 @@ class HostGatherBench final {
       // CPU GEMMs are slow: one warm-up call is enough.
       FSDP_RETURN_IF_ERROR(ranks_
                                .MeanSeconds(
-                                   *comms_, [&](int r) { Gemms(r, std::min(warmup, 1)); }, probe)
+                                   *comms_, [&](int r) { Gemms(r, std::min(warmup, 1)); }, probe,
+                                   /*gemm=*/true)
                                .status());
-      FSDP_ASSIGN_OR_RETURN(const double s, ranks_.MeanSeconds(
-                                                *comms_, [&](int r) { Gemms(r, iters); }, probe));
+      FSDP_ASSIGN_OR_RETURN(const double s,
+                            ranks_.MeanSeconds(
+                                *comms_, [&](int r) { Gemms(r, iters); }, probe, /*gemm=*/true));
       return s * 1e6 / iters;
     }
     const bool in_place = work == BenchWork::kCollectiveInPlace;
@@ -258,14 +269,16 @@ class HostGatherBench final {
   // Both on every rank: a communication thread and a compute thread start at once.
   StatusOr<OverlapTimes> TimeTogether(std::int64_t gemm_n, int iters) {
     SizeGemm(gemm_n);
-    FSDP_ASSIGN_OR_RETURN(const auto e,
-                          ranks_.Run(*comms_, ranks_.local(), 2, [&](int r, int which) {
-                            if (which == 0) {
-                              Collectives(r, iters, false);
-                            } else {
-                              Gemms(r, iters);
-                            }
-                          }));
+    FSDP_ASSIGN_OR_RETURN(const auto e, ranks_.Run(
+                                            *comms_, ranks_.local(), 2,
+                                            [&](int r, int which) {
+                                              if (which == 0) {
+                                                Collectives(r, iters, false);
+                                              } else {
+                                                Gemms(r, iters);
+                                              }
+                                            },
+                                            /*gemm_body=*/1));
     FSDP_RETURN_IF_ERROR(failure_);
     double comm = 0, gemm = 0, both = 0;
     for (const auto& per_rank : e) {
@@ -407,6 +420,83 @@ class HostGatherBench final {
   Status failure_;
   std::mutex failure_mu_;
 };
+
+// The executor's handoff from the emulated device to the communication streams, reproduced on
+// every rank of this process at once: per rank a compute-like stream (low timer slack) sleeps to
+// a deadline, the same on every rank, as an emulated kernel does (SleepTowards), and a
+// communication-like stream (the executor's niceness) waits for it. A collective issued after
+// that wait starts when the last rank's stream has resumed, so a probe's lateness is the latest
+// resumption minus the deadline. (Ranks in other processes are not in this maximum: there each
+// process's own ranks are.) Probes follow one another on a thread of their own until Stop,
+// whatever else (the collective loops) runs meanwhile.
+class WakeProber final {
+ public:
+  WakeProber(const std::vector<int>& ranks, int world_size) : control_(kBenchTimeoutUs) {
+    for (int r : ranks) {
+      devices_.push_back(std::make_unique<StreamWorker>(control_, r, "probe compute"));
+      comms_.push_back(std::make_unique<StreamWorker>(control_, r, "probe communication"));
+      devices_.back()->Start(/*low_timer_slack=*/true);
+      comms_.back()->Start(/*low_timer_slack=*/false, kEmulatedCommNice, RankCore(r, world_size));
+    }
+    late_us_.assign(ranks.size(), 0);
+    aim_.assign(ranks.size(), Clock::duration{});
+    thread_ = std::thread([this] { Loop(); });
+  }
+  WakeProber(const WakeProber&) = delete;
+  WakeProber& operator=(const WakeProber&) = delete;
+  ~WakeProber() { (void)Stop(); }
+
+  // Ends probing (after the probe in flight): the sum of the probes' lateness (us), and their
+  // number.
+  std::pair<double, int> Stop() {
+    stop_.store(true, std::memory_order_release);
+    if (thread_.joinable()) thread_.join();
+    for (auto& w : devices_) w->Close();
+    for (auto& w : comms_) w->Close();
+    return {sum_us_, probes_.load(std::memory_order_acquire)};
+  }
+  int probes() const { return probes_.load(std::memory_order_acquire); }
+
+ private:
+  void Loop() {
+    const OpContext ctx{0, 0, 0, "bench", "stream wake probe"};
+    for (int k = 0; !stop_.load(std::memory_order_acquire); ++k) {
+      // Kernels of 150-350 us, a step's short computes; 100 us between probes.
+      const Clock::time_point end = Clock::now() + std::chrono::microseconds(150 + 50 * (k % 5));
+      for (std::size_t i = 0; i < devices_.size(); ++i) {
+        StreamWorker& device = *devices_[i];
+        Clock::duration& aim = aim_[i];  // the device thread's running aim, as the executor's
+        const std::uint64_t seq = device.Enqueue([end, &aim] {
+          (void)SleepTowards(end, aim);
+          return Status::Ok();
+        });
+        comms_[i]->Enqueue([this, i, seq, end, &device, &ctx] {
+          FSDP_RETURN_IF_ERROR(device.WaitReached(seq, ctx));
+          late_us_[i] = std::chrono::duration<double, std::micro>(Clock::now() - end).count();
+          return Status::Ok();
+        });
+      }
+      for (auto& w : comms_) {
+        if (!w->Drain(ctx).ok()) return;
+      }
+      sum_us_ += *std::max_element(late_us_.begin(), late_us_.end());
+      probes_.fetch_add(1, std::memory_order_acq_rel);
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  RunControl control_;  // before the streams, which register with it
+  std::vector<std::unique_ptr<StreamWorker>> devices_;
+  std::vector<std::unique_ptr<StreamWorker>> comms_;
+  std::vector<double> late_us_;       // per rank: written by its communication stream
+  std::vector<Clock::duration> aim_;  // per rank: its device thread's only
+  std::atomic<bool> stop_{false};
+  std::atomic<int> probes_{0};
+  double sum_us_ = 0;  // the probing thread's, until Stop
+  std::thread thread_;
+};
+
+constexpr int kWakeProbesPerPhase = 20;
 
 }  // namespace
 
@@ -584,6 +674,43 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
         row.reduce_scatter_alone_us > 0
             ? row.reduce_scatter_together_us / row.reduce_scatter_alone_us - 1
             : 0;
+
+    // How late a communication stream resumes after an emulated kernel it waits on (the
+    // simulator's stream_wake_us): with no collective running, then while each collective runs
+    // alone on every rank, in loops at least as long as kWakeProbesPerPhase probes take.
+    auto probe_phase = [&](int which) -> StatusOr<ContentionRow::WakeProbe> {
+      WakeProber prober(ranks.local(), ranks.world());
+      if (which < 0) {
+        const Clock::time_point deadline = Clock::now() + std::chrono::seconds(30);
+        while (prober.probes() < kWakeProbesPerPhase && Clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      } else {
+        // Loops of -n calls until every process has its probes (each process's count is
+        // gathered, so that all of them run the same loops), at most 100 loops.
+        const bool all_gather = which == 0;
+        for (int chunk = 0; chunk < 100; ++chunk) {
+          FSDP_RETURN_IF_ERROR(
+              ranks.MeanSeconds(*comms, [&](int r) { loop(all_gather, r, o.iters); }).status());
+          FSDP_RETURN_IF_ERROR(failure);
+          FSDP_ASSIGN_OR_RETURN(const std::vector<double> counts,
+                                ranks.Gather(*comms, static_cast<double>(prober.probes())));
+          if (*std::min_element(counts.begin(), counts.end()) >= kWakeProbesPerPhase) break;
+        }
+      }
+      const auto [sum, probes] = prober.Stop();
+      const auto count = static_cast<double>(probes);
+      FSDP_ASSIGN_OR_RETURN(const std::vector<double> sums, ranks.Gather(*comms, sum));
+      FSDP_ASSIGN_OR_RETURN(const std::vector<double> counts, ranks.Gather(*comms, count));
+      double s_all = 0;
+      double c_all = 0;
+      for (double v : sums) s_all += v;
+      for (double v : counts) c_all += v;
+      return ContentionRow::WakeProbe{c_all > 0 ? s_all / c_all : 0, static_cast<int>(c_all)};
+    };
+    FSDP_ASSIGN_OR_RETURN(row.wake_idle, probe_phase(-1));
+    FSDP_ASSIGN_OR_RETURN(row.wake_while_all_gather, probe_phase(0));
+    FSDP_ASSIGN_OR_RETURN(row.wake_while_reduce_scatter, probe_phase(1));
 
     if (o.check) {
       // Both results after running together (the first copy, which every loop's first call

@@ -9,6 +9,7 @@
 #include "fsdplab/host/numerics.h"
 
 #ifdef __linux__
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -152,6 +153,46 @@ Status RankBarrier::Arrive(int rank, const OpContext& ctx) {
                   ctx.Describe(), Seconds(control_.timeout_us()), missing));
 }
 
+int RankCore(int rank, int world_size) {
+#ifdef __linux__
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return -1;
+  std::vector<int> cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
+  }
+  if (rank < 0 || world_size < 1 || static_cast<int>(cores.size()) < world_size) return -1;
+  return cores[static_cast<std::size_t>(rank)];
+#else
+  (void)rank;
+  (void)world_size;
+  return -1;
+#endif
+}
+
+void PinThisThread(int core) {
+#ifdef __linux__
+  if (core < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(core, &set);
+  (void)sched_setaffinity(0, sizeof(set), &set);
+#else
+  (void)core;
+#endif
+}
+
+Clock::time_point SleepTowards(Clock::time_point end, Clock::duration& lateness) {
+  const Clock::time_point now = Clock::now();
+  if (now >= end) return now;
+  const Clock::time_point target = std::max(now, end - lateness);
+  std::this_thread::sleep_until(target);
+  const Clock::time_point woke = Clock::now();
+  lateness = (lateness * 7 + std::max(Clock::duration::zero(), woke - target)) / 8;
+  return woke;
+}
+
 // ---- StreamWorker ----
 
 StreamWorker::StreamWorker(RunControl& control, int rank, std::string name)
@@ -164,9 +205,10 @@ StreamWorker::~StreamWorker() {
   Join();
 }
 
-void StreamWorker::Start(bool low_timer_slack, int nice) {
+void StreamWorker::Start(bool low_timer_slack, int nice, int core) {
   low_timer_slack_ = low_timer_slack;
   nice_ = nice;
+  core_ = core;
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -255,6 +297,7 @@ void StreamWorker::Loop() {
     (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice_);
   }
 #endif
+  PinThisThread(core_);
   for (;;) {
     Task task;
     {

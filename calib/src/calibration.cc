@@ -305,6 +305,44 @@ std::string CostCurveJson(const CostCurve& curve) {
   return j.dump();
 }
 
+std::string StreamWakeJson(const StreamWake& wake) {
+  json j = {{"idle", wake.idle_us},
+            {"while_all_gather", wake.while_all_gather_us},
+            {"while_reduce_scatter", wake.while_reduce_scatter_us}};
+  return j.dump();
+}
+
+StatusOr<StreamWake> ParseStreamWakeJson(std::string_view json_text, std::string_view where) {
+  json doc = json::parse(json_text.begin(), json_text.end(), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return InvalidInput(fmt::format("{}: expected an object", where));
+  }
+  StreamWake w;
+  for (const auto& [key, value] : doc.items()) {
+    TimeUs* field = key == "idle"                   ? &w.idle_us
+                    : key == "while_all_gather"     ? &w.while_all_gather_us
+                    : key == "while_reduce_scatter" ? &w.while_reduce_scatter_us
+                                                    : nullptr;
+    if (field == nullptr) {
+      if (key == "statistic" || key == "probes") continue;  // informational
+      return InvalidInput(
+          fmt::format("{}.{}: unknown key (expected idle, while_all_gather, while_reduce_scatter)",
+                      where, key));
+    }
+    if (!value.is_number()) {
+      return InvalidInput(
+          fmt::format("{}.{}: expected a number, got {}", where, key, value.dump()));
+    }
+    const double d = value.get<double>();
+    if (!std::isfinite(d) || d < 0) {
+      return InvalidInput(
+          fmt::format("{}.{}: {:g} must be a finite number of microseconds >= 0", where, key, d));
+    }
+    *field = d;
+  }
+  return w;
+}
+
 StatusOr<CostCurve> ParseCostCurveJson(std::string_view json_text, CollectiveKind collective,
                                        std::string_view where) {
   json doc = json::parse(json_text.begin(), json_text.end(), nullptr, false);
@@ -498,6 +536,7 @@ std::string CalibratedClusterJson(const CalibratedCluster& cluster) {
     j["comm_contention"] = {{"all_gather", cluster.comm_contention->all_gather},
                             {"reduce_scatter", cluster.comm_contention->reduce_scatter}};
   }
+  if (cluster.stream_wake) j["stream_wake_us"] = json::parse(StreamWakeJson(*cluster.stream_wake));
   return j.dump(2) + "\n";
 }
 

@@ -356,6 +356,9 @@ StatusOr<Cluster> ParseClusterJson(std::string_view json_text) {
                                                                          : c.all_reduce;
         FSDP_RETURN_IF_ERROR(ParseCalibration(cvalue, *kind, at, cal));
       }
+    } else if (key == "stream_wake_us") {
+      FSDP_ASSIGN_OR_RETURN(c.stream_wake,
+                            calib::ParseStreamWakeJson(value.dump(), "cluster.stream_wake_us"));
     } else if (key == "comm_contention") {
       CommContention cc;
       FSDP_RETURN_IF_ERROR(ParseCommContention(value, "cluster.comm_contention", cc));
@@ -415,6 +418,7 @@ std::string ClusterToJson(const Cluster& c) {
     doc["comm_contention"] = {{"all_gather", c.comm_contention->all_gather},
                               {"reduce_scatter", c.comm_contention->reduce_scatter}};
   }
+  if (c.stream_wake) doc["stream_wake_us"] = json::parse(calib::StreamWakeJson(*c.stream_wake));
   doc["defaults_used"] = c.defaults_used;
   return doc.dump();
 }
@@ -432,6 +436,13 @@ std::string DescribeCluster(const Cluster& c) {
   if (c.comm_contention) {
     s += fmt::format(", comm contention: all-gather x{:g}, reduce-scatter x{:g} while both run",
                      1 + c.comm_contention->all_gather, 1 + c.comm_contention->reduce_scatter);
+  }
+  if (c.stream_wake) {
+    s += fmt::format(
+        ", streams wake {:.0f} us after their events ({:.0f} us while an all-gather runs, {:.0f} "
+        "us while a reduce-scatter does)",
+        c.stream_wake->idle_us, c.stream_wake->while_all_gather_us,
+        c.stream_wake->while_reduce_scatter_us);
   }
   if (c.defaults_used) s += " (defaults: one 8-GPU NVLink node, H100-like)";
   return s;

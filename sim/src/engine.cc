@@ -61,7 +61,8 @@ void Engine::Run(Timeline& timeline) {
   queue_.Run([&](TimeUs now, const SimEvent& ev) {
     std::visit(Overloaded{[&](const HostIssueEv& e) { OnHostIssue(now, ranks_[Idx(e.rank)]); },
                           [&](const ComputeDoneEv& e) { OnComputeDone(now, e); },
-                          [&](const CollectiveDoneEv& e) { OnCollectiveDone(now, e); }},
+                          [&](const CollectiveDoneEv& e) { OnCollectiveDone(now, e); },
+                          [&](const StreamWakeEv& e) { OnStreamWake(now, e); }},
                ev);
     return failure_.ok();
   });
@@ -319,7 +320,23 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
     }
     switch (op.type) {
       case PlanOpKind::kWait: {
-        if (r.streams[Idx(op.wait_stream)].completed < op.wait_count) return progressed;
+        if (r.streams[Idx(op.wait_stream)].completed < op.wait_count) {
+          st.blocked = true;
+          return progressed;
+        }
+        if (st.blocked) {
+          // It blocked and the event fired now: a host thread resumes a while later.
+          st.blocked = false;
+          const TimeUs delay = WakeDelay(r, s);
+          if (delay > 0) {
+            st.woken_from = now;
+            st.wake_at = now + delay;
+            queue_.Push(st.wake_at, StreamWakeEv{r.rank, s});
+          }
+        }
+        if (st.wake_at > now) return progressed;
+        const TimeUs wait_start = st.wake_at > 0 ? st.woken_from : now;
+        st.wake_at = 0;
         if (op.timeline_op >= 0 && r.recorded) {
           // A compute ordered after a gather: one arrow from the gather, drawn once.
           const std::size_t g = Idx(op.timeline_op);
@@ -329,7 +346,7 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
           }
         }
         Executed(r, op);
-        LogTimes(r, s, st.completed, now, now);
+        LogTimes(r, s, st.completed, wait_start, now);
         ++st.completed;
         progressed = true;
         break;
@@ -366,6 +383,30 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
     }
   }
   return progressed;
+}
+
+// How late a host's communication stream resumes after the event it blocked on fired: longer
+// while a collective of the rank holds the cores (measured, Cluster::stream_wake). The compute
+// stream is an emulated device's, on its own clock: it starts when the event fired.
+TimeUs Engine::WakeDelay(const RankState& r, int s) const {
+  const std::optional<StreamWake>& wake = opt_.cluster.stream_wake;
+  if (!wake || s == kComputeStream) return 0;
+  TimeUs delay = wake->idle_us;
+  if (s != kGatherStream && r.streams[kGatherStream].busy) {
+    delay = std::max(delay, wake->while_all_gather_us);
+  }
+  for (int other : {kScatterStream, kAllReduceStream}) {
+    if (s != other && r.streams[Idx(other)].busy) {
+      delay = std::max(delay, wake->while_reduce_scatter_us);
+    }
+  }
+  return delay;
+}
+
+void Engine::OnStreamWake(TimeUs now, const StreamWakeEv& e) {
+  RankState& r = ranks_[Idx(e.rank)];
+  last_time_ = std::max(last_time_, now);
+  Advance(r, now);
 }
 
 double Engine::ComputeRate(const RankState& r) const {

@@ -28,6 +28,11 @@ struct StreamState {
   bool arrived = false;  // the head is a collective waiting for the other ranks
   TimeUs start = 0;
   std::uint32_t coll_done = 0;  // collectives completed on this stream
+  // The head is a wait this stream blocked in; once its event fired, the stream resumes at
+  // wake_at (the cluster's stream_wake_us later), fired at `woken_from`.
+  bool blocked = false;
+  TimeUs wake_at = 0;
+  TimeUs woken_from = 0;
 };
 
 // With SimOptions::critical_path: when each stream entry of a rank started and ended, when the
@@ -172,6 +177,8 @@ class Engine {
   void Advance(RankState& r, TimeUs now);
   bool AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only);
   double ComputeRate(const RankState& r) const;
+  TimeUs WakeDelay(const RankState& r, int s) const;
+  void OnStreamWake(TimeUs now, const StreamWakeEv& e);
   void StartCompute(RankState& r, const ProgOp& op, TimeUs now);
   void Reprice(RankState& r, TimeUs now);
   void OnComputeDone(TimeUs now, const ComputeDoneEv& e);

@@ -19,6 +19,11 @@ struct CollectiveDoneEv {
   std::uint32_t seq;
   std::uint32_t version;  // stale when the collective was repriced since
 };
-using SimEvent = std::variant<HostIssueEv, ComputeDoneEv, CollectiveDoneEv>;
+// A communication stream resumes after the event it blocked on (Cluster::stream_wake).
+struct StreamWakeEv {
+  std::int32_t rank;
+  std::int32_t stream;
+};
+using SimEvent = std::variant<HostIssueEv, ComputeDoneEv, CollectiveDoneEv, StreamWakeEv>;
 
 }  // namespace fsdplab::sim

@@ -225,6 +225,30 @@ TEST_F(CliTest, CalibrateContentionGoesToTheClusterFile) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->world_size, 2);
   EXPECT_EQ(*c->comm_contention, (calib::CommContention{0.0, 0.2}));
+
+  // A host bench's stream wake-up goes to the cluster too, and is said.
+  nlohmann::json host = nlohmann::json::parse(ConcurrentBenchJson(2, 0.48, 0.41));
+  host["stream_wake_us"] = {{"idle", 15.5},
+                            {"while_all_gather", 70},
+                            {"while_reduce_scatter", 90},
+                            {"probes", 1200},
+                            {"statistic", "mean over probes, every size"}};
+  ASSERT_TRUE(WriteFileAtomic(bench, host.dump()).ok());
+  ASSERT_EQ(Run("calibrate --contention " + bench + " -o " + cluster), 0) << Slurp("err");
+  EXPECT_NE(Slurp("out").find("communication streams resume 15.5 us after their events (70.0 us "
+                              "while an all-gather runs, 90.0 us while a reduce-scatter does)"),
+            std::string::npos)
+      << Slurp("out");
+  c = sim::ReadClusterFile(cluster);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->stream_wake.has_value());
+  EXPECT_EQ(*c->stream_wake, (calib::StreamWake{15.5, 70, 90}));
+  // A bad one is an error naming the file and the field.
+  host["stream_wake_us"]["while_all_gather"] = -4;
+  ASSERT_TRUE(WriteFileAtomic(bench, host.dump()).ok());
+  EXPECT_EQ(Run("calibrate --contention " + bench + " -o " + cluster), 2);
+  EXPECT_NE(Slurp("err").find("stream_wake_us.while_all_gather"), std::string::npos)
+      << Slurp("err");
 }
 
 TEST_F(CliTest, CalibrateContentionErrors) {

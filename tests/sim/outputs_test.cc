@@ -252,6 +252,39 @@ TEST(Cluster, FileRoundTripCalibrationAndErrors) {
   EXPECT_NE(unknown.status().message().find("wrld_size"), std::string::npos);
 }
 
+// "stream_wake_us": read, described, written back; bench-gather's informational keys pass,
+// typos and negative or non-numeric values name the field.
+TEST(Cluster, StreamWakeRoundTripAndErrors) {
+  StatusOr<Cluster> c = ParseClusterJson(
+      R"({"world_size": 2, "stream_wake_us": {"idle": 12.5, "while_all_gather": 60,
+          "while_reduce_scatter": 80, "probes": 900, "statistic": "mean"}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->stream_wake.has_value());
+  EXPECT_EQ(*c->stream_wake, (StreamWake{12.5, 60, 80}));
+  EXPECT_NE(DescribeCluster(*c).find("streams wake 12 us after their events (60 us while an "
+                                     "all-gather runs, 80 us while a reduce-scatter does)"),
+            std::string::npos)
+      << DescribeCluster(*c);
+  StatusOr<Cluster> back = ParseClusterJson(ClusterToJson(*c));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, *c);
+  StatusOr<Cluster> none = ParseClusterJson(R"({"world_size": 2})");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->stream_wake.has_value());
+  EXPECT_EQ(ClusterToJson(*none).find("stream_wake_us"), std::string::npos);
+  for (const auto& [json, names] : std::vector<std::pair<const char*, const char*>>{
+           {R"({"stream_wake_us": {"idle": -1}})", "stream_wake_us.idle"},
+           {R"({"stream_wake_us": {"while_all_gather": "x"}})", "stream_wake_us.while_all_gather"},
+           {R"({"stream_wake_us": {"idel": 3}})", "stream_wake_us.idel"},
+           {R"({"stream_wake_us": 40})", "stream_wake_us"},
+       }) {
+    StatusOr<Cluster> bad = ParseClusterJson(json);
+    ASSERT_FALSE(bad.ok()) << json;
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidInput);
+    EXPECT_NE(bad.status().message().find(names), std::string::npos) << bad.status().message();
+  }
+}
+
 // "comm_contention": per-collective factors, read, described, written back; informational keys
 // as `fsdplab bench-gather` writes them are accepted, typos and negative values are not.
 TEST(Cluster, CommContentionRoundTripAndErrors) {

@@ -292,6 +292,80 @@ TEST(SimulatorGolden, CommContentionFlagOverridesTheCluster) {
   EXPECT_EQ(EffectiveCommContention(opt), (CommContention{0.0, 0.0}));
 }
 
+// The host's stream wake-up (Cluster::stream_wake): a communication stream that blocked in a
+// wait resumes `idle` us after the event fired (longer while the other collective runs); the
+// compute stream, an emulated device's, does not wait for a thread. With idle = 10 in step 0 of
+// the golden run (nothing else runs at any of these moments):
+//   the all-gather stream blocked after b's gather (500) for a's forward end: resumes 1310
+//   (release a); blocked again for b's forward end (2300): resumes 2310, and b's backward gather
+//   runs 2310-2510, a's 2510-2710 right after it (not blocked);
+//   compute: b backward 2510-4510 (waits for its gather; no wake-up), a backward 4510-6510;
+//   the reduce-scatter stream blocked for b's backward end (4510): b 4520-4720; blocked again
+//   for a's end (6510): a 6520-6720, model 6720-6820; the compute stream waits for them: step 0
+//   ends at 6820 (2 x 10 us later than without).
+TEST(SimulatorGolden, StreamWakeDelaysBlockedCommunicationStreams) {
+  Trace trace = testing::ThreeUnitTrace();
+  SimOptions opt = GoldenOptions();
+  opt.cluster.stream_wake =
+      StreamWake{.idle_us = 10, .while_all_gather_us = 1000, .while_reduce_scatter_us = 1000};
+  SimRun run = Simulate2(trace, opt);
+  ASSERT_TRUE(run.result.status.ok()) << run.result.status.ToString();
+  ASSERT_EQ(run.report.steps.size(), 2u);
+  const TimelineOp* b_gather = nullptr;
+  for (const TimelineOp& op : run.result.timeline.ops) {
+    if (op.rank == 0 && op.kind == OpKind::kAllGather && op.step == 0 &&
+        op.unit == *trace.model.Find("model.b") && op.phase == Phase::kBackward) {
+      b_gather = &op;
+    }
+  }
+  ASSERT_NE(b_gather, nullptr);
+  EXPECT_DOUBLE_EQ(b_gather->start_us, 2310);
+  const TimelineOp* rs_b = FindCollective(run, trace, OpKind::kReduceScatter, "model.b", 0);
+  const TimelineOp* rs_model = FindCollective(run, trace, OpKind::kReduceScatter, "model", 0);
+  ASSERT_TRUE(rs_b && rs_model);
+  EXPECT_DOUBLE_EQ(rs_b->start_us, 4520);
+  EXPECT_DOUBLE_EQ(rs_b->end_us, 4720);
+  EXPECT_DOUBLE_EQ(rs_model->end_us, 6820);
+  EXPECT_DOUBLE_EQ(run.report.steps[0].time_us, 6820);
+}
+
+// While a reduce-scatter runs, the wake-up is the while_reduce_scatter one. Reduce-scatters of
+// 3000 us (a flat calibrated curve), no idle delay: b's reduce-scatter runs 4500-7500 from b's
+// backward end; the all-gather stream, blocked since a's gather (2700) until a's backward ends
+// (6500) to release a and model, wakes while it runs: 6500 + 500 = 7000.
+TEST(SimulatorGolden, StreamWakeIsLongerWhileTheOtherCollectiveRuns) {
+  Trace trace = testing::ThreeUnitTrace();
+  SimOptions opt = GoldenOptions();
+  StatusOr<Cluster> slow_rs = ParseClusterJson(R"({"world_size": 2, "gpus_per_node": 8,
+      "intra": {"bandwidth_GBps": 1.0, "latency_us": 0},
+      "calibration": {"reduce_scatter": {"intra": {"world_size": 2, "tail_busbw_GBps": 1.0,
+          "knots": [{"bytes": 1, "time_us": 3000}, {"bytes": 1000000, "time_us": 3000}]}}}})");
+  ASSERT_TRUE(slow_rs.ok()) << slow_rs.status().ToString();
+  opt.cluster = *slow_rs;
+  auto release_of_a = [&](const SimRun& run) {
+    double last = -1;
+    for (const TimelineOp& op : run.result.timeline.ops) {
+      if (op.rank == 0 && op.kind == OpKind::kRelease && op.step == 0 &&
+          op.unit == *trace.model.Find("model.a")) {
+        last = op.start_us;
+      }
+    }
+    return last;
+  };
+  SimRun without = Simulate2(trace, opt);
+  ASSERT_TRUE(without.result.status.ok()) << without.result.status.ToString();
+  EXPECT_DOUBLE_EQ(release_of_a(without), 6500);
+  opt.cluster.stream_wake =
+      StreamWake{.idle_us = 0, .while_all_gather_us = 0, .while_reduce_scatter_us = 500};
+  SimRun with = Simulate2(trace, opt);
+  ASSERT_TRUE(with.result.status.ok()) << with.result.status.ToString();
+  EXPECT_DOUBLE_EQ(release_of_a(with), 7000);
+  const TimelineOp* rs_b = FindCollective(with, trace, OpKind::kReduceScatter, "model.b", 0);
+  ASSERT_NE(rs_b, nullptr);
+  EXPECT_DOUBLE_EQ(rs_b->start_us, 4500);
+  EXPECT_DOUBLE_EQ(rs_b->end_us, 7500);
+}
+
 // With one communication stream no two collectives run at once: the factors change nothing,
 // and the report says they were not applied.
 TEST(SimulatorGolden, CommContentionDoesNothingOnAUnifiedStream) {

@@ -15,6 +15,7 @@
 #include "backends.h"
 #include "cli_common.h"
 #include "commands.h"
+#include "fsdplab/calib/calibration.h"
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/launch.h"
 #include "fsdplab/core/live.h"
@@ -185,6 +186,35 @@ std::pair<double, double> WeightedSlowdowns(const std::vector<ContentionRow>& ro
           rs_alone > 0 ? rs_together / rs_alone - 1 : 0};
 }
 
+// The stream wake-up the simulator uses (host only: no probes elsewhere): per condition, the mean
+// over every probe of every size. A size's probes run as long as its loops do, so the sizes
+// weigh by time as they do in a step.
+struct MeasuredWake {
+  calib::StreamWake wake;
+  int probes = 0;
+};
+std::optional<MeasuredWake> StreamWakeOf(const std::vector<ContentionRow>& rows) {
+  using Probe = ContentionRow::WakeProbe;
+  auto mean = [&](Probe ContentionRow::*which, int& probes) {
+    double sum = 0;
+    probes = 0;
+    for (const ContentionRow& r : rows) {
+      const Probe& p = r.*which;
+      sum += p.mean_us * p.probes;
+      probes += p.probes;
+    }
+    return probes > 0 ? sum / probes : 0.0;
+  };
+  MeasuredWake m;
+  int idle = 0, ag = 0, rs = 0;
+  m.wake.idle_us = mean(&ContentionRow::wake_idle, idle);
+  m.wake.while_all_gather_us = mean(&ContentionRow::wake_while_all_gather, ag);
+  m.wake.while_reduce_scatter_us = mean(&ContentionRow::wake_while_reduce_scatter, rs);
+  m.probes = idle + ag + rs;
+  if (idle == 0 || ag == 0 || rs == 0) return std::nullopt;
+  return m;
+}
+
 std::string ContentionTable(const GatherBenchOptions& o, const std::vector<ContentionRow>& rows,
                             const std::string& backend) {
   std::string t = fmt::format(
@@ -209,6 +239,13 @@ std::string ContentionTable(const GatherBenchOptions& o, const std::vector<Conte
       "reduce_scatter {:.1f}% "
       "(comm_contention {:.3f} / {:.3f}; `fsdplab calibrate --contention` reads the -J file)\n",
       100 * ag, 100 * rs, ag, rs);
+  if (const std::optional<MeasuredWake> m = StreamWakeOf(rows)) {
+    t += fmt::format(
+        "# A communication stream resumed after the emulated kernel it waited on: {:.1f} us late "
+        "with no collective running, {:.1f} us while all_gather ran, {:.1f} us while "
+        "reduce_scatter ran (mean of {} probes; stream_wake_us)\n",
+        m->wake.idle_us, m->wake.while_all_gather_us, m->wake.while_reduce_scatter_us, m->probes);
+  }
   return t;
 }
 
@@ -226,12 +263,27 @@ std::string ContentionJson(const GatherBenchOptions& o, const std::vector<Conten
                     {"all_gather_slowdown", r.all_gather_slowdown},
                     {"reduce_scatter_slowdown", r.reduce_scatter_slowdown},
                     {"wrong", r.wrong}});
+    if (r.wake_idle.probes > 0) {
+      nlohmann::ordered_json& row = list.back();
+      for (auto [name, p] :
+           {std::pair{"idle", r.wake_idle}, std::pair{"while_all_gather", r.wake_while_all_gather},
+            std::pair{"while_reduce_scatter", r.wake_while_reduce_scatter}}) {
+        row[fmt::format("wake_{}_us", name)] = p.mean_us;
+        row[fmt::format("wake_{}_probes", name)] = p.probes;
+      }
+    }
   }
   doc["rows"] = std::move(list);
   const auto [ag, rs] = WeightedSlowdowns(rows);
   doc["comm_contention"] = {{"all_gather", ag},
                             {"reduce_scatter", rs},
                             {"statistic", "sum of together / sum of alone - 1, over sizes"}};
+  if (const std::optional<MeasuredWake> m = StreamWakeOf(rows)) {
+    nlohmann::ordered_json wake = nlohmann::ordered_json::parse(calib::StreamWakeJson(m->wake));
+    wake["probes"] = m->probes;
+    wake["statistic"] = "mean over probes, every size";
+    doc["stream_wake_us"] = std::move(wake);
+  }
   return doc.dump(2) + "\n";
 }
 

@@ -58,6 +58,7 @@ struct MeasuredContention {
   std::optional<int> world_size;
   std::string statistic;           // how the file summarised its rows (bench-gather: time-weighted)
   std::vector<std::string> notes;  // values clamped to 0
+  std::optional<calib::StreamWake> stream_wake;  // host benches only
 };
 
 // Reads the bench-gather JSON (format "fsdplab.bench_gather", op "concurrent"); errors name the
@@ -134,6 +135,11 @@ StatusOr<MeasuredContention> ReadContentionFile(const std::string& path) {
       d = 0;
     }
     *target = d;
+  }
+  if (auto w = doc.find("stream_wake_us"); w != doc.end()) {
+    StatusOr<calib::StreamWake> wake = calib::ParseStreamWakeJson(w->dump(), "stream_wake_us");
+    if (!wake.ok()) return bad(wake.status().message());
+    m.stream_wake = *wake;
   }
   return m;
 }
@@ -243,6 +249,14 @@ Status Run(const Args& args) {
         *contention_file, m.statistic.empty() ? "" : fmt::format(" ({})", m.statistic),
         1 + m.factors.all_gather, 1 + m.factors.reduce_scatter);
     for (const std::string& n : m.notes) line += fmt::format("  note: {}\n", n);
+    if (m.stream_wake) {
+      cluster.stream_wake = m.stream_wake;
+      line += fmt::format(
+          "stream wake-up from {}: communication streams resume {:.1f} us after their events "
+          "({:.1f} us while an all-gather runs, {:.1f} us while a reduce-scatter does)\n",
+          *contention_file, m.stream_wake->idle_us, m.stream_wake->while_all_gather_us,
+          m.stream_wake->while_reduce_scatter_us);
+    }
     text += line + "\n";
     contention_json = {{"source", *contention_file},
                        {"statistic", m.statistic},

@@ -97,6 +97,25 @@ class RunControl final {
   std::vector<std::pair<std::mutex*, std::condition_variable*>> waiters_;
 };
 
+// The emulated device (--compute timed): its compute thread sleeps to each kernel's end, and
+// the communication threads, which copy and sum on the same cores, run at this niceness so that
+// the kernels end on time. The executor and the bench's stream-wake probe both use these.
+inline constexpr int kEmulatedCommNice = 5;
+
+// The core that rank `rank`'s communication threads run on, of the cores this process may use:
+// one per rank when there are at least `world_size` of them, as each rank of a job has a device
+// of its own; -1 (wherever the scheduler puts them) when the ranks outnumber the cores. Left to
+// the scheduler, a rank's thread woken to join a collective was often queued behind another
+// rank's on one core while the other stood idle, and the collective took twice its time.
+int RankCore(int rank, int world_size);
+// Pins the calling thread to `core` (-1: leaves it); failure only costs timing stability.
+void PinThisThread(int core);
+
+// Sleeps towards `end` (an emulated kernel's end), aiming early by `lateness`: a running mean of
+// how late this thread's wake-ups have been, updated here. Returns when the thread woke; a thread
+// already past `end` does not sleep.
+Clock::time_point SleepTowards(Clock::time_point end, Clock::duration& lateness);
+
 // One in-order queue of work on its own thread: a device stream. Tasks run one after another;
 // `WaitReached` is an event wait (the caller blocks until the first `seq` tasks have completed).
 // A task that fails stops the stream and aborts the run.
@@ -112,7 +131,8 @@ class StreamWorker final {
   // `low_timer_slack`: ask the kernel for precise sleeps on this thread (emulated compute).
   // `nice`: raise this thread's niceness (communication threads, so that the emulated device's
   // compute thread is not delayed behind the copies and sums that share its cores).
-  void Start(bool low_timer_slack = false, int nice = 0);
+  // `core`: pin the thread to that core (-1: not pinned; see RankCore).
+  void Start(bool low_timer_slack = false, int nice = 0, int core = -1);
   // Appends a task; returns its sequence number (1 for the first).
   std::uint64_t Enqueue(Task task);
   std::uint64_t issued() const;
@@ -147,6 +167,7 @@ class StreamWorker final {
   bool closed_ = false;
   bool low_timer_slack_ = false;
   int nice_ = 0;
+  int core_ = -1;
   std::thread thread_;
 };
 

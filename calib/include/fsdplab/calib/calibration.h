@@ -137,6 +137,23 @@ struct CommContention final {
   friend bool operator==(const CommContention&, const CommContention&) = default;
 };
 
+// The host backend's stream wake-up: how late a communication stream resumes after the event it
+// waits on (an emulated kernel's end) has fired, in microseconds: with no collective in progress
+// on the rank, and while an all-gather or a reduce-scatter is (the threads that copy and sum hold
+// the cores). Measured by `fsdplab bench-gather --op concurrent` on the host; the cluster file's
+// "stream_wake_us" (sim/cluster.h). A device's streams wait in hardware: absent, no delay.
+struct StreamWake final {
+  TimeUs idle_us = 0;
+  TimeUs while_all_gather_us = 0;
+  TimeUs while_reduce_scatter_us = 0;
+  friend bool operator==(const StreamWake&, const StreamWake&) = default;
+};
+// The "stream_wake_us" object ({"idle", "while_all_gather", "while_reduce_scatter"}), and back:
+// every field a finite number >= 0 (a missing one is 0); "statistic" and "probes" are
+// informational; errors name `where` and the field.
+std::string StreamWakeJson(const StreamWake& wake);
+StatusOr<StreamWake> ParseStreamWakeJson(std::string_view json_text, std::string_view where);
+
 // A tier line: the ring alpha-beta parameters the simulator uses where it has no curve.
 struct TierLine final {
   double bandwidth_GBps = 0;
@@ -150,6 +167,7 @@ struct CalibratedCluster final {
   double compute_scale = 1.0;
   std::vector<CollectiveFit> fits;
   std::optional<CommContention> comm_contention;  // written when measured
+  std::optional<StreamWake> stream_wake;          // written when measured
 };
 
 // The tier lines of a calibrated cluster (see "Tiers" above), with the notes on every fallback.

@@ -130,6 +130,16 @@ struct ContentionRow final {
   double all_gather_slowdown = 0;      // together / alone - 1
   double reduce_scatter_slowdown = 0;  // together / alone - 1
   std::uint64_t wrong = 0;             // elements of either result that differ from expected
+  // Host only (no probes elsewhere): how late a communication stream resumes after the emulated
+  // kernel it waits on has ended, as the executor's streams do (the simulator's stream_wake_us),
+  // with no collective running and while each collective runs alone on every rank.
+  struct WakeProbe {
+    TimeUs mean_us = 0;
+    int probes = 0;
+  };
+  WakeProbe wake_idle;
+  WakeProbe wake_while_all_gather;
+  WakeProbe wake_while_reduce_scatter;
 };
 
 }  // namespace fsdplab

@@ -27,6 +27,10 @@
 // and a reduce-scatter are in progress at once the all-gather runs (1 + all_gather) times slower
 // and the reduce-scatter (1 + reduce_scatter) times slower. Both values are >= 0 (a missing one is
 // 0); "source" and "statistic" inside it (as bench-gather writes them) are informational.
+// "stream_wake_us" is optional (host backends; written by calibrate from the same bench file):
+// {"idle": us, "while_all_gather": us, "while_reduce_scatter": us}, how late a communication
+// stream resumes after the event it waited on fired, with no collective in progress on the rank
+// or while one of each kind is (see StreamWake in calib/calibration.h).
 //
 // Cost model. `bytes` is the collective's full (unsharded) buffer: the all-gather output or the
 // reduce-scatter input on one rank. A ring over n ranks of one tier with latency a (us) and bus
@@ -63,6 +67,7 @@ using calib::CommContention;
 using calib::CostCurve;
 using calib::PredictCollectiveUs;
 using calib::Segment;
+using calib::StreamWake;
 using calib::ValidateSegments;
 
 // One link tier: bus bandwidth and per-step latency of a ring.
@@ -115,6 +120,9 @@ struct Cluster final {
   // (measured by `fsdplab bench-gather --op concurrent`). Unset: none. The simulator's
   // --comm-contention (SimOptions::comm_contention) overrides it when given.
   std::optional<CommContention> comm_contention;
+  // A host's communication streams resume this late after the events they wait on (measured by
+  // `fsdplab bench-gather --op concurrent` on the host). Unset: at once, as a device's do.
+  std::optional<StreamWake> stream_wake;
   // True when nothing described the cluster (no file, no flag): the report says so.
   bool defaults_used = true;
 
