@@ -151,6 +151,13 @@ class Ranks {
     if (!processes_) return std::vector<double>{mine};
     return comms.group->AllGatherValue(mine, BenchContext(local_[0]));
   }
+  // The sum of every process's `mine`.
+  StatusOr<double> Sum(Comms& comms, double mine) const {
+    FSDP_ASSIGN_OR_RETURN(const std::vector<double> all, Gather(comms, mine));
+    double total = 0;
+    for (double v : all) total += v;
+    return total;
+  }
 
  private:
   static OpContext BenchContext(int rank) { return OpContext{rank, 0, 0, "bench", "bench-gather"}; }
@@ -658,12 +665,8 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
           count += 1;
         }
       }
-      FSDP_ASSIGN_OR_RETURN(const std::vector<double> sums, ranks.Gather(*comms, sum));
-      FSDP_ASSIGN_OR_RETURN(const std::vector<double> counts, ranks.Gather(*comms, count));
-      double s_all = 0;
-      double c_all = 0;
-      for (double v : sums) s_all += v;
-      for (double v : counts) c_all += v;
+      FSDP_ASSIGN_OR_RETURN(const double s_all, ranks.Sum(*comms, sum));
+      FSDP_ASSIGN_OR_RETURN(const double c_all, ranks.Sum(*comms, count));
       return c_all > 0 ? s_all / c_all * 1e6 : 0.0;
     };
     FSDP_ASSIGN_OR_RETURN(row.all_gather_together_us, per_call_us(0));
@@ -699,13 +702,8 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
         }
       }
       const auto [sum, probes] = prober.Stop();
-      const auto count = static_cast<double>(probes);
-      FSDP_ASSIGN_OR_RETURN(const std::vector<double> sums, ranks.Gather(*comms, sum));
-      FSDP_ASSIGN_OR_RETURN(const std::vector<double> counts, ranks.Gather(*comms, count));
-      double s_all = 0;
-      double c_all = 0;
-      for (double v : sums) s_all += v;
-      for (double v : counts) c_all += v;
+      FSDP_ASSIGN_OR_RETURN(const double s_all, ranks.Sum(*comms, sum));
+      FSDP_ASSIGN_OR_RETURN(const double c_all, ranks.Sum(*comms, static_cast<double>(probes)));
       return ContentionRow::WakeProbe{c_all > 0 ? s_all / c_all : 0, static_cast<int>(c_all)};
     };
     FSDP_ASSIGN_OR_RETURN(row.wake_idle, probe_phase(-1));
@@ -722,8 +720,8 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
             static_cast<double>(WrongGathered(dtype, b.ag_out.data(), size / esize, shard_elems) +
                                 WrongReduced(dtype, b.rs_out.data(), r, w, shard_elems));
       }
-      FSDP_ASSIGN_OR_RETURN(const std::vector<double> all, ranks.Gather(*comms, wrong));
-      for (double v : all) row.wrong += static_cast<std::uint64_t>(v);
+      FSDP_ASSIGN_OR_RETURN(const double all, ranks.Sum(*comms, wrong));
+      row.wrong += static_cast<std::uint64_t>(all);
     }
     rows.push_back(row);
   }
