@@ -598,6 +598,78 @@ class RecorderBehaviourTest(unittest.TestCase):
             ],
         )
 
+    def test_one_gradient_hook_per_unit_once_the_last_is_learned(self):
+        # Outer's forward: x*q, then its child unit (x*w), then x*p, so its backward gets p's
+        # gradient first, then runs the child's backward, then gets q's: q comes last and
+        # post_backward(outer) follows the child's post_backward. On flipped steps p and q swap:
+        # p comes last. The step after the first hooks only the slot learned last (q); on a
+        # flipped step q comes first, the check finds p missing and hooks it, so the flipped
+        # step still ends outer after its child, as with every parameter hooked.
+        class Child(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.full((4,), 1.5))
+
+            def forward(self, x):
+                return x * self.w
+
+        class Outer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.p = nn.Parameter(torch.full((4,), 2.0))
+                self.q = nn.Parameter(torch.full((4,), 3.0))
+                self.child = Child()
+                self.flip = False
+
+            def forward(self, x):
+                first, last = (self.p, self.q) if self.flip else (self.q, self.p)
+                return self.child(x * first) * last
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.outer = Outer()
+
+            def forward(self, x):
+                return self.outer(x)
+
+        net = Net()
+        rec = fsdplab_record.Recorder(net, units=["outer", "outer.child"])
+        hooked = []
+
+        def step(flip):
+            net.outer.flip = flip
+            with rec.step():
+                for _ in range(2):  # two microbatches: the second accumulates into the grads
+                    y = net(torch.ones(2, 4))
+                    hooked.append(len(rec._hooked_params))
+                    y.sum().backward()
+            net.zero_grad(set_to_none=True)
+
+        for flip in (False, False, True, True):
+            step(flip)
+        rec.remove()
+        # Hooks when the forward ends: step 0 hooks p, q and w (3); step 1 knows q is outer's
+        # last (1 + w); step 2 too, until q's gradient comes first in its first microbatch and p
+        # is hooked (3 in the second); step 3 learned p (1 + w).
+        self.assertEqual(hooked, [3, 3, 2, 2, 2, 3, 2, 2])
+        tail = [
+            ("pre_backward", "model", None),
+            ("pre_backward", "model.outer", None),
+            ("pre_backward", "model.outer.child", None),
+            ("compute", "model.outer.child", "backward"),
+            ("post_backward", "model.outer.child", None),
+            ("compute", "model.outer", "backward"),
+            ("post_backward", "model.outer", None),
+            ("compute", "model", "backward"),
+            ("post_backward", "model", None),
+            ("backward_end", None, None),
+        ]
+        for s, step_ in enumerate(rec.trace()["steps"]):
+            for m, mb in enumerate(step_["microbatches"]):
+                with self.subTest(step=s, microbatch=m):
+                    self.assertEqual(shape_of(mb["events"])[-len(tail) :], tail)
+
     def test_failed_step_is_discarded_and_hooks_come_off(self):
         model = TinyLM()
         rec = fsdplab_record.Recorder(model)
