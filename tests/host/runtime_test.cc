@@ -105,6 +105,61 @@ TEST(CommunicatorTest, ReduceScatterSumsTheRanksShard) {
   EXPECT_EQ(out[1], (std::vector<float>{33, 44}));
 }
 
+// Collectives move their bytes in 64 KiB chunks and, while more threads move bytes than there are
+// cores, yield between their turns: 3 ranks each running an all-gather and a reduce-scatter at
+// once (6 movers) cross many chunk boundaries, none aligned with the sizes, and every byte must
+// still land where it belongs.
+TEST(CommunicatorTest, ConcurrentCollectivesLargerThanAChunkMoveEveryByte) {
+  constexpr int kRanks = 3;
+  constexpr std::size_t kShardBytes = 200'003;  // about 3.05 chunks per shard
+  constexpr std::size_t kShardElems = 70'001;   // fp32: 280,004 bytes, about 4.3 chunks
+  RunControl control(30e6, kRanks);
+  Communicator ag(control, kRanks, "all_gather");
+  Communicator rs(control, kRanks, "reduce_scatter");
+  // All-gather input byte i of rank r: (7r + i) mod 251. Reduce-scatter input element g of rank
+  // q: (g mod 1000) + 1000q, so rank r's shard element j (g = r * kShardElems + j) sums to
+  // 3 (g mod 1000) + 3000 over q = 0, 1, 2: integers below 2^24, exact in fp32.
+  std::vector<std::vector<std::byte>> ag_in(kRanks), ag_out(kRanks);
+  std::vector<std::vector<float>> rs_in(kRanks), rs_out(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    ag_in[r].resize(kShardBytes);
+    for (std::size_t i = 0; i < kShardBytes; ++i) ag_in[r][i] = std::byte((7 * r + i) % 251);
+    ag_out[r].assign(kRanks * kShardBytes, std::byte{0});
+    rs_in[r].resize(kRanks * kShardElems);
+    for (std::size_t g = 0; g < rs_in[r].size(); ++g) rs_in[r][g] = float(g % 1000 + 1000 * r);
+    rs_out[r].assign(kShardElems, -1.0f);
+  }
+  std::vector<Status> st(2 * kRanks);
+  OnRanks(2 * kRanks, [&](int t) {
+    const int r = t % kRanks;
+    const OpContext ctx{r, 0, 0, "u", "op"};
+    if (t < kRanks) {
+      CollectiveDesc d{CollectiveKind::kAllGather, 0, "u", kRanks * kShardBytes};
+      Segment seg{ag_in[r].data(), ag_out[r].data(), DType::kBf16, 1, kShardBytes};
+      st[t] = ag.Call(r, d, std::span<const Segment>(&seg, 1), ctx).status();
+    } else {
+      CollectiveDesc d{CollectiveKind::kReduceScatter, 0, "u", kRanks * kShardElems * 4};
+      Segment seg{reinterpret_cast<const std::byte*>(rs_in[r].data()),
+                  reinterpret_cast<std::byte*>(rs_out[r].data()), DType::kFp32, 4, kShardElems};
+      st[t] = rs.Call(r, d, std::span<const Segment>(&seg, 1), ctx).status();
+    }
+  });
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.message();
+  for (int r = 0; r < kRanks; ++r) {
+    std::size_t wrong = 0;
+    for (int q = 0; q < kRanks; ++q) {
+      for (std::size_t i = 0; i < kShardBytes; ++i) {
+        wrong += ag_out[r][q * kShardBytes + i] != std::byte((7 * q + i) % 251);
+      }
+    }
+    for (std::size_t j = 0; j < kShardElems; ++j) {
+      const std::size_t g = r * kShardElems + j;
+      wrong += rs_out[r][j] != float(3 * (g % 1000) + 3000);
+    }
+    EXPECT_EQ(wrong, 0u) << "rank " << r;
+  }
+}
+
 TEST(CommunicatorTest, RanksCallingDifferentCollectivesAreDetectedNotHung) {
   RunControl control(5e6, 2);
   Communicator comm(control, 2, "all_gather");
