@@ -326,14 +326,20 @@ Track HostExecutor::TrackAt(int plan_stream) const {
   }
 }
 
-void HostExecutor::Memory(MemoryCategory category, std::int64_t delta, int step, UnitId unit) {
+TimeUs HostExecutor::StreamNowUs(const StreamWorker& stream, Clock::time_point issued) const {
+  if (&stream != compute_.get() || config_.compute != ComputeMode::kTimed) return control_.NowUs();
+  return control_.ToUs(std::max(device_free_, issued));
+}
+
+void HostExecutor::Memory(MemoryCategory category, std::int64_t delta, int step, UnitId unit,
+                          TimeUs at_us) {
   if (delta == 0) return;
   std::lock_guard<std::mutex> lock(mu_);
   Bytes& slot = memory_[static_cast<std::size_t>(category)];
   slot = static_cast<Bytes>(static_cast<std::int64_t>(slot) + delta);
   MemorySample s;
   s.rank = rank_;
-  s.t_us = control_.NowUs();
+  s.t_us = at_us;
   s.bytes = memory_;
   s.step = step;
   s.unit = unit;
@@ -421,8 +427,9 @@ Status HostExecutor::Enqueue(const PlanOp& op) {
       return Status::Ok();
     }
     case PlanOpKind::kAlloc:
-      stream.Enqueue([this, op] {
-        Memory(op.category, static_cast<std::int64_t>(op.bytes), op.origin.step, op.unit);
+      stream.Enqueue([this, op, on = &plan_stream, issued = Clock::now()] {
+        Memory(op.category, static_cast<std::int64_t>(op.bytes), op.origin.step, op.unit,
+               StreamNowUs(*on, issued));
         return Status::Ok();
       });
       return Status::Ok();
@@ -435,7 +442,9 @@ Status HostExecutor::Enqueue(const PlanOp& op) {
         release->planes = planned.planes;
         release->bytes = planned.bytes;
       }
-      stream.Enqueue([this, op, release] { return RunFree(op, release); });
+      stream.Enqueue([this, op, release, on = &plan_stream, issued = Clock::now()] {
+        return RunFree(op, release, StreamNowUs(*on, issued));
+      });
       return Status::Ok();
     }
     case PlanOpKind::kCollective: {
@@ -565,16 +574,16 @@ Status HostExecutor::RunGather(const PlanOp& cmd, std::int64_t op_id, bool misma
 
 // A free the plan placed on this stream: an unsharded plane goes back to the pool; every free
 // applies its memory effect; the last free of a release draws the release.
-Status HostExecutor::RunFree(const PlanOp& op, std::optional<TimelineOp> release) {
+Status HostExecutor::RunFree(const PlanOp& op, std::optional<TimelineOp> release, TimeUs at_us) {
   if (op.category == MemoryCategory::kUnshardedParams && op.buffer >= 0) {
     std::lock_guard<std::mutex> lock(mu_);
     params_[static_cast<std::size_t>(op.unit)][static_cast<std::size_t>(op.group)]
            [static_cast<std::size_t>(op.plane)]
                .reset();
   }
-  Memory(op.category, -static_cast<std::int64_t>(op.bytes), op.origin.step, op.unit);
+  Memory(op.category, -static_cast<std::int64_t>(op.bytes), op.origin.step, op.unit, at_us);
   if (release) {
-    release->start_us = release->end_us = control_.NowUs();
+    release->start_us = release->end_us = at_us;
     ops_[static_cast<std::size_t>(op.stream)].push_back(std::move(*release));
   }
   return Status::Ok();
@@ -944,7 +953,35 @@ std::vector<TimelineOp> HostExecutor::TakeOps() {
 
 std::vector<MemorySample> HostExecutor::TakeMemory() {
   std::lock_guard<std::mutex> lock(mu_);
-  return std::move(samples_);
+  // The compute stream's effects carry the device's clock (StreamNowUs), which can be later than
+  // when they were recorded beside the other streams': put the samples in time order and rebuild
+  // each one's totals from the changes, in that order.
+  std::vector<std::array<std::int64_t, kNumMemoryCategories>> change(samples_.size());
+  for (std::size_t i = 1; i < samples_.size(); ++i) {
+    for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
+      change[i][c] = static_cast<std::int64_t>(samples_[i].bytes[c]) -
+                     static_cast<std::int64_t>(samples_[i - 1].bytes[c]);
+    }
+  }
+  std::vector<std::size_t> order(samples_.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(
+      order.begin() + (order.empty() ? 0 : 1), order.end(),
+      [&](std::size_t a, std::size_t b) { return samples_[a].t_us < samples_[b].t_us; });
+  std::vector<MemorySample> out;
+  out.reserve(samples_.size());
+  for (std::size_t i : order) {
+    MemorySample m = samples_[i];
+    if (!out.empty()) {
+      for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
+        const std::int64_t v = static_cast<std::int64_t>(out.back().bytes[c]) + change[i][c];
+        m.bytes[c] = static_cast<Bytes>(std::max<std::int64_t>(0, v));
+      }
+    }
+    out.push_back(m);
+  }
+  samples_.clear();
+  return out;
 }
 
 }  // namespace fsdplab::host

@@ -202,6 +202,51 @@ TEST(LiveTest, EmulatedDeviceKeepsItsOwnClock) {
   EXPECT_TRUE(noted);
 }
 
+TEST(LiveTest, TheComputeStreamsMemoryFollowsTheEmulatedDevice) {
+  // --compute timed: a backward's gradients are allocated on the compute stream between the
+  // previous kernel and the backward, so on the device's clock: no earlier than the previous
+  // kernel's end and no later than the backward's start (the thread that runs them wakes early or
+  // late around each kernel's end; the simulator allocates at the backward's start). The samples
+  // are in time order per rank, each carrying the totals so far.
+  LiveOptions o = Options(Policy{}, 2, 3);
+  o.check = false;
+  StatusOr<LiveResult> r = RunLiveSteps(TinyTrace(TinySpec{}), o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const Timeline& tl = r->timeline;
+  constexpr auto kGrads = static_cast<std::size_t>(MemoryCategory::kUnshardedGrads);
+  int checked = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<const MemorySample*> mem;
+    for (const MemorySample& m : tl.memory) {
+      if (m.rank == rank) mem.push_back(&m);
+    }
+    for (std::size_t i = 1; i < mem.size(); ++i) {
+      ASSERT_GE(mem[i]->t_us, mem[i - 1]->t_us) << "rank " << rank << " sample " << i;
+    }
+    std::vector<const TimelineOp*> computes;
+    for (const TimelineOp& op : tl.ops) {
+      if (op.rank == rank && op.kind == OpKind::kCompute) computes.push_back(&op);
+    }
+    for (std::size_t c = 1; c < computes.size(); ++c) {
+      const TimelineOp& op = *computes[c];
+      if (op.phase != Phase::kBackward || op.unit < 1) continue;  // the layers' backwards
+      // The last rise of this unit's gradients at or before the backward's start (+1 us).
+      const MemorySample* alloc = nullptr;
+      for (std::size_t i = 1; i < mem.size(); ++i) {
+        if (mem[i]->unit == op.unit && mem[i]->bytes[kGrads] > mem[i - 1]->bytes[kGrads] &&
+            mem[i]->t_us <= op.start_us + 1) {
+          alloc = mem[i];
+        }
+      }
+      ASSERT_NE(alloc, nullptr) << "rank " << rank << " compute #" << c;
+      EXPECT_GE(alloc->t_us, computes[c - 1]->end_us - 0.01) << "rank " << rank << " #" << c;
+      EXPECT_LE(alloc->t_us, op.start_us + 0.01) << "rank " << rank << " #" << c;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 2 * 3 * 3);  // 2 ranks x 3 steps x 3 layers
+}
+
 TEST(LiveTest, UnifiedStreamPutsReduceScattersOnTheGatherTrack) {
   StatusOr<LiveResult> r =
       RunLiveSteps(TinyTrace(TinySpec{}), Options(MakePolicy({{"unified_comm_stream", "true"}})));

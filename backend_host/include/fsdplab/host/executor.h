@@ -167,12 +167,19 @@ class HostExecutor final : public CommandSink {
   OpContext Context(const CommandOrigin& origin, UnitId unit, std::string op) const;
   StreamWorker& StreamAt(int plan_stream);
   Track TrackAt(int plan_stream) const;
-  void Memory(MemoryCategory category, std::int64_t delta, int step, UnitId unit);
+  void Memory(MemoryCategory category, std::int64_t delta, int step, UnitId unit, TimeUs at_us);
+  // When a memory effect the plan placed on `stream` (issued by the host at `issued`) happens:
+  // now, on the thread running it, except on an emulated device's compute stream (--compute
+  // timed), whose clock is the device's: there the stream reaches it when its last kernel ended
+  // (or the event it waited on fired) and the host had issued it, as a kernel starts, and as the
+  // simulator has it, not when the thread got there (it wakes early or late around a kernel's
+  // end). Called on the stream's own thread.
+  TimeUs StreamNowUs(const StreamWorker& stream, Clock::time_point issued) const;
   TimelineOp NewOp(const CommandOrigin& origin, Track track, OpKind kind, UnitId unit);
   Status Enqueue(const PlanOp& op);
 
   Status RunGather(const PlanOp& op, std::int64_t op_id, bool mismatch);
-  Status RunFree(const PlanOp& op, std::optional<TimelineOp> release);
+  Status RunFree(const PlanOp& op, std::optional<TimelineOp> release, TimeUs at_us);
   Status RunCompute(const PlanOp& op, std::uint64_t grad_gen, bool inject,
                     Clock::time_point issued);
   Status RunReduce(const PlanOp& op, std::uint64_t gen);
