@@ -278,6 +278,28 @@ def summary(errs):
             f"largest {errs[-1]:.1f}%")
 
 
+def memory_counts(c):
+    # Steps compared, steps where an exact category differs, totals over the tolerance (of them:
+    # measured above predicted, those a predicted race explains, predicted above measured), and
+    # the explaining races' margins as fractions of their collectives' predicted durations.
+    totals = [m for m in c["memory"] if m["category"] == "total"]
+    exact = {m["step"] for m in c["memory"]
+             if m["exact"] and m["predicted_bytes"] != m["measured_bytes"]}
+    off = [m for m in totals if abs(m["error_pct"]) > 2]
+    raced = {r["step"]: r for r in c.get("memory_races", [])}
+    above = [m for m in off if m["error_pct"] < 0]
+    explained = [raced[m["step"]] for m in above if m["step"] in raced]
+    return (len(totals), len(exact), len(off), len(above), len(explained), len(off) - len(above),
+            [r["margin_us"] / r["predicted_us"] for r in explained if r["predicted_us"] > 0])
+
+
+def race_margins(fractions):
+    if not fractions:
+        return ""
+    return (f", at margins of {100 * statistics.median(fractions):.0f}% (median; largest "
+            f"{100 * fractions[-1]:.0f}%) of their collectives")
+
+
 def report(f, work, out, workloads, steps, repeat, label):
     # Two predictions of each workload: from its own curves, measured beside its live runs
     # ("beside"), when the grid measured them, and from the one calibration of the whole grid
@@ -315,7 +337,7 @@ def report(f, work, out, workloads, steps, repeat, label):
         g = grid["summary"]
         b = beside["summary"] if beside else None
         results.append((name, b["step_time_error_pct"] if b else None,
-                        g["step_time_error_pct"], spread, carrier))
+                        g["step_time_error_pct"], spread, carrier, memory_counts(grid)))
         print(f"{name:<52} {measured:>12.0f} "
               + (f"{b['step_time_predicted_us']:>12.0f} {b['step_time_error_pct']:>+6.1f}% "
                  if b else f"{'-':>12} {'-':>7} ")
@@ -334,6 +356,11 @@ def report(f, work, out, workloads, steps, repeat, label):
     spreads = sorted(r[3] * 100 for r in results)
     print(f"run-to-run spread (max - min over {repeat} runs, of the measured step): median "
           f"{statistics.median(spreads):.1f}%, largest {spreads[-1]:.1f}%")
+    m = [sum(r[5][k] for r in results) for k in range(6)]
+    fractions = sorted(x for r in results for x in r[5][6])
+    print(f"memory (grid-wide prediction, {m[0]} steps): exact categories differ in {m[1]}; "
+          f"total over 2% off in {m[2]} ({m[3]} measured above predicted, {m[4]} of them "
+          f"explained by a race{race_margins(fractions)}; {m[5]} predicted above measured)")
     key = 1 if all(r[1] is not None for r in results) else 2
     print("worst three (the op kind carrying most of the error):")
     for r in sorted(results, key=lambda r: -abs(r[key]))[:3]:

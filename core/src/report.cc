@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -141,6 +143,215 @@ std::vector<OpReport> OpsOfFirstRank(const Timeline& timeline) {
   return out;
 }
 
+// Rank 0's collectives, for finding the one whose end made a free and the ones queued behind it.
+class Collectives final {
+ public:
+  explicit Collectives(const std::vector<OpReport>& ops) {
+    for (const OpReport& op : ops) {
+      by_unit_[op.unit].push_back(&op);
+      if (IsCollective(op.kind)) by_start_.push_back(&op);
+    }
+    for (auto& [unit, list] : by_unit_) {
+      std::sort(list.begin(), list.end(),
+                [](const OpReport* a, const OpReport* b) { return End(*a) < End(*b); });
+    }
+  }
+
+  // The collective of `unit` whose end made a free at `t_us`: the op of the unit (of any kind)
+  // ending nearest it, within kPeakRaceOpSlackUs, when that op is a collective.
+  const OpReport* EndingAt(UnitId unit, TimeUs t_us) const {
+    auto it = by_unit_.find(unit);
+    if (it == by_unit_.end()) return nullptr;
+    const std::vector<const OpReport*>& list = it->second;
+    auto at = std::lower_bound(list.begin(), list.end(), t_us - kPeakRaceOpSlackUs,
+                               [](const OpReport* op, TimeUs t) { return End(*op) < t; });
+    const OpReport* best = nullptr;
+    TimeUs best_gap = kPeakRaceOpSlackUs;
+    for (; at != list.end() && End(**at) <= t_us + kPeakRaceOpSlackUs; ++at) {
+      const TimeUs gap = std::fabs(End(**at) - t_us);
+      if (gap <= best_gap) {
+        best = *at;
+        best_gap = gap;
+      }
+    }
+    return best != nullptr && IsCollective(best->kind) ? best : nullptr;
+  }
+
+  // The op of `unit` starting nearest `t_us`, within kPeakRaceOpSlackUs (what made an allocation
+  // at `t_us`).
+  const OpReport* StartingAt(UnitId unit, TimeUs t_us) const {
+    auto it = by_unit_.find(unit);
+    if (it == by_unit_.end()) return nullptr;
+    const OpReport* best = nullptr;
+    TimeUs best_gap = kPeakRaceOpSlackUs;
+    for (const OpReport* op : it->second) {
+      const TimeUs gap = std::fabs(op->start_us - t_us);
+      if (gap <= best_gap) {
+        best = op;
+        best_gap = gap;
+      }
+    }
+    return best;
+  }
+
+  // The collective of the same kind that starts as `op` ends (queued behind it on its stream), if
+  // any: a late `op` makes it late too.
+  const OpReport* QueuedBehind(const OpReport& op) const {
+    const TimeUs end = End(op);
+    const TimeUs eps = std::max(1.0, 1e-3 * op.dur_us);
+    auto at = std::lower_bound(by_start_.begin(), by_start_.end(), end - eps,
+                               [](const OpReport* o, TimeUs t) { return o->start_us < t; });
+    for (; at != by_start_.end() && (*at)->start_us <= end + eps; ++at) {
+      if (*at != &op && (*at)->kind == op.kind) return *at;
+    }
+    return nullptr;
+  }
+
+  static TimeUs End(const OpReport& op) { return op.start_us + op.dur_us; }
+
+ private:
+  std::vector<const OpReport*> by_start_;  // the collectives (ops come sorted by start)
+  std::map<UnitId, std::vector<const OpReport*>> by_unit_;  // every op, by end
+};
+
+// The step's races (StepReport::peak_races) from its memory samples in time order (`win`: the one
+// in effect at the window's start first, when there is one). Samples change one buffer each, so a
+// category's drop between two samples is one free, credited to the collective whose end made it.
+// A collective late by d delays its own frees by d, and the frees and allocations of the
+// collectives queued behind it on its stream: a sample at t then carries every such free made at
+// or before it (in sample order) and after t - d, and lacks every such allocation made after t - d.
+// The race's margin is the smallest d, up to kMaxRaceSlowdown times the collective's duration,
+// that lifts some sample to the peak plus the threshold, searched over the d at which a free
+// starts to count (as if the totals only grew with d: the deferred allocations are the queued
+// collectives' outputs, small beside the frees).
+void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win,
+               const Collectives& collectives) {
+  const Bytes peak = s.peak_memory_bytes;
+  const auto matters =
+      static_cast<Bytes>(std::ceil(kPeakRaceMinFraction * static_cast<double>(peak)));
+  if (matters == 0) return;
+  struct Free {
+    std::size_t sample;
+    MemoryCategory category;
+    Bytes bytes;
+  };
+  std::map<const OpReport*, std::vector<Free>> frees;   // by the collective that made them
+  std::map<const OpReport*, std::vector<Free>> allocs;  // by the collective whose start made them
+  for (std::size_t j = 1; j < win.size(); ++j) {
+    for (int c = 0; c < kNumMemoryCategories; ++c) {
+      const auto cu = static_cast<std::size_t>(c);
+      const Bytes before = win[j - 1]->bytes[cu];
+      const Bytes after = win[j]->bytes[cu];
+      if (after > before) {
+        // A collective's start allocates its output: late behind a late one, it allocates late.
+        const OpReport* op = collectives.StartingAt(win[j]->unit, win[j]->t_us);
+        if (op != nullptr && IsCollective(op->kind)) {
+          allocs[op].push_back({j, static_cast<MemoryCategory>(c), after - before});
+        }
+        continue;
+      }
+      if (after == before) continue;
+      if (const OpReport* op = collectives.EndingAt(win[j]->unit, win[j]->t_us)) {
+        frees[op].push_back({j, static_cast<MemoryCategory>(c), before - after});
+      }
+    }
+  }
+  std::vector<PeakRace> races;
+  for (const auto& [op, own] : frees) {
+    // Its frees and those of the collectives queued behind it, in sample order.
+    std::vector<Free> delayed = own;
+    std::vector<Free> deferred;  // the allocations of the collectives queued behind it
+    std::set<const OpReport*> chain{op};
+    int queued = 0;
+    for (const OpReport* next = collectives.QueuedBehind(*op); next != nullptr && queued < 64;
+         next = collectives.QueuedBehind(*next)) {
+      ++queued;
+      chain.insert(next);
+      auto it = frees.find(next);
+      if (it != frees.end()) delayed.insert(delayed.end(), it->second.begin(), it->second.end());
+      it = allocs.find(next);
+      if (it != allocs.end()) deferred.insert(deferred.end(), it->second.begin(), it->second.end());
+    }
+    std::sort(delayed.begin(), delayed.end(),
+              [](const Free& a, const Free& b) { return a.sample < b.sample; });
+    const TimeUs limit = kMaxRaceSlowdown * op->dur_us;
+    const std::size_t first = delayed.front().sample;
+    // The step's peak with the frees delayed by d (samples after the last delayed free carry
+    // nothing more, and none of them is above the peak).
+    std::size_t at_most = first;  // the sample of the last peak_with's peak
+    auto peak_with = [&](TimeUs d) {
+      Bytes most = peak;
+      at_most = first;
+      for (std::size_t i = first; i < win.size(); ++i) {
+        const TimeUs t = win[i]->t_us;
+        if (t > win[delayed.back().sample]->t_us + d) break;
+        Bytes carried = 0;
+        for (const Free& f : delayed) {
+          if (f.sample <= i && t <= win[f.sample]->t_us + d) carried += f.bytes;
+        }
+        Bytes later = 0;
+        for (const Free& a : deferred) {
+          if (a.sample <= i && t < win[a.sample]->t_us + d) later += a.bytes;
+        }
+        const Bytes total = win[i]->total() + carried - std::min(later, win[i]->total() + carried);
+        if (total > most) {
+          most = total;
+          at_most = i;
+        }
+      }
+      return most;
+    };
+    auto reach = [&](TimeUs d) { return peak_with(d) >= peak + matters; };
+    std::vector<TimeUs> candidates;
+    for (const Free& f : delayed) {
+      const TimeUs tf = win[f.sample]->t_us;
+      for (std::size_t i = f.sample; i < win.size() && win[i]->t_us - tf <= limit; ++i) {
+        candidates.push_back(win[i]->t_us - tf);
+      }
+    }
+    std::sort(candidates.begin(), candidates.end());
+    candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+    if (candidates.empty() || !reach(candidates.back())) continue;
+    std::size_t lo = 0;
+    std::size_t hi = candidates.size() - 1;  // reach(candidates[hi]) holds
+    while (lo < hi) {
+      const std::size_t mid = (lo + hi) / 2;
+      if (reach(candidates[mid])) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    PeakRace race;
+    race.op = *op;
+    std::map<MemoryCategory, Bytes> by_category;
+    for (const Free& f : own) {
+      by_category[f.category] += f.bytes;
+      race.bytes += f.bytes;
+    }
+    for (const auto& [c, b] : by_category) race.categories.push_back(c);
+    std::stable_sort(
+        race.categories.begin(), race.categories.end(),
+        [&](MemoryCategory a, MemoryCategory b) { return by_category[a] > by_category[b]; });
+    race.queued = queued;
+    race.at_us = std::max(win[own.front().sample]->t_us, s.start_us);
+    race.margin_us = candidates[hi];
+    race.peak_at_limit_bytes = peak_with(limit);
+    race.peak_if_bytes = peak_with(race.margin_us);
+    // What the late buffers meet at that peak: the sample's change, when an op's start made it.
+    if (at_most > first && win[at_most]->total() > win[at_most - 1]->total()) {
+      const OpReport* meets = collectives.StartingAt(win[at_most]->unit, win[at_most]->t_us);
+      if (meets != nullptr && chain.count(meets) == 0) race.meets = *meets;
+    }
+    races.push_back(std::move(race));
+  }
+  std::stable_sort(races.begin(), races.end(), [](const PeakRace& a, const PeakRace& b) {
+    return a.margin_fraction() < b.margin_fraction();
+  });
+  if (races.size() > kMaxPeakRaces) races.resize(kMaxPeakRaces);
+  s.peak_races = std::move(races);
+}
+
 }  // namespace
 
 Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
@@ -208,6 +419,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     if (IsCollective(op->kind)) a.track_busy[op->track] += op->end_us - op->start_us;
   }
 
+  const Collectives collectives(r.ops);
   // Memory samples of rank 0 (time order) for per-step peaks.
   std::vector<const MemorySample*> mem0;
   for (const MemorySample& s : timeline.memory) {
@@ -240,10 +452,12 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     }
     // Peak: the sample in effect at the window start and every sample inside the window.
     const MemorySample* in_effect = nullptr;
+    std::vector<const MemorySample*> win;  // in time order, the one in effect first
     auto take = [&s](const MemorySample& m) {
       if (m.total() > s.peak_memory_bytes) {
         s.peak_memory_bytes = m.total();
         s.peak_by_category = m.bytes;
+        s.peak_memory_at_us = m.t_us;
       }
       for (std::size_t c = 0; c < m.bytes.size(); ++c) {
         s.category_peaks[c] = std::max(s.category_peaks[c], m.bytes[c]);
@@ -258,8 +472,18 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
       }
       if (m->t_us > s.end_us) break;
       take(*m);
+      win.push_back(m);
     }
-    if (in_effect) take(*in_effect);
+    if (in_effect) {
+      take(*in_effect);
+      win.insert(win.begin(), in_effect);
+    }
+    if (!win.empty() && s.peak_memory_bytes > 0) {
+      std::size_t peak = 0;
+      while (win[peak]->total() != s.peak_memory_bytes) ++peak;
+      s.peak_memory_at_us = std::max(win[peak]->t_us, s.start_us);
+      PeakRaces(s, win, collectives);
+    }
     TimeUs lb = std::max(acc.compute_sum, in.memory_cap_lower_bound_us);
     for (const auto& [track, busy] : acc.track_busy) lb = std::max(lb, busy);
     lower_bounds.push_back(lb);
@@ -339,6 +563,43 @@ std::string ReportToJson(const Report& r) {
   doc["cluster"] = ParseOr(r.cluster_json, Json::object());
   doc["order"] =
       ParseOr(r.order_json, Json{{"forward", Json::array()}, {"backward", Json::array()}});
+  auto unit_name = [&r](UnitId u) -> Json {
+    if (u >= 0 && static_cast<std::size_t>(u) < r.unit_names.size()) {
+      return r.unit_names[static_cast<std::size_t>(u)];
+    }
+    return nullptr;
+  };
+  auto categories = [](const std::vector<MemoryCategory>& cs) {
+    Json out = Json::array();
+    for (MemoryCategory c : cs) out.push_back(MemoryCategoryName(c));
+    return out;
+  };
+  auto races_json = [&](const std::vector<PeakRace>& races) {
+    Json out = Json::array();
+    for (const PeakRace& m : races) {
+      out.push_back(Json{{"collective", OpKindName(m.op.kind)},
+                         {"unit", unit_name(m.op.unit)},
+                         {"step", m.op.step},
+                         {"microbatch", m.op.microbatch},
+                         {"start_us", m.op.start_us},
+                         {"dur_us", m.op.dur_us},
+                         {"categories", categories(m.categories)},
+                         {"bytes", m.bytes},
+                         {"queued_behind", m.queued},
+                         {"at_us", m.at_us},
+                         {"margin_us", m.margin_us},
+                         {"peak_if_bytes", m.peak_if_bytes},
+                         {"peak_at_limit_bytes", m.peak_at_limit_bytes},
+                         {"meets", m.meets ? Json{{"kind", OpKindName(m.meets->kind)},
+                                                  {"unit", unit_name(m.meets->unit)},
+                                                  {"phase", PhaseName(m.meets->phase)},
+                                                  {"step", m.meets->step},
+                                                  {"microbatch", m.meets->microbatch},
+                                                  {"start_us", m.meets->start_us}}
+                                           : Json(nullptr)}});
+    }
+    return out;
+  };
   Json steps = Json::array();
   for (const StepReport& s : r.steps) {
     steps.push_back(Json{{"index", s.index},
@@ -355,7 +616,9 @@ std::string ReportToJson(const Report& r) {
                          {"peak_memory_by_category", CategoriesJson(s.peak_by_category)},
                          {"category_peaks", CategoriesJson(s.category_peaks)},
                          {"peak_allocated_bytes", s.peak_allocated_bytes},
-                         {"peak_reserved_bytes", s.peak_reserved_bytes}});
+                         {"peak_reserved_bytes", s.peak_reserved_bytes},
+                         {"peak_memory_at_us", s.peak_memory_at_us},
+                         {"peak_races", races_json(s.peak_races)}});
   }
   doc["steps"] = steps;
   Json units = Json::array();
@@ -496,6 +759,26 @@ std::string ReportToText(const Report& r) {
         "--memory-cap applies to reserved",
         FormatBytes(m.peak_reserved_bytes), m.peak_reserved_rank,
         FormatBytes(m.peak_allocated_bytes)));
+  }
+  // The last step's races: how late a collective may end before that step's peak is higher.
+  if (!r.steps.empty() && !r.steps.back().peak_races.empty()) {
+    const StepReport& last = r.steps.back();
+    line(
+        fmt::format("Peak races (step {}, rank 0): the peak holds while these collectives end in "
+                    "time; late, they keep their buffers beside later ones",
+                    last.index));
+    for (const PeakRace& race : last.peak_races) {
+      const std::string unit =
+          race.op.unit >= 0 && static_cast<std::size_t>(race.op.unit) < r.unit_names.size()
+              ? r.unit_names[static_cast<std::size_t>(race.op.unit)]
+              : "(none)";
+      line(fmt::format(
+          "  {} {} (mb {}): {} later ({:.0f}% of its {}){} puts the peak at {}",
+          OpKindName(race.op.kind), unit, race.op.microbatch, FormatUs(race.margin_us),
+          100.0 * race.margin_fraction(), FormatUs(race.op.dur_us),
+          race.queued > 0 ? fmt::format(", with the {} queued behind it", race.queued) : "",
+          FormatBytes(race.peak_if_bytes)));
+    }
   }
   if (!r.units.empty()) {
     line("");

@@ -1,11 +1,13 @@
 #include "fsdplab/core/report_compare.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <tuple>
 
 namespace fsdplab {
@@ -37,13 +39,13 @@ std::string Text(const Json& j, const char* key, std::string fallback = "") {
 
 using OpKey = std::tuple<std::string, std::string, std::string, int, int, int>;
 
-OpKey KeyOf(const ReportSummary::Op& op) {
+OpKey KeyOf(const ComparedReport::Op& op) {
   return {op.kind, op.unit, op.phase, op.step, op.microbatch, op.occurrence};
 }
 
-std::map<OpKey, const ReportSummary::Op*> IndexOps(const ReportSummary& report) {
-  std::map<OpKey, const ReportSummary::Op*> out;
-  for (const ReportSummary::Op& op : report.ops) out[KeyOf(op)] = &op;
+std::map<OpKey, const ComparedReport::Op*> IndexOps(const ComparedReport& report) {
+  std::map<OpKey, const ComparedReport::Op*> out;
+  for (const ComparedReport::Op& op : report.ops) out[KeyOf(op)] = &op;
   return out;
 }
 
@@ -64,9 +66,66 @@ bool IsExactCategory(std::string_view category) {
          category == "sharded_grads";
 }
 
+// The measured counterpart of a predicted op named by its keys and start (the predicted op
+// nearest that start gives the occurrence).
+const ComparedReport::Op* Measured(const ComparedReport& pred,
+                                   const std::map<OpKey, const ComparedReport::Op*>& measured_ops,
+                                   const std::string& kind, const std::string& phase,
+                                   const std::string& unit, int step, int microbatch,
+                                   TimeUs start_us) {
+  const ComparedReport::Op* op = nullptr;
+  for (const ComparedReport::Op& o : pred.ops) {
+    if (o.kind != kind || o.phase != phase || o.unit != unit || o.step != step ||
+        o.microbatch != microbatch)
+      continue;
+    if (op == nullptr || std::fabs(o.start_us - start_us) < std::fabs(op->start_us - start_us)) {
+      op = &o;
+    }
+  }
+  if (op == nullptr) return nullptr;
+  auto it = measured_ops.find(KeyOf(*op));
+  return it == measured_ops.end() ? nullptr : it->second;
+}
+
+// The predicted race behind a measured total above the predicted one: among the step's races, one
+// whose range of peaks holds the measured total, give or take the tolerance, and whose collective,
+// measured, ended after the op it must precede began (without one: later than predicted, each
+// counted from its step's start). The nearest range wins.
+std::optional<ReportComparison::MemoryRace> RaceBehind(
+    const ComparedReport& pred, const ComparedReport::Step& step,
+    const ComparedReport::Step& measured_step,
+    const std::map<OpKey, const ComparedReport::Op*>& measured_ops, double tolerance_pct) {
+  const auto total = static_cast<double>(measured_step.peak_memory_bytes);
+  std::optional<ReportComparison::MemoryRace> best;
+  double best_gap = 0;
+  for (const ComparedReport::Step::Race& race : step.races) {
+    // How far the measured total lies outside the race's range of peaks (0: inside).
+    const auto lo = static_cast<double>(race.peak_if_bytes);
+    const auto hi = std::max(lo, static_cast<double>(race.peak_at_limit_bytes));
+    const double gap = total < lo ? lo - total : total > hi ? total - hi : 0.0;
+    if (gap > tolerance_pct / 100.0 * total || (best && gap >= best_gap)) continue;
+    const ComparedReport::Op* m = Measured(pred, measured_ops, race.collective, "", race.unit,
+                                           race.step, race.microbatch, race.start_us);
+    if (m == nullptr) continue;
+    const ComparedReport::Op* meets =
+        race.meets_kind.empty()
+            ? nullptr
+            : Measured(pred, measured_ops, race.meets_kind, race.meets_phase, race.meets_unit,
+                       race.meets_step, race.meets_microbatch, race.meets_start_us);
+    const TimeUs late = meets != nullptr ? m->start_us + m->dur_us - meets->start_us
+                                         : (m->start_us + m->dur_us - measured_step.start_us) -
+                                               (race.start_us + race.dur_us - step.start_us);
+    if (late <= 0) continue;
+    best = ReportComparison::MemoryRace{
+        .step = step.index, .race = race, .measured_dur_us = m->dur_us, .late_us = late};
+    best_gap = gap;
+  }
+  return best;
+}
+
 }  // namespace
 
-StatusOr<ReportSummary> ParseReportSummary(std::string_view json_text, std::string_view file) {
+StatusOr<ComparedReport> ParseComparedReport(std::string_view json_text, std::string_view file) {
   const Json doc = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object()) {
     return InvalidInput(fmt::format("{}: not a JSON document", file));
@@ -81,7 +140,7 @@ StatusOr<ReportSummary> ParseReportSummary(std::string_view json_text, std::stri
   if (!doc.contains("steps") || !doc["steps"].is_array()) {
     return InvalidInput(fmt::format("{}: steps: missing or not a list", file));
   }
-  ReportSummary r;
+  ComparedReport r;
   r.file = std::string(file);
   for (std::size_t i = 0; i < doc["steps"].size(); ++i) {
     const Json& s = doc["steps"][i];
@@ -90,14 +149,46 @@ StatusOr<ReportSummary> ParseReportSummary(std::string_view json_text, std::stri
         return InvalidInput(fmt::format("{}: steps[{}].{}: missing or not a number", file, i, key));
       }
     }
-    ReportSummary::Step step{.index = s["index"].get<int>(),
-                             .time_us = Num(s, "time_us"),
-                             .compute_us = Num(s, "compute_us"),
-                             .exposed_comm_us = Num(s, "exposed_comm_us"),
-                             .idle_us = Num(s, "idle_us"),
-                             .start_us = Num(s, "start_us"),
-                             .peak_memory_bytes = Count(s, "peak_memory_bytes"),
-                             .category_peaks = {}};
+    ComparedReport::Step step{.index = s["index"].get<int>(),
+                              .time_us = Num(s, "time_us"),
+                              .compute_us = Num(s, "compute_us"),
+                              .exposed_comm_us = Num(s, "exposed_comm_us"),
+                              .idle_us = Num(s, "idle_us"),
+                              .start_us = Num(s, "start_us"),
+                              .peak_memory_bytes = Count(s, "peak_memory_bytes"),
+                              .category_peaks = {},
+                              .races = {}};
+    if (s.contains("peak_races") && s["peak_races"].is_array()) {
+      for (const Json& j : s["peak_races"]) {
+        ComparedReport::Step::Race race;
+        race.collective = Text(j, "collective");
+        race.unit = Text(j, "unit", "(none)");
+        race.step = Int(j, "step");
+        race.microbatch = Int(j, "microbatch");
+        race.start_us = Num(j, "start_us");
+        race.dur_us = Num(j, "dur_us");
+        race.bytes = Count(j, "bytes");
+        race.queued = Int(j, "queued_behind");
+        race.margin_us = Num(j, "margin_us");
+        race.peak_if_bytes = Count(j, "peak_if_bytes");
+        race.peak_at_limit_bytes = Count(j, "peak_at_limit_bytes");
+        if (j.is_object() && j.contains("meets") && j["meets"].is_object()) {
+          const Json& m = j["meets"];
+          race.meets_kind = Text(m, "kind");
+          race.meets_unit = Text(m, "unit", "(none)");
+          race.meets_phase = race.meets_kind == "compute" ? Text(m, "phase") : "";
+          race.meets_step = Int(m, "step");
+          race.meets_microbatch = Int(m, "microbatch");
+          race.meets_start_us = Num(m, "start_us");
+        }
+        if (j.is_object() && j.contains("categories") && j["categories"].is_array()) {
+          for (const Json& c : j["categories"]) {
+            if (c.is_string()) race.categories.push_back(c.get<std::string>());
+          }
+        }
+        step.races.push_back(std::move(race));
+      }
+    }
     const char* peaks = s.contains("category_peaks") ? "category_peaks" : "peak_memory_by_category";
     if (s.contains(peaks) && s[peaks].is_object()) {
       for (const auto& [category, bytes] : s[peaks].items()) {
@@ -123,7 +214,7 @@ StatusOr<ReportSummary> ParseReportSummary(std::string_view json_text, std::stri
     // kind, unit, phase, step, microbatch -> how many seen so far.
     std::map<std::tuple<std::string, std::string, std::string, int, int>, int> seen;
     for (const Json& op : doc["ops"]) {
-      ReportSummary::Op o;
+      ComparedReport::Op o;
       o.kind = Text(op, "kind");
       o.unit = Text(op, "unit", "(none)");
       o.phase = o.kind == "compute" ? Text(op, "phase") : "";
@@ -143,7 +234,7 @@ double ErrorPct(double predicted, double measured) {
   return 100.0 * (predicted - measured) / measured;
 }
 
-ReportComparison CompareReports(const ReportSummary& pred, const ReportSummary& meas,
+ReportComparison CompareReports(const ComparedReport& pred, const ComparedReport& meas,
                                 const CompareOptions& options) {
   ReportComparison c;
   c.predicted_file = pred.file;
@@ -157,9 +248,9 @@ ReportComparison CompareReports(const ReportSummary& pred, const ReportSummary& 
   }
 
   // Per step, matched by index.
-  std::map<int, const ReportSummary::Step*> msteps;
-  for (const ReportSummary::Step& s : meas.steps) msteps[s.index] = &s;
-  for (const ReportSummary::Step& s : pred.steps) {
+  std::map<int, const ComparedReport::Step*> msteps;
+  for (const ComparedReport::Step& s : meas.steps) msteps[s.index] = &s;
+  for (const ComparedReport::Step& s : pred.steps) {
     auto it = msteps.find(s.index);
     if (it == msteps.end()) {
       c.warnings.push_back(fmt::format("step {} is only in the predicted report", s.index));
@@ -242,6 +333,33 @@ ReportComparison CompareReports(const ReportSummary& pred, const ReportSummary& 
           .exact = false,
           .error_pct = ErrorPct(static_cast<double>(s.predicted.peak_memory_bytes),
                                 static_cast<double>(s.measured.peak_memory_bytes))};
+      std::string race_text;
+      if (total.error_pct < -options.memory_tolerance_pct) {
+        if (std::optional<ReportComparison::MemoryRace> race =
+                RaceBehind(pred, s.predicted, s.measured, mops, options.memory_tolerance_pct)) {
+          const auto& pr = race->race;
+          const std::string precede =
+              pr.meets_kind.empty()
+                  ? std::string("later than predicted in its step")
+                  : fmt::format(
+                        "after the {} of {} (mb {}) began, which it was predicted to "
+                        "precede",
+                        pr.meets_kind == "compute" ? "compute " + pr.meets_phase : pr.meets_kind,
+                        pr.meets_unit, pr.meets_microbatch);
+          race_text = fmt::format(
+              "; a race explains it: the {} of {} (step {} mb {}) frees {} B ({}) as it ends; "
+              "{:.1f} us later ({:.0f}% of its predicted {:.1f} us){} would have put the predicted "
+              "peak at {} B ({} B at twice its duration); measured, it ran {:.1f} us and ended "
+              "{:.1f} us {}",
+              pr.collective, pr.unit, pr.step, pr.microbatch, pr.bytes,
+              fmt::join(pr.categories, ", "), pr.margin_us,
+              pr.dur_us > 0 ? 100.0 * pr.margin_us / pr.dur_us : 0.0, pr.dur_us,
+              pr.queued > 0 ? fmt::format(", with the {} queued behind it", pr.queued) : "",
+              pr.peak_if_bytes, pr.peak_at_limit_bytes, race->measured_dur_us, race->late_us,
+              precede);
+          c.memory_races.push_back(std::move(*race));
+        }
+      }
       if (std::fabs(total.error_pct) > options.memory_tolerance_pct) {
         // Name the categories that carry the difference.
         std::string carriers;
@@ -252,9 +370,10 @@ ReportComparison CompareReports(const ReportSummary& pred, const ReportSummary& 
               static_cast<std::int64_t>(row.predicted) - static_cast<std::int64_t>(row.measured));
         }
         c.memory_differences.push_back(fmt::format(
-            "step {}: total peak {} predicted, {} measured ({:+.1f}%, over {:g}%){}", s.index,
+            "step {}: total peak {} predicted, {} measured ({:+.1f}%, over {:g}%){}{}", s.index,
             total.predicted, total.measured, total.error_pct, options.memory_tolerance_pct,
-            carriers.empty() ? "" : "; per category (bytes, predicted - measured): " + carriers));
+            carriers.empty() ? "" : "; per category (bytes, predicted - measured): " + carriers,
+            race_text));
       }
       c.memory.push_back(std::move(total));
     }
@@ -322,6 +441,24 @@ std::string ComparisonToJson(const ReportComparison& c) {
   }
   out["memory"] = memory;
   out["memory_differences"] = c.memory_differences;
+  OJson races = OJson::array();
+  for (const ReportComparison::MemoryRace& m : c.memory_races) {
+    races.push_back({{"step", m.step},
+                     {"collective", m.race.collective},
+                     {"unit", m.race.unit},
+                     {"race_step", m.race.step},
+                     {"microbatch", m.race.microbatch},
+                     {"categories", m.race.categories},
+                     {"bytes", m.race.bytes},
+                     {"margin_us", m.race.margin_us},
+                     {"peak_if_bytes", m.race.peak_if_bytes},
+                     {"peak_at_limit_bytes", m.race.peak_at_limit_bytes},
+                     {"queued_behind", m.race.queued},
+                     {"predicted_us", m.race.dur_us},
+                     {"measured_us", m.measured_dur_us},
+                     {"late_us", m.late_us}});
+  }
+  out["memory_races"] = races;
   out["summary"] = {{"step_time_predicted_us", c.step_time_predicted_us},
                     {"step_time_measured_us", c.step_time_measured_us},
                     {"step_time_error_pct", c.step_time_error_pct},
@@ -343,8 +480,8 @@ std::string ComparisonToText(const ReportComparison& c) {
                       "step", "time pred", "time meas", "error", "compute pred", "compute meas",
                       "exposed pred", "exposed meas", "idle pred", "idle meas");
   for (const ReportComparison::Step& s : c.steps) {
-    const ReportSummary::Step& p = s.predicted;
-    const ReportSummary::Step& m = s.measured;
+    const ComparedReport::Step& p = s.predicted;
+    const ComparedReport::Step& m = s.measured;
     text += fmt::format(
         "  {:>4}  {:>12.1f} {:>12.1f} {:>+7.1f}%  {:>12.1f} {:>12.1f}  {:>12.1f} "
         "{:>12.1f}  {:>12.1f} {:>12.1f}\n",
@@ -386,11 +523,11 @@ std::string ComparisonToText(const ReportComparison& c) {
   return text;
 }
 
-std::string ComparisonTimeline(const ReportSummary& pred, const ReportSummary& meas) {
+std::string ComparisonTimeline(const ComparedReport& pred, const ComparedReport& meas) {
   // Aligned step starts: step k of both reports starts at `aligned[k]`.
-  std::map<int, const ReportSummary::Step*> psteps, msteps;
-  for (const ReportSummary::Step& s : pred.steps) psteps[s.index] = &s;
-  for (const ReportSummary::Step& s : meas.steps) msteps[s.index] = &s;
+  std::map<int, const ComparedReport::Step*> psteps, msteps;
+  for (const ComparedReport::Step& s : pred.steps) psteps[s.index] = &s;
+  for (const ComparedReport::Step& s : meas.steps) msteps[s.index] = &s;
   std::map<int, TimeUs> aligned;
   TimeUs at = 0;
   for (const auto& [index, p] : psteps) {
@@ -404,9 +541,9 @@ std::string ComparisonTimeline(const ReportSummary& pred, const ReportSummary& m
   OJson events = OJson::array();
   struct Side {
     int pid;
-    const ReportSummary* report;
-    const std::map<int, const ReportSummary::Step*>* steps;
-    const std::map<OpKey, const ReportSummary::Op*>* other;
+    const ComparedReport* report;
+    const std::map<int, const ComparedReport::Step*>* steps;
+    const std::map<OpKey, const ComparedReport::Op*>* other;
     std::string label;
   };
   const Side sides[] = {
@@ -441,10 +578,10 @@ std::string ComparisonTimeline(const ReportSummary& pred, const ReportSummary& m
                         {"tid", 1},
                         {"ts", start}});
     }
-    for (const ReportSummary::Op& op : side.report->ops) {
+    for (const ComparedReport::Op& op : side.report->ops) {
       auto a = aligned.find(op.step);
       if (a == aligned.end()) continue;
-      const ReportSummary::Step& step = *side.steps->at(op.step);
+      const ComparedReport::Step& step = *side.steps->at(op.step);
       const int tid = op.kind == "compute" ? 1 : op.kind == "all_gather" ? 2 : 3;
       OJson args = {{"step", op.step},
                     {"microbatch", op.microbatch},

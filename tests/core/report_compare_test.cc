@@ -31,8 +31,8 @@ std::string Report(double step_us, double gather_us, bool measured) {
 }
 
 TEST(ReportCompare, MatchesStepsAndOpsAndGivesTheVerdict) {
-  StatusOr<ReportSummary> pred = ParseReportSummary(Report(104, 30, false), "sim.json");
-  StatusOr<ReportSummary> meas = ParseReportSummary(Report(100, 20, true), "run.json");
+  StatusOr<ComparedReport> pred = ParseComparedReport(Report(104, 30, false), "sim.json");
+  StatusOr<ComparedReport> meas = ParseComparedReport(Report(100, 20, true), "run.json");
   ASSERT_TRUE(pred.ok()) << pred.status().ToString();
   ASSERT_TRUE(meas.ok()) << meas.status().ToString();
   // The two all-gathers share their five keys: occurrences 0 and 1.
@@ -58,7 +58,7 @@ TEST(ReportCompare, MatchesStepsAndOpsAndGivesTheVerdict) {
 }
 
 TEST(ReportCompare, WarnsWhenTheReportsAreSwapped) {
-  StatusOr<ReportSummary> meas = ParseReportSummary(Report(100, 20, true), "run.json");
+  StatusOr<ComparedReport> meas = ParseComparedReport(Report(100, 20, true), "run.json");
   ASSERT_TRUE(meas.ok());
   const ReportComparison c = CompareReports(*meas, *meas, {});
   ASSERT_EQ(c.warnings.size(), 1u);
@@ -66,17 +66,17 @@ TEST(ReportCompare, WarnsWhenTheReportsAreSwapped) {
 }
 
 TEST(ReportCompare, RejectsWhatIsNotAReportNamingTheField) {
-  EXPECT_EQ(ParseReportSummary("[1]", "a.json").status().message(), "a.json: not a JSON document");
+  EXPECT_EQ(ParseComparedReport("[1]", "a.json").status().message(), "a.json: not a JSON document");
   // A format of the wrong type is an error, not an exception.
-  EXPECT_EQ(ParseReportSummary(R"({"format": 3})", "a.json").status().message(),
+  EXPECT_EQ(ParseComparedReport(R"({"format": 3})", "a.json").status().message(),
             "a.json: format is '', expected 'fsdplab.report'");
   const Status no_time =
-      ParseReportSummary(R"({"format": "fsdplab.report", "version": 1, "steps": [{"index": 0}]})",
-                         "a.json")
+      ParseComparedReport(R"({"format": "fsdplab.report", "version": 1, "steps": [{"index": 0}]})",
+                          "a.json")
           .status();
   EXPECT_EQ(no_time.message(), "a.json: steps[0].time_us: missing or not a number");
   // Ops with fields of the wrong type read as defaults.
-  StatusOr<ReportSummary> odd = ParseReportSummary(
+  StatusOr<ComparedReport> odd = ParseComparedReport(
       R"({"format": "fsdplab.report", "version": 1, "steps": [], "measured": "yes",
           "summary": {"step_time_us": 1}, "ops": [{"kind": 1, "step": "x"}, 7]})",
       "a.json");
@@ -112,10 +112,10 @@ std::string MemoryReport(bool measured, std::uint64_t unsharded_params, std::uin
 TEST(ReportCompare, PeakMemoryPerCategoryExactWhereThePlanFixesIt) {
   // Same parameters; unsharded gradients 600 vs 500 (timing dependent, not exact); totals
   // 2,600 vs 2,500: +4%, over the 2% tolerance, carried by unsharded_grads (+100).
-  StatusOr<ReportSummary> pred =
-      ParseReportSummary(MemoryReport(false, 1000, 600, 2600, 0, 100), "p");
-  StatusOr<ReportSummary> meas =
-      ParseReportSummary(MemoryReport(true, 1000, 500, 2500, 0, 100), "m");
+  StatusOr<ComparedReport> pred =
+      ParseComparedReport(MemoryReport(false, 1000, 600, 2600, 0, 100), "p");
+  StatusOr<ComparedReport> meas =
+      ParseComparedReport(MemoryReport(true, 1000, 500, 2500, 0, 100), "m");
   ASSERT_TRUE(pred.ok() && meas.ok());
   ReportComparison c = CompareReports(*pred, *meas, {});
   // Three categories (in the document's key order, alphabetical), then the total.
@@ -134,8 +134,8 @@ TEST(ReportCompare, PeakMemoryPerCategoryExactWhereThePlanFixesIt) {
       << c.memory_differences[0];
   // An exact category that differs is named, whatever the total does: 1,000 vs 1,010 unsharded
   // parameters, totals 2,500 vs 2,510 (-0.4%, within 2%).
-  pred = ParseReportSummary(MemoryReport(false, 1000, 500, 2500, 0, 100), "p");
-  meas = ParseReportSummary(MemoryReport(true, 1010, 500, 2510, 0, 100), "m");
+  pred = ParseComparedReport(MemoryReport(false, 1000, 500, 2500, 0, 100), "p");
+  meas = ParseComparedReport(MemoryReport(true, 1010, 500, 2510, 0, 100), "m");
   c = CompareReports(*pred, *meas, {});
   ASSERT_EQ(c.memory_differences.size(), 1u);
   EXPECT_EQ(c.memory_differences[0].rfind("step 0: unsharded_params peak 1000 predicted, 1010 "
@@ -152,10 +152,10 @@ TEST(ReportCompare, TimelineAlignsBothReportsAtStepStarts) {
   // The predicted step starts at 0 and the measured one at 7,000 on its own clock: both start
   // at 0 in the comparison timeline, and each op keeps its offset into the step (gather at 5,
   // compute at 25).
-  StatusOr<ReportSummary> pred =
-      ParseReportSummary(MemoryReport(false, 1000, 500, 2500, 0, 100), "p");
-  StatusOr<ReportSummary> meas =
-      ParseReportSummary(MemoryReport(true, 1000, 500, 2500, 7000, 120), "m");
+  StatusOr<ComparedReport> pred =
+      ParseComparedReport(MemoryReport(false, 1000, 500, 2500, 0, 100), "p");
+  StatusOr<ComparedReport> meas =
+      ParseComparedReport(MemoryReport(true, 1000, 500, 2500, 7000, 120), "m");
   ASSERT_TRUE(pred.ok() && meas.ok());
   const nlohmann::json doc = nlohmann::json::parse(ComparisonTimeline(*pred, *meas));
   std::vector<std::tuple<int, int, double>> ops;  // pid, tid, ts

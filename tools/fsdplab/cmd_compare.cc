@@ -30,9 +30,9 @@ constexpr std::string_view kDescription =
     "(default 5). --timeline writes both timelines as one Chrome/Perfetto trace, aligned at\n"
     "step starts.";
 
-StatusOr<ReportSummary> ReadReport(const std::string& path) {
+StatusOr<ComparedReport> ReadReport(const std::string& path) {
   FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  return ParseReportSummary(text, path);
+  return ParseComparedReport(text, path);
 }
 
 Status Run(const Args& args) {
@@ -55,8 +55,8 @@ Status Run(const Args& args) {
       return UsageError("--memory-tolerance: must not be negative");
     }
   }
-  FSDP_ASSIGN_OR_RETURN(const ReportSummary pred, ReadReport(args.positionals()[0]));
-  FSDP_ASSIGN_OR_RETURN(const ReportSummary meas, ReadReport(args.positionals()[1]));
+  FSDP_ASSIGN_OR_RETURN(const ComparedReport pred, ReadReport(args.positionals()[0]));
+  FSDP_ASSIGN_OR_RETURN(const ComparedReport meas, ReadReport(args.positionals()[1]));
   const ReportComparison c = CompareReports(pred, meas, options);
   const std::string json = ComparisonToJson(c);
   if (auto file = args.Get("-o")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));

@@ -17,6 +17,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,55 @@ struct CollectiveStats final {
   int overlapped = 0;
   TimeUs busy_us = 0;
 };
+
+// One op of the lowest-numbered rank in the timeline (computes and collectives), so that
+// `fsdplab compare` can match a predicted op with its measured counterpart. Added for compare;
+// serialised as "ops" in the JSON.
+struct OpReport final {
+  OpKind kind = OpKind::kCompute;
+  UnitId unit = kNoUnit;
+  Phase phase = Phase::kForward;
+  GatherReason reason = GatherReason::kDemand;
+  int step = 0;
+  int microbatch = 0;
+  int event = -1;
+  TimeUs start_us = 0;
+  TimeUs dur_us = 0;
+  Bytes bytes = 0;
+  std::string name;  // a compute's trace label (`name`), empty if none
+};
+
+// A race that sets a step's memory peak (`fsdplab compare` explains a total that differs with
+// them). A collective's end frees buffers (a reduce-scatter its unsharded gradients and its
+// output). Had it run `margin_us` longer, they would have been alive beside later allocations,
+// and so would those of the collectives queued behind it on its stream, which end that much later
+// too: the step's peak would have been `peak_if_bytes`, higher by at least kPeakRaceMinFraction
+// of the peak (and later still, up to `peak_at_limit_bytes`). Collectives are what a prediction
+// times least surely (live ones vary from call to call), so a margin that is small beside the
+// collective's duration is a peak that one slow call breaks.
+struct PeakRace final {
+  OpReport op;                             // the collective (rank 0) whose end freed the buffers
+  std::vector<MemoryCategory> categories;  // of the buffers it freed, largest first
+  Bytes bytes = 0;                         // all of them
+  int queued = 0;                          // collectives queued behind it, made late with it
+  TimeUs at_us = 0;                        // its first free
+  TimeUs margin_us = 0;                    // how much longer it would have to run (>= 0)
+  Bytes peak_if_bytes = 0;                 // the step's peak with it that late
+  Bytes peak_at_limit_bytes = 0;           // and with it kMaxRaceSlowdown times its duration late
+  // The op whose start made the allocation at that peak (a backward's gradients, a gather), when
+  // one did: the collective must end before it starts for the predicted peak to hold.
+  std::optional<OpReport> meets;
+  double margin_fraction() const { return op.dur_us > 0 ? margin_us / op.dur_us : 0; }
+};
+
+// A race counts when it would raise the peak by this fraction of it (`fsdplab compare`'s default
+// tolerance on the total) with its collective at most kMaxRaceSlowdown times longer than it ran;
+// a free belongs to the collective of its unit ending within kPeakRaceOpSlackUs of it; a step
+// keeps its kMaxPeakRaces smallest margins (as fractions of their collectives).
+inline constexpr double kPeakRaceMinFraction = 0.02;
+inline constexpr double kMaxRaceSlowdown = 1.0;
+inline constexpr TimeUs kPeakRaceOpSlackUs = 1000;
+inline constexpr std::size_t kMaxPeakRaces = 4;
 
 struct StepReport final {
   int index = 0;
@@ -52,6 +102,9 @@ struct StepReport final {
   // The caching allocator's peaks within the step (0 when the executor does not model it).
   Bytes peak_allocated_bytes = 0;
   Bytes peak_reserved_bytes = 0;
+  TimeUs peak_memory_at_us = 0;  // the first moment of the step's peak
+  // The races with the smallest margins (PeakRace), smallest fraction of their collective first.
+  std::vector<PeakRace> peak_races;
 };
 
 struct UnitReport final {
@@ -63,23 +116,6 @@ struct UnitReport final {
   Bytes gather_bytes = 0;
   TimeUs gather_us = 0;
   TimeUs exposed_us = 0;  // gather time not hidden by compute
-};
-
-// One op of the lowest-numbered rank in the timeline (computes and collectives), so that
-// `fsdplab compare` can match a predicted op with its measured counterpart. Added for compare;
-// serialised as "ops" in the JSON.
-struct OpReport final {
-  OpKind kind = OpKind::kCompute;
-  UnitId unit = kNoUnit;
-  Phase phase = Phase::kForward;
-  GatherReason reason = GatherReason::kDemand;
-  int step = 0;
-  int microbatch = 0;
-  int event = -1;
-  TimeUs start_us = 0;
-  TimeUs dur_us = 0;
-  Bytes bytes = 0;
-  std::string name;  // a compute's trace label (`name`), empty if none
 };
 
 struct ReportSummary final {

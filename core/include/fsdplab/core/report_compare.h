@@ -2,8 +2,8 @@
 // documents, match their steps by index and their ops by kind, unit, phase, step, microbatch and
 // occurrence, and say whether the mean step time was predicted within a threshold.
 //
-//   FSDP_ASSIGN_OR_RETURN(ReportSummary pred, ParseReportSummary(text_a, "sim.json"));
-//   FSDP_ASSIGN_OR_RETURN(ReportSummary meas, ParseReportSummary(text_b, "run.json"));
+//   FSDP_ASSIGN_OR_RETURN(ComparedReport pred, ParseComparedReport(text_a, "sim.json"));
+//   FSDP_ASSIGN_OR_RETURN(ComparedReport meas, ParseComparedReport(text_b, "run.json"));
 //   ReportComparison c = CompareReports(pred, meas, {.threshold_pct = 5, .top = 10});
 //   std::string json = ComparisonToJson(c);   // fsdplab.compare v1
 //   std::string text = ComparisonToText(c);   // for people
@@ -22,7 +22,7 @@
 namespace fsdplab {
 
 // What a comparison reads of one report. Missing optional numbers read as 0.
-struct ReportSummary final {
+struct ComparedReport final {
   struct Step final {
     int index = 0;
     TimeUs time_us = 0;
@@ -34,6 +34,28 @@ struct ReportSummary final {
     // ("category_peaks", else the breakdown at the step's peak), in the document's order.
     Bytes peak_memory_bytes = 0;
     std::vector<std::pair<std::string, Bytes>> category_peaks;
+    // The step's "peak_races" (core/report.h, PeakRace): collectives whose end, had it come
+    // `margin_us` later, would have raised the peak to `peak_if_bytes`.
+    struct Race final {
+      std::string collective;  // "reduce_scatter", ...
+      std::string unit;
+      int step = 0;
+      int microbatch = 0;
+      TimeUs start_us = 0;
+      TimeUs dur_us = 0;
+      std::vector<std::string> categories;
+      Bytes bytes = 0;
+      int queued = 0;  // collectives queued behind it, late with it
+      TimeUs margin_us = 0;
+      Bytes peak_if_bytes = 0;        // the peak with the collective that much later
+      Bytes peak_at_limit_bytes = 0;  // and with it at the race's limit (twice its duration)
+      // The op whose start the collective must precede ("meets"; kind empty when none).
+      std::string meets_kind, meets_unit, meets_phase;
+      int meets_step = 0;
+      int meets_microbatch = 0;
+      TimeUs meets_start_us = 0;
+    };
+    std::vector<Race> races;
   };
   struct Op final {
     std::string kind;   // "compute", "all_gather", ...
@@ -45,7 +67,7 @@ struct ReportSummary final {
     TimeUs start_us = 0;
     TimeUs dur_us = 0;
   };
-  std::string file;  // the name given to ParseReportSummary
+  std::string file;  // the name given to ParseComparedReport
   std::string source;
   bool measured = false;
   std::optional<std::string> policy_json;  // compared as a whole
@@ -58,7 +80,7 @@ struct ReportSummary final {
 };
 
 // Reads an fsdplab.report v1 document (steps with index and time_us, summary.step_time_us).
-StatusOr<ReportSummary> ParseReportSummary(std::string_view json_text, std::string_view file);
+StatusOr<ComparedReport> ParseComparedReport(std::string_view json_text, std::string_view file);
 
 struct CompareOptions final {
   double threshold_pct = 5;         // the verdict: |step time error| within this
@@ -69,11 +91,11 @@ struct CompareOptions final {
 struct ReportComparison final {
   struct Step final {
     int index = 0;
-    ReportSummary::Step predicted, measured;
+    ComparedReport::Step predicted, measured;
     double error_pct = 0;  // of time_us
   };
   struct OpRow final {
-    ReportSummary::Op key;  // dur_us unused
+    ComparedReport::Op key;  // dur_us unused
     TimeUs predicted_us = 0;
     TimeUs measured_us = 0;
     double error_pct = 0;
@@ -96,6 +118,17 @@ struct ReportComparison final {
     bool exact = false;
     double error_pct = 0;
   };
+  // A step whose measured total exceeds the predicted one by more than the tolerance, and the
+  // predicted race that accounts for it: the measured total is within the race's peaks (from the
+  // collective late by its margin to late by its limit), give or take the tolerance, and,
+  // measured, the collective ended after the op it must precede began (without one: later than
+  // predicted, each counted from its step's start).
+  struct MemoryRace final {
+    int step = 0;
+    ComparedReport::Step::Race race;  // as predicted
+    TimeUs measured_dur_us = 0;       // the same collective, measured
+    TimeUs late_us = 0;  // measured: how long after that op began it ended (or how much later)
+  };
   std::string predicted_file, predicted_source;
   std::string measured_file, measured_source;
   std::vector<Step> steps;
@@ -106,6 +139,7 @@ struct ReportComparison final {
   // Where memory differs: an exact category that is not equal, or a total off by more than
   // `memory_tolerance_pct`.
   std::vector<std::string> memory_differences;
+  std::vector<MemoryRace> memory_races;  // the totals a race explains
   double memory_tolerance_pct = 2;
   TimeUs step_time_predicted_us = 0, step_time_measured_us = 0;
   double step_time_error_pct = 0;
@@ -120,7 +154,7 @@ struct ReportComparison final {
 // (predicted - measured) / measured in percent; infinite when only the measurement is 0.
 double ErrorPct(double predicted, double measured);
 
-ReportComparison CompareReports(const ReportSummary& predicted, const ReportSummary& measured,
+ReportComparison CompareReports(const ComparedReport& predicted, const ComparedReport& measured,
                                 const CompareOptions& options);
 std::string ComparisonToJson(const ReportComparison& comparison);  // fsdplab.compare v1
 std::string ComparisonToText(const ReportComparison& comparison);
@@ -130,6 +164,6 @@ std::string ComparisonToText(const ReportComparison& comparison);
 // reduce-scatter tracks. Steps found in both are aligned at their starts: step k of both begins
 // where the longer of the two steps k-1 ended. Each op's args give its counterpart's duration
 // and the error.
-std::string ComparisonTimeline(const ReportSummary& predicted, const ReportSummary& measured);
+std::string ComparisonTimeline(const ComparedReport& predicted, const ComparedReport& measured);
 
 }  // namespace fsdplab

@@ -1,0 +1,190 @@
+// The races that set a step's memory peak (core/report.h, PeakRace), from hand-built timelines,
+// and how `compare` uses them to explain a measured total above the predicted one.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "fsdplab/core/report.h"
+#include "fsdplab/core/report_compare.h"
+
+namespace fsdplab {
+namespace {
+
+constexpr auto kGrads = MemoryCategory::kUnshardedGrads;
+
+TimelineOp Op(OpKind kind, UnitId unit, TimeUs start, TimeUs end) {
+  TimelineOp op;
+  op.kind = kind;
+  op.track = kind == OpKind::kCompute ? Track::kCompute : Track::kReduceScatter;
+  op.phase = Phase::kBackward;
+  op.unit = unit;
+  op.start_us = start;
+  op.end_us = end;
+  return op;
+}
+
+// A timeline's memory: 1000 B of sharded parameters from t = 0, then each change of unsharded
+// gradients (unit, time, signed bytes) in order.
+struct Change {
+  UnitId unit;
+  TimeUs t;
+  std::int64_t bytes;
+};
+std::vector<MemorySample> Memory(const std::vector<Change>& changes) {
+  MemorySample m;
+  m.bytes[static_cast<std::size_t>(MemoryCategory::kShardedParams)] = 1000;
+  std::vector<MemorySample> out{m};
+  for (const Change& c : changes) {
+    Bytes& g = m.bytes[static_cast<std::size_t>(kGrads)];
+    g = static_cast<Bytes>(static_cast<std::int64_t>(g) + c.bytes);
+    m.t_us = c.t;
+    m.unit = c.unit;
+    out.push_back(m);
+  }
+  return out;
+}
+
+// Unit 1's backward [0,100] allocates 100 B of gradients at 0; its reduce-scatter [100,150] frees
+// them at 150; unit 0's backward [160,260] allocates 100 B at 160, freed by its reduce-scatter
+// [260,310]. Peak 1100 (threshold ceil(2% of 1100) = 22). Unit 1's reduce-scatter 10 us later
+// (160 - 150) keeps its 100 B beside unit 0's: 1200 >= 1122. Margin 10 us = 20% of its 50 us;
+// it must end before unit 0's backward starts. Unit 0's free has nothing after it: no race.
+TEST(PeakRaces, ACollectiveThatFreesJustBeforeAnAllocationIsARace) {
+  Timeline tl;
+  tl.source = "sim";
+  tl.ops = {Op(OpKind::kCompute, 1, 0, 100), Op(OpKind::kReduceScatter, 1, 100, 150),
+            Op(OpKind::kCompute, 0, 160, 260), Op(OpKind::kReduceScatter, 0, 260, 310)};
+  tl.memory = Memory({{1, 0, 100}, {1, 150, -100}, {0, 160, 100}, {0, 310, -100}});
+  const Report r = BuildReport(tl, ReportInputs{});
+  ASSERT_EQ(r.steps.size(), 1u);
+  const StepReport& s = r.steps[0];
+  EXPECT_EQ(s.peak_memory_bytes, 1100u);
+  EXPECT_DOUBLE_EQ(s.peak_memory_at_us, 0);
+  ASSERT_EQ(s.peak_races.size(), 1u);
+  const PeakRace& race = s.peak_races[0];
+  EXPECT_EQ(race.op.kind, OpKind::kReduceScatter);
+  EXPECT_EQ(race.op.unit, 1);
+  EXPECT_EQ(race.bytes, 100u);
+  ASSERT_EQ(race.categories.size(), 1u);
+  EXPECT_EQ(race.categories[0], kGrads);
+  EXPECT_EQ(race.queued, 0);
+  EXPECT_DOUBLE_EQ(race.at_us, 150);
+  EXPECT_DOUBLE_EQ(race.margin_us, 10);
+  EXPECT_DOUBLE_EQ(race.margin_fraction(), 0.2);
+  EXPECT_EQ(race.peak_if_bytes, 1200u);
+  EXPECT_EQ(race.peak_at_limit_bytes, 1200u);  // 50 us late: the same two buffers
+  ASSERT_TRUE(race.meets.has_value());
+  EXPECT_EQ(race.meets->kind, OpKind::kCompute);
+  EXPECT_EQ(race.meets->unit, 0);
+  const nlohmann::json j = nlohmann::json::parse(ReportToJson(r));
+  const nlohmann::json& jr = j["steps"][0]["peak_races"][0];
+  EXPECT_EQ(jr["collective"], "reduce_scatter");
+  EXPECT_EQ(jr["margin_us"], 10.0);
+  EXPECT_EQ(jr["peak_if_bytes"], 1200);
+  EXPECT_EQ(jr["meets"]["kind"], "compute");
+  EXPECT_NE(ReportToText(r).find("Peak races (step 0"), std::string::npos);
+}
+
+// A late collective makes the ones queued behind it on its stream late too. Units 1 and 2 hold
+// 100 B of gradients each from 0 and 50 (peak 1200, threshold 24). Unit 1's reduce-scatter
+// [60,150] frees at 150; unit 2's, queued behind it [150,200], at 200; unit 3's backward
+// allocates 100 B at 205. Unit 2's alone, late by 5: 1100 + 100 = 1200 at 205, short of 1224
+// (and at its limit, 50 us, the same): no race. Unit 1's, late by d, delays both frees: at 205
+// its own 100 B count from d >= 55, unit 2's from d >= 5, so d = 55 gives 1100 + 200 = 1300
+// (61% of its 90 us, within its limit of 90 us).
+TEST(PeakRaces, ALateCollectiveDelaysTheOnesQueuedBehindIt) {
+  Timeline tl;
+  tl.source = "sim";
+  tl.ops = {Op(OpKind::kReduceScatter, 1, 60, 150), Op(OpKind::kReduceScatter, 2, 150, 200),
+            Op(OpKind::kCompute, 3, 205, 300)};
+  tl.memory = Memory({{1, 0, 100}, {2, 50, 100}, {1, 150, -100}, {2, 200, -100}, {3, 205, 100}});
+  const Report r = BuildReport(tl, ReportInputs{});
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_EQ(r.steps[0].peak_memory_bytes, 1200u);
+  ASSERT_EQ(r.steps[0].peak_races.size(), 1u);
+  const PeakRace& race = r.steps[0].peak_races[0];
+  EXPECT_EQ(race.op.unit, 1);
+  EXPECT_EQ(race.queued, 1);
+  EXPECT_EQ(race.bytes, 100u);  // its own frees; unit 2's come with it
+  EXPECT_DOUBLE_EQ(race.margin_us, 55);
+  EXPECT_EQ(race.peak_if_bytes, 1300u);
+  ASSERT_TRUE(race.meets.has_value());
+  EXPECT_EQ(race.meets->unit, 3);
+}
+
+// Two frees at one instant are two samples: the second must not count before it happens.
+// Unit 1 holds 100 + 50 B (peak 1150, threshold 23); its reduce-scatter [50,100] frees both at
+// 100, and nothing is allocated after. Late by any d, each free's own sample carries only the
+// frees at or before it in sample order: 1050 + 100 and 1000 + 150, the peak again, never above:
+// no race. (Counting the second free at the first one's sample, both being at t = 100, would give
+// 1050 + 150 = 1200 over 1173: a race that is not there.)
+TEST(PeakRaces, FreesAtOneInstantCountInSampleOrder) {
+  Timeline tl;
+  tl.source = "sim";
+  tl.ops = {Op(OpKind::kCompute, 1, 0, 50), Op(OpKind::kReduceScatter, 1, 50, 100)};
+  tl.memory = Memory({{1, 0, 100}, {1, 10, 50}, {1, 100, -100}, {1, 100, -50}});
+  const Report r = BuildReport(tl, ReportInputs{});
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_EQ(r.steps[0].peak_memory_bytes, 1150u);
+  EXPECT_TRUE(r.steps[0].peak_races.empty());
+}
+
+// A predicted report with one race (unit l1's reduce-scatter, which must end before l0's
+// backward starts) and a measured one whose total is the race's peak.
+std::string RaceReport(bool measured, std::uint64_t peak, double rs_end, double backward_start) {
+  const std::string race =
+      measured ? "" : R"(, "peak_races": [{"collective": "reduce_scatter", "unit": "l1",
+                         "step": 0, "microbatch": 0, "start_us": 100, "dur_us": 50,
+                         "categories": ["unsharded_grads"], "bytes": 100, "queued_behind": 0,
+                         "at_us": 150, "margin_us": 10, "peak_if_bytes": 1200,
+                         "peak_at_limit_bytes": 1200,
+                         "meets": {"kind": "compute", "unit": "l0", "phase": "backward",
+                                   "step": 0, "microbatch": 0, "start_us": 160}}])";
+  return R"({"format": "fsdplab.report", "version": 1, "source": ")" +
+         std::string(measured ? "live-host" : "sim") + R"(", "measured": )" +
+         (measured ? "true" : "false") + R"(,
+    "steps": [{"index": 0, "start_us": 0, "time_us": 310, "peak_memory_bytes": )" +
+         std::to_string(peak) + R"(, "category_peaks": {"unsharded_grads": 100})" + race + R"(}],
+    "ops": [{"kind": "reduce_scatter", "unit": "l1", "step": 0, "microbatch": 0,
+             "start_us": 100, "dur_us": )" +
+         std::to_string(rs_end - 100) + R"(},
+            {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0, "microbatch": 0,
+             "start_us": )" +
+         std::to_string(backward_start) + R"(, "dur_us": 100}],
+    "summary": {"step_time_us": 310}})";
+}
+
+TEST(PeakRaces, CompareNamesTheRaceBehindAHigherMeasuredTotal) {
+  StatusOr<ComparedReport> pred = ParseComparedReport(RaceReport(false, 1100, 150, 160), "p");
+  ASSERT_TRUE(pred.ok()) << pred.status().ToString();
+  ASSERT_EQ(pred->steps[0].races.size(), 1u);
+  EXPECT_EQ(pred->steps[0].races[0].meets_kind, "compute");
+  // Measured: the reduce-scatter ran 80 us and ended at 180, 15 us after l0's backward began at
+  // 165; the total is 1200 (the race's peak): -8.3% predicted, explained, 15 us late.
+  StatusOr<ComparedReport> meas = ParseComparedReport(RaceReport(true, 1200, 180, 165), "m");
+  ASSERT_TRUE(meas.ok()) << meas.status().ToString();
+  ReportComparison c = CompareReports(*pred, *meas, {});
+  ASSERT_EQ(c.memory_races.size(), 1u);
+  EXPECT_EQ(c.memory_races[0].race.unit, "l1");
+  EXPECT_DOUBLE_EQ(c.memory_races[0].measured_dur_us, 80);
+  EXPECT_DOUBLE_EQ(c.memory_races[0].late_us, 15);
+  ASSERT_EQ(c.memory_differences.size(), 1u);
+  EXPECT_NE(c.memory_differences[0].find("a race explains it: the reduce_scatter of l1"),
+            std::string::npos)
+      << c.memory_differences[0];
+  // The same total, but the reduce-scatter ended before the backward began (150 < 165): the race
+  // did not happen, so it explains nothing.
+  meas = ParseComparedReport(RaceReport(true, 1200, 150, 165), "m");
+  c = CompareReports(*pred, *meas, {});
+  EXPECT_TRUE(c.memory_races.empty());
+  EXPECT_EQ(c.memory_differences[0].find("a race"), std::string::npos);
+  // A measured total outside the race's peaks (1300 against 1200, over 2%): not this race.
+  meas = ParseComparedReport(RaceReport(true, 1300, 180, 165), "m");
+  c = CompareReports(*pred, *meas, {});
+  EXPECT_TRUE(c.memory_races.empty());
+}
+
+}  // namespace
+}  // namespace fsdplab
