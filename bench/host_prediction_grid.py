@@ -289,8 +289,11 @@ def memory_counts(c):
     raced = {r["step"]: r for r in c.get("memory_races", [])}
     above = [m for m in off if m["error_pct"] < 0]
     explained = [raced[m["step"]] for m in above if m["step"] in raced]
-    return (len(totals), len(exact), len(off), len(above), len(explained), len(off) - len(above),
-            [r["margin_us"] / r["predicted_us"] for r in explained if r["predicted_us"] > 0])
+    below = [m for m in off if m["error_pct"] > 0]
+    early = [raced[m["step"]] for m in below if m["step"] in raced]
+    return (len(totals), len(exact), len(off), len(above), len(explained), len(below),
+            [r["margin_us"] / r["predicted_us"] for r in explained if r["predicted_us"] > 0],
+            len(early))
 
 
 def race_margins(fractions):
@@ -356,11 +359,12 @@ def report(f, work, out, workloads, steps, repeat, label):
     spreads = sorted(r[3] * 100 for r in results)
     print(f"run-to-run spread (max - min over {repeat} runs, of the measured step): median "
           f"{statistics.median(spreads):.1f}%, largest {spreads[-1]:.1f}%")
-    m = [sum(r[5][k] for r in results) for k in range(6)]
+    m = [sum(r[5][k] for r in results) for k in (0, 1, 2, 3, 4, 5, 7)]
     fractions = sorted(x for r in results for x in r[5][6])
     print(f"memory (grid-wide prediction, {m[0]} steps): exact categories differ in {m[1]}; "
           f"total over 2% off in {m[2]} ({m[3]} measured above predicted, {m[4]} of them "
-          f"explained by a race{race_margins(fractions)}; {m[5]} predicted above measured)")
+          f"explained by a late race{race_margins(fractions)}; {m[5]} predicted above measured, "
+          f"{m[6]} of them by an early race)")
     key = 1 if all(r[1] is not None for r in results) else 2
     print("worst three (the op kind carrying most of the error):")
     for r in sorted(results, key=lambda r: -abs(r[key]))[:3]:

@@ -214,6 +214,24 @@ class Collectives final {
   std::map<UnitId, std::vector<const OpReport*>> by_unit_;  // every op, by end
 };
 
+// The smallest of the sorted `candidates` for which `holds` (which holds for all above it once
+// it holds for one), if any.
+template <typename Holds>
+std::optional<TimeUs> Smallest(const std::vector<TimeUs>& candidates, Holds holds) {
+  if (candidates.empty() || !holds(candidates.back())) return std::nullopt;
+  std::size_t lo = 0;
+  std::size_t hi = candidates.size() - 1;
+  while (lo < hi) {
+    const std::size_t mid = (lo + hi) / 2;
+    if (holds(candidates[mid])) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return candidates[hi];
+}
+
 // The step's races (StepReport::peak_races) from its memory samples in time order (`win`: the one
 // in effect at the window's start first, when there is one). Samples change one buffer each, so a
 // category's drop between two samples is one free, credited to the collective whose end made it.
@@ -224,7 +242,7 @@ class Collectives final {
 // that lifts some sample to the peak plus the threshold, searched over the d at which a free
 // starts to count (as if the totals only grew with d: the deferred allocations are the queued
 // collectives' outputs, small beside the frees).
-void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win,
+void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win, std::size_t peak_at,
                const Collectives& collectives) {
   const Bytes peak = s.peak_memory_bytes;
   const auto matters =
@@ -256,6 +274,22 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win,
       }
     }
   }
+  // A race of `op`, whose end made the frees `own`: what they freed.
+  auto Freeing = [&](const OpReport& op, const std::vector<Free>& own) {
+    PeakRace race;
+    race.op = op;
+    std::map<MemoryCategory, Bytes> by_category;
+    for (const Free& f : own) {
+      by_category[f.category] += f.bytes;
+      race.bytes += f.bytes;
+    }
+    for (const auto& [c, b] : by_category) race.categories.push_back(c);
+    std::stable_sort(
+        race.categories.begin(), race.categories.end(),
+        [&](MemoryCategory a, MemoryCategory b) { return by_category[a] > by_category[b]; });
+    race.at_us = std::max(win[own.front().sample]->t_us, s.start_us);
+    return race;
+  };
   std::vector<PeakRace> races;
   for (const auto& [op, own] : frees) {
     // Its frees and those of the collectives queued behind it, in sample order.
@@ -311,31 +345,11 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win,
     }
     std::sort(candidates.begin(), candidates.end());
     candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
-    if (candidates.empty() || !reach(candidates.back())) continue;
-    std::size_t lo = 0;
-    std::size_t hi = candidates.size() - 1;  // reach(candidates[hi]) holds
-    while (lo < hi) {
-      const std::size_t mid = (lo + hi) / 2;
-      if (reach(candidates[mid])) {
-        hi = mid;
-      } else {
-        lo = mid + 1;
-      }
-    }
-    PeakRace race;
-    race.op = *op;
-    std::map<MemoryCategory, Bytes> by_category;
-    for (const Free& f : own) {
-      by_category[f.category] += f.bytes;
-      race.bytes += f.bytes;
-    }
-    for (const auto& [c, b] : by_category) race.categories.push_back(c);
-    std::stable_sort(
-        race.categories.begin(), race.categories.end(),
-        [&](MemoryCategory a, MemoryCategory b) { return by_category[a] > by_category[b]; });
+    const std::optional<TimeUs> margin = Smallest(candidates, reach);
+    if (!margin) continue;
+    PeakRace race = Freeing(*op, own);
     race.queued = queued;
-    race.at_us = std::max(win[own.front().sample]->t_us, s.start_us);
-    race.margin_us = candidates[hi];
+    race.margin_us = *margin;
     race.peak_at_limit_bytes = peak_with(limit);
     race.peak_if_bytes = peak_with(race.margin_us);
     // What the late buffers meet at that peak: the sample's change, when an op's start made it.
@@ -345,10 +359,57 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win,
     }
     races.push_back(std::move(race));
   }
-  std::stable_sort(races.begin(), races.end(), [](const PeakRace& a, const PeakRace& b) {
+  // Early races: a collective that ends after the peak began, had it ended d sooner, would have
+  // freed its buffers before every sample from t_f - d to its free; the smallest d, up to its
+  // duration, that brings the step's peak down by the threshold. (Its queue is left as it is: a
+  // collective behind it would start sooner and allocate sooner too.)
+  const MemorySample* at_peak = win[peak_at];
+  const OpReport* peak_op = peak_at > 0 && at_peak->total() > win[peak_at - 1]->total()
+                                ? collectives.StartingAt(at_peak->unit, at_peak->t_us)
+                                : nullptr;
+  std::vector<PeakRace> early;
+  for (const auto& [op, own] : frees) {
+    if (own.back().sample <= peak_at) continue;  // all freed by the peak already
+    auto peak_without = [&](TimeUs d) {
+      Bytes most = 0;
+      for (std::size_t i = 0; i < win.size(); ++i) {
+        Bytes gone = 0;
+        for (const Free& f : own) {
+          if (i < f.sample && win[f.sample]->t_us - d <= win[i]->t_us) gone += f.bytes;
+        }
+        most = std::max(most, win[i]->total() - std::min(gone, win[i]->total()));
+      }
+      return most;
+    };
+    auto lowers = [&](TimeUs d) { return peak_without(d) + matters <= peak; };
+    const TimeUs limit = kMaxRaceSlowdown * op->dur_us;
+    std::vector<TimeUs> candidates;
+    for (const Free& f : own) {
+      const TimeUs tf = win[f.sample]->t_us;
+      for (std::size_t i = f.sample; i-- > 0 && tf - win[i]->t_us <= limit;) {
+        candidates.push_back(tf - win[i]->t_us);
+      }
+    }
+    std::sort(candidates.begin(), candidates.end());
+    candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+    const std::optional<TimeUs> margin = Smallest(candidates, lowers);
+    if (!margin) continue;
+    PeakRace race = Freeing(*op, own);
+    race.early = true;
+    race.margin_us = *margin;
+    race.peak_at_limit_bytes = peak_without(limit);
+    race.peak_if_bytes = peak_without(*margin);
+    if (peak_op != nullptr && peak_op != op) race.meets = *peak_op;
+    early.push_back(std::move(race));
+  }
+  auto by_fraction = [](const PeakRace& a, const PeakRace& b) {
     return a.margin_fraction() < b.margin_fraction();
-  });
+  };
+  std::stable_sort(races.begin(), races.end(), by_fraction);
+  std::stable_sort(early.begin(), early.end(), by_fraction);
   if (races.size() > kMaxPeakRaces) races.resize(kMaxPeakRaces);
+  if (early.size() > kMaxPeakRaces) early.resize(kMaxPeakRaces);
+  races.insert(races.end(), early.begin(), early.end());
   s.peak_races = std::move(races);
 }
 
@@ -482,7 +543,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
       std::size_t peak = 0;
       while (win[peak]->total() != s.peak_memory_bytes) ++peak;
       s.peak_memory_at_us = std::max(win[peak]->t_us, s.start_us);
-      PeakRaces(s, win, collectives);
+      PeakRaces(s, win, peak, collectives);
     }
     TimeUs lb = std::max(acc.compute_sum, in.memory_cap_lower_bound_us);
     for (const auto& [track, busy] : acc.track_busy) lb = std::max(lb, busy);
@@ -577,7 +638,8 @@ std::string ReportToJson(const Report& r) {
   auto races_json = [&](const std::vector<PeakRace>& races) {
     Json out = Json::array();
     for (const PeakRace& m : races) {
-      out.push_back(Json{{"collective", OpKindName(m.op.kind)},
+      out.push_back(Json{{"direction", m.early ? "early" : "late"},
+                         {"collective", OpKindName(m.op.kind)},
                          {"unit", unit_name(m.op.unit)},
                          {"step", m.op.step},
                          {"microbatch", m.op.microbatch},
@@ -768,6 +830,7 @@ std::string ReportToText(const Report& r) {
                     "time; late, they keep their buffers beside later ones",
                     last.index));
     for (const PeakRace& race : last.peak_races) {
+      if (race.early) continue;
       const std::string unit =
           race.op.unit >= 0 && static_cast<std::size_t>(race.op.unit) < r.unit_names.size()
               ? r.unit_names[static_cast<std::size_t>(race.op.unit)]

@@ -87,21 +87,27 @@ const ComparedReport::Op* Measured(const ComparedReport& pred,
   return it == measured_ops.end() ? nullptr : it->second;
 }
 
-// The predicted race behind a measured total above the predicted one: among the step's races, one
-// whose range of peaks holds the measured total, give or take the tolerance, and whose collective,
-// measured, ended after the op it must precede began (without one: later than predicted, each
-// counted from its step's start). The nearest range wins.
+// The predicted race behind a measured total off the predicted one: among the step's races of the
+// direction the miss asks for (late: the measured total above the predicted one; early: below),
+// one whose range of peaks holds the measured total, give or take the tolerance, and whose
+// collective, measured, ended after (late) or before (early) the op it must precede or follow
+// began; without that op, later (sooner) than predicted, each counted from its step's start. The
+// nearest range wins.
 std::optional<ReportComparison::MemoryRace> RaceBehind(
     const ComparedReport& pred, const ComparedReport::Step& step,
     const ComparedReport::Step& measured_step,
-    const std::map<OpKey, const ComparedReport::Op*>& measured_ops, double tolerance_pct) {
+    const std::map<OpKey, const ComparedReport::Op*>& measured_ops, double tolerance_pct,
+    bool early) {
   const auto total = static_cast<double>(measured_step.peak_memory_bytes);
   std::optional<ReportComparison::MemoryRace> best;
   double best_gap = 0;
   for (const ComparedReport::Step::Race& race : step.races) {
+    if (race.early != early) continue;
     // How far the measured total lies outside the race's range of peaks (0: inside).
-    const auto lo = static_cast<double>(race.peak_if_bytes);
-    const auto hi = std::max(lo, static_cast<double>(race.peak_at_limit_bytes));
+    const auto a = static_cast<double>(race.peak_if_bytes);
+    const auto b = static_cast<double>(race.peak_at_limit_bytes);
+    const double lo = std::min(a, b);
+    const double hi = std::max(a, b);
     const double gap = total < lo ? lo - total : total > hi ? total - hi : 0.0;
     if (gap > tolerance_pct / 100.0 * total || (best && gap >= best_gap)) continue;
     const ComparedReport::Op* m = Measured(pred, measured_ops, race.collective, "", race.unit,
@@ -112,12 +118,13 @@ std::optional<ReportComparison::MemoryRace> RaceBehind(
             ? nullptr
             : Measured(pred, measured_ops, race.meets_kind, race.meets_phase, race.meets_unit,
                        race.meets_step, race.meets_microbatch, race.meets_start_us);
-    const TimeUs late = meets != nullptr ? m->start_us + m->dur_us - meets->start_us
-                                         : (m->start_us + m->dur_us - measured_step.start_us) -
-                                               (race.start_us + race.dur_us - step.start_us);
-    if (late <= 0) continue;
+    const TimeUs after = meets != nullptr ? m->start_us + m->dur_us - meets->start_us
+                                          : (m->start_us + m->dur_us - measured_step.start_us) -
+                                                (race.start_us + race.dur_us - step.start_us);
+    const TimeUs by = early ? -after : after;
+    if (by <= 0) continue;
     best = ReportComparison::MemoryRace{
-        .step = step.index, .race = race, .measured_dur_us = m->dur_us, .late_us = late};
+        .step = step.index, .race = race, .measured_dur_us = m->dur_us, .late_us = by};
     best_gap = gap;
   }
   return best;
@@ -172,6 +179,7 @@ StatusOr<ComparedReport> ParseComparedReport(std::string_view json_text, std::st
         race.margin_us = Num(j, "margin_us");
         race.peak_if_bytes = Count(j, "peak_if_bytes");
         race.peak_at_limit_bytes = Count(j, "peak_at_limit_bytes");
+        race.early = Text(j, "direction") == "early";
         if (j.is_object() && j.contains("meets") && j["meets"].is_object()) {
           const Json& m = j["meets"];
           race.meets_kind = Text(m, "kind");
@@ -334,29 +342,34 @@ ReportComparison CompareReports(const ComparedReport& pred, const ComparedReport
           .error_pct = ErrorPct(static_cast<double>(s.predicted.peak_memory_bytes),
                                 static_cast<double>(s.measured.peak_memory_bytes))};
       std::string race_text;
-      if (total.error_pct < -options.memory_tolerance_pct) {
-        if (std::optional<ReportComparison::MemoryRace> race =
-                RaceBehind(pred, s.predicted, s.measured, mops, options.memory_tolerance_pct)) {
+      if (std::fabs(total.error_pct) > options.memory_tolerance_pct) {
+        const bool early = total.error_pct > 0;  // predicted above measured
+        if (std::optional<ReportComparison::MemoryRace> race = RaceBehind(
+                pred, s.predicted, s.measured, mops, options.memory_tolerance_pct, early)) {
           const auto& pr = race->race;
-          const std::string precede =
+          const std::string meets =
               pr.meets_kind.empty()
-                  ? std::string("later than predicted in its step")
+                  ? std::string()
                   : fmt::format(
-                        "after the {} of {} (mb {}) began, which it was predicted to "
-                        "precede",
+                        "the {} of {} (mb {})",
                         pr.meets_kind == "compute" ? "compute " + pr.meets_phase : pr.meets_kind,
                         pr.meets_unit, pr.meets_microbatch);
+          const std::string when =
+              meets.empty()
+                  ? fmt::format("{} than predicted in its step", early ? "sooner" : "later")
+                  : fmt::format("{} {} began, which it was predicted to {}",
+                                early ? "before" : "after", meets, early ? "follow" : "precede");
           race_text = fmt::format(
               "; a race explains it: the {} of {} (step {} mb {}) frees {} B ({}) as it ends; "
-              "{:.1f} us later ({:.0f}% of its predicted {:.1f} us){} would have put the predicted "
-              "peak at {} B ({} B at twice its duration); measured, it ran {:.1f} us and ended "
-              "{:.1f} us {}",
+              "{:.1f} us {} ({:.0f}% of its predicted {:.1f} us){} would have put the predicted "
+              "peak at {} B ({} B {}); measured, it ran {:.1f} us and ended {:.1f} us {}",
               pr.collective, pr.unit, pr.step, pr.microbatch, pr.bytes,
-              fmt::join(pr.categories, ", "), pr.margin_us,
+              fmt::join(pr.categories, ", "), pr.margin_us, early ? "sooner" : "later",
               pr.dur_us > 0 ? 100.0 * pr.margin_us / pr.dur_us : 0.0, pr.dur_us,
               pr.queued > 0 ? fmt::format(", with the {} queued behind it", pr.queued) : "",
-              pr.peak_if_bytes, pr.peak_at_limit_bytes, race->measured_dur_us, race->late_us,
-              precede);
+              pr.peak_if_bytes, pr.peak_at_limit_bytes,
+              early ? "ending as it began" : "at twice its duration", race->measured_dur_us,
+              race->late_us, when);
           c.memory_races.push_back(std::move(*race));
         }
       }
@@ -444,6 +457,7 @@ std::string ComparisonToJson(const ReportComparison& c) {
   OJson races = OJson::array();
   for (const ReportComparison::MemoryRace& m : c.memory_races) {
     races.push_back({{"step", m.step},
+                     {"direction", m.race.early ? "early" : "late"},
                      {"collective", m.race.collective},
                      {"unit", m.race.unit},
                      {"race_step", m.race.step},

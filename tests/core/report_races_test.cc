@@ -131,6 +131,34 @@ TEST(PeakRaces, FreesAtOneInstantCountInSampleOrder) {
   EXPECT_TRUE(r.steps[0].peak_races.empty());
 }
 
+// The other direction. Unit 1 holds 100 B of gradients from 0, freed at 150 by its reduce-scatter
+// [100,150]; unit 0's backward allocates 100 B at 120: peak 1200 at 120 (threshold 24), freed by
+// its reduce-scatter [250,300] at 300. Unit 1's reduce-scatter ended 30 us sooner (60% of its 50
+// us) frees before 120: the peak is 1100, 100 lower. No late race: unit 1's free held back by up
+// to its 50 us meets nothing new (1100 + 100 = 1200 < 1224); unit 0's has nothing after it. Unit
+// 0's reduce-scatter sooner by up to 50 us frees from 250 on, past the peak: no early race.
+TEST(PeakRaces, ACollectiveThatFreesJustAfterThePeakBeganIsAnEarlyRace) {
+  Timeline tl;
+  tl.source = "sim";
+  tl.ops = {Op(OpKind::kCompute, 1, 0, 100), Op(OpKind::kReduceScatter, 1, 100, 150),
+            Op(OpKind::kCompute, 0, 120, 220), Op(OpKind::kReduceScatter, 0, 250, 300)};
+  tl.memory = Memory({{1, 0, 100}, {0, 120, 100}, {1, 150, -100}, {0, 300, -100}});
+  const Report r = BuildReport(tl, ReportInputs{});
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_EQ(r.steps[0].peak_memory_bytes, 1200u);
+  ASSERT_EQ(r.steps[0].peak_races.size(), 1u);
+  const PeakRace& race = r.steps[0].peak_races[0];
+  EXPECT_TRUE(race.early);
+  EXPECT_EQ(race.op.unit, 1);
+  EXPECT_DOUBLE_EQ(race.margin_us, 30);
+  EXPECT_EQ(race.peak_if_bytes, 1100u);
+  EXPECT_EQ(race.peak_at_limit_bytes, 1100u);
+  ASSERT_TRUE(race.meets.has_value());
+  EXPECT_EQ(race.meets->unit, 0);
+  EXPECT_EQ(nlohmann::json::parse(ReportToJson(r))["steps"][0]["peak_races"][0]["direction"],
+            "early");
+}
+
 // A predicted report with one race (unit l1's reduce-scatter, which must end before l0's
 // backward starts) and a measured one whose total is the race's peak.
 std::string RaceReport(bool measured, std::uint64_t peak, double rs_end, double backward_start) {
@@ -184,6 +212,43 @@ TEST(PeakRaces, CompareNamesTheRaceBehindAHigherMeasuredTotal) {
   meas = ParseComparedReport(RaceReport(true, 1300, 180, 165), "m");
   c = CompareReports(*pred, *meas, {});
   EXPECT_TRUE(c.memory_races.empty());
+}
+
+TEST(PeakRaces, CompareNamesTheEarlyRaceBehindALowerMeasuredTotal) {
+  // Predicted: peak 1200 at l0's backward (start 120); l1's reduce-scatter [100,150] ended 30 us
+  // sooner would have made it 1100. Measured: 1100 (+9.1% predicted), the reduce-scatter ran 10
+  // us and ended at 110, 15 us before the backward began at 125.
+  const std::string race = R"("peak_races": [{"direction": "early", "collective": "reduce_scatter",
+      "unit": "l1", "step": 0, "microbatch": 0, "start_us": 100, "dur_us": 50,
+      "categories": ["unsharded_grads"], "bytes": 100, "at_us": 150, "margin_us": 30,
+      "peak_if_bytes": 1100, "peak_at_limit_bytes": 1100,
+      "meets": {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0,
+                "microbatch": 0, "start_us": 120}}])";
+  const std::string pred_text =
+      R"({"format": "fsdplab.report", "version": 1, "source": "sim", "measured": false,
+    "steps": [{"index": 0, "start_us": 0, "time_us": 310, "peak_memory_bytes": 1200,
+               "category_peaks": {"unsharded_grads": 200}, )" +
+      race + R"(}],
+    "ops": [{"kind": "reduce_scatter", "unit": "l1", "step": 0, "microbatch": 0,
+             "start_us": 100, "dur_us": 50},
+            {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0, "microbatch": 0,
+             "start_us": 120, "dur_us": 100}],
+    "summary": {"step_time_us": 310}})";
+  StatusOr<ComparedReport> pred = ParseComparedReport(pred_text, "p");
+  ASSERT_TRUE(pred.ok()) << pred.status().ToString();
+  ASSERT_EQ(pred->steps[0].races.size(), 1u);
+  EXPECT_TRUE(pred->steps[0].races[0].early);
+  StatusOr<ComparedReport> meas = ParseComparedReport(RaceReport(true, 1100, 110, 125), "m");
+  ASSERT_TRUE(meas.ok()) << meas.status().ToString();
+  ReportComparison c = CompareReports(*pred, *meas, {});
+  ASSERT_EQ(c.memory_races.size(), 1u);
+  EXPECT_TRUE(c.memory_races[0].race.early);
+  EXPECT_DOUBLE_EQ(c.memory_races[0].late_us, 15);
+  EXPECT_NE(c.memory_differences[0].find("30.0 us sooner"), std::string::npos)
+      << c.memory_differences[0];
+  // Measured above the prediction, the early race is not the explanation.
+  meas = ParseComparedReport(RaceReport(true, 1300, 110, 125), "m");
+  EXPECT_TRUE(CompareReports(*pred, *meas, {}).memory_races.empty());
 }
 
 }  // namespace

@@ -60,15 +60,21 @@ struct OpReport final {
 // of the peak (and later still, up to `peak_at_limit_bytes`). Collectives are what a prediction
 // times least surely (live ones vary from call to call), so a margin that is small beside the
 // collective's duration is a peak that one slow call breaks.
+//
+// An early race is the other direction: a collective that frees its buffers after the peak
+// began, and that, ended `margin_us` sooner, would have lowered the peak by the threshold, to
+// `peak_if_bytes` (and sooner still, by up to its duration, to `peak_at_limit_bytes`); `meets` is
+// then the op whose start made the peak, which it would have to precede.
 struct PeakRace final {
+  bool early = false;                      // an early race (above); false: a late one
   OpReport op;                             // the collective (rank 0) whose end freed the buffers
   std::vector<MemoryCategory> categories;  // of the buffers it freed, largest first
   Bytes bytes = 0;                         // all of them
-  int queued = 0;                          // collectives queued behind it, made late with it
-  TimeUs at_us = 0;                        // its first free
-  TimeUs margin_us = 0;                    // how much longer it would have to run (>= 0)
-  Bytes peak_if_bytes = 0;                 // the step's peak with it that late
-  Bytes peak_at_limit_bytes = 0;           // and with it kMaxRaceSlowdown times its duration late
+  int queued = 0;                 // collectives queued behind it, made late with it (late races)
+  TimeUs at_us = 0;               // its first free
+  TimeUs margin_us = 0;           // how much longer it would have to run (>= 0)
+  Bytes peak_if_bytes = 0;        // the step's peak with it that late
+  Bytes peak_at_limit_bytes = 0;  // and with it kMaxRaceSlowdown times its duration late
   // The op whose start made the allocation at that peak (a backward's gradients, a gather), when
   // one did: the collective must end before it starts for the predicted peak to hold.
   std::optional<OpReport> meets;
@@ -77,8 +83,9 @@ struct PeakRace final {
 
 // A race counts when it would raise the peak by this fraction of it (`fsdplab compare`'s default
 // tolerance on the total) with its collective at most kMaxRaceSlowdown times longer than it ran;
-// a free belongs to the collective of its unit ending within kPeakRaceOpSlackUs of it; a step
-// keeps its kMaxPeakRaces smallest margins (as fractions of their collectives).
+// (or, early, ending sooner by at most its duration); a free belongs to the collective of its
+// unit ending within kPeakRaceOpSlackUs of it; a step keeps the kMaxPeakRaces smallest margins
+// (as fractions of their collectives) of each direction.
 inline constexpr double kPeakRaceMinFraction = 0.02;
 inline constexpr double kMaxRaceSlowdown = 1.0;
 inline constexpr TimeUs kPeakRaceOpSlackUs = 1000;
@@ -103,7 +110,8 @@ struct StepReport final {
   Bytes peak_allocated_bytes = 0;
   Bytes peak_reserved_bytes = 0;
   TimeUs peak_memory_at_us = 0;  // the first moment of the step's peak
-  // The races with the smallest margins (PeakRace), smallest fraction of their collective first.
+  // The races with the smallest margins (PeakRace): the late ones, smallest fraction of their
+  // collective first, then the early ones likewise, at most kMaxPeakRaces of each.
   std::vector<PeakRace> peak_races;
 };
 

@@ -37,6 +37,7 @@ struct ComparedReport final {
     // The step's "peak_races" (core/report.h, PeakRace): collectives whose end, had it come
     // `margin_us` later, would have raised the peak to `peak_if_bytes`.
     struct Race final {
+      bool early = false;      // "direction": "early" (else late)
       std::string collective;  // "reduce_scatter", ...
       std::string unit;
       int step = 0;
@@ -118,16 +119,20 @@ struct ReportComparison final {
     bool exact = false;
     double error_pct = 0;
   };
-  // A step whose measured total exceeds the predicted one by more than the tolerance, and the
-  // predicted race that accounts for it: the measured total is within the race's peaks (from the
-  // collective late by its margin to late by its limit), give or take the tolerance, and,
-  // measured, the collective ended after the op it must precede began (without one: later than
-  // predicted, each counted from its step's start).
+  // A step whose measured total misses the predicted one by more than the tolerance, and the
+  // predicted race that accounts for it (a late one when the measured total is above the
+  // predicted one, an early one when below): the measured total is within the race's peaks
+  // (from the collective off by its margin to off by its limit), give or take the tolerance, and,
+  // measured, the collective ended after (late) or before (early) the op it must precede or
+  // follow began (without one: later or sooner than predicted, each counted from its step's
+  // start).
   struct MemoryRace final {
     int step = 0;
     ComparedReport::Step::Race race;  // as predicted
     TimeUs measured_dur_us = 0;       // the same collective, measured
-    TimeUs late_us = 0;  // measured: how long after that op began it ended (or how much later)
+    // Measured: how long after (late) or before (early) that op began it ended, or how much later
+    // or sooner than predicted.
+    TimeUs late_us = 0;
   };
   std::string predicted_file, predicted_source;
   std::string measured_file, measured_source;
