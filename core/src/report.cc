@@ -214,10 +214,12 @@ class Collectives final {
   std::map<UnitId, std::vector<const OpReport*>> by_unit_;  // every op, by end
 };
 
-// The smallest of the sorted `candidates` for which `holds` (which holds for all above it once
-// it holds for one), if any.
+// The smallest of `candidates` for which `holds` (which holds for all above it once it holds for
+// one), if any.
 template <typename Holds>
-std::optional<TimeUs> Smallest(const std::vector<TimeUs>& candidates, Holds holds) {
+std::optional<TimeUs> Smallest(std::vector<TimeUs> candidates, Holds holds) {
+  std::sort(candidates.begin(), candidates.end());
+  candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
   if (candidates.empty() || !holds(candidates.back())) return std::nullopt;
   std::size_t lo = 0;
   std::size_t hi = candidates.size() - 1;
@@ -343,9 +345,7 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win, std::
         candidates.push_back(win[i]->t_us - tf);
       }
     }
-    std::sort(candidates.begin(), candidates.end());
-    candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
-    const std::optional<TimeUs> margin = Smallest(candidates, reach);
+    const std::optional<TimeUs> margin = Smallest(std::move(candidates), reach);
     if (!margin) continue;
     PeakRace race = Freeing(*op, own);
     race.queued = queued;
@@ -390,9 +390,7 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win, std::
         candidates.push_back(tf - win[i]->t_us);
       }
     }
-    std::sort(candidates.begin(), candidates.end());
-    candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
-    const std::optional<TimeUs> margin = Smallest(candidates, lowers);
+    const std::optional<TimeUs> margin = Smallest(std::move(candidates), lowers);
     if (!margin) continue;
     PeakRace race = Freeing(*op, own);
     race.early = true;
