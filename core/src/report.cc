@@ -312,6 +312,17 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win, std::
               [](const Free& a, const Free& b) { return a.sample < b.sample; });
     const TimeUs limit = kMaxRaceSlowdown * op->dur_us;
     const std::size_t first = delayed.front().sample;
+    {
+      // Cheap bound first: every delayed free carried at once, over the samples it could reach.
+      Bytes all = 0;
+      for (const Free& f : delayed) all += f.bytes;
+      const TimeUs until = win[delayed.back().sample]->t_us + limit;
+      Bytes most = 0;
+      for (std::size_t i = first; i < win.size() && win[i]->t_us <= until; ++i) {
+        most = std::max(most, win[i]->total());
+      }
+      if (most + all < peak + matters) continue;
+    }
     // The step's peak with the frees delayed by d (samples after the last delayed free carry
     // nothing more, and none of them is above the peak).
     std::size_t at_most = first;  // the sample of the last peak_with's peak
@@ -367,22 +378,42 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win, std::
   const OpReport* peak_op = peak_at > 0 && at_peak->total() > win[peak_at - 1]->total()
                                 ? collectives.StartingAt(at_peak->unit, at_peak->t_us)
                                 : nullptr;
+  // The samples an early race must lower (the others are below the peak by the threshold).
+  std::vector<std::size_t> high;
+  for (std::size_t i = 0; i < win.size(); ++i) {
+    if (win[i]->total() + matters > peak) high.push_back(i);
+  }
   std::vector<PeakRace> early;
   for (const auto& [op, own] : frees) {
-    if (own.back().sample <= peak_at) continue;  // all freed by the peak already
+    const TimeUs limit = kMaxRaceSlowdown * op->dur_us;
+    // Every high sample must come before its last free and no sooner than its first free less
+    // the limit.
+    if (high.back() >= own.back().sample ||
+        win[high.front()]->t_us < win[own.front().sample]->t_us - limit) {
+      continue;
+    }
+    auto gone_at = [&](std::size_t i, TimeUs d) {
+      Bytes gone = 0;
+      for (const Free& f : own) {
+        if (i < f.sample && win[f.sample]->t_us - d <= win[i]->t_us) gone += f.bytes;
+      }
+      return gone;
+    };
     auto peak_without = [&](TimeUs d) {
       Bytes most = 0;
       for (std::size_t i = 0; i < win.size(); ++i) {
-        Bytes gone = 0;
-        for (const Free& f : own) {
-          if (i < f.sample && win[f.sample]->t_us - d <= win[i]->t_us) gone += f.bytes;
-        }
-        most = std::max(most, win[i]->total() - std::min(gone, win[i]->total()));
+        most = std::max(most, win[i]->total() - std::min(gone_at(i, d), win[i]->total()));
       }
       return most;
     };
-    auto lowers = [&](TimeUs d) { return peak_without(d) + matters <= peak; };
-    const TimeUs limit = kMaxRaceSlowdown * op->dur_us;
+    auto lowers = [&](TimeUs d) {
+      for (std::size_t i : high) {
+        if (win[i]->total() - std::min(gone_at(i, d), win[i]->total()) + matters > peak) {
+          return false;
+        }
+      }
+      return true;
+    };
     std::vector<TimeUs> candidates;
     for (const Free& f : own) {
       const TimeUs tf = win[f.sample]->t_us;
