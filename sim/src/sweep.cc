@@ -38,6 +38,14 @@ SweepRow SimulatePolicy(const Trace& trace, const Policy& policy, const SimOptio
   row.peak_memory_bytes = rep.summary.peak_memory_bytes;
   for (Bytes b : r->peak_memory_by_rank) row.peak_memory_bytes = std::max(row.peak_memory_bytes, b);
   row.lower_bound_us = rep.summary.lower_bound_us;
+  for (std::size_t i = rep.steps.size() > 1 ? 1 : 0; i < rep.steps.size(); ++i) {
+    for (const PeakRace& race : rep.steps[i].peak_races) {
+      if (race.early) continue;
+      if (!row.nearest_race || race.margin_fraction() < row.nearest_race->margin_fraction()) {
+        row.nearest_race = race;
+      }
+    }
+  }
   return row;
 }
 

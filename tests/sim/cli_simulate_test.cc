@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 
 namespace {
 
@@ -161,3 +163,55 @@ TEST(CliPresetExport, PresetsRunAndExportNamesItsInputs) {
             2);
   EXPECT_FALSE(std::ifstream(bad_out).good());
 }
+
+namespace {
+
+// stdout of the CLI with `args`, and its exit code.
+std::pair<int, std::string> RunCliOutput(const std::string& args, const std::string& out_file) {
+  std::string cmd = std::string(FSDPLAB_BIN) + " " + args + " > " + out_file + " 2>&1";
+  int rc = std::system(cmd.c_str());
+  std::ifstream in(out_file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ss.str()};
+}
+
+// A sweep's best policy under a cap is fragile when a collective only a little late would put its
+// peak over the cap: the cap sits between the peak and the peak of the report's nearest late race
+// (the smallest margin as a fraction of its collective, over the steps after the first).
+TEST(CliSweep, SaysWhenALateCollectivePutsTheBestPolicyOverTheCap) {
+  const std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/reentrant_recompute.json";
+  const std::string rep = Tmp("sweep_races_report.json");
+  ASSERT_EQ(RunCli("simulate " + trace + " -o " + rep), 0);
+  const nlohmann::json r = ReadJson(rep);
+  const nlohmann::json* nearest = nullptr;
+  for (std::size_t i = 1; i < r["steps"].size(); ++i) {
+    for (const nlohmann::json& race : r["steps"][i]["peak_races"]) {
+      if (race["direction"] != "late") continue;
+      const double f = race["margin_us"].get<double>() / race["dur_us"].get<double>();
+      if (nearest == nullptr ||
+          f < (*nearest)["margin_us"].get<double>() / (*nearest)["dur_us"].get<double>()) {
+        nearest = &race;
+      }
+    }
+  }
+  ASSERT_NE(nearest, nullptr) << "the sample has a late race (the test needs one)";
+  const auto peak = r["summary"]["peak_memory_bytes"].get<std::uint64_t>();
+  const auto peak_if = (*nearest)["peak_if_bytes"].get<std::uint64_t>();
+  ASSERT_GE(peak_if, peak + peak / 50);  // a race raises the peak by 2% at least
+  const std::string line =
+      "Fragile: a reduce_scatter of " + (*nearest)["unit"].get<std::string>() + " ";
+  auto [rc, out] =
+      RunCliOutput("sweep " + trace + " --memory-cap " + std::to_string((peak + peak_if) / 2),
+                   Tmp("sweep_races_between.txt"));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find(line), std::string::npos) << out;
+  // A cap above the race's peak: not fragile.
+  std::tie(rc, out) =
+      RunCliOutput("sweep " + trace + " --memory-cap " + std::to_string(peak_if + 1),
+                   Tmp("sweep_races_above.txt"));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out.find("Fragile:"), std::string::npos) << out;
+}
+
+}  // namespace

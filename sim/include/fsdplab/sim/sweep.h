@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fsdplab/core/policy.h"
+#include "fsdplab/core/report.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/sim/simulator.h"
@@ -31,6 +32,10 @@ struct SweepRow final {
   double overlap_ratio = 0;
   Bytes peak_memory_bytes = 0;
   TimeUs lower_bound_us = 0;
+  // The late peak race (core/report.h) with the smallest margin, as a fraction of its
+  // collective, over the steps after the first: how little slower a collective must run for the
+  // peak to be higher. Unset when no step has one.
+  std::optional<PeakRace> nearest_race;
   bool ok() const { return status.ok(); }
 };
 
