@@ -196,6 +196,16 @@ std::vector<std::size_t> ParetoFront(const std::vector<SweepRow>& rows) {
   return front;
 }
 
+std::string FragileUnderCap(const SweepRow& row, Bytes cap, const Model& model) {
+  if (!row.nearest_race || row.nearest_race->peak_if_bytes <= cap) return "";
+  const PeakRace& race = *row.nearest_race;
+  return fmt::format(
+      "Fragile: a {} of {} {:.0f}% slower than simulated ({:.3f} ms late) puts the peak at {:.3f} "
+      "GiB, over the cap.",
+      OpKindName(race.op.kind), model.NameOf(race.op.unit), 100.0 * race.margin_fraction(),
+      race.margin_us / 1e3, static_cast<double>(race.peak_if_bytes) / (1024.0 * 1024 * 1024));
+}
+
 std::optional<std::size_t> BestUnderCap(const std::vector<SweepRow>& rows, Bytes cap) {
   std::optional<std::size_t> best;
   for (std::size_t i : SortedByStepTime(rows)) {

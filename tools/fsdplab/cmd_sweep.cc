@@ -172,13 +172,9 @@ int RunSweep(const Argv& argv) {
         faster.push_back(fmt::format("{} ({} ms, peak {} GiB)", Describe(result, i),
                                      Ms(r.step_time_us), GiB(r.peak_memory_bytes)));
       }
-      if (b.nearest_race && b.nearest_race->peak_if_bytes > *cap) {
-        const PeakRace& race = *b.nearest_race;
-        fmt::print(
-            "  Fragile: a {} of {} {:.0f}% slower than simulated ({:.3f} ms late) puts the peak "
-            "at {} GiB, over the cap.\n",
-            OpKindName(race.op.kind), trace.model.NameOf(race.op.unit),
-            100.0 * race.margin_fraction(), race.margin_us / 1e3, GiB(race.peak_if_bytes));
+      if (const std::string fragile = sim::FragileUnderCap(b, *cap, trace.model);
+          !fragile.empty()) {
+        fmt::print("  {}\n", fragile);
       }
       if (faster.empty()) {
         fmt::print("  It is the fastest policy of the grid; the cap costs nothing.\n");

@@ -168,6 +168,10 @@ int RunTune(const Argv& argv) {
              Ms(g.exposed_comm_us), GiB(g.peak_memory_bytes), PolicyToJson(g.policy));
   fmt::print("tuned policy:               step {}, exposed {}, peak {}\n  {}\n", Ms(b.step_time_us),
              Ms(b.exposed_comm_us), GiB(b.peak_memory_bytes), PolicyToJson(b.policy));
+  if (const std::string fragile = sim::FragileUnderCap(b, opt.memory_cap, trace.model);
+      !fragile.empty()) {
+    fmt::print("  {}\n", fragile);
+  }
   const double gain = gv > 0 ? 100.0 * (gv - bv) / gv : 0.0;
   fmt::print("\ngain in {}: {:.1f}% ({} -> {})\n", obj_name, gain, Ms(gv), Ms(bv));
   if (opt.objective == sim::TuneObjective::kStep && g.step_time_us > 0) {

@@ -61,6 +61,10 @@ std::vector<std::size_t> SortedByStepTime(const std::vector<SweepRow>& rows);
 std::vector<std::size_t> ParetoFront(const std::vector<SweepRow>& rows);
 // The fastest successful row whose peak memory fits under `cap`.
 std::optional<std::size_t> BestUnderCap(const std::vector<SweepRow>& rows, Bytes cap);
+// "Fragile: a reduce_scatter of model.layers.2 22% slower than simulated (0.018 ms late) puts the
+// peak at 0.338 GiB, over the cap." when the row's nearest late race (SweepRow::nearest_race)
+// puts its peak over `cap`; empty otherwise. `model` names the unit.
+std::string FragileUnderCap(const SweepRow& row, Bytes cap, const Model& model);
 
 // One line comparing a chosen policy with a framework's default (`--preset`) by step time:
 // "FSDP2 default: 3.49 s; tuned: 3.12 s (-10.6%)" (times under a second in ms). A failed row
