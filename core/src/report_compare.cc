@@ -10,6 +10,8 @@
 #include <optional>
 #include <tuple>
 
+#include "fsdplab/core/report.h"
+
 namespace fsdplab {
 namespace {
 
@@ -368,8 +370,9 @@ ReportComparison CompareReports(const ComparedReport& pred, const ComparedReport
               pr.dur_us > 0 ? 100.0 * pr.margin_us / pr.dur_us : 0.0, pr.dur_us,
               pr.queued > 0 ? fmt::format(", with the {} queued behind it", pr.queued) : "",
               pr.peak_if_bytes, pr.peak_at_limit_bytes,
-              early ? "ending as it began" : "at twice its duration", race->measured_dur_us,
-              race->late_us, when);
+              fmt::format("{} by {:g} times its duration", early ? "sooner" : "later",
+                          kMaxRaceSlowdown),
+              race->measured_dur_us, race->late_us, when);
           c.memory_races.push_back(std::move(*race));
         }
       }

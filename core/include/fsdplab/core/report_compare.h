@@ -49,7 +49,7 @@ struct ComparedReport final {
       int queued = 0;  // collectives queued behind it, late with it
       TimeUs margin_us = 0;
       Bytes peak_if_bytes = 0;        // the peak with the collective that much later
-      Bytes peak_at_limit_bytes = 0;  // and with it at the race's limit (twice its duration)
+      Bytes peak_at_limit_bytes = 0;  // and with it at the race's limit (kMaxRaceSlowdown)
       // The op whose start the collective must precede ("meets"; kind empty when none).
       std::string meets_kind, meets_unit, meets_phase;
       int meets_step = 0;
