@@ -326,9 +326,24 @@ Track HostExecutor::TrackAt(int plan_stream) const {
   }
 }
 
-TimeUs HostExecutor::StreamNowUs(const StreamWorker& stream, Clock::time_point issued) const {
-  if (&stream != compute_.get() || config_.compute != ComputeMode::kTimed) return control_.NowUs();
-  return control_.ToUs(std::max(device_free_, issued));
+HostExecutor::Worker HostExecutor::WorkerOf(const StreamWorker& stream) const {
+  if (&stream == compute_.get()) return Worker::kCompute;
+  if (&stream == reduce_scatter_.get()) return Worker::kReduceScatter;
+  if (&stream == all_reduce_.get()) return Worker::kAllReduce;
+  return Worker::kAllGather;
+}
+
+TimeUs HostExecutor::StreamNowUs(const StreamWorker& stream, Clock::time_point issued) {
+  if (&stream == compute_.get() && config_.compute != ComputeMode::kTimed) return control_.NowUs();
+  return control_.ToUs(std::max(StreamClock(stream), issued));
+}
+
+StreamWorker::Task HostExecutor::Collective(StreamWorker& stream, StreamWorker::Task run) {
+  return [this, &stream, run = std::move(run)] {
+    Status s = run();
+    StreamClock(stream) = Clock::now();
+    return s;
+  };
 }
 
 void HostExecutor::Memory(MemoryCategory category, std::int64_t delta, int step, UnitId unit,
@@ -415,13 +430,17 @@ Status HostExecutor::Enqueue(const PlanOp& op) {
                               gather != 0 ? std::string("wait for its all_gather")
                                           : fmt::format("{} stream waits for the {} stream",
                                                         stream.name(), signaler.name()));
-      stream.Enqueue([this, &signaler, seq, ctx, device, gather] {
+      stream.Enqueue([this, &signaler, &waiter = plan_stream, seq, ctx, device, gather] {
         Clock::time_point signalled;
         Status s = signaler.WaitReached(seq, ctx, &signalled);
-        if (s.ok() && device) {
-          device_free_ = std::max(device_free_, signalled);
-          if (gather != 0) pending_waits_.push_back(gather);
-        }
+        if (!s.ok()) return s;
+        // A device waits in hardware: it goes on when the event fired. So does a communication
+        // stream that reached the wait after the event; one that got there first had to sleep
+        // on it, and goes on when its thread woke.
+        Clock::time_point& clock = StreamClock(waiter);
+        if (!device && signalled > clock) clock = Clock::now();
+        clock = std::max(clock, signalled);
+        if (device && gather != 0) pending_waits_.push_back(gather);
         return s;
       });
       return Status::Ok();
@@ -456,16 +475,18 @@ Status HostExecutor::Enqueue(const PlanOp& op) {
           mismatch = true;
           mismatch_armed_ = false;
         }
-        stream.Enqueue([this, op, id, mismatch] { return RunGather(op, id, mismatch); });
+        stream.Enqueue(Collective(
+            plan_stream, [this, op, id, mismatch] { return RunGather(op, id, mismatch); }));
       } else if (op.stream == kPlanAllReduce) {
         // hsdp: the replica all-reduce of the reduction just issued for the unit.
         const std::uint64_t gen = last_reduce_gen_[static_cast<std::size_t>(op.unit)];
-        stream.Enqueue([this, op, gen] { return RunReplicaAllReduce(op, gen); });
+        stream.Enqueue(
+            Collective(plan_stream, [this, op, gen] { return RunReplicaAllReduce(op, gen); }));
       } else {
         const std::uint64_t gen = grad_gen_[static_cast<std::size_t>(op.unit)]++;
         last_reduce_gen_[static_cast<std::size_t>(op.unit)] = gen;
         grad_events_.push_back(GradEvent{true, op.unit, origin});
-        stream.Enqueue([this, op, gen] { return RunReduce(op, gen); });
+        stream.Enqueue(Collective(plan_stream, [this, op, gen] { return RunReduce(op, gen); }));
       }
       return Status::Ok();
     }
@@ -619,7 +640,8 @@ Status HostExecutor::RunCompute(const PlanOp& cmd, std::uint64_t grad_gen, bool 
   // previous kernel has ended and the events it waits on have fired; not when this thread
   // happens to be scheduled (on a busy machine that is often milliseconds later). Real work
   // (GEMMs) starts now.
-  const Clock::time_point start_tp = emulated ? std::max(device_free_, issued) : Clock::now();
+  Clock::time_point& device_free = StreamClock(*compute_);
+  const Clock::time_point start_tp = emulated ? std::max(device_free, issued) : Clock::now();
   TimelineOp op = NewOp(origin, Track::kCompute, OpKind::kCompute, cmd.unit);
   op.phase = cmd.phase;
   op.start_us = control_.ToUs(start_tp);
@@ -716,7 +738,8 @@ Status HostExecutor::RunCompute(const PlanOp& cmd, std::uint64_t grad_gen, bool 
     stats_.wake_error_sum_us += error;
     stats_.wake_error_abs_sum_us += std::fabs(error);
     stats_.wake_error_max_us = std::max(stats_.wake_error_max_us, std::fabs(error));
-    device_free_ = end_tp;
+    device_free = end_tp;
+    compute_->CompleteAt(end_tp);  // its events fire at the kernel's end, as a device's do
     op.end_us = control_.ToUs(end_tp);
   } else {
     ComputeGemms(cmd, weights, grads.get(), fresh);
@@ -953,21 +976,31 @@ std::vector<TimelineOp> HostExecutor::TakeOps() {
 
 std::vector<MemorySample> HostExecutor::TakeMemory() {
   std::lock_guard<std::mutex> lock(mu_);
-  // The compute stream's effects carry the device's clock (StreamNowUs), which can be later than
-  // when they were recorded beside the other streams': put the samples in time order and rebuild
-  // each one's totals from the changes, in that order.
+  // Effects carry their streams' clocks (StreamNowUs), which can be earlier or later than when
+  // they were recorded beside the other streams': put the samples in time order and rebuild each
+  // one's totals from the changes, in that order. At one instant the frees come first, as in the
+  // simulator: a free that a collective's end makes possible is not delayed behind another
+  // stream's allocation at the same moment.
   std::vector<std::array<std::int64_t, kNumMemoryCategories>> change(samples_.size());
+  std::vector<bool> frees(samples_.size(), false);
   for (std::size_t i = 1; i < samples_.size(); ++i) {
+    std::int64_t total = 0;
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
       change[i][c] = static_cast<std::int64_t>(samples_[i].bytes[c]) -
                      static_cast<std::int64_t>(samples_[i - 1].bytes[c]);
+      total += change[i][c];
     }
+    frees[i] = total < 0;
   }
   std::vector<std::size_t> order(samples_.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(
-      order.begin() + (order.empty() ? 0 : 1), order.end(),
-      [&](std::size_t a, std::size_t b) { return samples_[a].t_us < samples_[b].t_us; });
+  std::stable_sort(order.begin() + (order.empty() ? 0 : 1), order.end(),
+                   [&](std::size_t a, std::size_t b) {
+                     if (samples_[a].t_us != samples_[b].t_us) {
+                       return samples_[a].t_us < samples_[b].t_us;
+                     }
+                     return frees[a] && !frees[b];
+                   });
   std::vector<MemorySample> out;
   out.reserve(samples_.size());
   for (std::size_t i : order) {

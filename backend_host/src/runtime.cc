@@ -309,6 +309,7 @@ void StreamWorker::Loop() {
       queue_.pop_front();
     }
     Status status;
+    complete_at_ = Clock::time_point{};
     try {
       status = task();
     } catch (const std::exception& e) {
@@ -319,7 +320,8 @@ void StreamWorker::Loop() {
       control_.Fail(rank_, status);
       return;
     }
-    const Clock::time_point done = Clock::now();
+    const Clock::time_point done =
+        complete_at_ == Clock::time_point{} ? Clock::now() : complete_at_;
     std::lock_guard<std::mutex> lock(mu_);
     ++completed_;
     completed_at_.push_back(done);

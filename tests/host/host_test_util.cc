@@ -26,8 +26,8 @@ Trace TinyTrace(const TinySpec& spec) {
   for (int i : order) {
     b.AddUnit("model.layers." + std::to_string(i), "model",
               {{"norm.weight", DType::kBf16, {16}, std::nullopt},
-               {"fc1.weight", spec.dtype, {64, 16}, std::nullopt},
-               {"fc2.weight", spec.dtype, {16, 64}, std::nullopt}},
+               {"fc1.weight", spec.dtype, {4 * spec.width, spec.width}, std::nullopt},
+               {"fc2.weight", spec.dtype, {spec.width, 4 * spec.width}, std::nullopt}},
               spec.recompute);
   }
   StatusOr<Model> model = std::move(b).Build();

@@ -26,10 +26,12 @@ struct TinySpec {
   int steps = 2;
   bool reversed_registration = false;  // layers registered in the opposite order
   double layer_us = 200;               // forward; backward is twice that
+  std::int64_t width = 16;             // the layers' fc1 is [4 x width, width], fc2 the reverse
 };
 
 // Root "model" ([48, 16] embedding + [16] norm, bf16) and layers "model.layers.i" (fc1 [64, 16],
-// fc2 [16, 64] in `dtype`, norm [16] bf16), with the hook events of a real step (DESIGN §4.1).
+// fc2 [16, 64] in `dtype` at the default width, norm [16] bf16), with the hook events of a real
+// step (DESIGN §4.1).
 Trace TinyTrace(const TinySpec& spec);
 
 TinySpec Spec(DType d = DType::kBf16, RecomputeKind r = RecomputeKind::kNone, int mbs = 1);

@@ -168,15 +168,33 @@ class HostExecutor final : public CommandSink {
   StreamWorker& StreamAt(int plan_stream);
   Track TrackAt(int plan_stream) const;
   void Memory(MemoryCategory category, std::int64_t delta, int step, UnitId unit, TimeUs at_us);
-  // When a memory effect the plan placed on `stream` (issued by the host at `issued`) happens:
-  // now, on the thread running it, except on an emulated device's compute stream (--compute
-  // timed), whose clock is the device's: there the stream reaches it when its last kernel ended
-  // (or the event it waited on fired) and the host had issued it, as a kernel starts, and as the
-  // simulator has it, not when the thread got there (it wakes early or late around a kernel's
-  // end). Called on the stream's own thread.
-  TimeUs StreamNowUs(const StreamWorker& stream, Clock::time_point issued) const;
+  // When a memory effect the plan placed on `stream` (issued by the host at `issued`) happens: at
+  // the stream's clock (StreamClock), not when its thread got there. Called on the stream's own
+  // thread.
+  TimeUs StreamNowUs(const StreamWorker& stream, Clock::time_point issued);
   TimelineOp NewOp(const CommandOrigin& origin, Track track, OpKind kind, UnitId unit);
   Status Enqueue(const PlanOp& op);
+
+  // Each stream's clock: where the stream is, as a device stream would be, which its memory
+  // effects carry (and an emulated kernel starts from). A thread reaches an allocation or a free
+  // some time after the work before it ended (it is woken, or preempted by another stream's
+  // thread); a device stream does not, and neither does the simulator, whose frees and
+  // allocations at one instant follow their streams' order. So:
+  //   - the compute stream of an emulated device (--compute timed): the end of its last kernel
+  //     or the firing of an event it waited for;
+  //   - a communication stream: the end of its last collective; after an event wait, the event's
+  //     firing, or, where its thread had to sleep on the event, when it woke (the simulator's
+  //     stream wake-up);
+  //   - the compute stream running real GEMMs: its thread's time (`StreamNowUs` reads now).
+  // One per physical stream worker (a unified communication stream has one); only that worker's
+  // thread reads or writes it.
+  enum class Worker : std::uint8_t { kCompute, kAllGather, kReduceScatter, kAllReduce };
+  Worker WorkerOf(const StreamWorker& stream) const;
+  Clock::time_point& StreamClock(const StreamWorker& stream) {
+    return stream_clock_[static_cast<std::size_t>(WorkerOf(stream))];
+  }
+  // A collective's task on `stream`: runs it, then moves the stream's clock to its end.
+  StreamWorker::Task Collective(StreamWorker& stream, StreamWorker::Task run);
 
   Status RunGather(const PlanOp& op, std::int64_t op_id, bool mismatch);
   Status RunFree(const PlanOp& op, std::optional<TimelineOp> release, TimeUs at_us);
@@ -224,11 +242,10 @@ class HostExecutor final : public CommandSink {
 
   // Compute thread only.
   std::vector<std::int64_t> pending_waits_;
-  // The emulated device (--compute timed): when its compute stream is next free, as a device
-  // would see it (the end of its last kernel, or the completion of an event it waited for), and
-  // how late the thread's sleeps have been waking (a running mean, aimed for early).
-  Clock::time_point device_free_{};
+  // The emulated device (--compute timed): how late the compute thread's sleeps have been waking
+  // (a running mean, aimed for early).
   Clock::duration wake_lateness_{};
+  std::array<Clock::time_point, 4> stream_clock_{};  // per Worker, that worker's thread only
   // All-gather thread only (stats_ gather fields); compute thread only (the rest).
   ExecutorStats stats_;
   // Reduce-scatter thread only.

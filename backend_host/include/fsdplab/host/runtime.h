@@ -141,6 +141,10 @@ class StreamWorker final {
   // With `reached_at`, also says when task `seq` completed (the event's timestamp).
   Status WaitReached(std::uint64_t seq, const OpContext& ctx,
                      Clock::time_point* reached_at = nullptr) const;
+  // Called by a running task on this stream's own thread: the task completes at `at` as far as
+  // events are concerned (an emulated kernel ends on the device's clock, not when its thread
+  // woke), instead of when it returns.
+  void CompleteAt(Clock::time_point at) { complete_at_ = at; }
   // Blocks until every task issued so far has completed, as long as the stream keeps completing
   // tasks: the timeout applies to a stall, not to the total.
   Status Drain(const OpContext& ctx) const;
@@ -164,6 +168,7 @@ class StreamWorker final {
   // When the most recent tasks completed: completed_at_[i] is task completed_ - size() + i + 1.
   // Bounded (a long run issues millions of tasks); waits reach back a few steps at most.
   std::deque<Clock::time_point> completed_at_;
+  Clock::time_point complete_at_{};  // the running task's CompleteAt (the thread's own)
   bool closed_ = false;
   bool low_timer_slack_ = false;
   int nice_ = 0;
