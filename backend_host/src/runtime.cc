@@ -320,9 +320,11 @@ void StreamWorker::Loop() {
       control_.Fail(rank_, status);
       return;
     }
-    const Clock::time_point done =
-        complete_at_ == Clock::time_point{} ? Clock::now() : complete_at_;
+    Clock::time_point done = complete_at_ == Clock::time_point{} ? Clock::now() : complete_at_;
     std::lock_guard<std::mutex> lock(mu_);
+    // In order: a task after a kernel that ended on the device's clock (its thread may have woken
+    // early) completes no sooner than that kernel.
+    if (!completed_at_.empty()) done = std::max(done, completed_at_.back());
     ++completed_;
     completed_at_.push_back(done);
     if (completed_at_.size() > kCompletionTimesKept) completed_at_.pop_front();
