@@ -13,12 +13,13 @@ The collective model is calibrated with `bench-gather` (all-gather, reduce-scatt
 `--op concurrent` for the contention); nothing is fitted to the steps being predicted. Each
 workload is predicted twice:
 - "beside": from curves measured just before and just after the workload's own live runs, over
-  the sizes it moves, on the same cold working set;
+  the sizes it moves, on the same cold working set, and the contention and stream wake-ups
+  (`--op concurrent`) measured between its runs;
 - "grid": from one calibration of the whole grid per world size, before and after all the live
   runs, on buffers 8x the last-level cache, as `bench/host_prediction.sh` does for the samples.
 The two tell the model's error from this machine's drift over minutes, which the grid-wide
 bench's own change from before to after the runs shows. Each workload is run live REPEAT times
-(default 2, `--compute timed --no-check`); the run with the median step time is compared.
+(default 3, `--compute timed --no-check`); the run with the median step time is compared.
 
 Prints a table (workload, measured, both predictions and errors, the beside-bench's drift, every
 run's step time), the median and 90th-percentile |error| of each prediction, and the three worst
@@ -88,7 +89,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(os.path.dirname(__file__), "..", "build"))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=24)
-    ap.add_argument("--repeat", type=int, default=int(os.environ.get("REPEAT", "2")))
+    ap.add_argument("--repeat", type=int, default=int(os.environ.get("REPEAT", "3")))
     ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "8")))
     ap.add_argument("--keep", help="keep the work files in this directory")
     ap.add_argument("--regrade", metavar="DIR",
@@ -182,6 +183,14 @@ def main():
                     run([f, "run", "--backend", "host", trace, "--world-size", str(w), "--steps",
                          str(a.steps), "--compute", "timed", "--no-check", *policy, "--json",
                          "-o", f"{work}/{name}.meas{r}.json"])
+                    if r == (a.repeat - 1) // 2:
+                        # The contention and the stream wake-ups too, between the runs: this
+                        # machine's thread wake-ups slow down and speed up by 10x over minutes
+                        # (seed 7: p90 |error| 17.4% with the grid-wide ones, 13.5% with these,
+                        # on the same runs).
+                        run([f, "bench-gather", "--backend", "host", "--world-size", str(w),
+                             "-b", str(lo), "-e", str(hi), "-f", "2", "-n", "10", "-w", "3",
+                             "--op", "concurrent", "-J", f"{work}/{name}.concurrent.json"])
             for op in ("all_gather", "reduce_scatter"):
                 run([f, "bench-gather", "--backend", "host", "--world-size", str(w), *local,
                      "--op", op, "--nccl-out", f"{work}/{name}.{op}.{tag}.txt"])
@@ -215,10 +224,13 @@ def collective_sizes(f, work, name, trace, w, policy):
 def calibrate(f, work, w, out, name=None):
     if name:
         # The workload's own curves, measured beside its live runs.
+        contention = f"{work}/{name}.concurrent.json"
+        if not os.path.exists(contention):
+            contention = f"{work}/concurrent{w}.json"  # a grid kept before they were measured
         run([f, "calibrate", *(f"{work}/{name}.{op}.{t}.txt" for op in ("all_gather",
                                                                         "reduce_scatter")
                                for t in (0, 1)),
-             "--contention", f"{work}/concurrent{w}.json", "-o", f"{out}/{name}.cluster.json"])
+             "--contention", contention, "-o", f"{out}/{name}.cluster.json"])
         return
     # The curves measured before and after the live runs, fitted together.
     run([f, "calibrate", f"{work}/all_gather{w}.0.txt", f"{work}/all_gather{w}.1.txt",
