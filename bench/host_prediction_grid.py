@@ -185,9 +185,10 @@ def main():
                          "-o", f"{work}/{name}.meas{r}.json"])
                     if r == (a.repeat - 1) // 2:
                         # The contention and the stream wake-ups too, between the runs: this
-                        # machine's thread wake-ups slow down and speed up by 10x over minutes
-                        # (seed 7: p90 |error| 17.4% with the grid-wide ones, 13.5% with these,
-                        # on the same runs).
+                        # machine's thread wake-ups slow down and speed up by 10x over minutes.
+                        # Regraded on the same runs, with the grid-wide ones instead: seed 7
+                        # p90 |error| 17.4% -> 13.5% with these, seed 11 16.6% -> 18.0%; both
+                        # grids pooled 16.8% -> 15.3%, median 4.2% -> 3.6%.
                         run([f, "bench-gather", "--backend", "host", "--world-size", str(w),
                              "-b", str(lo), "-e", str(hi), "-f", "2", "-n", "10", "-w", "3",
                              "--op", "concurrent", "-J", f"{work}/{name}.concurrent.json"])
