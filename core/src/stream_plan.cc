@@ -131,7 +131,7 @@ int StreamPlanner::Record(int stream, bool timed) {
   const auto s = static_cast<std::size_t>(stream);
   const int slot = static_cast<int>(slots_.size());
   slots_.push_back(SlotInfo{.stream = stream, .pos = pos_[s], .clock = clock_[s], .timed = timed});
-  Push(PlanOp{.kind = PlanOpKind::kRecord, .stream = stream, .slot = slot});
+  Push(PlanOp{.kind = PlanOpKind::kRecord, .stream = stream, .slot = slot, .origin = lowering_});
   // Memory samples of this stream that wait for a time take this event's.
   for (std::size_t i : untimed_samples_[s]) samples_[i].slot = slot;
   untimed_samples_[s].clear();
@@ -144,8 +144,11 @@ void StreamPlanner::Wait(int stream, int slot, int timeline_op) {
   for (std::size_t t = 0; t < kPlanStreams; ++t) mine[t] = std::max(mine[t], info.clock[t]);
   mine[static_cast<std::size_t>(info.stream)] =
       std::max(mine[static_cast<std::size_t>(info.stream)], info.pos);
-  Push(PlanOp{
-      .kind = PlanOpKind::kWait, .stream = stream, .slot = slot, .timeline_op = timeline_op});
+  Push(PlanOp{.kind = PlanOpKind::kWait,
+              .stream = stream,
+              .slot = slot,
+              .timeline_op = timeline_op,
+              .origin = lowering_});
 }
 
 void StreamPlanner::Alloc(int stream, int buffer, MemoryCategory category, Bytes bytes,
@@ -289,6 +292,7 @@ Status StreamPlanner::Begin() {
 Status StreamPlanner::Lower(const Command& command) {
   if (slots_.empty()) return InternalError("StreamPlanner::Lower before Begin");
   const CommandOrigin& o = command.origin;
+  lowering_ = o;
   command_ = static_cast<int>(commands_.size());
   PlanCommand pc{.first = static_cast<int>(ops_.size()), .origin = o};
   Status status = std::visit(

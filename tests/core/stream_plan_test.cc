@@ -130,6 +130,24 @@ TEST_F(StreamPlanTest, WaitGatherOrdersComputeAfterTheGatherEvent) {
   EXPECT_EQ(compute.waited_on, (std::vector<std::int64_t>{0}));
 }
 
+TEST_F(StreamPlanTest, WaitsAndRecordsCarryTheirCommandsOrigin) {
+  // Step 2's gather, its wait and the compute: every operation, the events recorded and waited
+  // for included, says it belongs to step 2 (event 3), so that an executor's wait that times
+  // out names the step it was in, not step 0.
+  StreamPlanner p = Make();
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()), /*step=*/2)).ok());
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1}, /*step=*/2)).ok());
+  ASSERT_TRUE(p.Lower(Cmd(ComputeL0(Phase::kForward, PlaneSet::Rowwise()), /*step=*/2)).ok());
+  const std::vector<PlanOp> ops = p.TakeNewOps();
+  int events = 0;
+  for (const PlanOp& op : ops) {
+    EXPECT_EQ(op.origin.step, 2) << PlanOpKindName(op.kind);
+    EXPECT_EQ(op.origin.event, 3) << PlanOpKindName(op.kind);
+    events += op.kind == PlanOpKind::kWait || op.kind == PlanOpKind::kRecord ? 1 : 0;
+  }
+  EXPECT_EQ(events, 5);  // the gather's 2 records; the wait; the compute's 2 records
+}
+
 TEST_F(StreamPlanTest, ReleaseAfterStreamWaitNeedsNoExtraWait) {
   StreamPlanner p = Make();
   ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());

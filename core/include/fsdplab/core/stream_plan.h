@@ -311,6 +311,9 @@ class StreamPlanner final : public CommandSink {
   const ModelLayout& layout_;
   PlanConfig config_;
   int command_ = -1;
+  // The command being lowered: the events it records and waits for carry its origin too (an
+  // executor's wait that times out names the step and microbatch it was in).
+  CommandOrigin lowering_{};
   std::size_t taken_ = 0;
   std::vector<PlanOp> ops_;
   std::vector<PlanCommand> commands_;
