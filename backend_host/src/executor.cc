@@ -438,7 +438,17 @@ Status HostExecutor::Enqueue(const PlanOp& op) {
         // stream that reached the wait after the event; one that got there first had to sleep
         // on it, and goes on when its thread woke.
         Clock::time_point& clock = StreamClock(waiter);
-        if (!device && signalled > clock) clock = Clock::now();
+        if (!device && signalled > clock) {
+          clock = Clock::now();
+          if (ctx.step >= 1) {
+            const auto w = static_cast<std::size_t>(WorkerOf(waiter)) - 1;
+            const TimeUs late =
+                std::chrono::duration<double, std::micro>(clock - signalled).count();
+            ++stats_.comm_wakes[w];
+            stats_.comm_wake_sum_us[w] += late;
+            stats_.comm_wake_max_us[w] = std::max(stats_.comm_wake_max_us[w], late);
+          }
+        }
         clock = std::max(clock, signalled);
         if (device && gather != 0) pending_waits_.push_back(gather);
         return s;

@@ -115,7 +115,14 @@ struct ExecutorStats final {
   TimeUs wake_error_max_us = 0;
   int overruns = 0;           // emulated computes whose own work outlasted their duration
   TimeUs overrun_sum_us = 0;  // by how much, summed
-  double checksum = 0;        // folds the GEMM outputs so no work is optimised away
+  // After the first step: communication streams that reached an event wait before the event
+  // fired (their thread slept on it), and how long after it fired they went on (the thread's
+  // wake-up: what the simulator's stream_wake_us stands for). Per stream worker (all-gather,
+  // reduce-scatter, all-reduce), each written by that stream's thread only.
+  std::array<int, 3> comm_wakes{};
+  std::array<TimeUs, 3> comm_wake_sum_us{};
+  std::array<TimeUs, 3> comm_wake_max_us{};
+  double checksum = 0;  // folds the GEMM outputs so no work is optimised away
   // Stream time spent on the checks (in the checked step), per stream kind: each field is
   // written by one stream's thread only.
   TimeUs check_gather_us = 0;
