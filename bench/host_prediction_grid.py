@@ -22,8 +22,10 @@ bench's own change from before to after the runs shows. Each workload is run liv
 (default 3, `--compute timed --no-check`); the run with the median step time is compared.
 
 Prints a table (workload, measured, both predictions and errors, the beside-bench's drift, every
-run's step time), the median and 90th-percentile |error| of each prediction, and the three worst
-cases with the op kind that carries most of the error. `--regrade DIR` predicts a kept grid again
+run's step time), the median and 90th-percentile |error| of each prediction, how many
+workloads it under-predicts and its error against each workload's fastest run (noise here only
+adds time, so a bias shows as errors of one sign even against the fastest run), and the three
+worst cases with the op kind that carries most of the error. `--regrade DIR` predicts a kept grid again
 without measuring. Run it on an otherwise idle machine: the host collectives are memory copies on
 the same cores, and other load shows up as error.
 """
@@ -352,8 +354,12 @@ def report(f, work, out, workloads, steps, repeat, label):
                    if kinds else "-")
         g = grid["summary"]
         b = beside["summary"] if beside else None
+        chosen = b or g
+        fastest = runs[0][0]
         results.append((name, b["step_time_error_pct"] if b else None,
-                        g["step_time_error_pct"], spread, carrier, memory_counts(grid)))
+                        g["step_time_error_pct"], spread, carrier, memory_counts(grid),
+                        (chosen["step_time_predicted_us"] - fastest) / fastest * 100,
+                        chosen["step_time_error_pct"]))
         print(f"{name:<52} {measured:>12.0f} "
               + (f"{b['step_time_predicted_us']:>12.0f} {b['step_time_error_pct']:>+6.1f}% "
                  if b else f"{'-':>12} {'-':>7} ")
@@ -369,6 +375,14 @@ def report(f, work, out, workloads, steps, repeat, label):
             print(f"  the grid-wide bench moved from before to after the runs ({w} ranks): "
                   f"all-gather {drift(f'{work}/all_gather{w}.0.txt', f'{work}/all_gather{w}.1.txt'):+.1f}%, "
                   f"reduce-scatter {drift(f'{work}/reduce_scatter{w}.0.txt', f'{work}/reduce_scatter{w}.1.txt'):+.1f}% (median over sizes)")
+    # Noise on this machine only adds time (a stalled thread, a slow copy mode): a prediction
+    # without bias under-predicts the median run and sits near the fastest. The sign and the
+    # fastest run tell that noise from a bias of the model.
+    which = "beside" if all(r[1] is not None for r in results) else "grid-wide"
+    print(f"  the {which} prediction under the median run in "
+          f"{sum(r[7] < 0 for r in results)} of {len(results)}; against each workload's fastest "
+          f"run: {summary([r[6] for r in results])}, under it in "
+          f"{sum(r[6] < 0 for r in results)}")
     spreads = sorted(r[3] * 100 for r in results)
     print(f"run-to-run spread (max - min over {repeat} runs, of the measured step): median "
           f"{statistics.median(spreads):.1f}%, largest {spreads[-1]:.1f}%")
