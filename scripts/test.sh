@@ -10,23 +10,34 @@ cd "$root"
 # Also torch 2.x (cached outside the clone): the recorder's tests run under Debian's 1.13 and 2.x.
 torch2_python="$(bash scripts/setup.sh --torch2)"
 jobs="$(nproc)"
+# Each phase's wall time, printed when the next begins and at the end: the suite must stay well
+# under CI's limit, and the builds, not the tests, take most of it.
+phase_name=""
+phase_start=$SECONDS
+phase() {
+  [ -n "$phase_name" ] && echo "-- $phase_name: $((SECONDS - phase_start)) s"
+  phase_name="$1"
+  phase_start=$SECONDS
+  [ -n "$1" ] && echo "== $1 =="
+  return 0
+}
 
-echo "== format check (clang-format) =="
+phase "format check (clang-format)"
 git ls-files '*.h' '*.cc' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror
 
-echo "== build (Release, -Werror) =="
+phase "build (Release, -Werror)"
 cmake --preset default -DFSDPLAB_TORCH2_PYTHON="$torch2_python" >/dev/null
 cmake --build --preset default -j"$jobs"
 
-echo "== tests =="
+phase "tests"
 ctest --preset default -j"$jobs"
 
-echo "== host executor under ThreadSanitizer =="
+phase "host executor under ThreadSanitizer"
 cmake --preset tsan >/dev/null
 cmake --build --preset tsan -j"$jobs" --target fsdplab_host_tests
 ctest --preset tsan -j"$jobs"
 
-echo "== core, sim, inputs, host and fuzz corpora under AddressSanitizer + UBSan =="
+phase "core, sim, inputs, host and fuzz corpora under AddressSanitizer + UBSan"
 cmake --preset asan >/dev/null
 # Only what the asan test preset runs (its labels): the suites' binaries and the fuzz replays.
 cmake --build --preset asan -j"$jobs" --target fsdplab_core_tests fsdplab_sim_tests \
@@ -34,3 +45,5 @@ cmake --build --preset asan -j"$jobs" --target fsdplab_core_tests fsdplab_sim_te
   fsdplab_fuzz_policy_cluster_replay fsdplab_fuzz_nccl_tests_replay fsdplab_fuzz_kineto_replay \
   fsdplab_fuzz_args_replay
 ctest --preset asan -j"$jobs"
+phase ""
+echo "-- whole suite: $SECONDS s"
