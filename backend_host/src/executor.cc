@@ -441,12 +441,8 @@ Status HostExecutor::Enqueue(const PlanOp& op) {
         if (!device && signalled > clock) {
           clock = Clock::now();
           if (ctx.step >= 1) {
-            const auto w = static_cast<std::size_t>(WorkerOf(waiter)) - 1;
-            const TimeUs late =
-                std::chrono::duration<double, std::micro>(clock - signalled).count();
-            ++stats_.comm_wakes[w];
-            stats_.comm_wake_sum_us[w] += late;
-            stats_.comm_wake_max_us[w] = std::max(stats_.comm_wake_max_us[w], late);
+            stats_.comm_wakes[static_cast<std::size_t>(WorkerOf(waiter)) - 1].Add(
+                std::chrono::duration<double, std::micro>(clock - signalled).count());
           }
         }
         clock = std::max(clock, signalled);

@@ -522,15 +522,9 @@ LiveResult Assemble(const Trace& trace, const LiveOptions& options,
   TimeUs wake_abs_sum = 0;
   TimeUs wake_max = 0;
   TimeUs overrun_sum = 0;
-  int comm_wakes = 0;
-  TimeUs comm_wake_sum = 0;
-  TimeUs comm_wake_max = 0;
+  ExecutorStats::Wakes comm_wakes;
   for (const RankOutput& out : outputs) {
-    for (std::size_t w = 0; w < out.stats.comm_wakes.size(); ++w) {
-      comm_wakes += out.stats.comm_wakes[w];
-      comm_wake_sum += out.stats.comm_wake_sum_us[w];
-      comm_wake_max = std::max(comm_wake_max, out.stats.comm_wake_max_us[w]);
-    }
+    for (const ExecutorStats::Wakes& w : out.stats.comm_wakes) comm_wakes.Add(w);
     timed += out.stats.timed_computes;
     overruns += out.stats.overruns;
     wake_sum += out.stats.wake_error_sum_us;
@@ -557,13 +551,13 @@ LiveResult Assemble(const Trace& trace, const LiveOptions& options,
         "streams waiting on it resume",
         timed, wake_sum / timed, wake_abs_sum / timed, wake_max));
   }
-  if (comm_wakes > 0) {
+  if (comm_wakes.count > 0) {
     result.notes.push_back(fmt::format(
         "communication streams that waited on an event went on {:.1f} us after it fired on "
         "average ({} waits after the first step, every rank; max {:.1f} us): thread wake-ups, "
         "which the simulator takes from the cluster's stream_wake_us (bench-gather --op "
         "concurrent)",
-        comm_wake_sum / comm_wakes, comm_wakes, comm_wake_max));
+        comm_wakes.sum_us / comm_wakes.count, comm_wakes.count, comm_wakes.max_us));
   }
   if (overruns > 0) {
     result.notes.push_back(fmt::format(

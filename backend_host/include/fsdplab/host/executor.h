@@ -18,6 +18,7 @@
 // bytes or memory is decided here.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -119,9 +120,22 @@ struct ExecutorStats final {
   // fired (their thread slept on it), and how long after it fired they went on (the thread's
   // wake-up: what the simulator's stream_wake_us stands for). Per stream worker (all-gather,
   // reduce-scatter, all-reduce), each written by that stream's thread only.
-  std::array<int, 3> comm_wakes{};
-  std::array<TimeUs, 3> comm_wake_sum_us{};
-  std::array<TimeUs, 3> comm_wake_max_us{};
+  struct Wakes final {
+    int count = 0;
+    TimeUs sum_us = 0;
+    TimeUs max_us = 0;
+    void Add(TimeUs late_us) {
+      ++count;
+      sum_us += late_us;
+      max_us = std::max(max_us, late_us);
+    }
+    void Add(const Wakes& other) {
+      count += other.count;
+      sum_us += other.sum_us;
+      max_us = std::max(max_us, other.max_us);
+    }
+  };
+  std::array<Wakes, 3> comm_wakes{};
   double checksum = 0;  // folds the GEMM outputs so no work is optimised away
   // Stream time spent on the checks (in the checked step), per stream kind: each field is
   // written by one stream's thread only.
