@@ -52,8 +52,10 @@ inline bool Bindable(int first, int count) {
 // The first of `count` consecutive free ports, or 0 if none was found.
 inline int FreePorts(int count) {
   constexpr int kLowest = 10000;  // above the well-known and most commonly configured ports
-  const int high = EphemeralLow() - count;
-  if (high <= kLowest) return 0;
+  int high = EphemeralLow() - count;
+  // An ephemeral range reaching down to kLowest leaves no room below it: any free port then
+  // (as likely to collide as bind(0) was).
+  if (high <= kLowest) high = 65535 - count + 1;
   std::mt19937 pick(std::random_device{}());
   std::uniform_int_distribution<int> port(kLowest, high);
   for (int attempt = 0; attempt < 256; ++attempt) {
