@@ -354,12 +354,11 @@ def report(f, work, out, workloads, steps, repeat, label):
                    if kinds else "-")
         g = grid["summary"]
         b = beside["summary"] if beside else None
-        chosen = b or g
         fastest = runs[0][0]
         results.append((name, b["step_time_error_pct"] if b else None,
                         g["step_time_error_pct"], spread, carrier, memory_counts(grid),
-                        (chosen["step_time_predicted_us"] - fastest) / fastest * 100,
-                        chosen["step_time_error_pct"]))
+                        (s["step_time_predicted_us"] - fastest) / fastest * 100,
+                        s["step_time_error_pct"]))
         print(f"{name:<52} {measured:>12.0f} "
               + (f"{b['step_time_predicted_us']:>12.0f} {b['step_time_error_pct']:>+6.1f}% "
                  if b else f"{'-':>12} {'-':>7} ")
