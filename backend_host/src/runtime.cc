@@ -65,7 +65,6 @@ void RunControl::OnFirstFailure(std::function<void(int rank, const Status& statu
 }
 
 void RunControl::Fail(int rank, const Status& status) {
-  std::vector<std::pair<std::mutex*, std::condition_variable*>> waiters;
   bool first = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -78,12 +77,12 @@ void RunControl::Fail(int rank, const Status& status) {
       root_rank_ = rank;
       first = true;
     }
-    waiters = waiters_;
   }
   if (first && on_first_failure_) on_first_failure_(rank, status);
   aborted_.store(true, std::memory_order_release);
   // Notify under each waiter's mutex so a waiter between its check and its sleep cannot miss it.
-  for (auto [mu, cv] : waiters) {
+  std::lock_guard<std::mutex> registered(waiters_mu_);
+  for (auto [mu, cv] : waiters_) {
     std::lock_guard<std::mutex> lock(*mu);
     cv->notify_all();
   }
@@ -111,19 +110,29 @@ Status RunControl::AbortedError(const OpContext& ctx) const {
                 fmt::format("{}: aborted because rank {} failed", ctx.Describe(), root_rank_));
 }
 
-void RunControl::RegisterWaiter(std::mutex* mu, std::condition_variable* cv) {
-  std::lock_guard<std::mutex> lock(mu_);
-  waiters_.emplace_back(mu, cv);
+void RunControl::Register(Waiter waiter) {
+  std::lock_guard<std::mutex> lock(waiters_mu_);
+  waiters_.push_back(waiter);
 }
+
+void RunControl::Unregister(Waiter waiter) {
+  std::lock_guard<std::mutex> lock(waiters_mu_);
+  std::erase(waiters_, waiter);
+}
+
+AbortWaiter::AbortWaiter(RunControl& control, std::mutex& mu, std::condition_variable& cv)
+    : control_(control), waiter_(&mu, &cv) {
+  control_.Register(waiter_);
+}
+
+AbortWaiter::~AbortWaiter() { control_.Unregister(waiter_); }
 
 // ---- RankBarrier ----
 
 RankBarrier::RankBarrier(RunControl& control, int world_size)
     : control_(control),
       world_size_(world_size),
-      arrived_(static_cast<std::size_t>(world_size), false) {
-  control_.RegisterWaiter(&mu_, &cv_);
-}
+      arrived_(static_cast<std::size_t>(world_size), false) {}
 
 Status RankBarrier::Arrive(int rank, const OpContext& ctx) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -196,9 +205,7 @@ Clock::time_point SleepTowards(Clock::time_point end, Clock::duration& lateness)
 // ---- StreamWorker ----
 
 StreamWorker::StreamWorker(RunControl& control, int rank, std::string name)
-    : control_(control), rank_(rank), name_(std::move(name)) {
-  control_.RegisterWaiter(&mu_, &cv_);
-}
+    : control_(control), rank_(rank), name_(std::move(name)) {}
 
 StreamWorker::~StreamWorker() {
   Close();
@@ -403,9 +410,7 @@ Communicator::Communicator(RunControl& control, int world_size, std::string name
       world_size_(world_size),
       name_(std::move(name)),
       ranks_(std::move(ranks)),
-      next_call_(static_cast<std::size_t>(world_size), 0) {
-  control_.RegisterWaiter(&mu_, &cv_);
-}
+      next_call_(static_cast<std::size_t>(world_size), 0) {}
 
 std::string CollectiveDesc::Mismatch(const std::vector<CollectiveDesc>& calls, std::uint64_t call,
                                      std::string_view name, std::span<const int> ranks) {

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -56,6 +58,31 @@ TEST(StreamWorkerTest, AFailedTaskAbortsAndWakesWaiters) {
   EXPECT_NE(s.message().find("aborted because rank 0 failed"), std::string::npos) << s.message();
   EXPECT_EQ(control.root_rank(), 0);
   EXPECT_EQ(control.root_cause().message(), "rank 0: boom");
+}
+
+TEST(StreamWorkerTest, OneDestroyedWhileTheRunAbortsIsNotNotified) {
+  // A stream's owner may destroy it while another thread is still failing the run (a test's
+  // scope ends; an executor tears down). The abort used to copy the list of waiters, then notify
+  // each: a worker destroyed in between was notified after its destruction. Here the worker is
+  // destroyed exactly in between, while the failing thread runs the first-failure hook; with the
+  // old abort, ThreadSanitizer reports a heap-use-after-free of its mutex every time (ASan does
+  // not see it: the mutex is locked inside libc).
+  RunControl control(10e6);
+  std::promise<void> in_hook;
+  std::promise<void> destroyed;
+  std::shared_future<void> destroyed_done = destroyed.get_future().share();
+  control.OnFirstFailure([&](int, const Status&) {
+    in_hook.set_value();
+    destroyed_done.wait();
+  });
+  auto worker = std::make_unique<StreamWorker>(control, 1, "compute");
+  std::thread failing([&] { control.Fail(0, StepFailed("rank 0: boom")); });
+  in_hook.get_future().wait();
+  worker.reset();
+  destroyed.set_value();
+  failing.join();
+  EXPECT_TRUE(control.aborted());
+  EXPECT_EQ(control.root_rank(), 0);
 }
 
 // Runs `body(rank)` on one thread per rank.

@@ -75,9 +75,6 @@ class RunControl final {
   // The error a wait returns when it sees the abort: "<ctx>: aborted because rank R failed".
   Status AbortedError(const OpContext& ctx) const;
 
-  // A mutex and condition variable pair to notify when the run aborts.
-  void RegisterWaiter(std::mutex* mu, std::condition_variable* cv);
-
   // Called once, by the thread that records the run's first failure, with that rank and status
   // (a multi-process run tells the other processes). Set before any thread starts.
   void OnFirstFailure(std::function<void(int rank, const Status& status)> hook);
@@ -86,6 +83,11 @@ class RunControl final {
   void SetOrigin(Clock::time_point origin) { start_ = origin; }
 
  private:
+  friend class AbortWaiter;
+  using Waiter = std::pair<std::mutex*, std::condition_variable*>;
+  void Register(Waiter waiter);
+  void Unregister(Waiter waiter);
+
   const TimeUs timeout_us_;
   Clock::time_point start_;
   std::function<void(int, const Status&)> on_first_failure_;
@@ -94,7 +96,26 @@ class RunControl final {
   Status root_;
   int root_rank_ = -1;
   std::vector<Status> rank_errors_;
-  std::vector<std::pair<std::mutex*, std::condition_variable*>> waiters_;
+  // Held while the abort notifies the waiters, so that none is unregistered (and destroyed)
+  // halfway through.
+  std::mutex waiters_mu_;
+  std::vector<Waiter> waiters_;
+};
+
+// Keeps a mutex and condition variable pair registered with the run for as long as it lives:
+// when the run aborts, the pair is notified under its mutex. Declare it after the pair, so that
+// it unregisters before they are destroyed: a thread failing late must not notify a condition
+// variable its owner has already destroyed.
+class AbortWaiter final {
+ public:
+  AbortWaiter(RunControl& control, std::mutex& mu, std::condition_variable& cv);
+  ~AbortWaiter();
+  AbortWaiter(const AbortWaiter&) = delete;
+  AbortWaiter& operator=(const AbortWaiter&) = delete;
+
+ private:
+  RunControl& control_;
+  const RunControl::Waiter waiter_;
 };
 
 // The emulated device (--compute timed): its compute thread sleeps to each kernel's end, and
@@ -162,6 +183,7 @@ class StreamWorker final {
   const std::string name_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
+  AbortWaiter abort_waiter_{control_, mu_, cv_};
   std::deque<Task> queue_;
   std::uint64_t issued_ = 0;
   std::uint64_t completed_ = 0;
@@ -268,6 +290,7 @@ class RankBarrier final : public StepBarrier {
   const int world_size_;
   std::mutex mu_;
   std::condition_variable cv_;
+  AbortWaiter abort_waiter_{control_, mu_, cv_};
   std::uint64_t round_ = 0;
   std::vector<bool> arrived_;
   int count_ = 0;
@@ -323,6 +346,7 @@ class Communicator final : public Transport {
   const std::vector<int> ranks_;
   std::mutex mu_;
   std::condition_variable cv_;
+  AbortWaiter abort_waiter_{control_, mu_, cv_};
   std::map<std::uint64_t, Slot> slots_;
   std::vector<std::uint64_t> next_call_;
 };
