@@ -7,7 +7,7 @@ target_compile_options(fsdplab_warnings INTERFACE
   $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wduplicated-cond -Wlogical-op>
   $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${FSDPLAB_WERROR}>>:-Werror>
   $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${FSDPLAB_WERROR}>>:-Werror=all-warnings>)
-# Not in the sanitizer builds: at their -O1, GCC's -Wnull-dereference flags simdjson's inlined
+# Not in the sanitizer builds: at -O1 (TSan's), GCC's -Wnull-dereference flags simdjson's inlined
 # headers (a false positive that depends on the optimisation level); the Release build keeps the
 # warning, and the sanitizers check every dereference at run time.
 if(NOT FSDPLAB_SANITIZE)
