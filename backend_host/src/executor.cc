@@ -298,9 +298,9 @@ void HostExecutor::Start() {
   const int comm_nice = config_.compute == ComputeMode::kTimed ? kEmulatedCommNice : 0;
   const int core = RankCore(rank_, world_size_);
   compute_->Start(/*low_timer_slack=*/true);
-  all_gather_->Start(/*low_timer_slack=*/false, comm_nice, core);
-  if (reduce_scatter_) reduce_scatter_->Start(/*low_timer_slack=*/false, comm_nice, core);
-  if (all_reduce_) all_reduce_->Start(/*low_timer_slack=*/false, comm_nice, core);
+  all_gather_->Start(/*low_timer_slack=*/true, comm_nice, core);
+  if (reduce_scatter_) reduce_scatter_->Start(/*low_timer_slack=*/true, comm_nice, core);
+  if (all_reduce_) all_reduce_->Start(/*low_timer_slack=*/true, comm_nice, core);
 }
 
 OpContext HostExecutor::Context(const CommandOrigin& origin, UnitId unit, std::string op) const {

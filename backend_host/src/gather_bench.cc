@@ -443,7 +443,7 @@ class WakeProber final {
       devices_.push_back(std::make_unique<StreamWorker>(control_, r, "probe compute"));
       comms_.push_back(std::make_unique<StreamWorker>(control_, r, "probe communication"));
       devices_.back()->Start(/*low_timer_slack=*/true);
-      comms_.back()->Start(/*low_timer_slack=*/false, kEmulatedCommNice, RankCore(r, world_size));
+      comms_.back()->Start(/*low_timer_slack=*/true, kEmulatedCommNice, RankCore(r, world_size));
     }
     late_us_.assign(ranks.size(), 0);
     aim_.assign(ranks.size(), Clock::duration{});
@@ -473,8 +473,9 @@ class WakeProber final {
       for (std::size_t i = 0; i < devices_.size(); ++i) {
         StreamWorker& device = *devices_[i];
         Clock::duration& aim = aim_[i];  // the device thread's running aim, as the executor's
-        const std::uint64_t seq = device.Enqueue([end, &aim] {
+        const std::uint64_t seq = device.Enqueue([end, &aim, &device] {
           (void)SleepTowards(end, aim);
+          device.CompleteAt(end);  // the kernel ends at its deadline, as the executor's do
           return Status::Ok();
         });
         comms_[i]->Enqueue([this, i, seq, end, &device, &ctx] {

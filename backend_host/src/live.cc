@@ -547,8 +547,8 @@ LiveResult Assemble(const Trace& trace, const LiveOptions& options,
   if (timed > 0) {
     result.notes.push_back(fmt::format(
         "emulated computes: {}; the compute thread signalled their end {:+.1f} us from "
-        "it on average ({:.1f} us mean |error|, max {:.1f} us), which only shifts when the "
-        "streams waiting on it resume",
+        "it on average ({:.1f} us mean |error|, max {:.1f} us); a late signal delays the "
+        "streams waiting on it, an early one does not let them go on before the end",
         timed, wake_sum / timed, wake_abs_sum / timed, wake_max));
   }
   if (comm_wakes.count > 0) {

@@ -244,12 +244,23 @@ Status StreamWorker::WaitReached(std::uint64_t seq, const OpContext& ctx,
   const bool ready =
       cv_.wait_until(lock, deadline, [&] { return completed_ >= seq || control_.aborted(); });
   if (completed_ >= seq) {
-    if (reached_at != nullptr) {
-      // A task older than the kept window completed long before anything waiting on it now.
-      const std::uint64_t oldest = completed_ - completed_at_.size() + 1;
-      *reached_at = seq < oldest ? Clock::time_point{}
-                                 : completed_at_[static_cast<std::size_t>(seq - oldest)];
+    // A task older than the kept window completed long before anything waiting on it now.
+    const std::uint64_t oldest = completed_ - completed_at_.size() + 1;
+    const Clock::time_point at =
+        seq < oldest ? Clock::time_point{} : completed_at_[static_cast<std::size_t>(seq - oldest)];
+    // The event fires when the task completes, which for an emulated kernel is its end on the
+    // device's clock: its thread, aiming early, may have returned before it. Nothing waiting on
+    // the event goes on before it fires (a communication stream that did started its collective
+    // before the kernel it waits for had ended, and a free behind that collective landed before
+    // the stream's previous one).
+    if (at > Clock::now()) {
+      cv_.wait_until(lock, at, [&] { return control_.aborted(); });
+      if (control_.aborted()) {
+        lock.unlock();
+        return control_.AbortedError(ctx);
+      }
     }
+    if (reached_at != nullptr) *reached_at = at;
     return Status::Ok();
   }
   if (control_.aborted()) {
@@ -296,7 +307,8 @@ void StreamWorker::Join() {
 void StreamWorker::Loop() {
 #ifdef __linux__
   // 1 ns of timer slack instead of the default 50 us: an emulated kernel ends close to its
-  // deadline. What overshoot remains is measured and reported by the executor.
+  // deadline, and a stream waiting for that end goes on close to it. What overshoot remains is
+  // measured and reported by the executor.
   if (low_timer_slack_) prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
   // Per-thread niceness (Linux applies setpriority to the calling thread's id). Raising it needs
   // no privilege; failure only costs timing precision, so it is ignored.

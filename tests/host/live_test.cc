@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <ostream>
@@ -337,6 +338,45 @@ TEST(LiveTest, ACommunicationStreamsMemoryFollowsItsStream) {
   // the gather's end (its thread descheduled on the 2-core machine: seen in about 1 of 100).
   EXPECT_GE(queued, 6);
   EXPECT_GE(in_order, queued * 3 / 4) << in_order << " of " << queued << " in order;" << late;
+}
+
+TEST(LiveTest, ACollectiveNeverStartsBeforeTheKernelItWaitsFor) {
+  // --compute timed: each rank's compute thread sleeps towards a kernel's end aiming early by its
+  // usual wake-up lateness, so about every other kernel it wakes (and returns) before the end;
+  // the kernel's event fires at the end on the device's clock all the same. The reduce-scatter
+  // stream used to go on when the thread returned: a unit's reduce-scatter could start (its last
+  // rank join) before that unit's backward had ended on every rank, which no device allows.
+  // Every reduce-scatter's start must be no earlier than the end of its unit's backward (same
+  // step and microbatch) on every rank.
+  TinySpec spec;
+  spec.layers = 8;
+  spec.layer_us = 150;
+  LiveOptions o = Options(MakePolicy({}), 2, 24);
+  o.check = false;
+  StatusOr<LiveResult> r = RunLiveSteps(TinyTrace(spec), o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const Timeline& tl = r->timeline;
+  int compared = 0;
+  std::string early;
+  for (const TimelineOp& rs : tl.ops) {
+    if (rs.kind != OpKind::kReduceScatter) continue;
+    double backward_end = -1;
+    for (const TimelineOp& op : tl.ops) {
+      if (op.kind == OpKind::kCompute && op.phase == Phase::kBackward && op.unit == rs.unit &&
+          op.step == rs.step && op.microbatch == rs.microbatch) {
+        backward_end = std::max(backward_end, op.end_us);
+      }
+    }
+    ASSERT_GE(backward_end, 0) << "no backward of unit " << rs.unit << " in step " << rs.step;
+    ++compared;
+    if (rs.start_us < backward_end - 0.5) {
+      early += fmt::format(" [rank {} step {} unit {}: {:.1f} us early]", rs.rank, rs.step, rs.unit,
+                           backward_end - rs.start_us);
+    }
+  }
+  EXPECT_GE(compared, 2 * 24 * 9);  // 2 ranks x 24 steps x (8 layers + the root)
+  EXPECT_TRUE(early.empty()) << "reduce-scatters that started before their backward ended:"
+                             << early;
 }
 
 TEST(LiveTest, UnifiedStreamPutsReduceScattersOnTheGatherTrack) {

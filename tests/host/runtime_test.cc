@@ -44,6 +44,52 @@ TEST(StreamWorkerTest, AWaitThatNeverCompletesTimesOutNamingWhere) {
   EXPECT_NE(s.message().find("model.layers.2"), std::string::npos);
 }
 
+TEST(StreamWorkerTest, AWaitGoesOnNoSoonerThanTheEventFires) {
+  // An emulated kernel's thread wakes early (it aims early by its usual lateness) and completes
+  // its task at the kernel's end on the device's clock (CompleteAt), after it has returned. A
+  // communication stream waiting on it used to go on as soon as the task returned: its
+  // collective started up to milliseconds before the kernel it waited for had ended, and the
+  // free queued behind that collective was stamped before its stream's previous one (one more
+  // layer's unsharded parameters at a step's peak in the grid). Here the task returns at once
+  // and fires 30 ms later: the wait must return no sooner, and say that time.
+  RunControl control(5e6);
+  StreamWorker device(control, 0, "compute");
+  device.Start(/*low_timer_slack=*/true);
+  const Clock::time_point fires = Clock::now() + std::chrono::milliseconds(30);
+  device.Enqueue([&device, fires] {
+    device.CompleteAt(fires);
+    return Status::Ok();
+  });
+  Clock::time_point reached{};
+  ASSERT_TRUE(device.WaitReached(1, OpContext{}, &reached).ok());
+  EXPECT_GE(Clock::now(), fires);
+  EXPECT_EQ(reached, fires);
+  // A later task on the same stream completes no sooner (in order), so waits on it also hold.
+  device.Enqueue([] { return Status::Ok(); });
+  ASSERT_TRUE(device.WaitReached(2, OpContext{}, &reached).ok());
+  EXPECT_GE(reached, fires);
+}
+
+TEST(StreamWorkerTest, AnAbortEndsAWaitForAnEventStillToFire) {
+  // The event fires in 60 s (past the 10 s timeout): only the abort, 20 ms in, can end the wait,
+  // and it must return the abort's error, not success once the time has come.
+  RunControl control(10e6);
+  StreamWorker device(control, 0, "compute");
+  device.Start(/*low_timer_slack=*/true);
+  device.Enqueue([&device] {
+    device.CompleteAt(Clock::now() + std::chrono::seconds(60));
+    return Status::Ok();
+  });
+  std::thread failer([&control] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    control.Fail(1, StepFailed("rank 1: boom"));
+  });
+  const Status s = device.WaitReached(1, OpContext{0, 0, 0, "u", "wait"});
+  failer.join();
+  EXPECT_EQ(s.code(), StatusCode::kStepFailed);
+  EXPECT_NE(s.message().find("aborted because rank 1 failed"), std::string::npos) << s.message();
+}
+
 TEST(StreamWorkerTest, AFailedTaskAbortsAndWakesWaiters) {
   RunControl control(10e6);
   StreamWorker failing(control, 0, "compute");

@@ -149,7 +149,8 @@ class StreamWorker final {
   StreamWorker(const StreamWorker&) = delete;
   StreamWorker& operator=(const StreamWorker&) = delete;
 
-  // `low_timer_slack`: ask the kernel for precise sleeps on this thread (emulated compute).
+  // `low_timer_slack`: ask the kernel for precise sleeps on this thread (emulated compute, and
+  // the streams that wait for its kernels' ends).
   // `nice`: raise this thread's niceness (communication threads, so that the emulated device's
   // compute thread is not delayed behind the copies and sums that share its cores).
   // `core`: pin the thread to that core (-1: not pinned; see RankCore).
@@ -158,8 +159,9 @@ class StreamWorker final {
   std::uint64_t Enqueue(Task task);
   std::uint64_t issued() const;
   std::uint64_t completed() const;
-  // Blocks until the first `seq` tasks have completed, the run aborts, or the timeout passes.
-  // With `reached_at`, also says when task `seq` completed (the event's timestamp).
+  // Blocks until the first `seq` tasks have completed, the run aborts, or the timeout passes,
+  // and then until task `seq`'s completion time (the event's timestamp, which CompleteAt can put
+  // after its thread returned). With `reached_at`, also says what that time was.
   Status WaitReached(std::uint64_t seq, const OpContext& ctx,
                      Clock::time_point* reached_at = nullptr) const;
   // Called by a running task on this stream's own thread: the task completes at `at` as far as
