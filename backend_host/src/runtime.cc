@@ -250,9 +250,9 @@ Status StreamWorker::WaitReached(std::uint64_t seq, const OpContext& ctx,
         seq < oldest ? Clock::time_point{} : completed_at_[static_cast<std::size_t>(seq - oldest)];
     // The event fires when the task completes, which for an emulated kernel is its end on the
     // device's clock: its thread, aiming early, may have returned before it. Nothing waiting on
-    // the event goes on before it fires (a communication stream that did started its collective
-    // before the kernel it waits for had ended, and a free behind that collective landed before
-    // the stream's previous one).
+    // the event goes on before it fires (a communication stream that went on early started its
+    // collective before the kernel it waited for had ended, and its clock went back behind the
+    // free queued before that collective).
     if (at > Clock::now()) {
       cv_.wait_until(lock, at, [&] { return control_.aborted(); });
       if (control_.aborted()) {
