@@ -10,6 +10,7 @@
 #include <map>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fsdplab/core/policy.h"
@@ -356,18 +357,22 @@ TEST(LiveTest, ACollectiveNeverStartsBeforeTheKernelItWaitsFor) {
   StatusOr<LiveResult> r = RunLiveSteps(TinyTrace(spec), o);
   ASSERT_TRUE(r.ok()) << r.status().message();
   const Timeline& tl = r->timeline;
+  // (unit, step, microbatch) -> the latest end of that backward over the ranks.
+  std::map<std::tuple<UnitId, int, int>, double> backward_ends;
+  for (const TimelineOp& op : tl.ops) {
+    if (op.kind != OpKind::kCompute || op.phase != Phase::kBackward) continue;
+    double& end =
+        backward_ends.try_emplace({op.unit, op.step, op.microbatch}, op.end_us).first->second;
+    end = std::max(end, op.end_us);
+  }
   int compared = 0;
   std::string early;
   for (const TimelineOp& rs : tl.ops) {
     if (rs.kind != OpKind::kReduceScatter) continue;
-    double backward_end = -1;
-    for (const TimelineOp& op : tl.ops) {
-      if (op.kind == OpKind::kCompute && op.phase == Phase::kBackward && op.unit == rs.unit &&
-          op.step == rs.step && op.microbatch == rs.microbatch) {
-        backward_end = std::max(backward_end, op.end_us);
-      }
-    }
-    ASSERT_GE(backward_end, 0) << "no backward of unit " << rs.unit << " in step " << rs.step;
+    const auto it = backward_ends.find({rs.unit, rs.step, rs.microbatch});
+    ASSERT_NE(it, backward_ends.end())
+        << "no backward of unit " << rs.unit << " in step " << rs.step;
+    const double backward_end = it->second;
     ++compared;
     if (rs.start_us < backward_end - 0.5) {
       early += fmt::format(" [rank {} step {} unit {}: {:.1f} us early]", rs.rank, rs.step, rs.unit,
