@@ -25,7 +25,9 @@ Prints a table (workload, measured, both predictions and errors, the beside-benc
 run's step time), the median and 90th-percentile |error| of each prediction, how many
 workloads it under-predicts and its error against each workload's fastest run (noise here only
 adds time, so a bias shows as errors of one sign even against the fastest run), and the three
-worst cases with the op kind that carries most of the error. `--regrade DIR` predicts a kept grid again
+worst cases with the op kind that carries most of the error, and the machine's own drift
+(`bench-gather --op drift`: one 16 MiB all-gather per world size timed for 20 s before the
+runs, and how far its time moved between 2.5 s windows). `--regrade DIR` predicts a kept grid again
 without measuring. Run it on an otherwise idle machine: the host collectives are memory copies on
 the same cores, and other load shows up as error.
 """
@@ -141,6 +143,9 @@ def main():
         bench(w, 0)
         run([f, "bench-gather", "--backend", "host", "--world-size", str(w), *sizes_flags, "--op",
              "concurrent", "-J", f"{work}/concurrent{w}.json"])
+        # The machine's own noise, beside the error: one 16 MiB all-gather timed for 20 s.
+        run([f, "bench-gather", "--backend", "host", "--world-size", str(w), "--op", "drift",
+             "-b", "16M", "--seconds", "20", *ws_flags, "-J", f"{work}/drift{w}.json"])
     # A provisional model (before the runs) sizes the compute of each workload from its ratio.
     for w in sorted(set(worlds)):
         run([f, "calibrate", f"{work}/all_gather{w}.0.txt", f"{work}/reduce_scatter{w}.0.txt",
@@ -385,6 +390,14 @@ def report(f, work, out, workloads, steps, repeat, label):
     spreads = sorted(r[3] * 100 for r in results)
     print(f"run-to-run spread (max - min over {repeat} runs, of the measured step): median "
           f"{statistics.median(spreads):.1f}%, largest {spreads[-1]:.1f}%")
+    for w in worlds:
+        if os.path.exists(f"{work}/drift{w}.json"):
+            with open(f"{work}/drift{w}.json") as fh:
+                d = json.load(fh)["summary"]
+            print(f"the machine's own drift ({w} ranks, bench-gather --op drift): one 16 MiB "
+                  f"all-gather timed for 20 s moved by {100 * d['window_spread']:.1f}% between "
+                  f"2.5 s windows; its 100 ms samples p10 {d['sample_p10_us']:.0f} us, p90 "
+                  f"{d['sample_p90_us']:.0f} us")
     m = [sum(r[5][k] for r in results) for k in (0, 1, 2, 3, 4, 5, 7)]
     fractions = sorted(x for r in results for x in r[5][6])
     print(f"memory (grid-wide prediction, {m[0]} steps): exact categories differ in {m[1]}; "

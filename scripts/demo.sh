@@ -63,5 +63,10 @@ echo "measured step time of the three runs: $(awk '{printf "%s%.1f ms", (NR > 1 
 "$fsdplab" simulate traces/gpt_small.json --cluster "$work/cluster.json" --world-size 2 \
   --steps 6 -o "$work/predicted.json" >/dev/null
 "$fsdplab" compare "$work/predicted.json" "$median" | sed -n '1,9p;$p'
-echo "(the host's collectives are memory copies on shared cores: expect a few % of run-to-run"
-echo " noise; bench/host_prediction.sh repeats this for every sample trace)"
+# How far this machine alone moves one collective between windows as long as a live run: an
+# error inside that spread is this machine's noise, not the model's.
+"$fsdplab" bench-gather --backend host --world-size 2 --op drift -b 16M --seconds 10 "${ws[@]}" |
+  tail -1
+echo "(the host's collectives are memory copies on shared cores: an error inside the drift above"
+echo " is this machine's noise, not the model's; bench/host_prediction.sh repeats this for every"
+echo " sample trace, and --grid over 24 synthetic workloads)"

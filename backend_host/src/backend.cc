@@ -38,6 +38,9 @@ class HostBackend final : public Backend {
   StatusOr<std::vector<ContentionRow>> BenchContention(const BenchRequest& request) const override {
     return RunContentionBench(request.options);
   }
+  StatusOr<std::vector<DriftSample>> BenchDrift(const BenchRequest& request) const override {
+    return RunDriftBench(request.options);
+  }
 };
 
 }  // namespace

@@ -518,6 +518,13 @@ StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o
   return fsdplab::RunGatherBench(o, ranks.world(), HooksOf(bench, gemm));
 }
 
+StatusOr<std::vector<DriftSample>> RunDriftBench(const GatherBenchOptions& o) {
+  FSDP_ASSIGN_OR_RETURN(const DType dtype, HostBenchDType(o.dtype));
+  FSDP_ASSIGN_OR_RETURN(const Ranks ranks, Ranks::Detect(o.world_size));
+  HostGatherBench bench(ranks, dtype, o.working_set_bytes);
+  return fsdplab::RunDriftBench(o, ranks.world(), HooksOf(bench, GemmSizing{}));
+}
+
 StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions& o) {
   FSDP_RETURN_IF_ERROR(CheckGatherBenchOptions(o));
   FSDP_ASSIGN_OR_RETURN(const BenchType type, FindBenchType(o.dtype));
@@ -535,7 +542,7 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
 
   std::vector<ContentionRow> rows;
   for (const std::uint64_t requested : BenchSizes(o.min_bytes, o.max_bytes, o.step_factor)) {
-    const std::size_t size = std::max(wz * esize, requested / (wz * esize) * (wz * esize));
+    const std::size_t size = BenchMessageBytes(requested, w, type);
     const std::size_t shard = size / wz;
     const std::size_t shard_elems = shard / esize;
     ContentionRow row;

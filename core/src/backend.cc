@@ -11,6 +11,12 @@ StatusOr<std::vector<ContentionRow>> Backend::BenchContention(const BenchRequest
       name()));
 }
 
+StatusOr<std::vector<DriftSample>> Backend::BenchDrift(const BenchRequest&) const {
+  return UsageError(fmt::format(
+      "op: drift is measured on the host backend only (the {} backend has no drift mode yet)",
+      name()));
+}
+
 Status BackendRegistry::Register(std::unique_ptr<Backend> backend) {
   if (Find(backend->name()) != nullptr) {
     return InternalError(fmt::format("backend '{}' registered twice", backend->name()));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 
 namespace fsdplab {
@@ -57,6 +58,11 @@ void FillDerivedColumns(GatherBenchRow& row, std::string_view op, int world_size
       row.gemm_alone_us > 0 ? row.gemm_under_overlap_us / row.gemm_alone_us - 1 : 0;
 }
 
+std::uint64_t BenchMessageBytes(std::uint64_t requested, int world_size, const BenchType& type) {
+  const std::uint64_t unit = static_cast<std::uint64_t>(std::max(world_size, 1)) * type.bytes;
+  return std::max(unit, requested / unit * unit);
+}
+
 Status CheckGatherBenchOptions(const GatherBenchOptions& o) {
   if (o.world_size < 1 || o.world_size > 256) {
     return UsageError(fmt::format("world_size: {} is outside 1..256", o.world_size));
@@ -98,9 +104,7 @@ StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o
   const auto wz = static_cast<std::uint64_t>(w);
   std::vector<GatherBenchRow> rows;
   for (const std::uint64_t requested : BenchSizes(o.min_bytes, o.max_bytes, o.step_factor)) {
-    // nccl-tests rounds the size down to a multiple of ranks x element size.
-    const std::uint64_t unit = wz * type.bytes;
-    const std::uint64_t size = std::max(unit, requested / unit * unit);
+    const std::uint64_t size = BenchMessageBytes(requested, w, type);
     const BenchCase c{.all_gather = all_gather,
                       .size_bytes = size,
                       .shard_bytes = size / wz,
@@ -144,6 +148,93 @@ StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o
     rows.push_back(std::move(row));
   }
   return rows;
+}
+
+StatusOr<std::vector<DriftSample>> RunDriftBench(const GatherBenchOptions& o, int w,
+                                                 const GatherBenchHooks& hooks, double sample_s) {
+  FSDP_RETURN_IF_ERROR(CheckGatherBenchOptions(o));
+  const bool all_gather = o.op == "all_gather";
+  if (!all_gather && o.op != "reduce_scatter") {
+    return UsageError(fmt::format("op: '{}' is not all_gather or reduce_scatter", o.op));
+  }
+  if (w < 1) return UsageError(fmt::format("world_size: {} must be at least 1", w));
+  if (!(o.drift_seconds > 0 && o.drift_seconds <= 3600)) {
+    return UsageError(fmt::format("drift_seconds: {} is outside (0, 3600]", o.drift_seconds));
+  }
+  FSDP_ASSIGN_OR_RETURN(const BenchType type, FindBenchType(o.dtype));
+  if (!all_gather && !type.dtype.has_value()) {
+    return UsageError(fmt::format(
+        "dtype: reduce_scatter needs a floating-point type (bf16, fp16, fp32), not {}", type.name));
+  }
+  const auto wz = static_cast<std::uint64_t>(w);
+  const std::uint64_t size = BenchMessageBytes(o.min_bytes, w, type);
+  FSDP_RETURN_IF_ERROR(hooks.init(BenchCase{.all_gather = all_gather,
+                                            .size_bytes = size,
+                                            .shard_bytes = size / wz,
+                                            .world_size = w,
+                                            .type = type,
+                                            .key = 0xb3e7c0deull ^ size}));
+  if (o.warmup > 0) {
+    FSDP_RETURN_IF_ERROR(hooks.time(BenchWork::kCollective, 0, o.warmup, 1).status());
+  }
+  // One call, not kept, learns how many calls fill a sample.
+  FSDP_ASSIGN_OR_RETURN(const TimeUs first_us, hooks.time(BenchWork::kCollective, 0, 0, 1));
+  auto calls_for = [sample_s](TimeUs per_call) {
+    return static_cast<int>(
+        std::clamp(std::llround(sample_s * 1e6 / std::max(per_call, 1.0)), 1LL, 100000LL));
+  };
+  int calls = calls_for(first_us);
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point begin = Clock::now();
+  std::vector<DriftSample> samples;
+  for (;;) {
+    const double at = std::chrono::duration<double>(Clock::now() - begin).count();
+    if (at >= o.drift_seconds) break;
+    FSDP_ASSIGN_OR_RETURN(const TimeUs per_call, hooks.time(BenchWork::kCollective, 0, 0, calls));
+    samples.push_back(DriftSample{.at_s = at, .calls = calls, .time_us = per_call});
+    calls = calls_for(per_call);
+  }
+  return samples;
+}
+
+StatusOr<DriftSummary> SummarizeDrift(const std::vector<DriftSample>& samples, double window_s) {
+  if (!(window_s > 0)) {
+    return UsageError(fmt::format("window_s: {} must be positive", window_s));
+  }
+  DriftSummary s;
+  if (samples.empty()) return s;
+  // Nearest rank: the smallest value with at least p of the values at or below it.
+  auto rank = [](const std::vector<TimeUs>& sorted, double p) {
+    const auto n = static_cast<double>(sorted.size());
+    const auto k = static_cast<std::size_t>(std::max(1.0, std::ceil(p * n)));
+    return sorted[k - 1];
+  };
+  std::vector<TimeUs> times;
+  double weighted = 0;
+  for (const DriftSample& d : samples) {
+    times.push_back(d.time_us);
+    const double start = std::floor(d.at_s / window_s) * window_s;
+    if (s.windows.empty() || start > s.windows.back().start_s) {
+      if (!s.windows.empty()) s.windows.back().time_us = weighted / s.windows.back().calls;
+      s.windows.push_back(DriftWindow{.start_s = start});
+      weighted = 0;
+    }
+    s.windows.back().calls += d.calls;
+    weighted += d.time_us * d.calls;
+  }
+  s.windows.back().time_us = weighted / s.windows.back().calls;
+  std::sort(times.begin(), times.end());
+  s.sample_p10_us = rank(times, 0.1);
+  s.sample_median_us = rank(times, 0.5);
+  s.sample_p90_us = rank(times, 0.9);
+  std::vector<TimeUs> per_window;
+  for (const DriftWindow& win : s.windows) per_window.push_back(win.time_us);
+  std::sort(per_window.begin(), per_window.end());
+  s.window_min_us = rank(per_window, 0.0);
+  s.window_median_us = rank(per_window, 0.5);
+  s.window_max_us = rank(per_window, 1.0);
+  s.window_spread = s.window_min_us > 0 ? s.window_max_us / s.window_min_us - 1 : 0;
+  return s;
 }
 
 }  // namespace fsdplab

@@ -151,5 +151,75 @@ TEST(GatherBench, ReduceScatterNeedsAFloatType) {
   EXPECT_TRUE(fake.calls.empty());
 }
 
+TEST(GatherBench, DriftTimesOneCollectiveInSamplesOfAboutTheSampleLength) {
+  GatherBenchOptions o;
+  o.min_bytes = 1000;  // rounded down to 3 ranks x 2 bytes: 996
+  o.max_bytes = 1000;
+  o.warmup = 2;
+  o.world_size = 3;
+  o.drift_seconds = 0.02;
+  FakeBackend fake;  // 100 us per collective call
+  StatusOr<std::vector<DriftSample>> samples = RunDriftBench(o, 3, fake.Hooks(), 0.001);
+  ASSERT_TRUE(samples.ok()) << samples.status().ToString();
+  // init, the warm-up calls, one call that sizes the samples (kept out), then samples of
+  // 0.001 s / 100 us = 10 calls each until 0.02 s have passed (the fake takes no time: many).
+  ASSERT_GE(fake.calls.size(), 4u);
+  EXPECT_EQ(fake.calls[0], "init");
+  EXPECT_EQ(fake.calls[1], "collective 0 2 1");
+  EXPECT_EQ(fake.calls[2], "collective 0 0 1");
+  EXPECT_EQ(fake.calls[3], "collective 0 0 10");
+  EXPECT_EQ(fake.cases[0].size_bytes, 996u);
+  EXPECT_EQ(fake.cases[0].shard_bytes, 332u);
+  ASSERT_FALSE(samples->empty());
+  EXPECT_EQ(samples->size(), fake.calls.size() - 3);
+  double last = -1;
+  for (const DriftSample& d : *samples) {
+    EXPECT_EQ(d.calls, 10);
+    EXPECT_DOUBLE_EQ(d.time_us, 100);
+    EXPECT_GT(d.at_s, last);
+    EXPECT_LT(d.at_s, 0.02);
+    last = d.at_s;
+  }
+  // What it refuses, naming the field.
+  o.drift_seconds = 0;
+  EXPECT_NE(RunDriftBench(o, 3, fake.Hooks()).status().message().find("drift_seconds"),
+            std::string::npos);
+  o.drift_seconds = 1;
+  o.op = "concurrent";
+  EXPECT_EQ(RunDriftBench(o, 3, fake.Hooks()).status().code(), StatusCode::kUsage);
+}
+
+TEST(GatherBench, DriftSummaryGroupsSamplesIntoWindowsWeightedByCalls) {
+  // Windows of 1 s. [0, 1): (10 calls x 100 us + 30 x 200 us) / 40 = 175 us; [1, 2): 300 us;
+  // [3, 4) (none began in [2, 3)): 150 us. Samples sorted: 100 150 200 300; nearest rank:
+  // p10 = the 1st (ceil 0.4), median the 2nd (ceil 2), p90 the 4th (ceil 3.6). Windows sorted
+  // 150 175 300: median the 2nd (ceil 1.5); spread 300 / 150 - 1 = 1.
+  const std::vector<DriftSample> samples = {{.at_s = 0.0, .calls = 10, .time_us = 100},
+                                            {.at_s = 0.5, .calls = 30, .time_us = 200},
+                                            {.at_s = 1.2, .calls = 5, .time_us = 300},
+                                            {.at_s = 3.9, .calls = 7, .time_us = 150}};
+  StatusOr<DriftSummary> s = SummarizeDrift(samples, 1.0);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_EQ(s->windows.size(), 3u);
+  EXPECT_DOUBLE_EQ(s->windows[0].start_s, 0);
+  EXPECT_EQ(s->windows[0].calls, 40);
+  EXPECT_DOUBLE_EQ(s->windows[0].time_us, 175);
+  EXPECT_DOUBLE_EQ(s->windows[1].start_s, 1);
+  EXPECT_DOUBLE_EQ(s->windows[1].time_us, 300);
+  EXPECT_DOUBLE_EQ(s->windows[2].start_s, 3);
+  EXPECT_EQ(s->windows[2].calls, 7);
+  EXPECT_DOUBLE_EQ(s->sample_p10_us, 100);
+  EXPECT_DOUBLE_EQ(s->sample_median_us, 150);
+  EXPECT_DOUBLE_EQ(s->sample_p90_us, 300);
+  EXPECT_DOUBLE_EQ(s->window_min_us, 150);
+  EXPECT_DOUBLE_EQ(s->window_median_us, 175);
+  EXPECT_DOUBLE_EQ(s->window_max_us, 300);
+  EXPECT_DOUBLE_EQ(s->window_spread, 1.0);
+  EXPECT_NE(SummarizeDrift(samples, 0).status().message().find("window_s"), std::string::npos);
+  StatusOr<DriftSummary> none = SummarizeDrift({}, 1.0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->windows.empty());
+}
+
 }  // namespace
 }  // namespace fsdplab

@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -142,6 +146,73 @@ TEST_F(CliTest, BenchGatherWorkingSetKeepsTheResultsExact) {
   ASSERT_EQ(doc["rows"].size(), 1u);
   EXPECT_EQ(doc["rows"][0]["size_bytes"], 65532);
   EXPECT_EQ(doc["rows"][0]["wrong"], 0);
+}
+
+TEST_F(CliTest, BenchGatherDriftShowsHowFarTheMachineMovesOneCollective) {
+  // 2 ranks, one all-gather of 64 KiB timed for 1 s in windows of 0.25 s: the windows are the
+  // samples that began in them, their time the calls-weighted mean, and the spread the largest
+  // window over the smallest - 1, all recomputed here from the samples in the JSON.
+  const std::string json = Path("drift.json");
+  Result b = Fsdplab(
+      "bench-gather --backend host --op drift -b 64K --seconds 1 --window 0.25 --world-size 2 "
+      "-J " +
+      json);
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("The machine alone moved this collective's time by"), std::string::npos)
+      << b.out;
+  StatusOr<std::string> text = ReadFile(json);
+  ASSERT_TRUE(text.ok());
+  nlohmann::json doc = nlohmann::json::parse(*text);
+  EXPECT_EQ(doc["op"], "drift");
+  EXPECT_EQ(doc["collective"], "all_gather");
+  EXPECT_EQ(doc["size_bytes"], 65536);
+  const auto& samples = doc["samples"];
+  ASSERT_GE(samples.size(), 4u);                     // samples of about 0.1 s over 1 s
+  std::map<int, std::pair<double, double>> windows;  // index -> (calls, calls x time)
+  double last = -1;
+  for (const auto& d : samples) {
+    const double at = d["at_s"], us = d["time_us"];
+    const int calls = d["calls"];
+    EXPECT_GT(at, last);
+    EXPECT_LT(at, 1.0);
+    EXPECT_GT(us, 0);
+    EXPECT_GE(calls, 1);
+    last = at;
+    auto& w = windows[static_cast<int>(std::floor(at / 0.25))];
+    w.first += calls;
+    w.second += calls * us;
+  }
+  ASSERT_EQ(doc["windows"].size(), windows.size());
+  double lo = 1e300, hi = 0;
+  std::size_t i = 0;
+  for (const auto& [index, w] : windows) {
+    const auto& got = doc["windows"][i++];
+    EXPECT_DOUBLE_EQ(got["start_s"].get<double>(), index * 0.25);
+    EXPECT_EQ(got["calls"].get<double>(), w.first);
+    EXPECT_NEAR(got["time_us"].get<double>(), w.second / w.first, 1e-9);
+    lo = std::min(lo, w.second / w.first);
+    hi = std::max(hi, w.second / w.first);
+  }
+  const auto& s = doc["summary"];
+  EXPECT_NEAR(s["window_min_us"].get<double>(), lo, 1e-9);
+  EXPECT_NEAR(s["window_max_us"].get<double>(), hi, 1e-9);
+  EXPECT_NEAR(s["window_spread"].get<double>(), hi / lo - 1, 1e-9);
+  EXPECT_LE(s["sample_p10_us"].get<double>(), s["sample_median_us"].get<double>());
+  EXPECT_LE(s["sample_median_us"].get<double>(), s["sample_p90_us"].get<double>());
+  // What it refuses (usage errors, exit 1, no file written): a window longer than the run, a
+  // run of no time, an unknown collective, nccl-tests output, and --seconds without --op drift.
+  for (const char* bad : {"--op drift --seconds 1 --window 2", "--op drift --seconds 0",
+                          "--op drift --seconds 1 --collective all_reduce",
+                          "--op drift --seconds 1 --nccl-out x.txt", "--seconds 1"}) {
+    Result r = Fsdplab(std::string("bench-gather --backend host -b 64K -J ") + Path("bad.json") +
+                       " " + bad);
+    EXPECT_EQ(r.code, 1) << bad << ": " << r.out;
+    EXPECT_FALSE(std::filesystem::exists(Path("bad.json"))) << bad;
+  }
+  Result window = Fsdplab("bench-gather --op drift --seconds 1 --window 2");
+  EXPECT_NE(window.out.find("--window: 2 s must be positive and at most --seconds (1 s)"),
+            std::string::npos)
+      << window.out;
 }
 
 TEST_F(CliTest, BenchGatherConcurrentMeasuresContention) {

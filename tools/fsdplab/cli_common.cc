@@ -196,6 +196,8 @@ constexpr FieldFlag kFieldFlags[] = {
     {FlagScope::kBenchGather, "dtype", "-d"},
     {FlagScope::kBenchGather, "world_size", "--world-size"},
     {FlagScope::kBenchGather, "gemm_n", "--gemm-n"},
+    {FlagScope::kBenchGather, "drift_seconds", "--seconds"},
+    {FlagScope::kBenchGather, "window_s", "--window"},
     {FlagScope::kBenchGather, "emulate_world_size", "--emulate-world-size"},
     {FlagScope::kLive, "world_size", "--world-size"},
     {FlagScope::kLive, "steps", "--steps"},

@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "fsdplab/calib/calibration.h"
 #include "fsdplab/core/file_util.h"
+#include "fsdplab/core/gather_bench.h"
 #include "fsdplab/core/launch.h"
 #include "fsdplab/core/live.h"
 
@@ -25,8 +26,9 @@ namespace {
 
 constexpr std::string_view kUsage =
     "fsdplab bench-gather [--backend host|cuda] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] "
-    "[-w WARMUP] [-c 0|1] [--op all_gather|reduce_scatter|concurrent] [-d TYPE] [--world-size N] "
-    "[--gemm-n N] [--json] [-J FILE] [--nccl-out FILE]";
+    "[-w WARMUP] [-c 0|1] [--op all_gather|reduce_scatter|concurrent|drift] [-d TYPE] "
+    "[--world-size N] [--gemm-n N] [--seconds S] [--window S] [--json] [-J FILE] "
+    "[--nccl-out FILE]";
 constexpr std::string_view kDescription =
     "Times the collective alone (out of place and in place), a GEMM alone, and both launched\n"
     "together on every rank, for message sizes MIN, MIN*F, ... up to MAX. Columns as nccl-tests:\n"
@@ -42,7 +44,14 @@ constexpr std::string_view kDescription =
     "backward pass: each alone, then both together, and the slowdown of each (together / alone\n"
     "- 1). The slowdowns over all sizes, weighted by time (sum together / sum alone - 1), are\n"
     "the simulator's communication contention:\n"
-    "`fsdplab calibrate ... --contention FILE` takes them from the -J file.";
+    "`fsdplab calibrate ... --contention FILE` takes them from the -J file.\n"
+    "\n"
+    "--op drift (host backend) times one collective (all_gather, or reduce_scatter with -d\n"
+    "and -b's size) again and again for --seconds (default 20), in samples of about 100 ms, and\n"
+    "shows how far the machine alone moves its time: the samples' 10th, 50th and 90th\n"
+    "percentiles, and the windows of --window seconds (default 2.5, about one live run),\n"
+    "smallest to largest. A prediction checked against a live run on this machine cannot be\n"
+    "told apart from the truth more finely than that spread. -n and -c do not apply.";
 
 std::string NcclName(const std::string& op) { return op + "_perf"; }
 
@@ -308,6 +317,103 @@ Status RunConcurrent(const Args& args, const GatherBenchOptions& o, const Chosen
   return Status::Ok();
 }
 
+// --op drift: how far the machine alone moves one collective's time.
+std::string DriftTable(const GatherBenchOptions& o, const BenchType& type,
+                       const std::vector<DriftSample>& samples, const DriftSummary& s,
+                       double window_s, const std::string& backend) {
+  const std::uint64_t size = BenchMessageBytes(o.min_bytes, o.world_size, type);
+  int calls = 0;
+  for (const DriftSample& d : samples) calls += d.calls;
+  std::string t = fmt::format(
+      "# fsdplab bench-gather: {} of {} B timed again and again for {:.1f} s on the {} backend, "
+      "{} ranks, working set {} B\n",
+      o.op, size, o.drift_seconds, backend, o.world_size, o.working_set_bytes);
+  t += fmt::format("# {:>8} {:>7} {:>12}\n", "window", "calls", "time (us)");
+  for (const DriftWindow& w : s.windows) {
+    t += fmt::format("  {:>7.1f}s {:>7} {:>12.2f}\n", w.start_s, w.calls, w.time_us);
+  }
+  t += fmt::format(
+      "# {} samples ({} calls): per call p10 {:.1f} us, median {:.1f} us, p90 {:.1f} us "
+      "(p90 / p10 - 1 = {:.1f}%)\n",
+      samples.size(), calls, s.sample_p10_us, s.sample_median_us, s.sample_p90_us,
+      s.sample_p10_us > 0 ? 100 * (s.sample_p90_us / s.sample_p10_us - 1) : 0.0);
+  t += fmt::format(
+      "# The machine alone moved this collective's time by {:.1f}% between windows of {:.1f} s "
+      "(per call {:.1f} to {:.1f} us, median {:.1f} us over {} windows): a live run here is not "
+      "reproducible more closely than that\n",
+      100 * s.window_spread, window_s, s.window_min_us, s.window_max_us, s.window_median_us,
+      s.windows.size());
+  return t;
+}
+
+std::string DriftJson(const GatherBenchOptions& o, const BenchType& type,
+                      const std::vector<DriftSample>& samples, const DriftSummary& s,
+                      double window_s, const std::string& backend) {
+  nlohmann::ordered_json doc = JsonHeader(o, backend, "drift");
+  doc["collective"] = o.op;
+  doc["size_bytes"] = BenchMessageBytes(o.min_bytes, o.world_size, type);
+  doc["seconds"] = o.drift_seconds;
+  doc["window_s"] = window_s;
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const DriftSample& d : samples) {
+    list.push_back({{"at_s", d.at_s}, {"calls", d.calls}, {"time_us", d.time_us}});
+  }
+  doc["samples"] = std::move(list);
+  nlohmann::ordered_json windows = nlohmann::ordered_json::array();
+  for (const DriftWindow& w : s.windows) {
+    windows.push_back({{"start_s", w.start_s}, {"calls", w.calls}, {"time_us", w.time_us}});
+  }
+  doc["windows"] = std::move(windows);
+  doc["summary"] = {{"sample_p10_us", s.sample_p10_us},
+                    {"sample_median_us", s.sample_median_us},
+                    {"sample_p90_us", s.sample_p90_us},
+                    {"window_min_us", s.window_min_us},
+                    {"window_median_us", s.window_median_us},
+                    {"window_max_us", s.window_max_us},
+                    {"window_spread", s.window_spread},
+                    {"statistic", "percentiles by nearest rank; window_spread = max / min - 1"}};
+  return doc.dump(2) + "\n";
+}
+
+Status RunDrift(const Args& args, GatherBenchOptions o, const ChosenBackend& chosen) {
+  if (args.Get("--nccl-out")) {
+    return UsageError("--nccl-out: --op drift has no nccl-tests equivalent; use -J FILE");
+  }
+  o.op = "all_gather";
+  if (auto v = args.Get("--collective")) {
+    if (*v != "all_gather" && *v != "reduce_scatter") {
+      return UsageError(fmt::format("--collective: '{}' is not all_gather or reduce_scatter", *v));
+    }
+    o.op = *v;
+  }
+  if (auto v = args.Get("--seconds")) {
+    FSDP_ASSIGN_OR_RETURN(o.drift_seconds, ParseDouble(*v, "--seconds"));
+  }
+  if (!(o.drift_seconds > 0 && o.drift_seconds <= 3600)) {
+    return UsageError(fmt::format("--seconds: {} is outside (0, 3600]", o.drift_seconds));
+  }
+  double window_s = std::min(2.5, o.drift_seconds);
+  if (auto v = args.Get("--window")) {
+    FSDP_ASSIGN_OR_RETURN(window_s, ParseDouble(*v, "--window"));
+  }
+  if (!(window_s > 0 && window_s <= o.drift_seconds)) {
+    return UsageError(fmt::format("--window: {} s must be positive and at most --seconds ({} s)",
+                                  window_s, o.drift_seconds));
+  }
+  FSDP_ASSIGN_OR_RETURN(const BenchType type, FindBenchType(o.dtype));
+  StatusOr<std::vector<DriftSample>> samples =
+      chosen.backend->BenchDrift(BenchRequest{.options = o, .backend_flags = chosen.flags});
+  if (!samples.ok()) return InFlags(samples.status(), FlagScope::kBenchGather);
+  FSDP_ASSIGN_OR_RETURN(const DriftSummary summary, SummarizeDrift(*samples, window_s));
+  if (!ReportsHere()) return Status::Ok();
+  const std::string json = DriftJson(o, type, *samples, summary, window_s, chosen.name);
+  if (auto file = args.Get("-J")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));
+  fmt::print("{}", args.Has("--json")
+                       ? json
+                       : DriftTable(o, type, *samples, summary, window_s, chosen.name));
+  return Status::Ok();
+}
+
 Status Run(const Args& args) {
   if (!args.positionals().empty()) {
     return UsageError(fmt::format("unexpected argument '{}'", args.positionals().front()));
@@ -356,6 +462,10 @@ Status Run(const Args& args) {
     if (backend != "host") return UsageError("--working-set: the host backend only");
   }
   if (o.op == "concurrent") return RunConcurrent(args, o, chosen);
+  if (o.op == "drift") return RunDrift(args, o, chosen);
+  for (const char* flag : {"--seconds", "--window", "--collective"}) {
+    if (args.Get(flag)) return UsageError(fmt::format("{}: only with --op drift", flag));
+  }
   StatusOr<std::vector<GatherBenchRow>> rows =
       chosen.backend->BenchGather(BenchRequest{.options = o, .backend_flags = chosen.flags});
   if (!rows.ok()) return InFlags(rows.status(), FlagScope::kBenchGather);
@@ -386,8 +496,16 @@ int RunBenchGather(const Argv& argv) {
   args.Declare("-w", ArgKind::kValue, "warm-up iterations per size (default 5)", "N");
   args.Declare("-c", ArgKind::kValue, "check the results: 1 (default) or 0", "0|1");
   args.Declare("--op", ArgKind::kValue,
-               "all_gather (default), reduce_scatter, or concurrent (both at once: contention)",
+               "all_gather (default), reduce_scatter, concurrent (both at once: contention), or "
+               "drift (one collective timed again and again: the machine's own noise)",
                "OP");
+  args.Declare("--collective", ArgKind::kValue,
+               "--op drift: the collective timed, all_gather (default) or reduce_scatter", "OP");
+  args.Declare("--seconds", ArgKind::kValue, "--op drift: how long to time (default 20)", "S");
+  args.Declare("--window", ArgKind::kValue,
+               "--op drift: the windows compared, seconds (default 2.5, about one live run, or "
+               "--seconds if shorter)",
+               "S");
   args.Declare("-d", ArgKind::kValue,
                "element type: bf16 (default), fp16, fp32, or uint8 (cuda, all_gather); nccl-tests' "
                "names bfloat16, half and float also",

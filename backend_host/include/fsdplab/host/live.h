@@ -48,4 +48,8 @@ StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o
 // and world size apply).
 StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions& options);
 
+// One collective (`options.op` of `options.min_bytes`) timed again and again on every rank for
+// `options.drift_seconds`, on the buffers RunGatherBench would use (--working-set included).
+StatusOr<std::vector<DriftSample>> RunDriftBench(const GatherBenchOptions& options);
+
 }  // namespace fsdplab::host

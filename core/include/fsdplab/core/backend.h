@@ -58,6 +58,9 @@ class Backend {
   // bench-gather --op concurrent: how an all-gather and a reduce-scatter slow each other.
   // Unavailable unless the backend has that mode.
   virtual StatusOr<std::vector<ContentionRow>> BenchContention(const BenchRequest& request) const;
+  // bench-gather --op drift: one collective timed again and again (RunDriftBench). Unavailable
+  // unless the backend has that mode.
+  virtual StatusOr<std::vector<DriftSample>> BenchDrift(const BenchRequest& request) const;
 };
 
 class BackendRegistry final {

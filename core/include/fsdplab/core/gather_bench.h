@@ -38,6 +38,9 @@ StatusOr<BenchType> FindBenchType(std::string_view name);
 // Message sizes min, min*f, min*f^2, ... while not above max (nccl-tests -b -e -f).
 std::vector<std::uint64_t> BenchSizes(std::uint64_t min_bytes, std::uint64_t max_bytes,
                                       std::uint64_t factor);
+// The message a requested size becomes: rounded down to a multiple of ranks x element size, at
+// least one element per rank (nccl-tests' rounding).
+std::uint64_t BenchMessageBytes(std::uint64_t requested, int world_size, const BenchType& type);
 // busbw = algbw x factor: (n-1)/n for all-gather and reduce-scatter (nccl-tests).
 double BusBandwidthFactor(std::string_view op, int world_size);
 // Fills algbw, busbw (both placements), overlap_efficiency and compute_slowdown from the times.
@@ -111,5 +114,33 @@ GatherBenchHooks HooksOf(Bench& bench, const GemmSizing& gemm) {
 // unless a backend emulates more).
 StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& options,
                                                      int world_size, const GatherBenchHooks& hooks);
+
+// bench-gather --op drift: the collective `options.op` of `options.min_bytes` (rounded as a row's)
+// timed again and again for `options.drift_seconds`, in samples of about `sample_s` each, after
+// `options.warmup` calls: how much the machine alone moves one collective's time. Only the hooks'
+// init and time are used.
+StatusOr<std::vector<DriftSample>> RunDriftBench(const GatherBenchOptions& options, int world_size,
+                                                 const GatherBenchHooks& hooks,
+                                                 double sample_s = 0.1);
+
+// The samples grouped into consecutive windows of `window_s` (a window holds the samples that
+// began in it; its time is per call, weighted by calls), and the spread of both.
+struct DriftWindow final {
+  double start_s = 0;
+  int calls = 0;
+  TimeUs time_us = 0;
+};
+struct DriftSummary final {
+  std::vector<DriftWindow> windows;
+  TimeUs sample_p10_us = 0;  // over the samples' per-call times (nearest rank)
+  TimeUs sample_median_us = 0;
+  TimeUs sample_p90_us = 0;
+  TimeUs window_min_us = 0;  // over the windows' per-call times
+  TimeUs window_median_us = 0;
+  TimeUs window_max_us = 0;
+  double window_spread = 0;  // window_max / window_min - 1
+};
+// A usage error naming `window_s` unless it is positive.
+StatusOr<DriftSummary> SummarizeDrift(const std::vector<DriftSample>& samples, double window_s);
 
 }  // namespace fsdplab

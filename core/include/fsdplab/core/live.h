@@ -92,6 +92,8 @@ struct GatherBenchOptions final {
   // buffers that at least this many bytes are touched between two uses of one copy, as a live
   // step walks the buffers of many units; 0: one buffer, hot in the caches (nccl-tests).
   std::uint64_t working_set_bytes = 0;
+  // --op drift: how long the one collective (min_bytes, `op`) is timed again and again.
+  double drift_seconds = 20;
 };
 
 struct GatherBenchRow final {
@@ -140,6 +142,14 @@ struct ContentionRow final {
   WakeProbe wake_idle;
   WakeProbe wake_while_all_gather;
   WakeProbe wake_while_reduce_scatter;
+};
+
+// bench-gather --op drift: one sample of the same collective timed again and again. A sample is
+// `calls` back-to-back calls on every rank; `time_us` is their mean per call (over the ranks too).
+struct DriftSample final {
+  double at_s = 0;  // when the sample began, from the first sample's beginning
+  int calls = 0;
+  TimeUs time_us = 0;
 };
 
 }  // namespace fsdplab
