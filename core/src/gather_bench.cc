@@ -184,14 +184,17 @@ StatusOr<std::vector<DriftSample>> RunDriftBench(const GatherBenchOptions& o, in
         std::clamp(std::llround(sample_s * 1e6 / std::max(per_call, 1.0)), 1LL, 100000LL));
   };
   int calls = calls_for(first_us);
+  // The run ends after drift_seconds of timed calls. That sum is the same on every rank (the
+  // hooks' times are the ranks' mean), so ranks in other processes make the same calls; a
+  // clock of each process's own would let one start a call the others never join.
   using Clock = std::chrono::steady_clock;
   const Clock::time_point begin = Clock::now();
   std::vector<DriftSample> samples;
-  for (;;) {
+  for (double timed_us = 0; timed_us < o.drift_seconds * 1e6;) {
     const double at = std::chrono::duration<double>(Clock::now() - begin).count();
-    if (at >= o.drift_seconds) break;
     FSDP_ASSIGN_OR_RETURN(const TimeUs per_call, hooks.time(BenchWork::kCollective, 0, 0, calls));
     samples.push_back(DriftSample{.at_s = at, .calls = calls, .time_us = per_call});
+    timed_us += per_call * calls;
     calls = calls_for(per_call);
   }
   return samples;

@@ -162,7 +162,8 @@ TEST(GatherBench, DriftTimesOneCollectiveInSamplesOfAboutTheSampleLength) {
   StatusOr<std::vector<DriftSample>> samples = RunDriftBench(o, 3, fake.Hooks(), 0.001);
   ASSERT_TRUE(samples.ok()) << samples.status().ToString();
   // init, the warm-up calls, one call that sizes the samples (kept out), then samples of
-  // 0.001 s / 100 us = 10 calls each until 0.02 s have passed (the fake takes no time: many).
+  // 0.001 s / 100 us = 10 calls each until 0.02 s of timed calls: 20 samples of 1 ms (however
+  // little wall-clock time the fake takes).
   ASSERT_GE(fake.calls.size(), 4u);
   EXPECT_EQ(fake.calls[0], "init");
   EXPECT_EQ(fake.calls[1], "collective 0 2 1");
@@ -170,14 +171,13 @@ TEST(GatherBench, DriftTimesOneCollectiveInSamplesOfAboutTheSampleLength) {
   EXPECT_EQ(fake.calls[3], "collective 0 0 10");
   EXPECT_EQ(fake.cases[0].size_bytes, 996u);
   EXPECT_EQ(fake.cases[0].shard_bytes, 332u);
-  ASSERT_FALSE(samples->empty());
-  EXPECT_EQ(samples->size(), fake.calls.size() - 3);
+  ASSERT_EQ(samples->size(), 20u);
+  EXPECT_EQ(fake.calls.size(), 3u + 20u);
   double last = -1;
   for (const DriftSample& d : *samples) {
     EXPECT_EQ(d.calls, 10);
     EXPECT_DOUBLE_EQ(d.time_us, 100);
-    EXPECT_GT(d.at_s, last);
-    EXPECT_LT(d.at_s, 0.02);
+    EXPECT_GE(d.at_s, last);
     last = d.at_s;
   }
   // What it refuses, naming the field.

@@ -46,12 +46,13 @@ constexpr std::string_view kDescription =
     "the simulator's communication contention:\n"
     "`fsdplab calibrate ... --contention FILE` takes them from the -J file.\n"
     "\n"
-    "--op drift (host backend) times one collective (all_gather, or reduce_scatter with -d\n"
-    "and -b's size) again and again for --seconds (default 20), in samples of about 100 ms, and\n"
-    "shows how far the machine alone moves its time: the samples' 10th, 50th and 90th\n"
-    "percentiles, and the windows of --window seconds (default 2.5, about one live run),\n"
-    "smallest to largest. A prediction checked against a live run on this machine cannot be\n"
-    "told apart from the truth more finely than that spread. -n and -c do not apply.";
+    "--op drift (host backend) times one collective of -b's size (--collective all_gather, the\n"
+    "default, or reduce_scatter) again and again for --seconds of calls (default 20), in\n"
+    "samples of about 100 ms, and shows how far the machine alone moves its time: the samples'\n"
+    "10th, 50th and 90th percentiles, and each window of --window seconds (default 2.5,\n"
+    "about one live run) with the spread between the slowest and the fastest. A prediction\n"
+    "checked against a live run on this machine cannot be told from the truth more finely\n"
+    "than that spread. -n, -e, -f and -c do not apply.";
 
 std::string NcclName(const std::string& op) { return op + "_perf"; }
 
@@ -501,7 +502,8 @@ int RunBenchGather(const Argv& argv) {
                "OP");
   args.Declare("--collective", ArgKind::kValue,
                "--op drift: the collective timed, all_gather (default) or reduce_scatter", "OP");
-  args.Declare("--seconds", ArgKind::kValue, "--op drift: how long to time (default 20)", "S");
+  args.Declare("--seconds", ArgKind::kValue,
+               "--op drift: how long to time calls, seconds (default 20)", "S");
   args.Declare("--window", ArgKind::kValue,
                "--op drift: the windows compared, seconds (default 2.5, about one live run, or "
                "--seconds if shorter)",

@@ -116,9 +116,9 @@ StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o
                                                      int world_size, const GatherBenchHooks& hooks);
 
 // bench-gather --op drift: the collective `options.op` of `options.min_bytes` (rounded as a row's)
-// timed again and again for `options.drift_seconds`, in samples of about `sample_s` each, after
-// `options.warmup` calls: how much the machine alone moves one collective's time. Only the hooks'
-// init and time are used.
+// timed again and again until `options.drift_seconds` of timed calls, in samples of about
+// `sample_s` each, after `options.warmup` calls: how much the machine alone moves one
+// collective's time. Only the hooks' init and time are used.
 StatusOr<std::vector<DriftSample>> RunDriftBench(const GatherBenchOptions& options, int world_size,
                                                  const GatherBenchHooks& hooks,
                                                  double sample_s = 0.1);
