@@ -76,22 +76,47 @@ Status CheckGatherBenchOptions(const GatherBenchOptions& o) {
   }
   if (o.iters < 1) return UsageError(fmt::format("iters: {} must be positive", o.iters));
   if (o.warmup < 0) return UsageError(fmt::format("warmup: {} must not be negative", o.warmup));
+  if (!(o.drift_seconds > 0 && o.drift_seconds <= 3600)) {
+    return UsageError(fmt::format("drift_seconds: {} is outside (0, 3600]", o.drift_seconds));
+  }
   return Status::Ok();
 }
 
-StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o, int w,
-                                                     const GatherBenchHooks& hooks) {
+namespace {
+
+// What a single-collective benchmark (a row's, drift's) checks before it starts: the options,
+// the collective and its element type. Returns the type.
+StatusOr<BenchType> CheckCollectiveBench(const GatherBenchOptions& o, int w) {
   FSDP_RETURN_IF_ERROR(CheckGatherBenchOptions(o));
-  const bool all_gather = o.op == "all_gather";
-  if (!all_gather && o.op != "reduce_scatter") {
+  if (o.op != "all_gather" && o.op != "reduce_scatter") {
     return UsageError(fmt::format("op: '{}' is not all_gather or reduce_scatter", o.op));
   }
   if (w < 1) return UsageError(fmt::format("world_size: {} must be at least 1", w));
   FSDP_ASSIGN_OR_RETURN(const BenchType type, FindBenchType(o.dtype));
-  if (!all_gather && !type.dtype.has_value()) {
+  if (o.op == "reduce_scatter" && !type.dtype.has_value()) {
     return UsageError(fmt::format(
         "dtype: reduce_scatter needs a floating-point type (bf16, fp16, fp32), not {}", type.name));
   }
+  return type;
+}
+
+// The case of one requested size, as every benchmark of the collective sets it up.
+BenchCase CaseOf(bool all_gather, std::uint64_t requested, int w, const BenchType& type) {
+  const std::uint64_t size = BenchMessageBytes(requested, w, type);
+  return BenchCase{.all_gather = all_gather,
+                   .size_bytes = size,
+                   .shard_bytes = size / static_cast<std::uint64_t>(w),
+                   .world_size = w,
+                   .type = type,
+                   .key = 0xb3e7c0deull ^ size};
+}
+
+}  // namespace
+
+StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o, int w,
+                                                     const GatherBenchHooks& hooks) {
+  FSDP_ASSIGN_OR_RETURN(const BenchType type, CheckCollectiveBench(o, w));
+  const bool all_gather = o.op == "all_gather";
 
   // The flop rate of this backend's GEMM, for sizing the overlapped GEMM.
   const GemmSizing& g = hooks.gemm;
@@ -101,16 +126,9 @@ StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o
                     static_cast<double>(g.probe_n);
   const double flops_per_us = 2.0 * n3 / std::max(probe_us, 1e-3);
 
-  const auto wz = static_cast<std::uint64_t>(w);
   std::vector<GatherBenchRow> rows;
   for (const std::uint64_t requested : BenchSizes(o.min_bytes, o.max_bytes, o.step_factor)) {
-    const std::uint64_t size = BenchMessageBytes(requested, w, type);
-    const BenchCase c{.all_gather = all_gather,
-                      .size_bytes = size,
-                      .shard_bytes = size / wz,
-                      .world_size = w,
-                      .type = type,
-                      .key = 0xb3e7c0deull ^ size};
+    const BenchCase c = CaseOf(all_gather, requested, w, type);
     GatherBenchRow row;
     row.size_bytes = c.size_bytes;
     row.count = c.size_bytes / type.bytes;
@@ -152,28 +170,8 @@ StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o
 
 StatusOr<std::vector<DriftSample>> RunDriftBench(const GatherBenchOptions& o, int w,
                                                  const GatherBenchHooks& hooks, double sample_s) {
-  FSDP_RETURN_IF_ERROR(CheckGatherBenchOptions(o));
-  const bool all_gather = o.op == "all_gather";
-  if (!all_gather && o.op != "reduce_scatter") {
-    return UsageError(fmt::format("op: '{}' is not all_gather or reduce_scatter", o.op));
-  }
-  if (w < 1) return UsageError(fmt::format("world_size: {} must be at least 1", w));
-  if (!(o.drift_seconds > 0 && o.drift_seconds <= 3600)) {
-    return UsageError(fmt::format("drift_seconds: {} is outside (0, 3600]", o.drift_seconds));
-  }
-  FSDP_ASSIGN_OR_RETURN(const BenchType type, FindBenchType(o.dtype));
-  if (!all_gather && !type.dtype.has_value()) {
-    return UsageError(fmt::format(
-        "dtype: reduce_scatter needs a floating-point type (bf16, fp16, fp32), not {}", type.name));
-  }
-  const auto wz = static_cast<std::uint64_t>(w);
-  const std::uint64_t size = BenchMessageBytes(o.min_bytes, w, type);
-  FSDP_RETURN_IF_ERROR(hooks.init(BenchCase{.all_gather = all_gather,
-                                            .size_bytes = size,
-                                            .shard_bytes = size / wz,
-                                            .world_size = w,
-                                            .type = type,
-                                            .key = 0xb3e7c0deull ^ size}));
+  FSDP_ASSIGN_OR_RETURN(const BenchType type, CheckCollectiveBench(o, w));
+  FSDP_RETURN_IF_ERROR(hooks.init(CaseOf(o.op == "all_gather", o.min_bytes, w, type)));
   if (o.warmup > 0) {
     FSDP_RETURN_IF_ERROR(hooks.time(BenchWork::kCollective, 0, o.warmup, 1).status());
   }

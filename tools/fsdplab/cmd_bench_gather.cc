@@ -319,10 +319,9 @@ Status RunConcurrent(const Args& args, const GatherBenchOptions& o, const Chosen
 }
 
 // --op drift: how far the machine alone moves one collective's time.
-std::string DriftTable(const GatherBenchOptions& o, const BenchType& type,
+std::string DriftTable(const GatherBenchOptions& o, std::uint64_t size,
                        const std::vector<DriftSample>& samples, const DriftSummary& s,
                        double window_s, const std::string& backend) {
-  const std::uint64_t size = BenchMessageBytes(o.min_bytes, o.world_size, type);
   int calls = 0;
   for (const DriftSample& d : samples) calls += d.calls;
   std::string t = fmt::format(
@@ -347,12 +346,12 @@ std::string DriftTable(const GatherBenchOptions& o, const BenchType& type,
   return t;
 }
 
-std::string DriftJson(const GatherBenchOptions& o, const BenchType& type,
+std::string DriftJson(const GatherBenchOptions& o, std::uint64_t size,
                       const std::vector<DriftSample>& samples, const DriftSummary& s,
                       double window_s, const std::string& backend) {
   nlohmann::ordered_json doc = JsonHeader(o, backend, "drift");
   doc["collective"] = o.op;
-  doc["size_bytes"] = BenchMessageBytes(o.min_bytes, o.world_size, type);
+  doc["size_bytes"] = size;
   doc["seconds"] = o.drift_seconds;
   doc["window_s"] = window_s;
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
@@ -390,9 +389,8 @@ Status RunDrift(const Args& args, GatherBenchOptions o, const ChosenBackend& cho
   if (auto v = args.Get("--seconds")) {
     FSDP_ASSIGN_OR_RETURN(o.drift_seconds, ParseDouble(*v, "--seconds"));
   }
-  if (!(o.drift_seconds > 0 && o.drift_seconds <= 3600)) {
-    return UsageError(fmt::format("--seconds: {} is outside (0, 3600]", o.drift_seconds));
-  }
+  // Before the window is checked against it, and before any time is spent.
+  FSDP_RETURN_IF_ERROR(InFlags(CheckGatherBenchOptions(o), FlagScope::kBenchGather));
   double window_s = std::min(2.5, o.drift_seconds);
   if (auto v = args.Get("--window")) {
     FSDP_ASSIGN_OR_RETURN(window_s, ParseDouble(*v, "--window"));
@@ -401,17 +399,18 @@ Status RunDrift(const Args& args, GatherBenchOptions o, const ChosenBackend& cho
     return UsageError(fmt::format("--window: {} s must be positive and at most --seconds ({} s)",
                                   window_s, o.drift_seconds));
   }
-  FSDP_ASSIGN_OR_RETURN(const BenchType type, FindBenchType(o.dtype));
   StatusOr<std::vector<DriftSample>> samples =
       chosen.backend->BenchDrift(BenchRequest{.options = o, .backend_flags = chosen.flags});
   if (!samples.ok()) return InFlags(samples.status(), FlagScope::kBenchGather);
   FSDP_ASSIGN_OR_RETURN(const DriftSummary summary, SummarizeDrift(*samples, window_s));
   if (!ReportsHere()) return Status::Ok();
-  const std::string json = DriftJson(o, type, *samples, summary, window_s, chosen.name);
+  FSDP_ASSIGN_OR_RETURN(const BenchType type, FindBenchType(o.dtype));  // the run checked it
+  const std::uint64_t size = BenchMessageBytes(o.min_bytes, o.world_size, type);
+  const std::string json = DriftJson(o, size, *samples, summary, window_s, chosen.name);
   if (auto file = args.Get("-J")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));
   fmt::print("{}", args.Has("--json")
                        ? json
-                       : DriftTable(o, type, *samples, summary, window_s, chosen.name));
+                       : DriftTable(o, size, *samples, summary, window_s, chosen.name));
   return Status::Ok();
 }
 

@@ -45,7 +45,8 @@ std::uint64_t BenchMessageBytes(std::uint64_t requested, int world_size, const B
 double BusBandwidthFactor(std::string_view op, int world_size);
 // Fills algbw, busbw (both placements), overlap_efficiency and compute_slowdown from the times.
 void FillDerivedColumns(GatherBenchRow& row, std::string_view op, int world_size);
-// The checks every benchmark shares: sizes, factor, iterations, warm-up, world size.
+// The checks every benchmark shares: sizes, factor, iterations, warm-up, world size, drift's
+// duration.
 Status CheckGatherBenchOptions(const GatherBenchOptions& options);
 
 // One message size of one collective, as the hooks see it.
