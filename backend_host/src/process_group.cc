@@ -155,6 +155,7 @@ class GroupTransport final : public Transport {
           fmt::format("{}: this process is rank {}, not {}", ctx.Describe(), rank_, rank));
     }
     const std::uint64_t call = next_call_++;
+    const TimeUs arrived_us = control_.NowUs();
     // What the engine reads and writes besides the caller's buffers; kept until exit if abandoned.
     auto own = std::make_shared<CallBuffers>();
     own->mine = ToWire(desc, segments);
@@ -172,6 +173,7 @@ class GroupTransport final : public Transport {
                              CollectiveDesc::Mismatch(calls, call, name_, ranks_));
       }
     }
+    // The others have joined (the join's own exchange of descriptions, small, is in the wait).
     const TimeUs start_us = control_.NowUs();
 
     // 2. The data of every buffer, in flight together (one collective with a part per buffer).
@@ -212,7 +214,7 @@ class GroupTransport final : public Transport {
         ReduceElements(seg.dtype, inputs, 0, n, seg.output);
       }
     }
-    return CollectiveTimes{start_us, control_.NowUs()};
+    return CollectiveTimes{arrived_us, start_us, control_.NowUs()};
   }
 
   int world_size() const override { return world_; }

@@ -543,6 +543,7 @@ StatusOr<CollectiveTimes> Communicator::Call(int rank, const CollectiveDesc& des
                                              std::span<const Segment> segments,
                                              const OpContext& ctx) {
   const auto r = static_cast<std::size_t>(rank);
+  const TimeUs arrived_us = control_.NowUs();
   std::unique_lock<std::mutex> lock(mu_);
   const std::uint64_t call = next_call_[r]++;
   Slot& slot = slots_[call];
@@ -605,7 +606,7 @@ StatusOr<CollectiveTimes> Communicator::Call(int rank, const CollectiveDesc& des
   }
   const TimeUs end_us = control_.NowUs();
   if (++slot.left == world_size_) slots_.erase(call);
-  return CollectiveTimes{start_us, end_us};
+  return CollectiveTimes{std::min(arrived_us, start_us), start_us, end_us};
 }
 
 }  // namespace fsdplab::host

@@ -153,6 +153,7 @@ std::string TimelineToChromeTrace(const Timeline& timeline, const Model& model) 
         args["phase"] = PhaseName(op->phase);
       }
       if (op->kind == OpKind::kAllGather) args["reason"] = GatherReasonName(op->reason);
+      if (op->wait_us > 0) args["waited_for_ranks_us"] = op->wait_us;
       if (op->event >= 0) args["event"] = op->event;
       if (clipped > 0) args["clipped_us"] = clipped;
       if (!op->args_json.empty()) {

@@ -136,7 +136,8 @@ std::vector<OpReport> OpsOfFirstRank(const Timeline& timeline) {
   for (const TimelineOp& op : timeline.ops) {
     if (op.rank != first || (op.kind != OpKind::kCompute && !IsCollective(op.kind))) continue;
     out.push_back(OpReport{op.kind, op.unit, op.phase, op.reason, op.step, op.microbatch, op.event,
-                           op.start_us, op.end_us - op.start_us, op.bytes, op.name});
+                           op.start_us, op.end_us - op.start_us, op.bytes, op.name,
+                           IsCollective(op.kind) ? op.wait_us : 0});
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const OpReport& a, const OpReport& b) { return a.start_us < b.start_us; });
@@ -481,15 +482,20 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
   std::vector<const TimelineOp*> ops;
   std::vector<Interval> compute;
   std::vector<Interval> comm;
+  std::vector<Interval> waits;  // collectives called, the other ranks not yet there
   for (const TimelineOp& op : timeline.ops) {
     if (op.rank != rank0 || op.track == Track::kHost) continue;
     ops.push_back(&op);
     if (op.kind == OpKind::kCompute) compute.push_back({op.start_us, op.end_us});
-    if (IsCollective(op.kind)) comm.push_back({op.start_us, op.end_us});
+    if (IsCollective(op.kind)) {
+      comm.push_back({op.start_us, op.end_us});
+      if (op.wait_us > 0) waits.push_back({op.start_us - op.wait_us, op.start_us});
+    }
   }
   std::vector<Interval> any_work = compute;
   any_work.insert(any_work.end(), comm.begin(), comm.end());
   any_work = Union(std::move(any_work));
+  const std::vector<Interval> idle_waits = Minus(Union(std::move(waits)), any_work);
   compute = Union(std::move(compute));
   comm = Union(std::move(comm));
   std::vector<Interval> exposed = Minus(comm, compute);
@@ -530,6 +536,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     s.compute_us = MeasureIn(compute, s.start_us, s.end_us);
     s.exposed_comm_us = MeasureIn(exposed, s.start_us, s.end_us);
     s.idle_us = std::max(0.0, s.time_us - MeasureIn(any_work, s.start_us, s.end_us));
+    s.rendezvous_wait_us = std::min(s.idle_us, MeasureIn(idle_waits, s.start_us, s.end_us));
     for (const TimelineOp* op : ops) {
       if (op->step != index || !IsCollective(op->kind)) continue;
       CollectiveStats& c = op->kind == OpKind::kAllGather   ? s.allgather
@@ -610,6 +617,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     sum.step_time_us += r.steps[i].time_us;
     sum.exposed_comm_us += r.steps[i].exposed_comm_us;
     sum.idle_us += r.steps[i].idle_us;
+    sum.rendezvous_wait_us += r.steps[i].rendezvous_wait_us;
     sum.compute_us += r.steps[i].compute_us;
     sum.lower_bound_us += lower_bounds[i];
   }
@@ -617,6 +625,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     sum.step_time_us /= static_cast<double>(n);
     sum.exposed_comm_us /= static_cast<double>(n);
     sum.idle_us /= static_cast<double>(n);
+    sum.rendezvous_wait_us /= static_cast<double>(n);
     sum.compute_us /= static_cast<double>(n);
     sum.lower_bound_us /= static_cast<double>(n);
   }
@@ -700,6 +709,7 @@ std::string ReportToJson(const Report& r) {
                          {"compute_us", s.compute_us},
                          {"exposed_comm_us", s.exposed_comm_us},
                          {"idle_us", s.idle_us},
+                         {"rendezvous_wait_us", s.rendezvous_wait_us},
                          {"allgather", CollectiveJson(s.allgather)},
                          {"reduce_scatter", CollectiveJson(s.reduce_scatter)},
                          {"all_reduce", CollectiveJson(s.all_reduce)},
@@ -743,6 +753,7 @@ std::string ReportToJson(const Report& r) {
            {"dur_us", op.dur_us},
            {"bytes", op.bytes}};
     if (op.kind == OpKind::kAllGather) j["reason"] = GatherReasonName(op.reason);
+    if (IsCollective(op.kind)) j["wait_us"] = op.wait_us;
     if (!op.name.empty()) j["name"] = op.name;
     ops.push_back(std::move(j));
   }
@@ -752,6 +763,7 @@ std::string ReportToJson(const Report& r) {
                         {"compute_us", m.compute_us},
                         {"exposed_comm_us", m.exposed_comm_us},
                         {"idle_us", m.idle_us},
+                        {"rendezvous_wait_us", m.rendezvous_wait_us},
                         {"overlap_ratio", m.overlap_ratio},
                         {"collectives", m.collectives},
                         {"overlapped", m.overlapped},
@@ -827,6 +839,12 @@ std::string ReportToText(const Report& r) {
   line(fmt::format("Idle:             {} ({:.1f}% of the step: no compute and no collective ran)",
                    FormatUs(m.idle_us),
                    m.step_time_us > 0 ? 100.0 * m.idle_us / m.step_time_us : 0.0));
+  if (m.rendezvous_wait_us > 0) {
+    line(fmt::format(
+        "  of it waiting:  {} at collectives the other ranks had not reached yet (they arrived "
+        "apart)",
+        FormatUs(m.rendezvous_wait_us)));
+  }
   line(fmt::format("Overlap:          {} of {} collectives overlapped compute ({:.0f}%)",
                    m.overlapped, m.collectives, 100.0 * m.overlap_ratio));
   line(

@@ -163,6 +163,7 @@ StatusOr<ComparedReport> ParseComparedReport(std::string_view json_text, std::st
                               .compute_us = Num(s, "compute_us"),
                               .exposed_comm_us = Num(s, "exposed_comm_us"),
                               .idle_us = Num(s, "idle_us"),
+                              .rendezvous_wait_us = Num(s, "rendezvous_wait_us"),
                               .start_us = Num(s, "start_us"),
                               .peak_memory_bytes = Count(s, "peak_memory_bytes"),
                               .category_peaks = {},
@@ -216,6 +217,7 @@ StatusOr<ComparedReport> ParseComparedReport(std::string_view json_text, std::st
   r.step_time_us = Num(summary, "step_time_us");
   r.exposed_comm_us = Num(summary, "exposed_comm_us");
   r.idle_us = Num(summary, "idle_us");
+  r.rendezvous_wait_us = Num(summary, "rendezvous_wait_us");
   r.source = Text(doc, "source");
   r.measured = doc.contains("measured") && doc["measured"].is_boolean() && doc["measured"];
   if (doc.contains("policy")) r.policy_json = doc["policy"].dump();
@@ -233,6 +235,7 @@ StatusOr<ComparedReport> ParseComparedReport(std::string_view json_text, std::st
       o.occurrence = seen[{o.kind, o.unit, o.phase, o.step, o.microbatch}]++;
       o.start_us = Num(op, "start_us");
       o.dur_us = Num(op, "dur_us");
+      o.wait_us = Num(op, "wait_us");
       r.ops.push_back(std::move(o));
     }
   }
@@ -402,6 +405,8 @@ ReportComparison CompareReports(const ComparedReport& pred, const ComparedReport
   c.exposed_measured_us = meas.exposed_comm_us;
   c.idle_predicted_us = pred.idle_us;
   c.idle_measured_us = meas.idle_us;
+  c.rendezvous_wait_predicted_us = pred.rendezvous_wait_us;
+  c.rendezvous_wait_measured_us = meas.rendezvous_wait_us;
   c.threshold_pct = options.threshold_pct;
   c.within_threshold = std::fabs(c.step_time_error_pct) <= options.threshold_pct;
   c.verdict = fmt::format(
@@ -483,6 +488,8 @@ std::string ComparisonToJson(const ReportComparison& c) {
                     {"exposed_measured_us", c.exposed_measured_us},
                     {"idle_predicted_us", c.idle_predicted_us},
                     {"idle_measured_us", c.idle_measured_us},
+                    {"rendezvous_wait_predicted_us", c.rendezvous_wait_predicted_us},
+                    {"rendezvous_wait_measured_us", c.rendezvous_wait_measured_us},
                     {"threshold_pct", c.threshold_pct},
                     {"within_threshold", c.within_threshold}};
   out["warnings"] = c.warnings;
@@ -504,6 +511,12 @@ std::string ComparisonToText(const ReportComparison& c) {
         "{:>12.1f}  {:>12.1f} {:>12.1f}\n",
         s.index, p.time_us, m.time_us, s.error_pct, p.compute_us, m.compute_us, p.exposed_comm_us,
         m.exposed_comm_us, p.idle_us, m.idle_us);
+  }
+  if (c.rendezvous_wait_predicted_us > 0 || c.rendezvous_wait_measured_us > 0) {
+    text += fmt::format(
+        "  of the idle time (mean), waiting at collectives for the other ranks to join: {:.1f} "
+        "us predicted, {:.1f} us measured\n",
+        c.rendezvous_wait_predicted_us, c.rendezvous_wait_measured_us);
   }
   text += "\nper op kind (summed durations)\n";
   for (const ReportComparison::Kind& k : c.kinds) {
@@ -613,12 +626,24 @@ std::string ComparisonTimeline(const ComparedReport& pred, const ComparedReport&
       }
       const std::string name = op.kind == "compute" ? fmt::format("{} {}", op.unit, op.phase)
                                                     : fmt::format("{} {}", op.kind, op.unit);
+      const TimeUs ts = a->second + (op.start_us - step.start_us);
+      if (op.wait_us > 0) {
+        // Called, the other ranks not there yet: drawn before the collective on its track.
+        events.push_back({{"ph", "X"},
+                          {"name", "waiting for ranks"},
+                          {"cat", "rendezvous_wait"},
+                          {"pid", side.pid},
+                          {"tid", tid},
+                          {"ts", ts - op.wait_us},
+                          {"dur", op.wait_us},
+                          {"args", {{"before", name}}}});
+      }
       events.push_back({{"ph", "X"},
                         {"name", name},
                         {"cat", op.kind},
                         {"pid", side.pid},
                         {"tid", tid},
-                        {"ts", a->second + (op.start_us - step.start_us)},
+                        {"ts", ts},
                         {"dur", op.dur_us},
                         {"args", std::move(args)}});
     }

@@ -372,6 +372,7 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
       case PlanOpKind::kCompute: StartCompute(r, op, now); return true;
       case PlanOpKind::kCollective:
         st.arrived = true;
+        st.arrived_at = now;
         Arrive(s, r, op, now);
         return true;
       default:  // records, and fill/check operations (not in a simulated plan)
@@ -576,6 +577,7 @@ void Engine::OnCollectiveDone(TimeUs now, const CollectiveDoneEv& e) {
       TimelineOp& t = RecordPlanned(q, op, st.start, now);
       id = t.id;
       t.kind = CollectiveOpKind(op.kind);
+      t.wait_us = st.start - st.arrived_at;
       if (op.kind == CollectiveKind::kAllGather) {
         // A compute waits on a gather only after it completed: link it now.
         q.gather_id[Idx(op.timeline_op)] = t.id;

@@ -24,8 +24,9 @@ enum class HostState : std::uint8_t { kRunning, kBlocked, kResuming, kDone };
 struct StreamState {
   std::uint32_t issued = 0;
   std::uint32_t completed = 0;
-  bool busy = false;     // the head has started (compute or collective)
-  bool arrived = false;  // the head is a collective waiting for the other ranks
+  bool busy = false;      // the head has started (compute or collective)
+  bool arrived = false;   // the head is a collective waiting for the other ranks
+  TimeUs arrived_at = 0;  // when it arrived (its wait is start - arrived_at)
   TimeUs start = 0;
   std::uint32_t coll_done = 0;  // collectives completed on this stream
   // The head is a wait this stream blocked in; once its event fired, the stream resumes at

@@ -38,6 +38,20 @@ TEST_F(CliTest, RunPrintsAMeasuredReport) {
   EXPECT_GT(doc["summary"]["step_time_us"].get<double>(), 0.0);
   EXPECT_TRUE(doc["errors"].empty());
   EXPECT_FALSE(doc["ops"].empty());
+  // Every collective says how long rank 0 waited in it for the other rank; the waits that fell
+  // in idle time are a part of each step's idle time.
+  int collectives = 0;
+  for (const auto& op : doc["ops"]) {
+    if (op["kind"] == "compute") continue;
+    ++collectives;
+    ASSERT_TRUE(op.contains("wait_us")) << op.dump();
+    EXPECT_GE(op["wait_us"].get<double>(), 0.0);
+  }
+  EXPECT_GT(collectives, 0);
+  for (const auto& step : doc["steps"]) {
+    EXPECT_GE(step["rendezvous_wait_us"].get<double>(), 0.0);
+    EXPECT_LE(step["rendezvous_wait_us"].get<double>(), step["idle_us"].get<double>());
+  }
 }
 
 TEST_F(CliTest, RecordThenValidateThenSimulate) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -158,6 +160,36 @@ TEST(CommunicatorTest, AllGatherPlacesEachShardAtItsRank) {
     EXPECT_TRUE(st[r].ok()) << st[r].message();
     EXPECT_EQ(out[r], want);
   }
+}
+
+// A rank that calls first waits for the others: its CollectiveTimes say when it arrived, and the
+// collective starts at the last arrival. Rank 1 calls 20 ms after rank 0 announced its call, so
+// rank 0 waits at least 20 ms (less only if rank 0 was held 20 ms between the announcement and
+// its call); rank 1, last, waits only for the lock (well under 10 ms).
+TEST(CommunicatorTest, TheRankThatCallsFirstWaitsForTheLast) {
+  RunControl control(5e6, 2);
+  Communicator comm(control, 2, "all_gather");
+  std::vector<std::vector<std::byte>> in(2, std::vector<std::byte>(2)),
+      out(2, std::vector<std::byte>(4));
+  std::vector<StatusOr<CollectiveTimes>> times(2, InternalError("not run"));
+  std::atomic<bool> calling{false};
+  OnRanks(2, [&](int r) {
+    if (r == 1) {
+      while (!calling.load()) std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } else {
+      calling.store(true);
+    }
+    CollectiveDesc d{CollectiveKind::kAllGather, 0, "u", 4};
+    Segment seg{in[r].data(), out[r].data(), DType::kBf16, 1, 2};
+    times[r] = comm.Call(r, d, std::span<const Segment>(&seg, 1), OpContext{r, 0, 0, "u", "op"});
+  });
+  ASSERT_TRUE(times[0].ok() && times[1].ok());
+  EXPECT_DOUBLE_EQ(times[0]->start_us, times[1]->start_us);  // one start, the last arrival's
+  EXPECT_GE(times[0]->start_us - times[0]->arrived_us, 20'000);
+  EXPECT_GE(times[1]->start_us - times[1]->arrived_us, 0);
+  EXPECT_LT(times[1]->start_us - times[1]->arrived_us, 10'000);
+  EXPECT_GE(times[0]->end_us, times[0]->start_us);
 }
 
 TEST(CommunicatorTest, ReduceScatterSumsTheRanksShard) {

@@ -2,6 +2,11 @@
 // must give exactly what simulating every rank gives (same step windows, same peaks).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <utility>
+#include <vector>
+
 #include "fsdplab/core/report.h"
 #include "fsdplab/sim/simulator.h"
 #include "sim_test_util.h"
@@ -58,6 +63,55 @@ TEST(RankClasses, RankJitterIsSeededAndMakesEveryRankItsOwnClass) {
   StatusOr<SimResult> r = Simulate(trace, opt);
   ASSERT_TRUE(r.ok() && r->status.ok());
   EXPECT_EQ(r->ranks_simulated, 16);
+}
+
+}  // namespace
+}  // namespace fsdplab::sim
+
+namespace fsdplab::sim {
+namespace {
+
+// A straggler makes the other ranks wait at the collectives: each collective starts, on every
+// rank, when the last rank arrived (its wait is 0), and the waits of the others are what they
+// arrived early by. Without the straggler the ranks arrive together and nobody waits.
+TEST(RankClasses, AStragglerMakesTheOtherRanksWaitAtTheCollectives) {
+  Trace trace = testing::ThreeUnitTrace();
+  SimOptions opt;
+  opt.cluster.world_size = 2;
+  opt.steps = 2;
+  opt.fold_symmetric_ranks = false;
+  StatusOr<SimResult> even = Simulate(trace, opt);
+  opt.stragglers = {Straggler{1, 3.0}};
+  StatusOr<SimResult> slow = Simulate(trace, opt);
+  ASSERT_TRUE(even.ok() && slow.ok());
+  ASSERT_TRUE(even->status.ok() && slow->status.ok());
+  for (const TimelineOp& op : even->timeline.ops) EXPECT_DOUBLE_EQ(op.wait_us, 0);
+  EXPECT_DOUBLE_EQ(BuildReport(even->timeline, ReportInputs{}).summary.rendezvous_wait_us, 0);
+
+  // Each rank's collectives per track, in order: the k-th of rank 0 meets the k-th of rank 1.
+  std::map<std::pair<int, Track>, std::vector<const TimelineOp*>> colls;
+  for (const TimelineOp& op : slow->timeline.ops) {
+    if (IsCollective(op.kind)) colls[{op.rank, op.track}].push_back(&op);
+  }
+  TimeUs rank0_waited = 0;
+  int met = 0;
+  for (Track t : {Track::kAllGather, Track::kReduceScatter}) {
+    const auto& a = colls[{0, t}];
+    const auto& b = colls[{1, t}];
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      EXPECT_DOUBLE_EQ(a[k]->start_us, b[k]->start_us);
+      EXPECT_GE(a[k]->wait_us, 0);
+      EXPECT_GE(b[k]->wait_us, 0);
+      EXPECT_DOUBLE_EQ(std::min(a[k]->wait_us, b[k]->wait_us), 0);  // the last came at start
+      rank0_waited += a[k]->wait_us;
+      ++met;
+    }
+  }
+  EXPECT_GT(met, 0);
+  // Rank 1 computes 3x slower: rank 0 reaches the backward's reduce-scatters first.
+  EXPECT_GT(rank0_waited, 0);
+  EXPECT_GT(BuildReport(slow->timeline, ReportInputs{}).summary.rendezvous_wait_us, 0);
 }
 
 }  // namespace

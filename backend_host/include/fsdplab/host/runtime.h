@@ -251,8 +251,9 @@ struct Segment final {
 };
 
 struct CollectiveTimes final {
-  TimeUs start_us = 0;  // when the last rank joined: the collective could start
-  TimeUs end_us = 0;    // when every rank was done with it
+  TimeUs arrived_us = 0;  // when this rank called it; it waits for the others until start_us
+  TimeUs start_us = 0;    // when the last rank joined: the collective could start
+  TimeUs end_us = 0;      // when every rank was done with it
 };
 
 // Where the ranks' host threads meet between steps. Returns the abort's error when the run

@@ -11,7 +11,8 @@
 // its length; `exposed_comm_us` is the time in the window where a collective is in progress on
 // the rank and no compute runs; `idle_us` the time in the window where neither a compute nor a
 // collective runs on the rank (the host, a stall or a launch held the step: an allocation, a
-// synchronisation, a late wake-up); `overlapped` counts collectives whose interval intersects
+// synchronisation, a late wake-up, a collective waiting for the other ranks to join:
+// `rendezvous_wait_us`, a part of it); `overlapped` counts collectives whose interval intersects
 // some compute of the same rank. Multi-rank timelines report rank 0's steps and the worst peak.
 #pragma once
 
@@ -49,7 +50,8 @@ struct OpReport final {
   TimeUs start_us = 0;
   TimeUs dur_us = 0;
   Bytes bytes = 0;
-  std::string name;  // a compute's trace label (`name`), empty if none
+  std::string name;    // a compute's trace label (`name`), empty if none
+  TimeUs wait_us = 0;  // a collective: its wait for the other ranks (TimelineOp::wait_us)
 };
 
 // A race that sets a step's memory peak (`fsdplab compare` explains a total that differs with
@@ -99,6 +101,9 @@ struct StepReport final {
   TimeUs compute_us = 0;
   TimeUs exposed_comm_us = 0;
   TimeUs idle_us = 0;  // no compute and no collective in progress on the rank
+  // The part of idle_us in which a collective of the rank had been called and waited for the
+  // other ranks to join (TimelineOp::wait_us): the ranks arrived apart.
+  TimeUs rendezvous_wait_us = 0;
   CollectiveStats allgather;
   CollectiveStats reduce_scatter;  // no_shard's all-reduces in place of reduce-scatters too
   CollectiveStats all_reduce;      // hsdp: the replica all-reduces (their own stream)
@@ -127,10 +132,11 @@ struct UnitReport final {
 };
 
 struct ReportSummary final {
-  TimeUs step_time_us = 0;     // mean over steps after the first (the only step if one)
-  TimeUs exposed_comm_us = 0;  // mean, same steps
-  TimeUs idle_us = 0;          // mean, same steps
-  double overlap_ratio = 0;    // overlapped collectives / all collectives
+  TimeUs step_time_us = 0;        // mean over steps after the first (the only step if one)
+  TimeUs exposed_comm_us = 0;     // mean, same steps
+  TimeUs idle_us = 0;             // mean, same steps
+  TimeUs rendezvous_wait_us = 0;  // mean, same steps (StepReport::rendezvous_wait_us)
+  double overlap_ratio = 0;       // overlapped collectives / all collectives
   Bytes peak_memory_bytes = 0;
   TimeUs peak_memory_at_us = 0;
   int peak_memory_rank = 0;

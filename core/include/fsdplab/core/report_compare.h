@@ -29,7 +29,8 @@ struct ComparedReport final {
     TimeUs compute_us = 0;
     TimeUs exposed_comm_us = 0;
     TimeUs idle_us = 0;
-    TimeUs start_us = 0;  // on the report's own clock
+    TimeUs rendezvous_wait_us = 0;  // the part of idle_us spent waiting for the other ranks
+    TimeUs start_us = 0;            // on the report's own clock
     // Memory of the report's first rank: the step's peak, and each category's own peak
     // ("category_peaks", else the breakdown at the step's peak), in the document's order.
     Bytes peak_memory_bytes = 0;
@@ -67,6 +68,7 @@ struct ComparedReport final {
     int occurrence = 0;  // among the ops with the same five keys, in document order
     TimeUs start_us = 0;
     TimeUs dur_us = 0;
+    TimeUs wait_us = 0;  // a collective: its wait for the other ranks before start_us
   };
   std::string file;  // the name given to ParseComparedReport
   std::string source;
@@ -78,6 +80,7 @@ struct ComparedReport final {
   TimeUs step_time_us = 0;
   TimeUs exposed_comm_us = 0;
   TimeUs idle_us = 0;
+  TimeUs rendezvous_wait_us = 0;
 };
 
 // Reads an fsdplab.report v1 document (steps with index and time_us, summary.step_time_us).
@@ -150,6 +153,8 @@ struct ReportComparison final {
   double step_time_error_pct = 0;
   TimeUs exposed_predicted_us = 0, exposed_measured_us = 0;
   TimeUs idle_predicted_us = 0, idle_measured_us = 0;
+  // Of the idle time: waiting at collectives for the other ranks (StepReport).
+  TimeUs rendezvous_wait_predicted_us = 0, rendezvous_wait_measured_us = 0;
   double threshold_pct = 5;
   bool within_threshold = false;
   std::vector<std::string> warnings;

@@ -51,6 +51,10 @@ struct TimelineOp final {
   int event = -1;  // trace event index, -1 if none
   TimeUs start_us = 0;
   TimeUs end_us = 0;
+  // For a collective: how long this rank had waited in it for the other ranks to join before
+  // start_us (it arrived at start_us - wait_us). 0 when it came last, or when the executor cannot
+  // tell (NCCL's kernels do not say).
+  TimeUs wait_us = 0;
   // For a compute: the ids of the gathers it waited on (flow arrows in the Chrome trace).
   std::vector<std::int64_t> waited_on;
   // For a compute: its trace event's `name` and `args` (JSON object text); empty when it has none.
