@@ -363,7 +363,9 @@ def report(f, work, out, workloads, steps, repeat, label):
         results.append((name, b["step_time_error_pct"] if b else None,
                         g["step_time_error_pct"], spread, carrier, memory_counts(grid),
                         (s["step_time_predicted_us"] - fastest) / fastest * 100,
-                        s["step_time_error_pct"], w))
+                        s["step_time_error_pct"], w,
+                        (s["idle_predicted_us"] / measured, s["idle_measured_us"] / measured,
+                         s.get("rendezvous_wait_measured_us", 0) / measured)))
         print(f"{name:<52} {measured:>12.0f} "
               + (f"{b['step_time_predicted_us']:>12.0f} {b['step_time_error_pct']:>+6.1f}% "
                  if b else f"{'-':>12} {'-':>7} ")
@@ -396,6 +398,14 @@ def report(f, work, out, workloads, steps, repeat, label):
             print(f"  {w} ranks ({which}): mean signed error {statistics.mean(errs):+.1f}%, median "
                   f"|error| {statistics.median(abs(e) for e in errs):.1f}%, under the median run "
                   f"in {sum(e < 0 for e in errs)} of {len(errs)}")
+            # Where the idle time goes (shares of the measured step, mean over the workloads):
+            # the part in which rank 0 had called a collective and waited for the other ranks
+            # is the rendezvous wait, which the simulator's ranks, arriving together, never have.
+            idle = [r[9] for r in results if r[8] == w]
+            print(f"    idle: predicted {100 * statistics.mean(i[0] for i in idle):.1f}% of the "
+                  f"step, measured {100 * statistics.mean(i[1] for i in idle):.1f}%, of it "
+                  f"waiting for the other ranks at collectives "
+                  f"{100 * statistics.mean(i[2] for i in idle):.1f}%")
     spreads = sorted(r[3] * 100 for r in results)
     print(f"run-to-run spread (max - min over {repeat} runs, of the measured step): median "
           f"{statistics.median(spreads):.1f}%, largest {spreads[-1]:.1f}%")
