@@ -517,6 +517,12 @@ std::string ComparisonToText(const ReportComparison& c) {
         "  of the idle time (mean), waiting at collectives for the other ranks to join: {:.1f} "
         "us predicted, {:.1f} us measured\n",
         c.rendezvous_wait_predicted_us, c.rendezvous_wait_measured_us);
+    if (c.rendezvous_wait_predicted_us == 0) {
+      text +=
+          "  (simulated ranks that run alike arrive together: only a slower one, --straggler or "
+          "--rank-jitter, makes them wait; the host's wake-up skew is charged before each "
+          "collective, as the cluster's stream_wake_us)\n";
+    }
   }
   text += "\nper op kind (summed durations)\n";
   for (const ReportComparison::Kind& k : c.kinds) {

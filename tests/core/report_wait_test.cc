@@ -78,6 +78,8 @@ TEST(RendezvousWait, IsTheIdleTimeInWhichACalledCollectiveWaitedForTheOtherRanks
   EXPECT_DOUBLE_EQ(c.rendezvous_wait_predicted_us, 0);
   EXPECT_DOUBLE_EQ(c.rendezvous_wait_measured_us, 90);
   EXPECT_NE(ComparisonToText(c).find("0.0 us predicted, 90.0 us measured"), std::string::npos);
+  // Nothing predicted: the text says why the simulated ranks did not wait.
+  EXPECT_NE(ComparisonToText(c).find("arrive together"), std::string::npos);
   // The side-by-side timeline draws each wait before its collective: three on the measured side.
   const nlohmann::json trace = nlohmann::json::parse(ComparisonTimeline(*pred, *meas));
   int drawn = 0;
