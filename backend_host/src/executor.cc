@@ -595,7 +595,7 @@ Status HostExecutor::RunGather(const PlanOp& cmd, std::int64_t op_id, bool misma
   op.bytes = cmd.bytes;
   op.start_us = times->start_us;
   op.end_us = times->end_us;
-  op.wait_us = times->start_us - times->arrived_us;
+  op.wait_us = times->wait_us();
   ops_[static_cast<std::size_t>(cmd.stream)].push_back(std::move(op));
   return Status::Ok();
 }
@@ -860,7 +860,7 @@ Status HostExecutor::RunReduce(const PlanOp& cmd, std::uint64_t gen) {
   op.bytes = cmd.bytes;
   op.start_us = times->start_us;
   op.end_us = times->end_us;
-  op.wait_us = times->start_us - times->arrived_us;
+  op.wait_us = times->wait_us();
   ops_[static_cast<std::size_t>(cmd.stream)].push_back(std::move(op));
   return Status::Ok();
 }
@@ -926,7 +926,7 @@ Status HostExecutor::RunReplicaAllReduce(const PlanOp& cmd, std::uint64_t gen) {
   op.bytes = cmd.bytes;
   op.start_us = times->start_us;
   op.end_us = times->end_us;
-  op.wait_us = times->start_us - times->arrived_us;
+  op.wait_us = times->wait_us();
   ops_[static_cast<std::size_t>(cmd.stream)].push_back(std::move(op));
   return Status::Ok();
 }

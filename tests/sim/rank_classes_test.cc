@@ -65,17 +65,11 @@ TEST(RankClasses, RankJitterIsSeededAndMakesEveryRankItsOwnClass) {
   EXPECT_EQ(r->ranks_simulated, 16);
 }
 
-}  // namespace
-}  // namespace fsdplab::sim
-
-namespace fsdplab::sim {
-namespace {
-
 // A straggler makes the other ranks wait at the collectives: each collective starts, on every
 // rank, when the last rank arrived (its wait is 0), and the waits of the others are what they
 // arrived early by. Without the straggler the ranks arrive together and nobody waits.
 TEST(RankClasses, AStragglerMakesTheOtherRanksWaitAtTheCollectives) {
-  Trace trace = testing::ThreeUnitTrace();
+  Trace trace = ThreeUnitTrace();
   SimOptions opt;
   opt.cluster.world_size = 2;
   opt.steps = 2;

@@ -254,6 +254,7 @@ struct CollectiveTimes final {
   TimeUs arrived_us = 0;  // when this rank called it; it waits for the others until start_us
   TimeUs start_us = 0;    // when the last rank joined: the collective could start
   TimeUs end_us = 0;      // when every rank was done with it
+  TimeUs wait_us() const { return start_us - arrived_us; }  // waiting for the other ranks
 };
 
 // Where the ranks' host threads meet between steps. Returns the abort's error when the run
