@@ -384,14 +384,19 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win, std::
   for (std::size_t i = 0; i < win.size(); ++i) {
     if (win[i]->total() + matters > peak) high.push_back(i);
   }
-  std::vector<PeakRace> early;
-  for (const auto& [op, own] : frees) {
-    const TimeUs limit = kMaxRaceSlowdown * op->dur_us;
+  // The smallest d, up to `limit`, by which the frees `own` ending sooner lower every high
+  // sample; the peak then, and at the limit.
+  struct Lowered {
+    TimeUs margin_us;
+    Bytes peak_if_bytes;
+    Bytes peak_at_limit_bytes;
+  };
+  auto lower = [&](const std::vector<Free>& own, TimeUs limit) -> std::optional<Lowered> {
     // Every high sample must come before its last free and no sooner than its first free less
     // the limit.
     if (high.back() >= own.back().sample ||
         win[high.front()]->t_us < win[own.front().sample]->t_us - limit) {
-      continue;
+      return std::nullopt;
     }
     auto gone_at = [&](std::size_t i, TimeUs d) {
       Bytes gone = 0;
@@ -423,13 +428,74 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win, std::
       }
     }
     const std::optional<TimeUs> margin = Smallest(std::move(candidates), lowers);
-    if (!margin) continue;
+    if (!margin) return std::nullopt;
+    return Lowered{*margin, peak_without(*margin), peak_without(limit)};
+  };
+  std::vector<PeakRace> early;
+  std::set<std::pair<OpKind, UnitId>> single;  // the collectives with an early race of one call
+  for (const auto& [op, own] : frees) {
+    const std::optional<Lowered> l = lower(own, kMaxRaceSlowdown * op->dur_us);
+    if (!l) continue;
     PeakRace race = Freeing(*op, own);
     race.early = true;
-    race.margin_us = *margin;
-    race.peak_at_limit_bytes = peak_without(limit);
-    race.peak_if_bytes = peak_without(*margin);
+    race.margin_us = l->margin_us;
+    race.peak_if_bytes = l->peak_if_bytes;
+    race.peak_at_limit_bytes = l->peak_at_limit_bytes;
     if (peak_op != nullptr && peak_op != op) race.meets = *peak_op;
+    early.push_back(std::move(race));
+    single.insert({op->kind, op->unit});
+  }
+  // Repeated collectives (PeakRace::repeats): the calls of one kind and unit, all sooner by d.
+  std::map<std::pair<OpKind, UnitId>, std::vector<const OpReport*>> calls;
+  for (const auto& [op, own] : frees) {
+    if (single.count({op->kind, op->unit}) == 0) calls[{op->kind, op->unit}].push_back(op);
+  }
+  for (auto& [key, ops] : calls) {
+    if (ops.size() < 2) continue;
+    std::sort(ops.begin(), ops.end(),
+              [](const OpReport* a, const OpReport* b) { return a->start_us < b->start_us; });
+    std::vector<Free> own;
+    TimeUs limit = kMaxRaceSlowdown * ops.front()->dur_us;
+    for (const OpReport* op : ops) {
+      const std::vector<Free>& f = frees.at(op);
+      own.insert(own.end(), f.begin(), f.end());
+      limit = std::min(limit, kMaxRaceSlowdown * op->dur_us);
+    }
+    std::sort(own.begin(), own.end(),
+              [](const Free& a, const Free& b) { return a.sample < b.sample; });
+    const std::optional<Lowered> l = lower(own, limit);
+    if (!l) continue;
+    // The calls that lower a high sample, that much sooner, each with the op whose start made the
+    // highest sample before its first free.
+    std::vector<const OpReport*> needed;
+    std::vector<std::optional<OpReport>> meets;
+    for (const OpReport* op : ops) {
+      const std::size_t first_free = frees.at(op).front().sample;
+      const TimeUs from = win[first_free]->t_us - l->margin_us;
+      std::optional<std::size_t> highest;
+      for (std::size_t i : high) {
+        if (i >= first_free || win[i]->t_us < from) continue;
+        if (!highest || win[i]->total() > win[*highest]->total()) highest = i;
+      }
+      if (!highest) continue;
+      needed.push_back(op);
+      meets.emplace_back();
+      const std::size_t h = *highest;
+      if (h > 0 && win[h]->total() > win[h - 1]->total()) {
+        const OpReport* m = collectives.StartingAt(win[h]->unit, win[h]->t_us);
+        if (m != nullptr && m != op) meets.back() = *m;
+      }
+    }
+    if (needed.size() < 2) continue;  // one call alone would have been a race of its own
+    PeakRace race = Freeing(*needed.front(), frees.at(needed.front()));
+    race.early = true;
+    race.margin_us = l->margin_us;
+    race.peak_if_bytes = l->peak_if_bytes;
+    race.peak_at_limit_bytes = l->peak_at_limit_bytes;
+    race.meets = meets.front();
+    for (std::size_t c = 1; c < needed.size(); ++c) {
+      race.repeats.push_back(PeakRace::Call{.op = *needed[c], .meets = meets[c]});
+    }
     early.push_back(std::move(race));
   }
   auto by_fraction = [](const PeakRace& a, const PeakRace& b) {
@@ -673,9 +739,23 @@ std::string ReportToJson(const Report& r) {
     for (MemoryCategory c : cs) out.push_back(MemoryCategoryName(c));
     return out;
   };
+  auto meets_json = [&](const std::optional<OpReport>& m) {
+    return m ? Json{{"kind", OpKindName(m->kind)},  {"unit", unit_name(m->unit)},
+                    {"phase", PhaseName(m->phase)}, {"step", m->step},
+                    {"microbatch", m->microbatch},  {"start_us", m->start_us}}
+             : Json(nullptr);
+  };
   auto races_json = [&](const std::vector<PeakRace>& races) {
     Json out = Json::array();
     for (const PeakRace& m : races) {
+      Json repeats = Json::array();
+      for (const PeakRace::Call& c : m.repeats) {
+        repeats.push_back(Json{{"step", c.op.step},
+                               {"microbatch", c.op.microbatch},
+                               {"start_us", c.op.start_us},
+                               {"dur_us", c.op.dur_us},
+                               {"meets", meets_json(c.meets)}});
+      }
       out.push_back(Json{{"direction", m.early ? "early" : "late"},
                          {"collective", OpKindName(m.op.kind)},
                          {"unit", unit_name(m.op.unit)},
@@ -690,13 +770,8 @@ std::string ReportToJson(const Report& r) {
                          {"margin_us", m.margin_us},
                          {"peak_if_bytes", m.peak_if_bytes},
                          {"peak_at_limit_bytes", m.peak_at_limit_bytes},
-                         {"meets", m.meets ? Json{{"kind", OpKindName(m.meets->kind)},
-                                                  {"unit", unit_name(m.meets->unit)},
-                                                  {"phase", PhaseName(m.meets->phase)},
-                                                  {"step", m.meets->step},
-                                                  {"microbatch", m.meets->microbatch},
-                                                  {"start_us", m.meets->start_us}}
-                                           : Json(nullptr)}});
+                         {"meets", meets_json(m.meets)},
+                         {"repeats", repeats}});
     }
     return out;
   };

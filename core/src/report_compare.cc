@@ -39,6 +39,20 @@ std::string Text(const Json& j, const char* key, std::string fallback = "") {
                                                                 : fallback;
 }
 
+// An op a race names (its "meets"), when `key` holds one.
+std::optional<ComparedReport::Step::Race::OpRef> OpRefOf(const Json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_object()) return std::nullopt;
+  const Json& m = j[key];
+  ComparedReport::Step::Race::OpRef r{.kind = Text(m, "kind"),
+                                      .unit = Text(m, "unit", "(none)"),
+                                      .phase = "",
+                                      .step = Int(m, "step"),
+                                      .microbatch = Int(m, "microbatch"),
+                                      .start_us = Num(m, "start_us")};
+  if (r.kind == "compute") r.phase = Text(m, "phase");
+  return r;
+}
+
 using OpKey = std::tuple<std::string, std::string, std::string, int, int, int>;
 
 OpKey KeyOf(const ComparedReport::Op& op) {
@@ -91,42 +105,66 @@ const ComparedReport::Op* Measured(const ComparedReport& pred,
 
 // The predicted race behind a measured total off the predicted one: among the step's races of the
 // direction the miss asks for (late: the measured total above the predicted one; early: below),
-// one whose range of peaks holds the measured total, give or take the tolerance, and whose
-// collective, measured, ended after (late) or before (early) the op it must precede or follow
-// began; without that op, later (sooner) than predicted, each counted from its step's start. The
-// nearest range wins.
+// one whose span of peaks (from the predicted peak to the farthest the race reaches: at its margin
+// or at its limit) holds the measured total, give or take the tolerance, and whose collective,
+// measured, ended after (late) or before (early) the op it must precede or follow began; without
+// that op, later (sooner) than predicted, each counted from its step's start. An early race of a
+// repeated collective needs every call to have done so. The nearest span wins. (The span reaches
+// back to the predicted peak: other buffers may have moved too, and the measured total need not be
+// the race's alone; the collective's measured end is what shows the race happened.)
 std::optional<ReportComparison::MemoryRace> RaceBehind(
     const ComparedReport& pred, const ComparedReport::Step& step,
     const ComparedReport::Step& measured_step,
     const std::map<OpKey, const ComparedReport::Op*>& measured_ops, double tolerance_pct,
     bool early) {
+  using Race = ComparedReport::Step::Race;
   const auto total = static_cast<double>(measured_step.peak_memory_bytes);
-  std::optional<ReportComparison::MemoryRace> best;
-  double best_gap = 0;
-  for (const ComparedReport::Step::Race& race : step.races) {
-    if (race.early != early) continue;
-    // How far the measured total lies outside the race's range of peaks (0: inside).
-    const auto a = static_cast<double>(race.peak_if_bytes);
-    const auto b = static_cast<double>(race.peak_at_limit_bytes);
-    const double lo = std::min(a, b);
-    const double hi = std::max(a, b);
-    const double gap = total < lo ? lo - total : total > hi ? total - hi : 0.0;
-    if (gap > tolerance_pct / 100.0 * total || (best && gap >= best_gap)) continue;
+  const auto predicted = static_cast<double>(step.peak_memory_bytes);
+  // How far one call ended, measured, on the race's side of its op (> 0: it did), and how long it
+  // ran; nothing when either op has no measured counterpart.
+  auto side =
+      [&](const Race& race, int call_step, int microbatch, TimeUs start_us, TimeUs dur_us,
+          const std::optional<Race::OpRef>& meets_ref) -> std::optional<std::pair<TimeUs, TimeUs>> {
     const ComparedReport::Op* m = Measured(pred, measured_ops, race.collective, "", race.unit,
-                                           race.step, race.microbatch, race.start_us);
-    if (m == nullptr) continue;
+                                           call_step, microbatch, start_us);
+    if (m == nullptr) return std::nullopt;
     const ComparedReport::Op* meets =
-        race.meets_kind.empty()
-            ? nullptr
-            : Measured(pred, measured_ops, race.meets_kind, race.meets_phase, race.meets_unit,
-                       race.meets_step, race.meets_microbatch, race.meets_start_us);
+        meets_ref ? Measured(pred, measured_ops, meets_ref->kind, meets_ref->phase, meets_ref->unit,
+                             meets_ref->step, meets_ref->microbatch, meets_ref->start_us)
+                  : nullptr;
     const TimeUs after = meets != nullptr ? m->start_us + m->dur_us - meets->start_us
                                           : (m->start_us + m->dur_us - measured_step.start_us) -
-                                                (race.start_us + race.dur_us - step.start_us);
-    const TimeUs by = early ? -after : after;
-    if (by <= 0) continue;
+                                                (start_us + dur_us - step.start_us);
+    return std::pair{early ? -after : after, m->dur_us};
+  };
+  std::optional<ReportComparison::MemoryRace> best;
+  double best_gap = 0;
+  for (const Race& race : step.races) {
+    if (race.early != early) continue;
+    const auto a = static_cast<double>(race.peak_if_bytes);
+    const auto b = static_cast<double>(race.peak_at_limit_bytes);
+    const double reach = early ? std::min(a, b) : std::max(a, b);
+    const double lo = std::min(predicted, reach);
+    const double hi = std::max(predicted, reach);
+    const double gap = total < lo ? lo - total : total > hi ? total - hi : 0.0;
+    if (gap > tolerance_pct / 100.0 * total || (best && gap >= best_gap)) continue;
+    const auto first =
+        side(race, race.step, race.microbatch, race.start_us, race.dur_us, race.meets);
+    if (!first || first->first <= 0) continue;
+    TimeUs by = first->first;
+    bool all = true;
+    for (const Race::Call& call : race.repeats) {
+      const auto other =
+          side(race, call.step, call.microbatch, call.start_us, call.dur_us, call.meets);
+      if (!other || other->first <= 0) {
+        all = false;
+        break;
+      }
+      by = std::min(by, other->first);
+    }
+    if (!all) continue;
     best = ReportComparison::MemoryRace{
-        .step = step.index, .race = race, .measured_dur_us = m->dur_us, .late_us = by};
+        .step = step.index, .race = race, .measured_dur_us = first->second, .late_us = by};
     best_gap = gap;
   }
   return best;
@@ -183,14 +221,16 @@ StatusOr<ComparedReport> ParseComparedReport(std::string_view json_text, std::st
         race.peak_if_bytes = Count(j, "peak_if_bytes");
         race.peak_at_limit_bytes = Count(j, "peak_at_limit_bytes");
         race.early = Text(j, "direction") == "early";
-        if (j.is_object() && j.contains("meets") && j["meets"].is_object()) {
-          const Json& m = j["meets"];
-          race.meets_kind = Text(m, "kind");
-          race.meets_unit = Text(m, "unit", "(none)");
-          race.meets_phase = race.meets_kind == "compute" ? Text(m, "phase") : "";
-          race.meets_step = Int(m, "step");
-          race.meets_microbatch = Int(m, "microbatch");
-          race.meets_start_us = Num(m, "start_us");
+        race.meets = OpRefOf(j, "meets");
+        if (j.is_object() && j.contains("repeats") && j["repeats"].is_array()) {
+          for (const Json& c : j["repeats"]) {
+            race.repeats.push_back(
+                ComparedReport::Step::Race::Call{.step = Int(c, "step"),
+                                                 .microbatch = Int(c, "microbatch"),
+                                                 .start_us = Num(c, "start_us"),
+                                                 .dur_us = Num(c, "dur_us"),
+                                                 .meets = OpRefOf(c, "meets")});
+          }
         }
         if (j.is_object() && j.contains("categories") && j["categories"].is_array()) {
           for (const Json& c : j["categories"]) {
@@ -353,25 +393,35 @@ ReportComparison CompareReports(const ComparedReport& pred, const ComparedReport
                 pred, s.predicted, s.measured, mops, options.memory_tolerance_pct, early)) {
           const auto& pr = race->race;
           const std::string meets =
-              pr.meets_kind.empty()
-                  ? std::string()
-                  : fmt::format(
-                        "the {} of {} (mb {})",
-                        pr.meets_kind == "compute" ? "compute " + pr.meets_phase : pr.meets_kind,
-                        pr.meets_unit, pr.meets_microbatch);
-          const std::string when =
+              !pr.meets ? std::string()
+                        : fmt::format("the {} of {} (mb {})",
+                                      pr.meets->kind == "compute" ? "compute " + pr.meets->phase
+                                                                  : pr.meets->kind,
+                                      pr.meets->unit, pr.meets->microbatch);
+          std::string when =
               meets.empty()
                   ? fmt::format("{} than predicted in its step", early ? "sooner" : "later")
                   : fmt::format("{} {} began, which it was predicted to {}",
                                 early ? "before" : "after", meets, early ? "follow" : "precede");
+          std::string calls;
+          if (!pr.repeats.empty()) {
+            std::vector<int> mbs;
+            for (const auto& call : pr.repeats) mbs.push_back(call.microbatch);
+            calls = fmt::format(", and its {} (mb {}) with it,",
+                                mbs.size() == 1 ? std::string("other call")
+                                                : fmt::format("{} other calls", mbs.size()),
+                                fmt::join(mbs, ", "));
+            when += fmt::format(" (the least of its {} calls, each before its own op)",
+                                pr.repeats.size() + 1);
+          }
           race_text = fmt::format(
               "; a race explains it: the {} of {} (step {} mb {}) frees {} B ({}) as it ends; "
-              "{:.1f} us {} ({:.0f}% of its predicted {:.1f} us){} would have put the predicted "
+              "{:.1f} us {} ({:.0f}% of its predicted {:.1f} us){}{} would have put the predicted "
               "peak at {} B ({} B {}); measured, it ran {:.1f} us and ended {:.1f} us {}",
               pr.collective, pr.unit, pr.step, pr.microbatch, pr.bytes,
               fmt::join(pr.categories, ", "), pr.margin_us, early ? "sooner" : "later",
               pr.dur_us > 0 ? 100.0 * pr.margin_us / pr.dur_us : 0.0, pr.dur_us,
-              pr.queued > 0 ? fmt::format(", with the {} queued behind it", pr.queued) : "",
+              pr.queued > 0 ? fmt::format(", with the {} queued behind it", pr.queued) : "", calls,
               pr.peak_if_bytes, pr.peak_at_limit_bytes,
               fmt::format("{} by {:g} times its duration", early ? "sooner" : "later",
                           kMaxRaceSlowdown),

@@ -67,7 +67,18 @@ struct OpReport final {
 // began, and that, ended `margin_us` sooner, would have lowered the peak by the threshold, to
 // `peak_if_bytes` (and sooner still, by up to its duration, to `peak_at_limit_bytes`); `meets` is
 // then the op whose start made the peak, which it would have to precede.
+//
+// A collective that runs once per microbatch can hold the peak up once per microbatch: the step
+// then has several high samples, each lowered only by its own call, and no single call brings the
+// peak down. The calls share one predicted rate, so a prediction that times one of them long times
+// them all long: an early race of the repeated collective ends all its calls (same kind and unit)
+// `margin_us` sooner. `op` is then its first call that lowers a high sample, `repeats` the others,
+// each with the op whose start made the highest sample before its first free (its own `meets`).
 struct PeakRace final {
+  struct Call final {
+    OpReport op;
+    std::optional<OpReport> meets;
+  };
   bool early = false;                      // an early race (above); false: a late one
   OpReport op;                             // the collective (rank 0) whose end freed the buffers
   std::vector<MemoryCategory> categories;  // of the buffers it freed, largest first
@@ -80,6 +91,7 @@ struct PeakRace final {
   // The op whose start made the allocation at that peak (a backward's gradients, a gather), when
   // one did: the collective must end before it starts for the predicted peak to hold.
   std::optional<OpReport> meets;
+  std::vector<Call> repeats;  // an early race of a repeated collective: its other calls (above)
   double margin_fraction() const { return op.dur_us > 0 ? margin_us / op.dur_us : 0; }
 };
 

@@ -51,11 +51,24 @@ struct ComparedReport final {
       TimeUs margin_us = 0;
       Bytes peak_if_bytes = 0;        // the peak with the collective that much later
       Bytes peak_at_limit_bytes = 0;  // and with it at the race's limit (kMaxRaceSlowdown)
-      // The op whose start the collective must precede ("meets"; kind empty when none).
-      std::string meets_kind, meets_unit, meets_phase;
-      int meets_step = 0;
-      int meets_microbatch = 0;
-      TimeUs meets_start_us = 0;
+      // The op whose start the collective must precede ("meets"), when there is one.
+      struct OpRef final {
+        std::string kind, unit, phase;  // phase: a compute's, else empty
+        int step = 0;
+        int microbatch = 0;
+        TimeUs start_us = 0;
+      };
+      std::optional<OpRef> meets;
+      // An early race of a repeated collective: its other calls, each to end before its own
+      // `meets` ("repeats").
+      struct Call final {
+        int step = 0;
+        int microbatch = 0;
+        TimeUs start_us = 0;
+        TimeUs dur_us = 0;
+        std::optional<OpRef> meets;
+      };
+      std::vector<Call> repeats;
     };
     std::vector<Race> races;
   };
