@@ -675,11 +675,12 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
   }
   for (auto& [id, u] : units) r.units.push_back(u);
 
-  // Summary: the steps after the first (the first records the order, warms up).
+  // Summary: the steps after the warm-up step (IsWarmupStep).
   ReportSummary& sum = r.summary;
-  std::size_t from = r.steps.size() > 1 ? 1 : 0;
-  std::size_t n = r.steps.size() - from;
-  for (std::size_t i = from; i < r.steps.size(); ++i) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < r.steps.size(); ++i) {
+    if (IsWarmupStep(i, r.steps.size())) continue;
+    ++n;
     sum.step_time_us += r.steps[i].time_us;
     sum.exposed_comm_us += r.steps[i].exposed_comm_us;
     sum.idle_us += r.steps[i].idle_us;

@@ -303,7 +303,8 @@ ReportComparison CompareReports(const ComparedReport& pred, const ComparedReport
   // Per step, matched by index.
   std::map<int, const ComparedReport::Step*> msteps;
   for (const ComparedReport::Step& s : meas.steps) msteps[s.index] = &s;
-  for (const ComparedReport::Step& s : pred.steps) {
+  for (std::size_t i = 0; i < pred.steps.size(); ++i) {
+    const ComparedReport::Step& s = pred.steps[i];
     auto it = msteps.find(s.index);
     if (it == msteps.end()) {
       c.warnings.push_back(fmt::format("step {} is only in the predicted report", s.index));
@@ -312,7 +313,8 @@ ReportComparison CompareReports(const ComparedReport& pred, const ComparedReport
     c.steps.push_back({.index = s.index,
                        .predicted = s,
                        .measured = *it->second,
-                       .error_pct = ErrorPct(s.time_us, it->second->time_us)});
+                       .error_pct = ErrorPct(s.time_us, it->second->time_us),
+                       .warmup = IsWarmupStep(i, pred.steps.size())});
   }
 
   // Per op.
@@ -385,9 +387,11 @@ ReportComparison CompareReports(const ComparedReport& pred, const ComparedReport
           .measured = s.measured.peak_memory_bytes,
           .exact = false,
           .error_pct = ErrorPct(static_cast<double>(s.predicted.peak_memory_bytes),
-                                static_cast<double>(s.measured.peak_memory_bytes))};
+                                static_cast<double>(s.measured.peak_memory_bytes)),
+          .warmup = s.warmup};
+      const bool off = !s.warmup && std::fabs(total.error_pct) > options.memory_tolerance_pct;
       std::string race_text;
-      if (std::fabs(total.error_pct) > options.memory_tolerance_pct) {
+      if (off) {
         const bool early = total.error_pct > 0;  // predicted above measured
         if (std::optional<ReportComparison::MemoryRace> race = RaceBehind(
                 pred, s.predicted, s.measured, mops, options.memory_tolerance_pct, early)) {
@@ -429,7 +433,7 @@ ReportComparison CompareReports(const ComparedReport& pred, const ComparedReport
           c.memory_races.push_back(std::move(*race));
         }
       }
-      if (std::fabs(total.error_pct) > options.memory_tolerance_pct) {
+      if (off) {
         // Name the categories that carry the difference.
         std::string carriers;
         for (const ReportComparison::MemoryRow& row : c.memory) {
@@ -508,7 +512,8 @@ std::string ComparisonToJson(const ReportComparison& c) {
                       {"predicted_bytes", m.predicted},
                       {"measured_bytes", m.measured},
                       {"exact", m.exact},
-                      {"error_pct", m.error_pct}});
+                      {"error_pct", m.error_pct},
+                      {"warmup", m.warmup}});
   }
   out["memory"] = memory;
   out["memory_differences"] = c.memory_differences;
@@ -594,13 +599,25 @@ std::string ComparisonToText(const ReportComparison& c) {
                         "measured", "error");
     for (const ReportComparison::MemoryRow& m : c.memory) {
       if (m.predicted == 0 && m.measured == 0) continue;
-      text += fmt::format("  {:>4}  {:<24} {:>14} {:>14} {:>+7.1f}%\n", m.step,
-                          m.category + (m.exact ? " *" : ""), m.predicted, m.measured, m.error_pct);
+      text += fmt::format("  {:>4}  {:<24} {:>14} {:>14} {:>+7.1f}%{}\n", m.step,
+                          m.category + (m.exact ? " *" : ""), m.predicted, m.measured, m.error_pct,
+                          m.warmup ? "  (warm-up step)" : "");
+    }
+    bool warmup = false;
+    for (const ReportComparison::MemoryRow& m : c.memory) {
+      if (m.warmup && std::fabs(m.error_pct) > c.memory_tolerance_pct) {
+        warmup = true;
+        text += fmt::format(
+            "  step {} is the warm-up step (the live run's buffers and threads are new): its "
+            "total, {:+.1f}% off, is not held to the {:g}% tolerance, as its time is not "
+            "compared\n",
+            m.step, m.error_pct, c.memory_tolerance_pct);
+      }
     }
     if (c.memory_differences.empty()) {
       text += fmt::format(
-          "  memory: the exact categories match and every step's total is within {:g}%\n",
-          c.memory_tolerance_pct);
+          "  memory: the exact categories match and every step's total{} is within {:g}%\n",
+          warmup ? " after the warm-up step" : "", c.memory_tolerance_pct);
     }
     for (const std::string& d : c.memory_differences) text += "  memory differs: " + d + "\n";
   }

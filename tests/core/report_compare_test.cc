@@ -148,6 +148,51 @@ TEST(ReportCompare, PeakMemoryPerCategoryExactWhereThePlanFixesIt) {
   EXPECT_TRUE(c.memory_differences.empty());
 }
 
+// Two steps, each with its sharded parameters and its total: (params0, total0), (params1, total1).
+std::string TwoStepReport(bool measured, std::uint64_t params0, std::uint64_t total0,
+                          std::uint64_t params1, std::uint64_t total1) {
+  auto step = [](int i, std::uint64_t params, std::uint64_t total) {
+    return R"({"index": )" + std::to_string(i) + R"(, "start_us": )" + std::to_string(100 * i) +
+           R"(, "time_us": 100, "peak_memory_bytes": )" + std::to_string(total) +
+           R"(, "category_peaks": {"sharded_params": )" + std::to_string(params) + "}}";
+  };
+  return R"({"format": "fsdplab.report", "version": 1, "source": ")" +
+         std::string(measured ? "live-host" : "sim") + R"(", "measured": )" +
+         (measured ? "true" : "false") + R"(, "steps": [)" + step(0, params0, total0) + ", " +
+         step(1, params1, total1) + R"(], "ops": [], "summary": {"step_time_us": 100}})";
+}
+
+TEST(ReportCompare, TheWarmUpStepsTotalIsShownNotHeldToTheTolerance) {
+  // Step 0 (the warm-up step): totals 2,000 vs 2,500, -20%; step 1: 2,000 vs 2,020, -1%.
+  // Only step 0 is over 2%, and it is the warm-up step: no difference, one line saying so.
+  StatusOr<ComparedReport> pred =
+      ParseComparedReport(TwoStepReport(false, 1000, 2000, 1000, 2000), "p");
+  StatusOr<ComparedReport> meas =
+      ParseComparedReport(TwoStepReport(true, 1000, 2500, 1000, 2020), "m");
+  ASSERT_TRUE(pred.ok() && meas.ok());
+  ReportComparison c = CompareReports(*pred, *meas, {});
+  ASSERT_EQ(c.memory.size(), 4u);  // per step: sharded_params, total
+  EXPECT_EQ(c.memory[1].category, "total");
+  EXPECT_TRUE(c.memory[1].warmup);
+  EXPECT_DOUBLE_EQ(c.memory[1].error_pct, -20.0);  // (2000 - 2500) / 2500
+  EXPECT_FALSE(c.memory[3].warmup);
+  EXPECT_TRUE(c.memory_differences.empty());
+  const std::string text = ComparisonToText(c);
+  EXPECT_NE(text.find("step 0 is the warm-up step"), std::string::npos) << text;
+  EXPECT_NE(text.find("every step's total after the warm-up step is within 2%"), std::string::npos)
+      << text;
+  EXPECT_EQ(nlohmann::json::parse(ComparisonToJson(c))["memory"][1]["warmup"], true);
+  // Step 1 at 2,500 measured (-20%) is held to it; so is an exact category in step 0
+  // (1,000 vs 1,010 sharded parameters).
+  meas = ParseComparedReport(TwoStepReport(true, 1010, 2500, 1000, 2500), "m");
+  c = CompareReports(*pred, *meas, {});
+  ASSERT_EQ(c.memory_differences.size(), 2u);
+  EXPECT_EQ(c.memory_differences[0].rfind("step 0: sharded_params peak 1000 predicted", 0), 0u)
+      << c.memory_differences[0];
+  EXPECT_EQ(c.memory_differences[1].rfind("step 1: total peak 2000 predicted, 2500", 0), 0u)
+      << c.memory_differences[1];
+}
+
 TEST(ReportCompare, TimelineAlignsBothReportsAtStepStarts) {
   // The predicted step starts at 0 and the measured one at 7,000 on its own clock: both start
   // at 0 in the comparison timeline, and each op keeps its offset into the step (gather at 5,

@@ -105,6 +105,14 @@ inline constexpr double kMaxRaceSlowdown = 1.0;
 inline constexpr TimeUs kPeakRaceOpSlackUs = 1000;
 inline constexpr std::size_t kMaxPeakRaces = 4;
 
+// The first of several steps records the execution order and warms up (the live executor's
+// buffers and threads are new): the summary leaves it out, and `fsdplab compare` holds neither
+// its time nor its memory total to a tolerance (its exact memory categories still must match).
+// `position`: the step's place among the report's `steps`, in order.
+inline bool IsWarmupStep(std::size_t position, std::size_t steps) {
+  return steps > 1 && position == 0;
+}
+
 struct StepReport final {
   int index = 0;
   TimeUs start_us = 0;

@@ -110,6 +110,7 @@ struct ReportComparison final {
     int index = 0;
     ComparedReport::Step predicted, measured;
     double error_pct = 0;  // of time_us
+    bool warmup = false;   // the predicted report's warm-up step (IsWarmupStep)
   };
   struct OpRow final {
     ComparedReport::Op key;  // dur_us unused
@@ -134,6 +135,8 @@ struct ReportComparison final {
     // timing. The others depend on when streams pass each other.
     bool exact = false;
     double error_pct = 0;
+    // The warm-up step's total: shown, not held to the tolerance (IsWarmupStep).
+    bool warmup = false;
   };
   // A step whose measured total misses the predicted one by more than the tolerance, and the
   // predicted race that accounts for it (a late one when the measured total is above the
