@@ -402,26 +402,34 @@ ReportComparison CompareReports(const ComparedReport& pred, const ComparedReport
                                       pr.meets->kind == "compute" ? "compute " + pr.meets->phase
                                                                   : pr.meets->kind,
                                       pr.meets->unit, pr.meets->microbatch);
-          std::string when =
-              meets.empty()
-                  ? fmt::format("{} than predicted in its step", early ? "sooner" : "later")
-                  : fmt::format("{} {} began, which it was predicted to {}",
-                                early ? "before" : "after", meets, early ? "follow" : "precede");
           std::string calls;
-          if (!pr.repeats.empty()) {
+          std::string outcome;
+          if (pr.repeats.empty()) {
+            outcome = fmt::format(
+                "it ran {:.1f} us and ended {:.1f} us {}", race->measured_dur_us, race->late_us,
+                meets.empty()
+                    ? fmt::format("{} than predicted in its step", early ? "sooner" : "later")
+                    : fmt::format("{} {} began, which it was predicted to {}",
+                                  early ? "before" : "after", meets, early ? "follow" : "precede"));
+          } else {
             std::vector<int> mbs;
             for (const auto& call : pr.repeats) mbs.push_back(call.microbatch);
             calls = fmt::format(", and its {} (mb {}) with it,",
                                 mbs.size() == 1 ? std::string("other call")
                                                 : fmt::format("{} other calls", mbs.size()),
                                 fmt::join(mbs, ", "));
-            when += fmt::format(" (the least of its {} calls, each before its own op)",
-                                pr.repeats.size() + 1);
+            outcome = fmt::format(
+                "it ran {:.1f} us, and each of its {} calls ended at least {:.1f} us {}",
+                race->measured_dur_us, pr.repeats.size() + 1, race->late_us,
+                meets.empty() ? std::string("sooner than predicted in its step")
+                              : fmt::format("before the op it was predicted to follow (for mb {}: "
+                                            "{})",
+                                            pr.microbatch, meets));
           }
           race_text = fmt::format(
               "; a race explains it: the {} of {} (step {} mb {}) frees {} B ({}) as it ends; "
               "{:.1f} us {} ({:.0f}% of its predicted {:.1f} us){}{} would have put the predicted "
-              "peak at {} B ({} B {}); measured, it ran {:.1f} us and ended {:.1f} us {}",
+              "peak at {} B ({} B {}); measured, {}",
               pr.collective, pr.unit, pr.step, pr.microbatch, pr.bytes,
               fmt::join(pr.categories, ", "), pr.margin_us, early ? "sooner" : "later",
               pr.dur_us > 0 ? 100.0 * pr.margin_us / pr.dur_us : 0.0, pr.dur_us,
@@ -429,7 +437,7 @@ ReportComparison CompareReports(const ComparedReport& pred, const ComparedReport
               pr.peak_if_bytes, pr.peak_at_limit_bytes,
               fmt::format("{} by {:g} times its duration", early ? "sooner" : "later",
                           kMaxRaceSlowdown),
-              race->measured_dur_us, race->late_us, when);
+              outcome);
           c.memory_races.push_back(std::move(*race));
         }
       }
