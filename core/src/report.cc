@@ -151,6 +151,7 @@ class Collectives final {
     for (const OpReport& op : ops) {
       by_unit_[op.unit].push_back(&op);
       if (IsCollective(op.kind)) by_start_.push_back(&op);
+      if (op.kind == OpKind::kCompute) computes_.push_back(&op);
     }
     for (auto& [unit, list] : by_unit_) {
       std::sort(list.begin(), list.end(),
@@ -208,10 +209,33 @@ class Collectives final {
     return nullptr;
   }
 
+  // The compute before `compute` on the compute stream (the one starting last before it), if any.
+  const OpReport* ComputeBefore(const OpReport& compute) const {
+    auto at = std::lower_bound(
+        computes_.begin(), computes_.end(), &compute,
+        [](const OpReport* a, const OpReport* b) { return a->start_us < b->start_us; });
+    return at == computes_.begin() ? nullptr : *(at - 1);
+  }
+
+  // The collective of `compute`'s unit that ends as it starts (within kGateSlackUs), if any: the
+  // one it waited for, when its stream was free before.
+  const OpReport* EndingAsItStarts(const OpReport& compute) const {
+    auto it = by_unit_.find(compute.unit);
+    if (it == by_unit_.end()) return nullptr;
+    for (const OpReport* op : it->second) {
+      if (IsCollective(op->kind) && std::fabs(End(*op) - compute.start_us) <= kGateSlackUs) {
+        return op;
+      }
+    }
+    return nullptr;
+  }
+
   static TimeUs End(const OpReport& op) { return op.start_us + op.dur_us; }
 
  private:
+  static constexpr TimeUs kGateSlackUs = 1;
   std::vector<const OpReport*> by_start_;  // the collectives (ops come sorted by start)
+  std::vector<const OpReport*> computes_;  // the computes, likewise
   std::map<UnitId, std::vector<const OpReport*>> by_unit_;  // every op, by end
 };
 
@@ -369,6 +393,73 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win, std::
       const OpReport* meets = collectives.StartingAt(win[at_most]->unit, win[at_most]->t_us);
       if (meets != nullptr && chain.count(meets) == 0) race.meets = *meets;
     }
+    races.push_back(std::move(race));
+  }
+  // Gate races (PeakRace::gates): the allocations a compute made as it started, at the end of the
+  // collective it waited for; d sooner, they sit beside every sample in effect from t - d on, up
+  // to how long the compute waited after its stream was free.
+  for (std::size_t j = 1; j < win.size(); ++j) {
+    const MemorySample& at = *win[j];
+    if (at.total() <= win[j - 1]->total()) continue;
+    // One race per instant and op: the first of its rising samples stands for them all.
+    if (j > 1 && win[j - 1]->t_us == at.t_us && win[j - 1]->unit == at.unit &&
+        win[j - 1]->total() > win[j - 2]->total()) {
+      continue;
+    }
+    const OpReport* compute = collectives.StartingAt(at.unit, at.t_us);
+    if (compute == nullptr || compute->kind != OpKind::kCompute ||
+        std::fabs(compute->start_us - at.t_us) > 1) {
+      continue;
+    }
+    const OpReport* gate = collectives.EndingAsItStarts(*compute);
+    if (gate == nullptr) continue;
+    const OpReport* behind = collectives.ComputeBefore(*compute);
+    const TimeUs free_at = behind != nullptr ? Collectives::End(*behind) : s.start_us;
+    const TimeUs limit = std::min(compute->start_us - free_at, kMaxRaceSlowdown * gate->dur_us);
+    if (limit <= 0) continue;
+    std::map<MemoryCategory, Bytes> rises;
+    Bytes rise = 0;
+    for (std::size_t k = j; k < win.size() && win[k]->t_us == at.t_us && win[k]->unit == at.unit &&
+                            win[k]->total() > win[k - 1]->total();
+         ++k) {
+      rise += win[k]->total() - win[k - 1]->total();
+      for (int c = 0; c < kNumMemoryCategories; ++c) {
+        const auto cu = static_cast<std::size_t>(c);
+        if (win[k]->bytes[cu] > win[k - 1]->bytes[cu]) {
+          rises[static_cast<MemoryCategory>(c)] += win[k]->bytes[cu] - win[k - 1]->bytes[cu];
+        }
+      }
+    }
+    // Moved to t - d, they join the sample then in effect: sample i holds from its own time to
+    // the next one's, so it is reached once d >= t - t(i + 1) (at one instant, before i + 1 in
+    // sample order).
+    auto peak_with = [&](TimeUs d) {
+      Bytes most = peak;
+      for (std::size_t i = j; i-- > 0 && at.t_us - win[i + 1]->t_us <= d;) {
+        most = std::max(most, win[i]->total() + rise);
+      }
+      return most;
+    };
+    std::vector<TimeUs> candidates;
+    for (std::size_t i = j; i-- > 0 && at.t_us - win[i + 1]->t_us <= limit;) {
+      candidates.push_back(at.t_us - win[i + 1]->t_us);
+    }
+    const std::optional<TimeUs> margin =
+        Smallest(std::move(candidates), [&](TimeUs d) { return peak_with(d) >= peak + matters; });
+    if (!margin) continue;
+    PeakRace race;
+    race.op = *gate;
+    race.gates = true;
+    race.meets = *compute;
+    if (behind != nullptr) race.behind = *behind;
+    race.bytes = rise;
+    for (const auto& [c, b] : rises) race.categories.push_back(c);
+    std::stable_sort(race.categories.begin(), race.categories.end(),
+                     [&](MemoryCategory a, MemoryCategory b) { return rises[a] > rises[b]; });
+    race.at_us = Collectives::End(*gate);
+    race.margin_us = *margin;
+    race.peak_if_bytes = peak_with(*margin);
+    race.peak_at_limit_bytes = peak_with(limit);
     races.push_back(std::move(race));
   }
   // Early races: a collective that ends after the peak began, had it ended d sooner, would have
@@ -772,7 +863,9 @@ std::string ReportToJson(const Report& r) {
                          {"peak_if_bytes", m.peak_if_bytes},
                          {"peak_at_limit_bytes", m.peak_at_limit_bytes},
                          {"meets", meets_json(m.meets)},
-                         {"repeats", repeats}});
+                         {"repeats", repeats},
+                         {"gates", m.gates},
+                         {"behind", meets_json(m.behind)}});
     }
     return out;
   };
@@ -950,14 +1043,26 @@ std::string ReportToText(const Report& r) {
     const StepReport& last = r.steps.back();
     line(
         fmt::format("Peak races (step {}, rank 0): the peak holds while these collectives end in "
-                    "time; late, they keep their buffers beside later ones",
+                    "time; late, they keep their buffers beside later ones (a gate: sooner, the "
+                    "compute waiting for it allocates beside earlier ones)",
                     last.index));
+    auto name = [&](UnitId u) {
+      return u >= 0 && static_cast<std::size_t>(u) < r.unit_names.size()
+                 ? r.unit_names[static_cast<std::size_t>(u)]
+                 : std::string("(none)");
+    };
     for (const PeakRace& race : last.peak_races) {
       if (race.early) continue;
-      const std::string unit =
-          race.op.unit >= 0 && static_cast<std::size_t>(race.op.unit) < r.unit_names.size()
-              ? r.unit_names[static_cast<std::size_t>(race.op.unit)]
-              : "(none)";
+      const std::string unit = name(race.op.unit);
+      if (race.gates && race.meets) {
+        line(fmt::format(
+            "  {} {} (mb {}): {} sooner ({:.0f}% of its {}), a gate of the {} {} "
+            "compute, puts the peak at {}",
+            OpKindName(race.op.kind), unit, race.op.microbatch, FormatUs(race.margin_us),
+            100.0 * race.margin_fraction(), FormatUs(race.op.dur_us), PhaseName(race.meets->phase),
+            name(race.meets->unit), FormatBytes(race.peak_if_bytes)));
+        continue;
+      }
       line(fmt::format(
           "  {} {} (mb {}): {} later ({:.0f}% of its {}){} puts the peak at {}",
           OpKindName(race.op.kind), unit, race.op.microbatch, FormatUs(race.margin_us),

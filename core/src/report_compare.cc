@@ -148,6 +148,24 @@ std::optional<ReportComparison::MemoryRace> RaceBehind(
     const double hi = std::max(predicted, reach);
     const double gap = total < lo ? lo - total : total > hi ? total - hi : 0.0;
     if (gap > tolerance_pct / 100.0 * total || (best && gap >= best_gap)) continue;
+    if (race.gates) {
+      // The collective, measured, ended before the compute ahead of the one it gated: that one
+      // did not wait for it, and allocated as soon as its stream was free.
+      const ComparedReport::Op* m = Measured(pred, measured_ops, race.collective, "", race.unit,
+                                             race.step, race.microbatch, race.start_us);
+      const ComparedReport::Op* behind =
+          race.behind ? Measured(pred, measured_ops, race.behind->kind, race.behind->phase,
+                                 race.behind->unit, race.behind->step, race.behind->microbatch,
+                                 race.behind->start_us)
+                      : nullptr;
+      if (m == nullptr || behind == nullptr) continue;
+      const TimeUs by = behind->start_us + behind->dur_us - (m->start_us + m->dur_us);
+      if (by <= 0) continue;
+      best = ReportComparison::MemoryRace{
+          .step = step.index, .race = race, .measured_dur_us = m->dur_us, .late_us = by};
+      best_gap = gap;
+      continue;
+    }
     const auto first =
         side(race, race.step, race.microbatch, race.start_us, race.dur_us, race.meets);
     if (!first || first->first <= 0) continue;
@@ -222,6 +240,9 @@ StatusOr<ComparedReport> ParseComparedReport(std::string_view json_text, std::st
         race.peak_at_limit_bytes = Count(j, "peak_at_limit_bytes");
         race.early = Text(j, "direction") == "early";
         race.meets = OpRefOf(j, "meets");
+        race.gates = j.is_object() && j.contains("gates") && j["gates"].is_boolean() &&
+                     j["gates"].get<bool>();
+        race.behind = OpRefOf(j, "behind");
         if (j.is_object() && j.contains("repeats") && j["repeats"].is_array()) {
           for (const Json& c : j["repeats"]) {
             race.repeats.push_back(
@@ -396,12 +417,13 @@ ReportComparison CompareReports(const ComparedReport& pred, const ComparedReport
         if (std::optional<ReportComparison::MemoryRace> race = RaceBehind(
                 pred, s.predicted, s.measured, mops, options.memory_tolerance_pct, early)) {
           const auto& pr = race->race;
-          const std::string meets =
-              !pr.meets ? std::string()
-                        : fmt::format("the {} of {} (mb {})",
-                                      pr.meets->kind == "compute" ? "compute " + pr.meets->phase
-                                                                  : pr.meets->kind,
-                                      pr.meets->unit, pr.meets->microbatch);
+          auto describe = [](const std::optional<ComparedReport::Step::Race::OpRef>& op) {
+            return !op ? std::string()
+                       : fmt::format("the {} of {} (mb {})",
+                                     op->kind == "compute" ? "compute " + op->phase : op->kind,
+                                     op->unit, op->microbatch);
+          };
+          const std::string meets = describe(pr.meets);
           std::string calls;
           std::string outcome;
           if (pr.repeats.empty()) {
@@ -426,18 +448,34 @@ ReportComparison CompareReports(const ComparedReport& pred, const ComparedReport
                                             "{})",
                                             pr.microbatch, meets));
           }
-          race_text = fmt::format(
-              "; a race explains it: the {} of {} (step {} mb {}) frees {} B ({}) as it ends; "
-              "{:.1f} us {} ({:.0f}% of its predicted {:.1f} us){}{} would have put the predicted "
-              "peak at {} B ({} B {}); measured, {}",
-              pr.collective, pr.unit, pr.step, pr.microbatch, pr.bytes,
-              fmt::join(pr.categories, ", "), pr.margin_us, early ? "sooner" : "later",
-              pr.dur_us > 0 ? 100.0 * pr.margin_us / pr.dur_us : 0.0, pr.dur_us,
-              pr.queued > 0 ? fmt::format(", with the {} queued behind it", pr.queued) : "", calls,
-              pr.peak_if_bytes, pr.peak_at_limit_bytes,
-              fmt::format("{} by {:g} times its duration", early ? "sooner" : "later",
-                          kMaxRaceSlowdown),
-              outcome);
+          if (pr.gates) {
+            race_text = fmt::format(
+                "; a race explains it: the {} of {} (step {} mb {}) gated {}, whose start "
+                "allocates {} B ({}); {:.1f} us sooner ({:.0f}% of its predicted {:.1f} us), it "
+                "would have put that allocation beside buffers not yet freed: the predicted peak "
+                "at {} B ({} B sooner by as long as the compute waited after {} ended); measured, "
+                "it ran {:.1f} us and ended {:.1f} us before {} did, so the compute did not wait "
+                "for it",
+                pr.collective, pr.unit, pr.step, pr.microbatch, meets, pr.bytes,
+                fmt::join(pr.categories, ", "), pr.margin_us,
+                pr.dur_us > 0 ? 100.0 * pr.margin_us / pr.dur_us : 0.0, pr.dur_us, pr.peak_if_bytes,
+                pr.peak_at_limit_bytes, describe(pr.behind), race->measured_dur_us, race->late_us,
+                describe(pr.behind));
+          } else {
+            race_text = fmt::format(
+                "; a race explains it: the {} of {} (step {} mb {}) frees {} B ({}) as it ends; "
+                "{:.1f} us {} ({:.0f}% of its predicted {:.1f} us){}{} would have put the "
+                "predicted "
+                "peak at {} B ({} B {}); measured, {}",
+                pr.collective, pr.unit, pr.step, pr.microbatch, pr.bytes,
+                fmt::join(pr.categories, ", "), pr.margin_us, early ? "sooner" : "later",
+                pr.dur_us > 0 ? 100.0 * pr.margin_us / pr.dur_us : 0.0, pr.dur_us,
+                pr.queued > 0 ? fmt::format(", with the {} queued behind it", pr.queued) : "",
+                calls, pr.peak_if_bytes, pr.peak_at_limit_bytes,
+                fmt::format("{} by {:g} times its duration", early ? "sooner" : "later",
+                            kMaxRaceSlowdown),
+                outcome);
+          }
           c.memory_races.push_back(std::move(*race));
         }
       }

@@ -38,7 +38,8 @@ SweepRow SimulatePolicy(const Trace& trace, const Policy& policy, const SimOptio
   row.peak_memory_bytes = rep.summary.peak_memory_bytes;
   for (Bytes b : r->peak_memory_by_rank) row.peak_memory_bytes = std::max(row.peak_memory_bytes, b);
   row.lower_bound_us = rep.summary.lower_bound_us;
-  for (std::size_t i = rep.steps.size() > 1 ? 1 : 0; i < rep.steps.size(); ++i) {
+  for (std::size_t i = 0; i < rep.steps.size(); ++i) {
+    if (IsWarmupStep(i, rep.steps.size())) continue;
     for (const PeakRace& race : rep.steps[i].peak_races) {
       if (race.early) continue;
       if (!row.nearest_race || race.margin_fraction() < row.nearest_race->margin_fraction()) {
@@ -199,6 +200,14 @@ std::vector<std::size_t> ParetoFront(const std::vector<SweepRow>& rows) {
 std::string FragileUnderCap(const SweepRow& row, Bytes cap, const Model& model) {
   if (!row.nearest_race || row.nearest_race->peak_if_bytes <= cap) return "";
   const PeakRace& race = *row.nearest_race;
+  if (race.gates) {
+    return fmt::format(
+        "Fragile: a {} of {} {:.3f} ms sooner than simulated ({:.0f}% of it) lets the compute that "
+        "waited for it allocate beside earlier buffers: the peak at {:.3f} GiB, over the cap.",
+        OpKindName(race.op.kind), model.NameOf(race.op.unit), race.margin_us / 1e3,
+        100.0 * race.margin_fraction(),
+        static_cast<double>(race.peak_if_bytes) / (1024.0 * 1024 * 1024));
+  }
   return fmt::format(
       "Fragile: a {} of {} {:.0f}% slower than simulated ({:.3f} ms late) puts the peak at {:.3f} "
       "GiB, over the cap.",

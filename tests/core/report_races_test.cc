@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fsdplab/core/report.h"
@@ -364,6 +365,126 @@ TEST(PeakRaces, CompareNeedsEveryCallOfARepeatedEarlyRace) {
       << c.memory_differences[0];
   // mb 1's call ended at 530, after its backward began: mb 1's peak stood; not this race.
   meas = ParseComparedReport(report(true, 1100, 110, 530), "m");
+  EXPECT_TRUE(CompareReports(*pred, *meas, {}).memory_races.empty());
+}
+
+// A compute that waited for its gather after its stream was free. Unit 1 holds 100 B of
+// unsharded parameters from 0; its backward [0,100] ends at 100, and the all-gather stream releases
+// them at 120 (behind the compute, late by its wake-up). Unit 0's all-gather [50,150] allocates 100
+// B of parameters at 50; its backward [150,250] waited for it 50 us and allocates 100 B of
+// gradients at 150, freed by its reduce-scatter [250,300] at 300. Totals: 1100 at 0, 1200 at 50,
+// 1100 at 120, 1200 at 150 (peak 1200, threshold 24), 1100 at 300.
+// - Gate race of unit 0's all-gather: the gradients moved d sooner join the sample in effect at
+//   150 - d. The one of 120 (1100) from d >= 0: 1200; the one of 50 (1200, both units'
+//   parameters) from d >= 150 - 120 = 30: 1300 >= 1224. Margin 30 us (30% of its 100 us), within
+//   the compute's 50 us wait; at that limit still 1300 (the sample of 0 is reached only from
+//   d >= 100).
+// - Nothing else: the release at 120 ends no collective; the reduce-scatter's free at 300 meets no
+//   allocation, and is 250 us after the first high sample (50), more than its 50 us.
+TEST(PeakRaces, AnAllocationThatWaitedForItsGatherIsAGateRace) {
+  Timeline tl;
+  tl.source = "sim";
+  TimelineOp gather = Op(OpKind::kAllGather, 0, 50, 150);
+  gather.track = Track::kAllGather;
+  tl.ops = {Op(OpKind::kCompute, 1, 0, 100), gather, Op(OpKind::kCompute, 0, 150, 250),
+            Op(OpKind::kReduceScatter, 0, 250, 300)};
+  constexpr auto kParams = MemoryCategory::kUnshardedParams;
+  MemorySample m;
+  m.bytes[static_cast<std::size_t>(MemoryCategory::kShardedParams)] = 1000;
+  tl.memory.push_back(m);
+  for (const auto& [unit, t, category, bytes] :
+       std::vector<std::tuple<UnitId, TimeUs, MemoryCategory, std::int64_t>>{
+           {1, 0, kParams, 100},
+           {0, 50, kParams, 100},
+           {1, 120, kParams, -100},
+           {0, 150, kGrads, 100},
+           {0, 300, kGrads, -100}}) {
+    Bytes& b = m.bytes[static_cast<std::size_t>(category)];
+    b = static_cast<Bytes>(static_cast<std::int64_t>(b) + bytes);
+    m.t_us = t;
+    m.unit = unit;
+    tl.memory.push_back(m);
+  }
+  const Report r = BuildReport(tl, ReportInputs{});
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_EQ(r.steps[0].peak_memory_bytes, 1200u);
+  ASSERT_EQ(r.steps[0].peak_races.size(), 1u);
+  const PeakRace& race = r.steps[0].peak_races[0];
+  EXPECT_TRUE(race.gates);
+  EXPECT_FALSE(race.early);
+  EXPECT_EQ(race.op.kind, OpKind::kAllGather);
+  EXPECT_EQ(race.op.unit, 0);
+  ASSERT_TRUE(race.meets.has_value());
+  EXPECT_EQ(race.meets->kind, OpKind::kCompute);
+  EXPECT_EQ(race.meets->unit, 0);
+  ASSERT_TRUE(race.behind.has_value());
+  EXPECT_EQ(race.behind->unit, 1);
+  EXPECT_EQ(race.bytes, 100u);
+  ASSERT_EQ(race.categories.size(), 1u);
+  EXPECT_EQ(race.categories[0], kGrads);
+  EXPECT_DOUBLE_EQ(race.at_us, 150);
+  EXPECT_DOUBLE_EQ(race.margin_us, 30);
+  EXPECT_DOUBLE_EQ(race.margin_fraction(), 0.3);
+  EXPECT_EQ(race.peak_if_bytes, 1300u);
+  EXPECT_EQ(race.peak_at_limit_bytes, 1300u);
+  const nlohmann::json j = nlohmann::json::parse(ReportToJson(r))["steps"][0]["peak_races"][0];
+  EXPECT_EQ(j["gates"], true);
+  EXPECT_EQ(j["behind"]["unit"], nullptr);  // the report's units have no names here
+  EXPECT_EQ(j["behind"]["start_us"], 0.0);
+  EXPECT_NE(ReportToText(r).find("a gate of the backward"), std::string::npos) << ReportToText(r);
+}
+
+// The gate race above, as `compare` reads it: a measured total above the predicted one is
+// explained when the gather, measured, ended before unit 1's backward did (the backward of unit 0
+// then did not wait for it); not when it ended after.
+TEST(PeakRaces, CompareNamesTheGateRaceWhenTheComputeDidNotWait) {
+  auto report = [](bool measured, std::uint64_t peak, double gather_end, double c1_end) {
+    const std::string race = measured ? "" : R"(, "peak_races": [{"direction": "late",
+        "collective": "all_gather", "unit": "l0", "step": 0, "microbatch": 0, "start_us": 50,
+        "dur_us": 100, "categories": ["unsharded_grads"], "bytes": 100, "at_us": 150,
+        "margin_us": 30, "peak_if_bytes": 1300, "peak_at_limit_bytes": 1300, "gates": true,
+        "meets": {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0,
+                  "microbatch": 0, "start_us": 150},
+        "behind": {"kind": "compute", "unit": "l1", "phase": "backward", "step": 0,
+                   "microbatch": 0, "start_us": 0}}])";
+    return R"({"format": "fsdplab.report", "version": 1, "source": ")" +
+           std::string(measured ? "live-host" : "sim") + R"(", "measured": )" +
+           (measured ? "true" : "false") + R"(,
+      "steps": [{"index": 0, "start_us": 0, "time_us": 300, "peak_memory_bytes": )" +
+           std::to_string(peak) + R"(, "category_peaks": {"unsharded_grads": 100})" + race +
+           R"(}],
+      "ops": [{"kind": "compute", "unit": "l1", "phase": "backward", "step": 0,
+               "microbatch": 0, "start_us": 0, "dur_us": )" +
+           std::to_string(c1_end) + R"(},
+              {"kind": "all_gather", "unit": "l0", "step": 0, "microbatch": 0, "start_us": 50,
+               "dur_us": )" +
+           std::to_string(gather_end - 50) + R"(},
+              {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0,
+               "microbatch": 0, "start_us": 150, "dur_us": 100}],
+      "summary": {"step_time_us": 300}})";
+  };
+  StatusOr<ComparedReport> pred = ParseComparedReport(report(false, 1200, 150, 100), "p");
+  ASSERT_TRUE(pred.ok()) << pred.status().ToString();
+  ASSERT_EQ(pred->steps[0].races.size(), 1u);
+  EXPECT_TRUE(pred->steps[0].races[0].gates);
+  ASSERT_TRUE(pred->steps[0].races[0].behind.has_value());
+  EXPECT_EQ(pred->steps[0].races[0].behind->unit, "l1");
+  // Measured: the gather ran 90 us and ended at 140, 5 us before unit 1's backward ended at 145;
+  // total 1300 (-7.7% predicted): explained, by 5 us.
+  StatusOr<ComparedReport> meas = ParseComparedReport(report(true, 1300, 140, 145), "m");
+  ASSERT_TRUE(meas.ok()) << meas.status().ToString();
+  ReportComparison c = CompareReports(*pred, *meas, {});
+  ASSERT_EQ(c.memory_races.size(), 1u);
+  EXPECT_DOUBLE_EQ(c.memory_races[0].measured_dur_us, 90);
+  EXPECT_DOUBLE_EQ(c.memory_races[0].late_us, 5);
+  EXPECT_NE(c.memory_differences[0].find("gated the compute backward of l0 (mb 0)"),
+            std::string::npos)
+      << c.memory_differences[0];
+  // The gather ended at 150, after the backward's end at 145: the compute waited; not this race.
+  meas = ParseComparedReport(report(true, 1300, 150, 145), "m");
+  EXPECT_TRUE(CompareReports(*pred, *meas, {}).memory_races.empty());
+  // Below the prediction, a gate race explains nothing.
+  meas = ParseComparedReport(report(true, 1100, 140, 145), "m");
   EXPECT_TRUE(CompareReports(*pred, *meas, {}).memory_races.empty());
 }
 

@@ -74,6 +74,17 @@ struct OpReport final {
 // them all long: an early race of the repeated collective ends all its calls (same kind and unit)
 // `margin_us` sooner. `op` is then its first call that lowers a high sample, `repeats` the others,
 // each with the op whose start made the highest sample before its first free (its own `meets`).
+//
+// A gate race raises the peak from the other side: a compute that waited for a collective (its
+// gather) after its stream was free allocates (a backward's gradients) as the collective ends. Had
+// the collective ended `margin_us` sooner, the allocation would have come that much sooner, beside
+// buffers freed in between (the previous unit's parameters, released on the all-gather stream
+// once the compute before it ended): the peak `peak_if_bytes`. `gates` is then true, `op` is the
+// collective, `meets` the compute it gated, `behind` the compute before it on its stream, and the
+// race is bounded by how long the compute waited: its collective can end no sooner than the
+// stream was free and still make it wait (and by kMaxRaceSlowdown times its duration). `bytes`
+// and `categories` are then the compute's allocations. A gate race is a late race in
+// `compare`'s sense (it explains a measured total above the predicted one).
 struct PeakRace final {
   struct Call final {
     OpReport op;
@@ -92,6 +103,8 @@ struct PeakRace final {
   // one did: the collective must end before it starts for the predicted peak to hold.
   std::optional<OpReport> meets;
   std::vector<Call> repeats;  // an early race of a repeated collective: its other calls (above)
+  bool gates = false;         // a gate race (above)
+  std::optional<OpReport> behind;  // a gate race: the compute its `meets` queued behind
   double margin_fraction() const { return op.dur_us > 0 ? margin_us / op.dur_us : 0; }
 };
 

@@ -69,6 +69,10 @@ struct ComparedReport final {
         std::optional<OpRef> meets;
       };
       std::vector<Call> repeats;
+      // A gate race ("gates"): the collective gated `meets`, which queued behind `behind` on the
+      // compute stream; it happened when, measured, the collective ended before `behind` did.
+      bool gates = false;
+      std::optional<OpRef> behind;
     };
     std::vector<Race> races;
   };
