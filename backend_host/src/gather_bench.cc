@@ -510,6 +510,22 @@ class WakeProber final {
 // mean, of 100 48%, so each phase takes 100 (about 0.3 s more per size than 20).
 constexpr int kWakeProbesPerPhase = 100;
 
+// The contention bench's rounds: each size measures the two collectives alone, then together,
+// then alone again, kContentionRounds times (the alone loops between two rounds serve both), and
+// takes medians. This machine's speed drifts 24-57% between 2.5 s windows and single loops of -n
+// calls jump by 2-5x; measured once each, alone then together, the all-gather's slowdown read
+// 0.1-1.6 from one bench to the next. A round compares its together loop with the alone loops
+// right before and after it, so that slow drift cancels, and the median drops a round that a
+// hiccup hit.
+constexpr int kContentionRounds = 5;
+
+double MedianOf(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 }  // namespace
 
 StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o) {
@@ -608,33 +624,40 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
       }
     };
 
-    // Each alone.
+    // Warm-up, then kContentionRounds rounds of: each alone, both together; and each alone once
+    // more at the end.
     FSDP_RETURN_IF_ERROR(
         ranks.MeanSeconds(*comms, [&](int r) { loop(true, r, o.warmup); }).status());
-    FSDP_ASSIGN_OR_RETURN(const double ag_s,
-                          ranks.MeanSeconds(*comms, [&](int r) { loop(true, r, o.iters); }));
-    row.all_gather_alone_us = ag_s * 1e6 / o.iters;
     FSDP_RETURN_IF_ERROR(
         ranks.MeanSeconds(*comms, [&](int r) { loop(false, r, o.warmup); }).status());
-    FSDP_ASSIGN_OR_RETURN(const double rs_s,
-                          ranks.MeanSeconds(*comms, [&](int r) { loop(false, r, o.iters); }));
-    row.reduce_scatter_alone_us = rs_s * 1e6 / o.iters;
-    FSDP_RETURN_IF_ERROR(failure);
+    std::array<std::vector<double>, 2> alone;  // per call, us: all-gather, reduce-scatter
+    auto each_alone = [&]() -> Status {
+      for (int which = 0; which < 2; ++which) {
+        FSDP_ASSIGN_OR_RETURN(const double sec, ranks.MeanSeconds(*comms, [&](int r) {
+          loop(which == 0, r, o.iters);
+        }));
+        alone[static_cast<std::size_t>(which)].push_back(sec * 1e6 / o.iters);
+      }
+      return failure;
+    };
+    FSDP_RETURN_IF_ERROR(each_alone());
 
-    // Together. The faster collective gets more calls so that both loops last about as long as
+    // Together: the faster collective gets more calls so that both loops last about as long as
     // the slower one's -n calls; only calls completed while both loops were still running count
     // (up to the earliest moment any loop finished), so neither runs alone at the end.
-    const double longest = std::max(row.all_gather_alone_us, row.reduce_scatter_alone_us) * o.iters;
-    auto calls_for = [&](TimeUs alone_us) {
-      const double n = alone_us > 0 ? std::round(longest / alone_us) : o.iters;
-      return static_cast<int>(std::clamp(n, 1.0, 100.0 * o.iters));
-    };
-    const int n_ag = calls_for(row.all_gather_alone_us);
-    const int n_rs = calls_for(row.reduce_scatter_alone_us);
-    // done[r][0|1]: seconds from the common start to the end of each call (all-gather, RS); the
-    // start is each process's moment of leaving one barrier when the ranks are processes.
-    std::vector<std::array<std::vector<double>, 2>> done(wz);
-    {
+    auto together = [&]() -> StatusOr<std::array<double, 2>> {
+      const double ag_alone = alone[0].back();
+      const double rs_alone = alone[1].back();
+      const double longest = std::max(ag_alone, rs_alone) * o.iters;
+      auto calls_for = [&](TimeUs alone_us) {
+        const double n = alone_us > 0 ? std::round(longest / alone_us) : o.iters;
+        return static_cast<int>(std::clamp(n, 1.0, 100.0 * o.iters));
+      };
+      const int n_ag = calls_for(ag_alone);
+      const int n_rs = calls_for(rs_alone);
+      // done[r][0|1]: seconds from the common start to the end of each call (all-gather, RS);
+      // the start is each process's moment of leaving one barrier when the ranks are processes.
+      std::vector<std::array<std::vector<double>, 2>> done(wz);
       FSDP_RETURN_IF_ERROR(
           ranks
               .Run(*comms, ranks.local(), 2,
@@ -650,39 +673,55 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
                      }
                    })
               .status());
-    }
-    FSDP_RETURN_IF_ERROR(failure);
-    double local_window = std::numeric_limits<double>::infinity();
-    for (int r : ranks.local()) {
-      for (const auto& ends : done[static_cast<std::size_t>(r)]) {
-        if (!ends.empty()) local_window = std::min(local_window, ends.back());
-      }
-    }
-    FSDP_ASSIGN_OR_RETURN(const std::vector<double> windows, ranks.Gather(*comms, local_window));
-    const double window = *std::min_element(windows.begin(), windows.end());
-    // Per call of one collective during the window, averaged over ranks. A rank none of whose
-    // calls ended in the window (one call longer than the other loop) counts its whole loop.
-    auto per_call_us = [&](int which) -> StatusOr<double> {
-      double sum = 0;
-      double count = 0;
+      FSDP_RETURN_IF_ERROR(failure);
+      double local_window = std::numeric_limits<double>::infinity();
       for (int r : ranks.local()) {
-        const std::vector<double>& ends = done[static_cast<std::size_t>(r)][which];
-        const auto in_window = static_cast<std::size_t>(
-            std::upper_bound(ends.begin(), ends.end(), window * (1 + 1e-12)) - ends.begin());
-        if (in_window > 0) {
-          sum += ends[in_window - 1] / static_cast<double>(in_window);
-          count += 1;
-        } else if (!ends.empty()) {
-          sum += ends.back() / static_cast<double>(ends.size());
-          count += 1;
+        for (const auto& ends : done[static_cast<std::size_t>(r)]) {
+          if (!ends.empty()) local_window = std::min(local_window, ends.back());
         }
       }
-      FSDP_ASSIGN_OR_RETURN(const double s_all, ranks.Sum(*comms, sum));
-      FSDP_ASSIGN_OR_RETURN(const double c_all, ranks.Sum(*comms, count));
-      return c_all > 0 ? s_all / c_all * 1e6 : 0.0;
+      FSDP_ASSIGN_OR_RETURN(const std::vector<double> windows, ranks.Gather(*comms, local_window));
+      const double window = *std::min_element(windows.begin(), windows.end());
+      // Per call of one collective during the window, averaged over ranks. A rank none of whose
+      // calls ended in the window (one call longer than the other loop) counts its whole loop.
+      auto per_call_us = [&](int which) -> StatusOr<double> {
+        double sum = 0;
+        double count = 0;
+        for (int r : ranks.local()) {
+          const std::vector<double>& ends = done[static_cast<std::size_t>(r)][which];
+          const auto in_window = static_cast<std::size_t>(
+              std::upper_bound(ends.begin(), ends.end(), window * (1 + 1e-12)) - ends.begin());
+          if (in_window > 0) {
+            sum += ends[in_window - 1] / static_cast<double>(in_window);
+            count += 1;
+          } else if (!ends.empty()) {
+            sum += ends.back() / static_cast<double>(ends.size());
+            count += 1;
+          }
+        }
+        FSDP_ASSIGN_OR_RETURN(const double s_all, ranks.Sum(*comms, sum));
+        FSDP_ASSIGN_OR_RETURN(const double c_all, ranks.Sum(*comms, count));
+        return c_all > 0 ? s_all / c_all * 1e6 : 0.0;
+      };
+      FSDP_ASSIGN_OR_RETURN(const double ag, per_call_us(0));
+      FSDP_ASSIGN_OR_RETURN(const double rs, per_call_us(1));
+      return std::array<double, 2>{ag, rs};
     };
-    FSDP_ASSIGN_OR_RETURN(row.all_gather_together_us, per_call_us(0));
-    FSDP_ASSIGN_OR_RETURN(row.reduce_scatter_together_us, per_call_us(1));
+    // Per round and collective: the together time, and the mean of the alone loops around it.
+    std::array<std::vector<double>, 2> with, around;
+    for (int round = 0; round < kContentionRounds; ++round) {
+      FSDP_ASSIGN_OR_RETURN(const auto both, together());
+      FSDP_RETURN_IF_ERROR(each_alone());
+      for (std::size_t which = 0; which < 2; ++which) {
+        with[which].push_back(both[which]);
+        const std::vector<double>& a = alone[which];
+        around[which].push_back((a[a.size() - 2] + a.back()) / 2);
+      }
+    }
+    row.all_gather_alone_us = MedianOf(around[0]);
+    row.reduce_scatter_alone_us = MedianOf(around[1]);
+    row.all_gather_together_us = MedianOf(with[0]);
+    row.reduce_scatter_together_us = MedianOf(with[1]);
     row.all_gather_slowdown =
         row.all_gather_alone_us > 0 ? row.all_gather_together_us / row.all_gather_alone_us - 1 : 0;
     row.reduce_scatter_slowdown =
