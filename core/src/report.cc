@@ -144,6 +144,10 @@ std::vector<OpReport> OpsOfFirstRank(const Timeline& timeline) {
   return out;
 }
 
+// Two report times this close are one instant (a compute that starts as the collective it waited
+// for ends, an allocation made as an op starts).
+constexpr TimeUs kSameInstantUs = 1;
+
 // Rank 0's collectives, for finding the one whose end made a free and the ones queued behind it.
 class Collectives final {
  public:
@@ -217,15 +221,16 @@ class Collectives final {
     return at == computes_.begin() ? nullptr : *(at - 1);
   }
 
-  // The collective of `compute`'s unit that ends as it starts (within kGateSlackUs), if any: the
+  // The collective of `compute`'s unit that ends as it starts (within kSameInstantUs), if any: the
   // one it waited for, when its stream was free before.
   const OpReport* EndingAsItStarts(const OpReport& compute) const {
     auto it = by_unit_.find(compute.unit);
     if (it == by_unit_.end()) return nullptr;
-    for (const OpReport* op : it->second) {
-      if (IsCollective(op->kind) && std::fabs(End(*op) - compute.start_us) <= kGateSlackUs) {
-        return op;
-      }
+    const std::vector<const OpReport*>& list = it->second;
+    auto at = std::lower_bound(list.begin(), list.end(), compute.start_us - kSameInstantUs,
+                               [](const OpReport* op, TimeUs t) { return End(*op) < t; });
+    for (; at != list.end() && End(**at) <= compute.start_us + kSameInstantUs; ++at) {
+      if (IsCollective((*at)->kind)) return *at;
     }
     return nullptr;
   }
@@ -233,7 +238,6 @@ class Collectives final {
   static TimeUs End(const OpReport& op) { return op.start_us + op.dur_us; }
 
  private:
-  static constexpr TimeUs kGateSlackUs = 1;
   std::vector<const OpReport*> by_start_;  // the collectives (ops come sorted by start)
   std::vector<const OpReport*> computes_;  // the computes, likewise
   std::map<UnitId, std::vector<const OpReport*>> by_unit_;  // every op, by end
@@ -408,7 +412,7 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win, std::
     }
     const OpReport* compute = collectives.StartingAt(at.unit, at.t_us);
     if (compute == nullptr || compute->kind != OpKind::kCompute ||
-        std::fabs(compute->start_us - at.t_us) > 1) {
+        std::fabs(compute->start_us - at.t_us) > kSameInstantUs) {
       continue;
     }
     const OpReport* gate = collectives.EndingAsItStarts(*compute);

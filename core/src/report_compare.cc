@@ -577,6 +577,8 @@ std::string ComparisonToJson(const ReportComparison& c) {
                      {"peak_if_bytes", m.race.peak_if_bytes},
                      {"peak_at_limit_bytes", m.race.peak_at_limit_bytes},
                      {"queued_behind", m.race.queued},
+                     {"calls", m.race.repeats.size() + 1},
+                     {"gates", m.race.gates},
                      {"predicted_us", m.race.dur_us},
                      {"measured_us", m.measured_dur_us},
                      {"late_us", m.late_us}});

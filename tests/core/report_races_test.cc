@@ -363,6 +363,7 @@ TEST(PeakRaces, CompareNeedsEveryCallOfARepeatedEarlyRace) {
   EXPECT_DOUBLE_EQ(c.memory_races[0].late_us, 10);
   EXPECT_NE(c.memory_differences[0].find("its other call (mb 1) with it"), std::string::npos)
       << c.memory_differences[0];
+  EXPECT_EQ(nlohmann::json::parse(ComparisonToJson(c))["memory_races"][0]["calls"], 2);
   // mb 1's call ended at 530, after its backward began: mb 1's peak stood; not this race.
   meas = ParseComparedReport(report(true, 1100, 110, 530), "m");
   EXPECT_TRUE(CompareReports(*pred, *meas, {}).memory_races.empty());
@@ -480,6 +481,7 @@ TEST(PeakRaces, CompareNamesTheGateRaceWhenTheComputeDidNotWait) {
   EXPECT_NE(c.memory_differences[0].find("gated the compute backward of l0 (mb 0)"),
             std::string::npos)
       << c.memory_differences[0];
+  EXPECT_EQ(nlohmann::json::parse(ComparisonToJson(c))["memory_races"][0]["gates"], true);
   // The gather ended at 150, after the backward's end at 145: the compute waited; not this race.
   meas = ParseComparedReport(report(true, 1300, 150, 145), "m");
   EXPECT_TRUE(CompareReports(*pred, *meas, {}).memory_races.empty());
