@@ -157,6 +157,9 @@ class Collectives final {
       if (IsCollective(op.kind)) by_start_.push_back(&op);
       if (op.kind == OpKind::kCompute) computes_.push_back(&op);
     }
+    by_end_ = by_start_;
+    std::sort(by_end_.begin(), by_end_.end(),
+              [](const OpReport* a, const OpReport* b) { return End(*a) < End(*b); });
     for (auto& [unit, list] : by_unit_) {
       std::sort(list.begin(), list.end(),
                 [](const OpReport* a, const OpReport* b) { return End(*a) < End(*b); });
@@ -181,6 +184,22 @@ class Collectives final {
       }
     }
     return best != nullptr && IsCollective(best->kind) ? best : nullptr;
+  }
+
+  // A collective of another unit than `unit` ending at `t_us` (within kSameInstantUs), when no
+  // op of `unit` ends then too (else that op made the change at `t_us`).
+  const OpReport* AnyEndingAt(UnitId unit, TimeUs t_us) const {
+    if (auto it = by_unit_.find(unit); it != by_unit_.end()) {
+      const std::vector<const OpReport*>& own = it->second;
+      auto at = std::lower_bound(own.begin(), own.end(), t_us - kSameInstantUs,
+                                 [](const OpReport* op, TimeUs t) { return End(*op) < t; });
+      if (at != own.end() && End(**at) <= t_us + kSameInstantUs) return nullptr;
+    }
+    auto at = std::lower_bound(by_end_.begin(), by_end_.end(), t_us - kSameInstantUs,
+                               [](const OpReport* op, TimeUs t) { return End(*op) < t; });
+    return at != by_end_.end() && End(**at) <= t_us + kSameInstantUs && (*at)->unit != unit
+               ? *at
+               : nullptr;
   }
 
   // The op of `unit` starting nearest `t_us`, within kPeakRaceOpSlackUs (what made an allocation
@@ -240,6 +259,7 @@ class Collectives final {
  private:
   std::vector<const OpReport*> by_start_;  // the collectives (ops come sorted by start)
   std::vector<const OpReport*> computes_;  // the computes, likewise
+  std::vector<const OpReport*> by_end_;    // the collectives, by end
   std::map<UnitId, std::vector<const OpReport*>> by_unit_;  // every op, by end
 };
 
@@ -300,7 +320,11 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win, std::
         continue;
       }
       if (after == before) continue;
-      if (const OpReport* op = collectives.EndingAt(win[j]->unit, win[j]->t_us)) {
+      const OpReport* op = collectives.EndingAt(win[j]->unit, win[j]->t_us);
+      // A free no op of its unit made, at the instant another unit's collective ended: queued
+      // behind that collective on its stream (a release of parameters behind the next gather).
+      if (op == nullptr) op = collectives.AnyEndingAt(win[j]->unit, win[j]->t_us);
+      if (op != nullptr) {
         frees[op].push_back({j, static_cast<MemoryCategory>(c), before - after});
       }
     }
@@ -339,6 +363,17 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win, std::
     }
     std::sort(delayed.begin(), delayed.end(),
               [](const Free& a, const Free& b) { return a.sample < b.sample; });
+    // Computes that waited for a collective of the chain allocate late with it: their samples do
+    // not meet the late frees as they stand (the order at their instant is a gate race's).
+    std::set<std::size_t> moves_with;
+    for (std::size_t i = delayed.front().sample; i < win.size(); ++i) {
+      if (win[i]->total() <= win[i - 1]->total()) continue;
+      const OpReport* c = collectives.StartingAt(win[i]->unit, win[i]->t_us);
+      if (c != nullptr && c->kind == OpKind::kCompute &&
+          chain.count(collectives.EndingAsItStarts(*c)) > 0) {
+        moves_with.insert(i);
+      }
+    }
     const TimeUs limit = kMaxRaceSlowdown * op->dur_us;
     const std::size_t first = delayed.front().sample;
     {
@@ -361,6 +396,7 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win, std::
       for (std::size_t i = first; i < win.size(); ++i) {
         const TimeUs t = win[i]->t_us;
         if (t > win[delayed.back().sample]->t_us + d) break;
+        if (moves_with.count(i) > 0) continue;
         Bytes carried = 0;
         for (const Free& f : delayed) {
           if (f.sample <= i && t <= win[f.sample]->t_us + d) carried += f.bytes;

@@ -435,6 +435,79 @@ TEST(PeakRaces, AnAllocationThatWaitedForItsGatherIsAGateRace) {
   EXPECT_NE(ReportToText(r).find("a gate of the backward"), std::string::npos) << ReportToText(r);
 }
 
+// Changes of memory (unit, time, category, signed bytes) over 1000 B of sharded parameters.
+std::vector<MemorySample> Changes(
+    const std::vector<std::tuple<UnitId, TimeUs, MemoryCategory, std::int64_t>>& changes) {
+  MemorySample m;
+  m.bytes[static_cast<std::size_t>(MemoryCategory::kShardedParams)] = 1000;
+  std::vector<MemorySample> out{m};
+  for (const auto& [unit, t, category, bytes] : changes) {
+    Bytes& b = m.bytes[static_cast<std::size_t>(category)];
+    b = static_cast<Bytes>(static_cast<std::int64_t>(b) + bytes);
+    m.t_us = t;
+    m.unit = unit;
+    out.push_back(m);
+  }
+  return out;
+}
+
+// A release queued behind the next gather on the all-gather stream. Unit 2 holds 100 B of
+// parameters from 0; its backward [0,100] ends, but the release comes at 150, as unit 0's
+// all-gather [50,150] (100 B of parameters at 50) ends. No op of unit 2 ends at 150, so the free is
+// the gather's. Unit 1's backward [160,260] allocates 100 B of gradients at 160, freed at 300 by
+// its reduce-scatter [260,300]. Totals: 1100, 1200 at 50 (peak; threshold 24), 1100 at 150, 1200
+// at 160, 1100 at 300.
+// - The gather 10 us late (10% of its 100 us) keeps unit 2's parameters past 160: 1300, a late
+//   race that must end before unit 1's backward starts.
+// - Made the gather's instead of gated by it, unit 0's backward starting at 150 allocates as the
+//   gather ends: late, the gather moves that allocation with it, so there is no late race; the
+//   order at 150 (release first) is a gate race of margin 0: the allocation joins the sample of
+//   50 (1200, both units' parameters) from d >= 150 - 150 = 0, 1300.
+TEST(PeakRaces, AReleaseQueuedBehindAGatherIsThatGathersFree) {
+  constexpr auto kParams = MemoryCategory::kUnshardedParams;
+  Timeline tl;
+  tl.source = "sim";
+  TimelineOp gather = Op(OpKind::kAllGather, 0, 50, 150);
+  gather.track = Track::kAllGather;
+  tl.ops = {Op(OpKind::kCompute, 2, 0, 100), gather, Op(OpKind::kCompute, 1, 160, 260),
+            Op(OpKind::kReduceScatter, 1, 260, 300)};
+  tl.memory = Changes({{2, 0, kParams, 100},
+                       {0, 50, kParams, 100},
+                       {2, 150, kParams, -100},
+                       {1, 160, kGrads, 100},
+                       {1, 300, kGrads, -100}});
+  Report r = BuildReport(tl, ReportInputs{});
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_EQ(r.steps[0].peak_memory_bytes, 1200u);
+  ASSERT_EQ(r.steps[0].peak_races.size(), 1u);
+  const PeakRace late = r.steps[0].peak_races[0];
+  EXPECT_FALSE(late.early);
+  EXPECT_FALSE(late.gates);
+  EXPECT_EQ(late.op.kind, OpKind::kAllGather);
+  EXPECT_EQ(late.op.unit, 0);
+  ASSERT_EQ(late.categories.size(), 1u);
+  EXPECT_EQ(late.categories[0], kParams);
+  EXPECT_DOUBLE_EQ(late.margin_us, 10);
+  EXPECT_EQ(late.peak_if_bytes, 1300u);
+  ASSERT_TRUE(late.meets.has_value());
+  EXPECT_EQ(late.meets->unit, 1);
+
+  tl.ops = {Op(OpKind::kCompute, 2, 0, 100), gather, Op(OpKind::kCompute, 0, 150, 250),
+            Op(OpKind::kReduceScatter, 0, 260, 300)};
+  tl.memory = Changes({{2, 0, kParams, 100},
+                       {0, 50, kParams, 100},
+                       {2, 150, kParams, -100},
+                       {0, 150, kGrads, 100},
+                       {0, 300, kGrads, -100}});
+  r = BuildReport(tl, ReportInputs{});
+  ASSERT_EQ(r.steps[0].peak_races.size(), 1u);
+  const PeakRace& gate = r.steps[0].peak_races[0];
+  EXPECT_TRUE(gate.gates);
+  EXPECT_EQ(gate.op.unit, 0);
+  EXPECT_DOUBLE_EQ(gate.margin_us, 0);
+  EXPECT_EQ(gate.peak_if_bytes, 1300u);
+}
+
 // The gate race above, as `compare` reads it: a measured total above the predicted one is
 // explained when the gather, measured, ended before unit 1's backward did (the backward of unit 0
 // then did not wait for it); not when it ended after.
