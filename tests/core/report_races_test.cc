@@ -1,5 +1,6 @@
 // The races that set a step's memory peak (core/report.h, PeakRace), from hand-built timelines,
 // and how `compare` uses them to explain a measured total above the predicted one.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -161,29 +162,41 @@ TEST(PeakRaces, ACollectiveThatFreesJustAfterThePeakBeganIsAnEarlyRace) {
             "early");
 }
 
+// A one-step report as `compare` reads it: sim (predicted, with `races`, the step's
+// "peak_races" list) or live-host (measured), its total `peak`, unsharded gradients' own peak
+// `grads`, its `ops` (Op entries, comma-separated) and `step_us`.
+std::string OneStepReport(bool measured, std::uint64_t peak, std::uint64_t grads,
+                          const std::string& races, const std::string& ops, double step_us) {
+  return fmt::format(
+      R"({{"format": "fsdplab.report", "version": 1, "source": "{}", "measured": {},
+          "steps": [{{"index": 0, "start_us": 0, "time_us": {}, "peak_memory_bytes": {},
+                      "category_peaks": {{"unsharded_grads": {}}}{}}}],
+          "ops": [{}], "summary": {{"step_time_us": {}}}}})",
+      measured ? "live-host" : "sim", measured ? "true" : "false", step_us, peak, grads,
+      measured ? std::string() : R"(, "peak_races": )" + races, ops, step_us);
+}
+
+// One op of a report: a compute's `phase` is "backward" (collectives have none), step 0.
+std::string OpJson(const std::string& kind, const std::string& unit, int microbatch,
+                   double start_us, double dur_us) {
+  return fmt::format(
+      R"({{"kind": "{}", "unit": "{}", {}"step": 0, "microbatch": {}, "start_us": {}, "dur_us": {}}})",
+      kind, unit, kind == "compute" ? R"("phase": "backward", )" : "", microbatch, start_us,
+      dur_us);
+}
+
 // A predicted report with one race (unit l1's reduce-scatter, which must end before l0's
 // backward starts) and a measured one whose total is the race's peak.
 std::string RaceReport(bool measured, std::uint64_t peak, double rs_end, double backward_start) {
-  const std::string race =
-      measured ? "" : R"(, "peak_races": [{"collective": "reduce_scatter", "unit": "l1",
-                         "step": 0, "microbatch": 0, "start_us": 100, "dur_us": 50,
-                         "categories": ["unsharded_grads"], "bytes": 100, "queued_behind": 0,
-                         "at_us": 150, "margin_us": 10, "peak_if_bytes": 1200,
-                         "peak_at_limit_bytes": 1200,
-                         "meets": {"kind": "compute", "unit": "l0", "phase": "backward",
-                                   "step": 0, "microbatch": 0, "start_us": 160}}])";
-  return R"({"format": "fsdplab.report", "version": 1, "source": ")" +
-         std::string(measured ? "live-host" : "sim") + R"(", "measured": )" +
-         (measured ? "true" : "false") + R"(,
-    "steps": [{"index": 0, "start_us": 0, "time_us": 310, "peak_memory_bytes": )" +
-         std::to_string(peak) + R"(, "category_peaks": {"unsharded_grads": 100})" + race + R"(}],
-    "ops": [{"kind": "reduce_scatter", "unit": "l1", "step": 0, "microbatch": 0,
-             "start_us": 100, "dur_us": )" +
-         std::to_string(rs_end - 100) + R"(},
-            {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0, "microbatch": 0,
-             "start_us": )" +
-         std::to_string(backward_start) + R"(, "dur_us": 100}],
-    "summary": {"step_time_us": 310}})";
+  return OneStepReport(measured, peak, 100, R"([{"collective": "reduce_scatter", "unit": "l1",
+          "step": 0, "microbatch": 0, "start_us": 100, "dur_us": 50,
+          "categories": ["unsharded_grads"], "bytes": 100, "queued_behind": 0,
+          "at_us": 150, "margin_us": 10, "peak_if_bytes": 1200, "peak_at_limit_bytes": 1200,
+          "meets": {"kind": "compute", "unit": "l0", "phase": "backward",
+                    "step": 0, "microbatch": 0, "start_us": 160}}])",
+                       OpJson("reduce_scatter", "l1", 0, 100, rs_end - 100) + ", " +
+                           OpJson("compute", "l0", 0, backward_start, 100),
+                       310);
 }
 
 TEST(PeakRaces, CompareNamesTheRaceBehindAHigherMeasuredTotal) {
@@ -228,22 +241,15 @@ TEST(PeakRaces, CompareNamesTheEarlyRaceBehindALowerMeasuredTotal) {
   // Predicted: peak 1200 at l0's backward (start 120); l1's reduce-scatter [100,150] ended 30 us
   // sooner would have made it 1100. Measured: 1100 (+9.1% predicted), the reduce-scatter ran 10
   // us and ended at 110, 15 us before the backward began at 125.
-  const std::string race = R"("peak_races": [{"direction": "early", "collective": "reduce_scatter",
-      "unit": "l1", "step": 0, "microbatch": 0, "start_us": 100, "dur_us": 50,
-      "categories": ["unsharded_grads"], "bytes": 100, "at_us": 150, "margin_us": 30,
-      "peak_if_bytes": 1100, "peak_at_limit_bytes": 1100,
-      "meets": {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0,
-                "microbatch": 0, "start_us": 120}}])";
-  const std::string pred_text =
-      R"({"format": "fsdplab.report", "version": 1, "source": "sim", "measured": false,
-    "steps": [{"index": 0, "start_us": 0, "time_us": 310, "peak_memory_bytes": 1200,
-               "category_peaks": {"unsharded_grads": 200}, )" +
-      race + R"(}],
-    "ops": [{"kind": "reduce_scatter", "unit": "l1", "step": 0, "microbatch": 0,
-             "start_us": 100, "dur_us": 50},
-            {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0, "microbatch": 0,
-             "start_us": 120, "dur_us": 100}],
-    "summary": {"step_time_us": 310}})";
+  const std::string pred_text = OneStepReport(
+      false, 1200, 200, R"([{"direction": "early", "collective": "reduce_scatter",
+        "unit": "l1", "step": 0, "microbatch": 0, "start_us": 100, "dur_us": 50,
+        "categories": ["unsharded_grads"], "bytes": 100, "at_us": 150, "margin_us": 30,
+        "peak_if_bytes": 1100, "peak_at_limit_bytes": 1100,
+        "meets": {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0,
+                  "microbatch": 0, "start_us": 120}}])",
+      OpJson("reduce_scatter", "l1", 0, 100, 50) + ", " + OpJson("compute", "l0", 0, 120, 100),
+      310);
   StatusOr<ComparedReport> pred = ParseComparedReport(pred_text, "p");
   ASSERT_TRUE(pred.ok()) << pred.status().ToString();
   ASSERT_EQ(pred->steps[0].races.size(), 1u);
@@ -323,32 +329,20 @@ TEST(PeakRaces, ACollectiveRepeatedPerMicrobatchIsOneEarlyRaceOfAllItsCalls) {
 // when both calls ended before their backward began, by the lesser margin; not when one did not.
 TEST(PeakRaces, CompareNeedsEveryCallOfARepeatedEarlyRace) {
   auto report = [](bool measured, std::uint64_t peak, double rs0_end, double rs1_end) {
-    const std::string race = measured ? "" : R"(, "peak_races": [{"direction": "early",
-        "collective": "reduce_scatter", "unit": "l1", "step": 0, "microbatch": 0,
-        "start_us": 100, "dur_us": 50, "categories": ["unsharded_grads"], "bytes": 100,
-        "at_us": 150, "margin_us": 30, "peak_if_bytes": 1100, "peak_at_limit_bytes": 1100,
-        "meets": {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0,
-                  "microbatch": 0, "start_us": 120},
-        "repeats": [{"step": 0, "microbatch": 1, "start_us": 500, "dur_us": 50,
-                     "meets": {"kind": "compute", "unit": "l0", "phase": "backward",
-                               "step": 0, "microbatch": 1, "start_us": 520}}]}])";
-    return R"({"format": "fsdplab.report", "version": 1, "source": ")" +
-           std::string(measured ? "live-host" : "sim") + R"(", "measured": )" +
-           (measured ? "true" : "false") + R"(,
-      "steps": [{"index": 0, "start_us": 0, "time_us": 800, "peak_memory_bytes": )" +
-           std::to_string(peak) + R"(, "category_peaks": {"unsharded_grads": 200})" + race +
-           R"(}],
-      "ops": [{"kind": "reduce_scatter", "unit": "l1", "step": 0, "microbatch": 0,
-               "start_us": 100, "dur_us": )" +
-           std::to_string(rs0_end - 100) + R"(},
-              {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0,
-               "microbatch": 0, "start_us": 120, "dur_us": 100},
-              {"kind": "reduce_scatter", "unit": "l1", "step": 0, "microbatch": 1,
-               "start_us": 500, "dur_us": )" +
-           std::to_string(rs1_end - 500) + R"(},
-              {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0,
-               "microbatch": 1, "start_us": 520, "dur_us": 100}],
-      "summary": {"step_time_us": 800}})";
+    return OneStepReport(measured, peak, 200, R"([{"direction": "early",
+          "collective": "reduce_scatter", "unit": "l1", "step": 0, "microbatch": 0,
+          "start_us": 100, "dur_us": 50, "categories": ["unsharded_grads"], "bytes": 100,
+          "at_us": 150, "margin_us": 30, "peak_if_bytes": 1100, "peak_at_limit_bytes": 1100,
+          "meets": {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0,
+                    "microbatch": 0, "start_us": 120},
+          "repeats": [{"step": 0, "microbatch": 1, "start_us": 500, "dur_us": 50,
+                       "meets": {"kind": "compute", "unit": "l0", "phase": "backward",
+                                 "step": 0, "microbatch": 1, "start_us": 520}}]}])",
+                         OpJson("reduce_scatter", "l1", 0, 100, rs0_end - 100) + ", " +
+                             OpJson("compute", "l0", 0, 120, 100) + ", " +
+                             OpJson("reduce_scatter", "l1", 1, 500, rs1_end - 500) + ", " +
+                             OpJson("compute", "l0", 1, 520, 100),
+                         800);
   };
   StatusOr<ComparedReport> pred = ParseComparedReport(report(false, 1200, 150, 550), "p");
   ASSERT_TRUE(pred.ok()) << pred.status().ToString();
@@ -513,29 +507,18 @@ TEST(PeakRaces, AReleaseQueuedBehindAGatherIsThatGathersFree) {
 // then did not wait for it); not when it ended after.
 TEST(PeakRaces, CompareNamesTheGateRaceWhenTheComputeDidNotWait) {
   auto report = [](bool measured, std::uint64_t peak, double gather_end, double c1_end) {
-    const std::string race = measured ? "" : R"(, "peak_races": [{"direction": "late",
-        "collective": "all_gather", "unit": "l0", "step": 0, "microbatch": 0, "start_us": 50,
-        "dur_us": 100, "categories": ["unsharded_grads"], "bytes": 100, "at_us": 150,
-        "margin_us": 30, "peak_if_bytes": 1300, "peak_at_limit_bytes": 1300, "gates": true,
-        "meets": {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0,
-                  "microbatch": 0, "start_us": 150},
-        "behind": {"kind": "compute", "unit": "l1", "phase": "backward", "step": 0,
-                   "microbatch": 0, "start_us": 0}}])";
-    return R"({"format": "fsdplab.report", "version": 1, "source": ")" +
-           std::string(measured ? "live-host" : "sim") + R"(", "measured": )" +
-           (measured ? "true" : "false") + R"(,
-      "steps": [{"index": 0, "start_us": 0, "time_us": 300, "peak_memory_bytes": )" +
-           std::to_string(peak) + R"(, "category_peaks": {"unsharded_grads": 100})" + race +
-           R"(}],
-      "ops": [{"kind": "compute", "unit": "l1", "phase": "backward", "step": 0,
-               "microbatch": 0, "start_us": 0, "dur_us": )" +
-           std::to_string(c1_end) + R"(},
-              {"kind": "all_gather", "unit": "l0", "step": 0, "microbatch": 0, "start_us": 50,
-               "dur_us": )" +
-           std::to_string(gather_end - 50) + R"(},
-              {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0,
-               "microbatch": 0, "start_us": 150, "dur_us": 100}],
-      "summary": {"step_time_us": 300}})";
+    return OneStepReport(measured, peak, 100, R"([{"direction": "late",
+          "collective": "all_gather", "unit": "l0", "step": 0, "microbatch": 0, "start_us": 50,
+          "dur_us": 100, "categories": ["unsharded_grads"], "bytes": 100, "at_us": 150,
+          "margin_us": 30, "peak_if_bytes": 1300, "peak_at_limit_bytes": 1300, "gates": true,
+          "meets": {"kind": "compute", "unit": "l0", "phase": "backward", "step": 0,
+                    "microbatch": 0, "start_us": 150},
+          "behind": {"kind": "compute", "unit": "l1", "phase": "backward", "step": 0,
+                     "microbatch": 0, "start_us": 0}}])",
+                         OpJson("compute", "l1", 0, 0, c1_end) + ", " +
+                             OpJson("all_gather", "l0", 0, 50, gather_end - 50) + ", " +
+                             OpJson("compute", "l0", 0, 150, 100),
+                         300);
   };
   StatusOr<ComparedReport> pred = ParseComparedReport(report(false, 1200, 150, 100), "p");
   ASSERT_TRUE(pred.ok()) << pred.status().ToString();
