@@ -24,8 +24,13 @@ bench's own change from before to after the runs shows. Each workload is run liv
 Prints a table (workload, measured, both predictions and errors, the beside-bench's drift, every
 run's step time), the median and 90th-percentile |error| of each prediction, how many
 workloads it under-predicts and its error against each workload's fastest run (noise here only
-adds time, so a bias shows as errors of one sign even against the fastest run), and the three
-worst cases with the op kind that carries most of the error, and the machine's own drift
+adds time, so a bias shows as errors of one sign even against the fastest run), how fast the
+live collectives that overlapped no other collective ran against the calibrated curve (per world
+size and kind, the median over workloads of each workload's median measured / curve), and the
+three worst cases with the op kind that carries most of the error, that kind's speed alone
+against the curve and the step's idle time (measured and predicted, and the part spent waiting
+for the other ranks at collectives), so that a collective running faster or slower than the
+bench says is told from time lost between collectives; and the machine's own drift
 (`bench-gather --op drift`: one 16 MiB all-gather per world size timed for 20 s before the
 runs, and how far its time moved between 2.5 s windows). `--regrade DIR` predicts a kept grid again
 without measuring. Run it on an otherwise idle machine: the host collectives are memory copies on
@@ -320,6 +325,40 @@ def memory_counts(c):
             len(early), len(warmup), sum(abs(m["error_pct"]) > 2 for m in warmup))
 
 
+def alone_ratios(f, cluster, w, measured_path):
+    # Live collectives of the first rank that overlapped no other collective of that rank (steps
+    # after the warm-up step), each against the calibrated curve at its size: per kind the median
+    # of measured / curve. Below 1 the live calls ran faster than the bench (buffers hot in the
+    # caches: a small workload's units fit), above 1 slower; the curve is what the prediction
+    # charges a collective that runs alone, so this splits a kind's error into its own speed and
+    # the overlap (contention, waits) around it.
+    with open(measured_path) as fh:
+        ops = [o for o in json.load(fh)["ops"]
+               if o["kind"] in ("all_gather", "reduce_scatter") and o.get("rank", 0) == 0
+               and (o.get("step") or 0) >= 1 and o.get("dur_us") and o.get("bytes")]
+    ops.sort(key=lambda o: o["start_us"])
+    alone = []
+    for i, o in enumerate(ops):
+        end = o["start_us"] + o["dur_us"]
+        if not any(q is not o and q["start_us"] < end and o["start_us"] < q["start_us"] + q["dur_us"]
+                   for q in ops[max(0, i - 8):i + 8]):
+            alone.append(o)
+    out = {}
+    for kind in ("all_gather", "reduce_scatter"):
+        calls = [o for o in alone if o["kind"] == kind]
+        if not calls:
+            continue
+        sizes = sorted({o["bytes"] for o in calls})
+        cost = json.loads(run([f, "cost", "--cluster", cluster, "--collective", kind,
+                               "--world-size", str(w), "--bytes", ",".join(map(str, sizes)),
+                               "--json"]))
+        curve = {row["bytes"]: row["time_us"] for row in cost["sizes"]}
+        ratios = [o["dur_us"] / curve[o["bytes"]] for o in calls if curve.get(o["bytes"], 0) > 0]
+        if ratios:
+            out[kind] = (statistics.median(ratios), len(ratios))
+    return out
+
+
 def race_margins(fractions):
     if not fractions:
         return ""
@@ -364,12 +403,14 @@ def report(f, work, out, workloads, steps, repeat, label):
         g = grid["summary"]
         b = beside["summary"] if beside else None
         fastest = runs[0][0]
+        alone = alone_ratios(f, f"{out}/{name}.cluster.json" if beside else f"{out}/cluster{w}.json",
+                             w, median_path)
         results.append((name, b["step_time_error_pct"] if b else None,
                         g["step_time_error_pct"], spread, carrier, memory_counts(grid),
                         (s["step_time_predicted_us"] - fastest) / fastest * 100,
                         s["step_time_error_pct"], w,
                         (s["idle_predicted_us"] / measured, s["idle_measured_us"] / measured,
-                         s.get("rendezvous_wait_measured_us", 0) / measured)))
+                         s.get("rendezvous_wait_measured_us", 0) / measured), alone))
         print(f"{name:<52} {measured:>12.0f} "
               + (f"{b['step_time_predicted_us']:>12.0f} {b['step_time_error_pct']:>+6.1f}% "
                  if b else f"{'-':>12} {'-':>7} ")
@@ -410,6 +451,15 @@ def report(f, work, out, workloads, steps, repeat, label):
                   f"step, measured {100 * statistics.mean(i[1] for i in idle):.1f}%, of it "
                   f"waiting for the other ranks at collectives "
                   f"{100 * statistics.mean(i[2] for i in idle):.1f}%")
+    # How fast the live collectives that overlapped nothing ran against the curve the prediction
+    # charges them (per workload the median of measured / curve; see alone_ratios).
+    for w in worlds:
+        for kind in ("all_gather", "reduce_scatter"):
+            ratios = sorted(r[10][kind][0] for r in results if r[8] == w and kind in r[10])
+            if ratios:
+                print(f"  {w} ranks, live {kind.replace('_', '-')}s that overlapped nothing, "
+                      f"against the curve: median {statistics.median(ratios):.2f}x over "
+                      f"{len(ratios)} workloads, {ratios[0]:.2f}-{ratios[-1]:.2f}x")
     spreads = sorted(r[3] * 100 for r in results)
     print(f"run-to-run spread (max - min over {repeat} runs, of the measured step): median "
           f"{statistics.median(spreads):.1f}%, largest {spreads[-1]:.1f}%")
@@ -432,6 +482,13 @@ def report(f, work, out, workloads, steps, repeat, label):
     print("worst three (the op kind carrying most of the error):")
     for r in sorted(results, key=lambda r: -abs(r[key]))[:3]:
         print(f"  {r[0]:<52} {r[key]:+.1f}%   {r[4]}")
+        # What carries it: the collectives' own speed (alone, against the curve) or the time
+        # between them (idle: no op of the first rank running, of it waiting for the other ranks).
+        speed = ", ".join(f"{k.replace('_', '-')}s alone at {v[0]:.2f}x the curve ({v[1]} calls)"
+                          for k, v in r[10].items())
+        print(f"      {speed or 'no collective ran alone'}; idle {100 * r[9][1]:.1f}% of the "
+              f"measured step against {100 * r[9][0]:.1f}% predicted, waiting for the other "
+              f"ranks {100 * r[9][2]:.1f}%")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,71 @@
+"""The host prediction grid's diagnosis of a workload (bench/host_prediction_grid.py): how fast
+its live collectives that overlapped no other collective ran against the calibrated curve.
+
+Needs only the fsdplab binary (FSDPLAB_BIN), for `fsdplab cost`; no torch.
+"""
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import host_prediction_grid as grid  # noqa: E402
+
+FSDPLAB = os.environ.get("FSDPLAB_BIN", "fsdplab")
+
+
+def op(kind, start, dur, nbytes, step=1, rank=0):
+    return {"kind": kind, "unit": "model.layers.0", "phase": "forward", "step": step,
+            "microbatch": 0, "start_us": start, "dur_us": dur, "bytes": nbytes, "rank": rank}
+
+
+class AloneRatiosTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        d = self.dir.name
+        # A line model, 1 GB/s and 10 us per ring step: on 2 ranks a collective of B bytes costs
+        # (2-1) x 10 + (2-1)/2 x B / 1000 us, so 1,000,000 B -> 510 us and 2,000,000 B -> 1010 us.
+        self.cluster = os.path.join(d, "cluster.json")
+        with open(self.cluster, "w") as fh:
+            json.dump({"world_size": 2, "gpus_per_node": 2,
+                       "intra": {"bandwidth_GBps": 1, "latency_us": 10},
+                       "inter": {"bandwidth_GBps": 1, "latency_us": 10}}, fh)
+        self.measured = os.path.join(d, "measured.json")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def ratios(self, ops):
+        with open(self.measured, "w") as fh:
+            json.dump({"ops": ops}, fh)
+        return grid.alone_ratios(FSDPLAB, self.cluster, 2, self.measured)
+
+    def test_alone_calls_against_the_curve_and_overlapped_ones_left_out(self):
+        got = self.ratios([
+            # Alone: 255 / 510 = 0.5 and 1010 / 1010 = 1.0 -> median 0.75 over 2 calls.
+            op("all_gather", 0, 255, 1000000),
+            op("all_gather", 1000, 1010, 2000000),
+            # These two overlap each other (3000-3510 and 3400-3910): neither is alone.
+            op("all_gather", 3000, 510, 1000000),
+            op("reduce_scatter", 3400, 510, 1000000),
+            # Alone: 765 / 510 = 1.5.
+            op("reduce_scatter", 5000, 765, 1000000),
+            # Not counted: the warm-up step, another rank, a compute (which may overlap freely).
+            op("all_gather", 7000, 5100, 1000000, step=0),
+            op("all_gather", 20000, 5100, 1000000, rank=1),
+            op("compute", 5100, 100, 0),
+        ])
+        self.assertAlmostEqual(got["all_gather"][0], 0.75, places=6)
+        self.assertEqual(got["all_gather"][1], 2)
+        self.assertAlmostEqual(got["reduce_scatter"][0], 1.5, places=6)
+        self.assertEqual(got["reduce_scatter"][1], 1)
+
+    def test_no_alone_call_no_entry(self):
+        got = self.ratios([op("all_gather", 0, 510, 1000000),
+                           op("reduce_scatter", 100, 510, 1000000)])
+        self.assertEqual(got, {})
+
+
+if __name__ == "__main__":
+    unittest.main()
