@@ -337,12 +337,15 @@ def alone_ratios(f, cluster, w, measured_path):
                if o["kind"] in ("all_gather", "reduce_scatter") and o.get("rank", 0) == 0
                and (o.get("step") or 0) >= 1 and o.get("dur_us") and o.get("bytes")]
     ops.sort(key=lambda o: o["start_us"])
+    # In start order, a call is alone when every earlier call ended by its start and the next
+    # one starts after its end.
     alone = []
+    ended = -math.inf
     for i, o in enumerate(ops):
         end = o["start_us"] + o["dur_us"]
-        if not any(q is not o and q["start_us"] < end and o["start_us"] < q["start_us"] + q["dur_us"]
-                   for q in ops[max(0, i - 8):i + 8]):
+        if ended <= o["start_us"] and (i + 1 == len(ops) or ops[i + 1]["start_us"] >= end):
             alone.append(o)
+        ended = max(ended, end)
     out = {}
     for kind in ("all_gather", "reduce_scatter"):
         calls = [o for o in alone if o["kind"] == kind]
