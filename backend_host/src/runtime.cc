@@ -223,7 +223,7 @@ std::uint64_t StreamWorker::Enqueue(Task task) {
   std::lock_guard<std::mutex> lock(mu_);
   queue_.push_back(std::move(task));
   ++issued_;
-  cv_.notify_all();
+  cv_.notify_one();  // only the stream's own thread waits for tasks
   return issued_;
 }
 
@@ -241,8 +241,13 @@ Status StreamWorker::WaitReached(std::uint64_t seq, const OpContext& ctx,
                                  Clock::time_point* reached_at) const {
   std::unique_lock<std::mutex> lock(mu_);
   const Clock::time_point deadline = Clock::now() + control_.timeout();
-  const bool ready =
-      cv_.wait_until(lock, deadline, [&] { return completed_ >= seq || control_.aborted(); });
+  bool ready = completed_ >= seq;
+  if (!ready) {
+    const auto want = wanted_.insert(seq);
+    ready = done_cv_.wait_until(lock, deadline,
+                                [&] { return completed_ >= seq || control_.aborted(); });
+    wanted_.erase(want);
+  }
   if (completed_ >= seq) {
     // A task older than the kept window completed long before anything waiting on it now.
     const std::uint64_t oldest = completed_ - completed_at_.size() + 1;
@@ -254,7 +259,7 @@ Status StreamWorker::WaitReached(std::uint64_t seq, const OpContext& ctx,
     // collective before the kernel it waited for had ended, and its clock went back behind the
     // free queued before that collective).
     if (at > Clock::now()) {
-      cv_.wait_until(lock, at, [&] { return control_.aborted(); });
+      done_cv_.wait_until(lock, at, [&] { return control_.aborted(); });
       if (control_.aborted()) {
         lock.unlock();
         return control_.AbortedError(ctx);
@@ -279,7 +284,9 @@ Status StreamWorker::Drain(const OpContext& ctx) const {
   while (completed_ < target) {
     const std::uint64_t before = completed_;
     const Clock::time_point deadline = Clock::now() + control_.timeout();
-    cv_.wait_until(lock, deadline, [&] { return completed_ != before || control_.aborted(); });
+    const auto want = wanted_.insert(target);
+    done_cv_.wait_until(lock, deadline, [&] { return completed_ >= target || control_.aborted(); });
+    wanted_.erase(want);
     if (completed_ >= target) break;
     if (control_.aborted()) {
       lock.unlock();
@@ -347,7 +354,7 @@ void StreamWorker::Loop() {
     ++completed_;
     completed_at_.push_back(done);
     if (completed_at_.size() > kCompletionTimesKept) completed_at_.pop_front();
-    cv_.notify_all();
+    if (!wanted_.empty() && *wanted_.begin() <= completed_) done_cv_.notify_all();
   }
 }
 
