@@ -504,6 +504,95 @@ class WakeProber final {
   std::thread thread_;
 };
 
+// At the end of a backward kernel the executor releases two communication streams at once: the
+// reduce-scatter of the unit just computed and the all-gather of the next one both wait for that
+// kernel. Both threads of a rank resume together on its core (RankCore) and each runs its
+// collective; whichever collective starts moving bytes first holds the core for its turns while
+// the other thread has yet to arrive. Reproduced here on every rank of this process: per rank an
+// emulated device and both streams waiting on it, each then calling `call` (its collective on the
+// bench's communicators); a probe's lateness per kind is its collective's start (the last rank's
+// arrival, so ranks in other processes count too) minus the kernel's end. Every process makes the
+// same kWakeProbesPerPhase probes, so that the collectives match across processes.
+class TogetherWakeProber final {
+ public:
+  using Call = std::function<StatusOr<CollectiveTimes>(bool all_gather, int rank, int k)>;
+
+  TogetherWakeProber(const std::vector<int>& ranks, int world_size, Call call)
+      : control_(kBenchTimeoutUs), ranks_(ranks), call_(std::move(call)) {
+    for (int r : ranks) {
+      devices_.push_back(std::make_unique<StreamWorker>(control_, r, "probe compute"));
+      devices_.back()->Start(/*low_timer_slack=*/true);
+      for (int kind = 0; kind < 2; ++kind) {
+        comms_.push_back(std::make_unique<StreamWorker>(
+            control_, r, kind == 0 ? "probe all-gather" : "probe reduce-scatter"));
+        comms_.back()->Start(/*low_timer_slack=*/true, kEmulatedCommNice, RankCore(r, world_size));
+      }
+    }
+    late_us_.assign(comms_.size(), 0);
+    aim_.assign(ranks.size(), Clock::duration{});
+  }
+  TogetherWakeProber(const TogetherWakeProber&) = delete;
+  TogetherWakeProber& operator=(const TogetherWakeProber&) = delete;
+  ~TogetherWakeProber() {
+    for (auto& w : devices_) w->Close();
+    for (auto& w : comms_) w->Close();
+  }
+
+  // `probes` probes, one after the other: per kind (all-gather, reduce-scatter) the mean lateness
+  // over the probes (and this process's ranks, which share each collective's start).
+  StatusOr<std::array<ContentionRow::WakeProbe, 2>> Run(int probes) {
+    const OpContext ctx{0, 0, 0, "bench", "stream wake probe (both collectives)"};
+    std::array<double, 2> sum{0, 0};
+    for (int k = 0; k < probes; ++k) {
+      // Kernels of 150-350 us, as the single-stream probe's; 100 us between probes.
+      const Clock::time_point end = Clock::now() + std::chrono::microseconds(150 + 50 * (k % 5));
+      for (std::size_t i = 0; i < devices_.size(); ++i) {
+        StreamWorker& device = *devices_[i];
+        Clock::duration& aim = aim_[i];
+        const std::uint64_t seq = device.Enqueue([end, &aim, &device] {
+          (void)SleepTowards(end, aim);
+          device.CompleteAt(end);
+          return Status::Ok();
+        });
+        for (int kind = 0; kind < 2; ++kind) {
+          const std::size_t c = 2 * i + static_cast<std::size_t>(kind);
+          const int rank = ranks_[i];
+          comms_[c]->Enqueue([this, c, rank, kind, k, seq, end, &device, &ctx]() -> Status {
+            FSDP_RETURN_IF_ERROR(device.WaitReached(seq, ctx));
+            FSDP_ASSIGN_OR_RETURN(const CollectiveTimes t, call_(kind == 0, rank, k));
+            // The call returns at its end: its start lies its length before now.
+            const Clock::time_point start =
+                Clock::now() -
+                std::chrono::duration_cast<Clock::duration>(
+                    std::chrono::duration<double, std::micro>(t.end_us - t.start_us));
+            late_us_[c] = std::chrono::duration<double, std::micro>(start - end).count();
+            return Status::Ok();
+          });
+        }
+      }
+      for (auto& w : comms_) FSDP_RETURN_IF_ERROR(w->Drain(ctx));
+      for (std::size_t c = 0; c < comms_.size(); ++c) {
+        sum[c % 2] += std::max(0.0, late_us_[c]) / static_cast<double>(devices_.size());
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    std::array<ContentionRow::WakeProbe, 2> out;
+    for (std::size_t kind = 0; kind < 2; ++kind) {
+      out[kind] = {probes > 0 ? sum[kind] / probes : 0, probes};
+    }
+    return out;
+  }
+
+ private:
+  RunControl control_;  // before the streams, which register with it
+  std::vector<int> ranks_;
+  Call call_;
+  std::vector<std::unique_ptr<StreamWorker>> devices_;
+  std::vector<std::unique_ptr<StreamWorker>> comms_;  // per rank: all-gather, reduce-scatter
+  std::vector<double> late_us_;                       // per stream: written by its thread
+  std::vector<Clock::duration> aim_;                  // per rank: its device thread's only
+};
+
 // A probe's lateness is heavy-tailed (at 3 ranks on 2 cores: median 60-150 us, 99th
 // percentile 0.4-2.5 ms, the largest 12 ms), and the simulator charges its mean at every wait.
 // Resampling 1,867 such probes, the 10th-90th percentile range of a mean of 20 is 92% of the
@@ -760,6 +849,31 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
     FSDP_ASSIGN_OR_RETURN(row.wake_idle, probe_phase(-1));
     FSDP_ASSIGN_OR_RETURN(row.wake_while_all_gather, probe_phase(0));
     FSDP_ASSIGN_OR_RETURN(row.wake_while_reduce_scatter, probe_phase(1));
+    {
+      TogetherWakeProber prober(
+          ranks.local(), ranks.world(),
+          [&](bool all_gather, int r, int k) -> StatusOr<CollectiveTimes> {
+            Buffers& b = bufs[static_cast<std::size_t>(r)][static_cast<std::size_t>(k) % copies];
+            Segment seg = BenchSegment(dtype, all_gather, shard);
+            seg.input = all_gather ? b.ag_in.data() : b.rs_in.data();
+            seg.output = all_gather ? b.ag_out.data() : b.rs_out.data();
+            OpContext ctx{r, 0, 0, "bench", all_gather ? "all_gather" : "reduce_scatter"};
+            return (all_gather ? ag_comm : rs_comm)
+                .Call(r, all_gather ? ag_desc : rs_desc, std::span<const Segment>(&seg, 1), ctx);
+          });
+      FSDP_ASSIGN_OR_RETURN(const auto both, prober.Run(kWakeProbesPerPhase));
+      // Over the processes, as the other probes: the mean of every process's probes.
+      std::array<ContentionRow::WakeProbe, 2> all;
+      for (std::size_t kind = 0; kind < 2; ++kind) {
+        FSDP_ASSIGN_OR_RETURN(const double s_all,
+                              ranks.Sum(*comms, both[kind].mean_us * both[kind].probes));
+        FSDP_ASSIGN_OR_RETURN(const double c_all,
+                              ranks.Sum(*comms, static_cast<double>(both[kind].probes)));
+        all[kind] = {c_all > 0 ? s_all / c_all : 0, static_cast<int>(c_all)};
+      }
+      row.wake_together_all_gather = all[0];
+      row.wake_together_reduce_scatter = all[1];
+    }
 
     if (o.check) {
       // Both results after running together (the first copy, which every loop's first call

@@ -308,7 +308,9 @@ std::string CostCurveJson(const CostCurve& curve) {
 std::string StreamWakeJson(const StreamWake& wake) {
   json j = {{"idle", wake.idle_us},
             {"while_all_gather", wake.while_all_gather_us},
-            {"while_reduce_scatter", wake.while_reduce_scatter_us}};
+            {"while_reduce_scatter", wake.while_reduce_scatter_us},
+            {"together_all_gather", wake.together_all_gather_us},
+            {"together_reduce_scatter", wake.together_reduce_scatter_us}};
   return j.dump();
 }
 
@@ -319,14 +321,17 @@ StatusOr<StreamWake> ParseStreamWakeJson(std::string_view json_text, std::string
   }
   StreamWake w;
   for (const auto& [key, value] : doc.items()) {
-    TimeUs* field = key == "idle"                   ? &w.idle_us
-                    : key == "while_all_gather"     ? &w.while_all_gather_us
-                    : key == "while_reduce_scatter" ? &w.while_reduce_scatter_us
-                                                    : nullptr;
+    TimeUs* field = key == "idle"                      ? &w.idle_us
+                    : key == "while_all_gather"        ? &w.while_all_gather_us
+                    : key == "while_reduce_scatter"    ? &w.while_reduce_scatter_us
+                    : key == "together_all_gather"     ? &w.together_all_gather_us
+                    : key == "together_reduce_scatter" ? &w.together_reduce_scatter_us
+                                                       : nullptr;
     if (field == nullptr) {
       if (key == "statistic" || key == "probes") continue;  // informational
       return InvalidInput(
-          fmt::format("{}.{}: unknown key (expected idle, while_all_gather, while_reduce_scatter)",
+          fmt::format("{}.{}: unknown key (expected idle, while_all_gather, while_reduce_scatter, "
+                      "together_all_gather, together_reduce_scatter)",
                       where, key));
     }
     if (!value.is_number()) {

@@ -327,7 +327,7 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
         if (st.blocked) {
           // It blocked and the event fired now: a host thread resumes a while later.
           st.blocked = false;
-          const TimeUs delay = WakeDelay(r, s);
+          const TimeUs delay = WakeDelay(r, s, now);
           if (delay > 0) {
             st.woken_from = now;
             st.wake_at = now + delay;
@@ -387,9 +387,12 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
 }
 
 // How late a host's communication stream resumes after the event it blocked on fired: longer
-// while a collective of the rank holds the cores (measured, Cluster::stream_wake). The compute
-// stream is an emulated device's, on its own clock: it starts when the event fired.
-TimeUs Engine::WakeDelay(const RankState& r, int s) const {
+// while a collective of the rank holds the cores, and longer still when the same event released
+// another communication stream of the rank at once and both run on to a collective (a backward
+// kernel's end releasing its reduce-scatter and the next all-gather: their threads share the
+// rank's core). All measured (Cluster::stream_wake). The compute stream is an emulated device's,
+// on its own clock: it starts when the event fired.
+TimeUs Engine::WakeDelay(const RankState& r, int s, TimeUs now) const {
   const std::optional<StreamWake>& wake = opt_.cluster.stream_wake;
   if (!wake || s == kComputeStream) return 0;
   TimeUs delay = wake->idle_us;
@@ -401,7 +404,44 @@ TimeUs Engine::WakeDelay(const RankState& r, int s) const {
       delay = std::max(delay, wake->while_reduce_scatter_us);
     }
   }
+  if (ResumesIntoCollective(r, s)) {
+    for (int other : {kGatherStream, kScatterStream, kAllReduceStream}) {
+      if (other == s) continue;
+      const StreamState& o = r.streams[Idx(other)];
+      // Released at this instant: still blocked in a wait whose event has fired (not yet
+      // advanced), or already waking from now.
+      const bool released =
+          o.blocked || (o.wake_at > now && o.woken_from == now && !o.busy && !o.arrived);
+      if (released && ResumesIntoCollective(r, other)) {
+        delay = std::max(delay, s == kGatherStream ? wake->together_all_gather_us
+                                                   : wake->together_reduce_scatter_us);
+        break;
+      }
+    }
+  }
   return delay;
+}
+
+bool Engine::ResumesIntoCollective(const RankState& r, int s) const {
+  const StreamState& st = r.streams[Idx(s)];
+  if (st.busy || st.arrived || st.completed >= st.issued) return false;
+  const ProgOp& head = OpAt(r, s, st.completed);
+  if (head.type != PlanOpKind::kWait ||
+      r.streams[Idx(head.wait_stream)].completed < head.wait_count) {
+    return false;
+  }
+  for (std::uint32_t e = st.completed + 1; e < st.issued; ++e) {
+    const ProgOp& op = OpAt(r, s, e);
+    switch (op.type) {
+      case PlanOpKind::kCollective: return true;
+      case PlanOpKind::kCompute: return false;
+      case PlanOpKind::kWait:
+        if (r.streams[Idx(op.wait_stream)].completed < op.wait_count) return false;
+        break;
+      default: break;  // allocations, frees, records: instant
+    }
+  }
+  return false;  // its next collective is not issued yet
 }
 
 void Engine::OnStreamWake(TimeUs now, const StreamWakeEv& e) {

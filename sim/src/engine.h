@@ -178,7 +178,10 @@ class Engine {
   void Advance(RankState& r, TimeUs now);
   bool AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only);
   double ComputeRate(const RankState& r) const;
-  TimeUs WakeDelay(const RankState& r, int s) const;
+  TimeUs WakeDelay(const RankState& r, int s, TimeUs now) const;
+  // Whether communication stream `s`, whose head is a wait that has fired, runs on to a
+  // collective without blocking again (its ops up to the next collective are instant).
+  bool ResumesIntoCollective(const RankState& r, int s) const;
   void OnStreamWake(TimeUs now, const StreamWakeEv& e);
   void StartCompute(RankState& r, const ProgOp& op, TimeUs now);
   void Reprice(RankState& r, TimeUs now);

@@ -267,26 +267,35 @@ TEST_F(CliTest, BenchGatherConcurrentMeasuresContention) {
   }
   EXPECT_NEAR(doc["comm_contention"]["all_gather"].get<double>(), sums[1] / sums[0] - 1, 1e-12);
   EXPECT_NEAR(doc["comm_contention"]["reduce_scatter"].get<double>(), sums[3] / sums[2] - 1, 1e-12);
-  // The stream wake-up probes: per row at least 100 with no collective and 100 beside each, and
-  // the summary their probe-weighted mean.
+  // The stream wake-up probes: per row at least 100 with no collective and 100 beside each,
+  // exactly 100 of both streams released together (their collectives must match across
+  // processes), and the summary their probe-weighted mean.
   EXPECT_NE(b.out.find("A communication stream resumed after the emulated kernel"),
             std::string::npos)
       << b.out;
   double weighted = 0;
   int probes = 0;
   for (const auto& row : doc["rows"]) {
-    for (const char* k : {"idle", "while_all_gather", "while_reduce_scatter"}) {
+    for (const char* k : {"idle", "while_all_gather", "while_reduce_scatter", "together_all_gather",
+                          "together_reduce_scatter"}) {
       const int n = row[fmt::format("wake_{}_probes", k)];
       const double us = row[fmt::format("wake_{}_us", k)];
-      EXPECT_GE(n, 100) << k;
-      EXPECT_GE(us, 0) << k;
+      if (std::string_view(k).starts_with("together")) {
+        EXPECT_EQ(n, 100) << k;
+        EXPECT_GT(us, 0) << k;  // a collective starts after the kernel it waited for ended
+      } else {
+        EXPECT_GE(n, 100) << k;
+        EXPECT_GE(us, 0) << k;
+      }
       if (std::string_view(k) == "while_reduce_scatter") weighted += us * n, probes += n;
     }
   }
   const auto& wake = doc["stream_wake_us"];
   EXPECT_NEAR(wake["while_reduce_scatter"].get<double>(), weighted / probes, 1e-9);
   EXPECT_GE(wake["idle"].get<double>(), 0);
-  EXPECT_GE(wake["probes"].get<int>(), 3 * 2 * 100);
+  EXPECT_GT(wake["together_all_gather"].get<double>(), 0);
+  EXPECT_GT(wake["together_reduce_scatter"].get<double>(), 0);
+  EXPECT_GE(wake["probes"].get<int>(), 5 * 2 * 100);
   // What it cannot do: one rank, nccl-tests output, the CUDA backend (usage errors, exit 1).
   EXPECT_EQ(Fsdplab("bench-gather --op concurrent -b 64K --world-size 1").code, 1);
   Result nccl = Fsdplab("bench-gather --op concurrent -b 64K --nccl-out " + Path("x.txt"));

@@ -231,18 +231,22 @@ TEST_F(CliTest, CalibrateContentionGoesToTheClusterFile) {
   host["stream_wake_us"] = {{"idle", 15.5},
                             {"while_all_gather", 70},
                             {"while_reduce_scatter", 90},
+                            {"together_all_gather", 160},
+                            {"together_reduce_scatter", 130},
                             {"probes", 1200},
                             {"statistic", "mean over probes, every size"}};
   ASSERT_TRUE(WriteFileAtomic(bench, host.dump()).ok());
   ASSERT_EQ(Run("calibrate --contention " + bench + " -o " + cluster), 0) << Slurp("err");
   EXPECT_NE(Slurp("out").find("communication streams resume 15.5 us after their events (70.0 us "
-                              "while an all-gather runs, 90.0 us while a reduce-scatter does)"),
+                              "while an all-gather runs, 90.0 us while a reduce-scatter does; "
+                              "released by one event together, an all-gather starts 160.0 us "
+                              "and a reduce-scatter 130.0 us after it)"),
             std::string::npos)
       << Slurp("out");
   c = sim::ReadClusterFile(cluster);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_TRUE(c->stream_wake.has_value());
-  EXPECT_EQ(*c->stream_wake, (calib::StreamWake{15.5, 70, 90}));
+  EXPECT_EQ(*c->stream_wake, (calib::StreamWake{15.5, 70, 90, 160, 130}));
   // A bad one is an error naming the file and the field.
   host["stream_wake_us"]["while_all_gather"] = -4;
   ASSERT_TRUE(WriteFileAtomic(bench, host.dump()).ok());

@@ -257,14 +257,24 @@ TEST(Cluster, FileRoundTripCalibrationAndErrors) {
 TEST(Cluster, StreamWakeRoundTripAndErrors) {
   StatusOr<Cluster> c = ParseClusterJson(
       R"({"world_size": 2, "stream_wake_us": {"idle": 12.5, "while_all_gather": 60,
-          "while_reduce_scatter": 80, "probes": 900, "statistic": "mean"}})");
+          "while_reduce_scatter": 80, "together_all_gather": 140, "together_reduce_scatter": 120,
+          "probes": 900, "statistic": "mean"}})");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_TRUE(c->stream_wake.has_value());
-  EXPECT_EQ(*c->stream_wake, (StreamWake{12.5, 60, 80}));
+  EXPECT_EQ(*c->stream_wake, (StreamWake{12.5, 60, 80, 140, 120}));
   EXPECT_NE(DescribeCluster(*c).find("streams wake 12 us after their events (60 us while an "
-                                     "all-gather runs, 80 us while a reduce-scatter does)"),
+                                     "all-gather runs, 80 us while a reduce-scatter does; "
+                                     "released together, an all-gather starts 140 us and a "
+                                     "reduce-scatter 120 us after)"),
             std::string::npos)
       << DescribeCluster(*c);
+  // An older file without the together figures: 0, and not described.
+  StatusOr<Cluster> old = ParseClusterJson(
+      R"({"world_size": 2, "stream_wake_us": {"idle": 12.5, "while_all_gather": 60,
+          "while_reduce_scatter": 80}})");
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_EQ(*old->stream_wake, (StreamWake{12.5, 60, 80, 0, 0}));
+  EXPECT_EQ(DescribeCluster(*old).find("released together"), std::string::npos);
   StatusOr<Cluster> back = ParseClusterJson(ClusterToJson(*c));
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(*back, *c);
@@ -276,6 +286,8 @@ TEST(Cluster, StreamWakeRoundTripAndErrors) {
            {R"({"stream_wake_us": {"idle": -1}})", "stream_wake_us.idle"},
            {R"({"stream_wake_us": {"while_all_gather": "x"}})", "stream_wake_us.while_all_gather"},
            {R"({"stream_wake_us": {"idel": 3}})", "stream_wake_us.idel"},
+           {R"({"stream_wake_us": {"together_all_gather": -2}})",
+            "stream_wake_us.together_all_gather"},
            {R"({"stream_wake_us": 40})", "stream_wake_us"},
        }) {
     StatusOr<Cluster> bad = ParseClusterJson(json);

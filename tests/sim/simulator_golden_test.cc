@@ -366,6 +366,44 @@ TEST(SimulatorGolden, StreamWakeIsLongerWhileTheOtherCollectiveRuns) {
   EXPECT_DOUBLE_EQ(rs_b->end_us, 7500);
 }
 
+// One event releasing two communication streams at once, each going on to a collective, costs
+// the measured `together_*` delays (their threads share the rank's core). In the golden run a's
+// backward end (6500) releases the all-gather stream (releases of a and model, then step 1's
+// first-unit gather of model) and the reduce-scatter stream (a's reduce-scatter): with
+// together = 300 us for all-gathers and 200 us for reduce-scatters (idle and while_* 0), model's
+// gather runs 6800-6900 (not 6500-6600), a's reduce-scatter 6700-6900 and model's right after it
+// 6900-7000, so step 0 ends at 7000 (not 6800). b's backward end (4500) releases the
+// reduce-scatter stream alone (the all-gather stream's release of b is followed by a wait for a's
+// backward): b's reduce-scatter stays at 4500-4700. Without the together figures (older cluster
+// files: 0) the golden times stand.
+TEST(SimulatorGolden, StreamsReleasedTogetherWaitTheTogetherDelays) {
+  Trace trace = testing::ThreeUnitTrace();
+  SimOptions opt = GoldenOptions();
+  opt.cluster.stream_wake =
+      StreamWake{.together_all_gather_us = 300, .together_reduce_scatter_us = 200};
+  SimRun run = Simulate2(trace, opt);
+  ASSERT_TRUE(run.result.status.ok()) << run.result.status.ToString();
+  const TimelineOp* gather = FindCollective(run, trace, OpKind::kAllGather, "model", 1);
+  const TimelineOp* rs_a = FindCollective(run, trace, OpKind::kReduceScatter, "model.a", 0);
+  const TimelineOp* rs_model = FindCollective(run, trace, OpKind::kReduceScatter, "model", 0);
+  const TimelineOp* rs_b = FindCollective(run, trace, OpKind::kReduceScatter, "model.b", 0);
+  ASSERT_TRUE(gather && rs_a && rs_model && rs_b);
+  EXPECT_DOUBLE_EQ(gather->start_us, 6800);
+  EXPECT_DOUBLE_EQ(gather->end_us, 6900);
+  EXPECT_DOUBLE_EQ(rs_a->start_us, 6700);
+  EXPECT_DOUBLE_EQ(rs_a->end_us, 6900);
+  EXPECT_DOUBLE_EQ(rs_model->start_us, 6900);
+  EXPECT_DOUBLE_EQ(rs_b->start_us, 4500);
+  EXPECT_DOUBLE_EQ(rs_b->end_us, 4700);
+  ASSERT_EQ(run.report.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(run.report.steps[0].time_us, 7000);
+
+  opt.cluster.stream_wake = StreamWake{};
+  SimRun plain = Simulate2(trace, opt);
+  ASSERT_EQ(plain.report.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(plain.report.steps[0].time_us, 6800);
+}
+
 // With one communication stream no two collectives run at once: the factors change nothing,
 // and the report says they were not applied.
 TEST(SimulatorGolden, CommContentionDoesNothingOnAUnifiedStream) {

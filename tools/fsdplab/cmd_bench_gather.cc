@@ -218,11 +218,13 @@ std::optional<MeasuredWake> StreamWakeOf(const std::vector<ContentionRow>& rows)
     return probes > 0 ? sum / probes : 0.0;
   };
   MeasuredWake m;
-  int idle = 0, ag = 0, rs = 0;
+  int idle = 0, ag = 0, rs = 0, both_ag = 0, both_rs = 0;
   m.wake.idle_us = mean(&ContentionRow::wake_idle, idle);
   m.wake.while_all_gather_us = mean(&ContentionRow::wake_while_all_gather, ag);
   m.wake.while_reduce_scatter_us = mean(&ContentionRow::wake_while_reduce_scatter, rs);
-  m.probes = idle + ag + rs;
+  m.wake.together_all_gather_us = mean(&ContentionRow::wake_together_all_gather, both_ag);
+  m.wake.together_reduce_scatter_us = mean(&ContentionRow::wake_together_reduce_scatter, both_rs);
+  m.probes = idle + ag + rs + both_ag + both_rs;
   if (idle == 0 || ag == 0 || rs == 0) return std::nullopt;
   return m;
 }
@@ -255,8 +257,10 @@ std::string ContentionTable(const GatherBenchOptions& o, const std::vector<Conte
     t += fmt::format(
         "# A communication stream resumed after the emulated kernel it waited on: {:.1f} us late "
         "with no collective running, {:.1f} us while all_gather ran, {:.1f} us while "
-        "reduce_scatter ran (mean of {} probes; stream_wake_us)\n",
-        m->wake.idle_us, m->wake.while_all_gather_us, m->wake.while_reduce_scatter_us, m->probes);
+        "reduce_scatter ran; both streams released by the same kernel: all_gather started "
+        "{:.1f} us and reduce_scatter {:.1f} us after it (mean of {} probes; stream_wake_us)\n",
+        m->wake.idle_us, m->wake.while_all_gather_us, m->wake.while_reduce_scatter_us,
+        m->wake.together_all_gather_us, m->wake.together_reduce_scatter_us, m->probes);
   }
   return t;
 }
@@ -279,7 +283,9 @@ std::string ContentionJson(const GatherBenchOptions& o, const std::vector<Conten
       nlohmann::ordered_json& row = list.back();
       for (auto [name, p] :
            {std::pair{"idle", r.wake_idle}, std::pair{"while_all_gather", r.wake_while_all_gather},
-            std::pair{"while_reduce_scatter", r.wake_while_reduce_scatter}}) {
+            std::pair{"while_reduce_scatter", r.wake_while_reduce_scatter},
+            std::pair{"together_all_gather", r.wake_together_all_gather},
+            std::pair{"together_reduce_scatter", r.wake_together_reduce_scatter}}) {
         row[fmt::format("wake_{}_us", name)] = p.mean_us;
         row[fmt::format("wake_{}_probes", name)] = p.probes;
       }

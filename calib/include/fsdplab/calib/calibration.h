@@ -142,13 +142,20 @@ struct CommContention final {
 // on the rank, and while an all-gather or a reduce-scatter is (the threads that copy and sum hold
 // the cores). Measured by `fsdplab bench-gather --op concurrent` on the host; the cluster file's
 // "stream_wake_us" (sim/cluster.h). A device's streams wait in hardware: absent, no delay.
+// `together_*`: when one event (a backward kernel's end) releases two communication streams of a
+// rank at once, each running its collective: how late the all-gather and the reduce-scatter start
+// after the event (their threads share the rank's core; the collective that moves bytes first
+// holds it). 0: not measured (older files), the single-stream figures apply.
 struct StreamWake final {
   TimeUs idle_us = 0;
   TimeUs while_all_gather_us = 0;
   TimeUs while_reduce_scatter_us = 0;
+  TimeUs together_all_gather_us = 0;
+  TimeUs together_reduce_scatter_us = 0;
   friend bool operator==(const StreamWake&, const StreamWake&) = default;
 };
-// The "stream_wake_us" object ({"idle", "while_all_gather", "while_reduce_scatter"}), and back:
+// The "stream_wake_us" object ({"idle", "while_all_gather", "while_reduce_scatter",
+// "together_all_gather", "together_reduce_scatter"}), and back:
 // every field a finite number >= 0 (a missing one is 0); "statistic" and "probes" are
 // informational; errors name `where` and the field.
 std::string StreamWakeJson(const StreamWake& wake);

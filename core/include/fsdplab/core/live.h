@@ -142,6 +142,11 @@ struct ContentionRow final {
   WakeProbe wake_idle;
   WakeProbe wake_while_all_gather;
   WakeProbe wake_while_reduce_scatter;
+  // Both communication streams released by the same kernel's end, each then running its
+  // collective (as a backward kernel releases its unit's reduce-scatter and the next unit's
+  // all-gather): how late each collective starts after the kernel's end.
+  WakeProbe wake_together_all_gather;
+  WakeProbe wake_together_reduce_scatter;
 };
 
 // bench-gather --op drift: one sample of the same collective timed again and again. A sample is
