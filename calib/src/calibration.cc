@@ -314,6 +314,20 @@ std::string StreamWakeJson(const StreamWake& wake) {
   return j.dump();
 }
 
+std::string DescribeStreamWake(const StreamWake& w) {
+  std::string s = fmt::format(
+      "communication streams resume {:.1f} us after their events ({:.1f} us while an all-gather "
+      "runs, {:.1f} us while a reduce-scatter does",
+      w.idle_us, w.while_all_gather_us, w.while_reduce_scatter_us);
+  if (w.together_all_gather_us > 0 || w.together_reduce_scatter_us > 0) {
+    s += fmt::format(
+        "; released by one event together, an all-gather starts {:.1f} us and a reduce-scatter "
+        "{:.1f} us after it",
+        w.together_all_gather_us, w.together_reduce_scatter_us);
+  }
+  return s + ")";
+}
+
 StatusOr<StreamWake> ParseStreamWakeJson(std::string_view json_text, std::string_view where) {
   json doc = json::parse(json_text.begin(), json_text.end(), nullptr, false);
   if (doc.is_discarded() || !doc.is_object()) {

@@ -437,20 +437,7 @@ std::string DescribeCluster(const Cluster& c) {
     s += fmt::format(", comm contention: all-gather x{:g}, reduce-scatter x{:g} while both run",
                      1 + c.comm_contention->all_gather, 1 + c.comm_contention->reduce_scatter);
   }
-  if (c.stream_wake) {
-    const StreamWake& w = *c.stream_wake;
-    s += fmt::format(
-        ", streams wake {:.0f} us after their events ({:.0f} us while an all-gather runs, {:.0f} "
-        "us while a reduce-scatter does",
-        w.idle_us, w.while_all_gather_us, w.while_reduce_scatter_us);
-    if (w.together_all_gather_us > 0 || w.together_reduce_scatter_us > 0) {
-      s += fmt::format(
-          "; released together, an all-gather starts {:.0f} us and a reduce-scatter {:.0f} us "
-          "after",
-          w.together_all_gather_us, w.together_reduce_scatter_us);
-    }
-    s += ")";
-  }
+  if (c.stream_wake) s += ", " + calib::DescribeStreamWake(*c.stream_wake);
   if (c.defaults_used) s += " (defaults: one 8-GPU NVLink node, H100-like)";
   return s;
 }

@@ -262,10 +262,11 @@ TEST(Cluster, StreamWakeRoundTripAndErrors) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_TRUE(c->stream_wake.has_value());
   EXPECT_EQ(*c->stream_wake, (StreamWake{12.5, 60, 80, 140, 120}));
-  EXPECT_NE(DescribeCluster(*c).find("streams wake 12 us after their events (60 us while an "
-                                     "all-gather runs, 80 us while a reduce-scatter does; "
-                                     "released together, an all-gather starts 140 us and a "
-                                     "reduce-scatter 120 us after)"),
+  EXPECT_NE(DescribeCluster(*c).find("communication streams resume 12.5 us after their events "
+                                     "(60.0 us while an all-gather runs, 80.0 us while a "
+                                     "reduce-scatter does; released by one event together, an "
+                                     "all-gather starts 140.0 us and a reduce-scatter 120.0 us "
+                                     "after it)"),
             std::string::npos)
       << DescribeCluster(*c);
   // An older file without the together figures: 0, and not described.

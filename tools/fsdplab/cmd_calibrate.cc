@@ -251,18 +251,8 @@ Status Run(const Args& args) {
     for (const std::string& n : m.notes) line += fmt::format("  note: {}\n", n);
     if (m.stream_wake) {
       cluster.stream_wake = m.stream_wake;
-      const calib::StreamWake& w = *m.stream_wake;
-      line += fmt::format(
-          "stream wake-up from {}: communication streams resume {:.1f} us after their events "
-          "({:.1f} us while an all-gather runs, {:.1f} us while a reduce-scatter does",
-          *contention_file, w.idle_us, w.while_all_gather_us, w.while_reduce_scatter_us);
-      if (w.together_all_gather_us > 0 || w.together_reduce_scatter_us > 0) {
-        line += fmt::format(
-            "; released by one event together, an all-gather starts {:.1f} us and a "
-            "reduce-scatter {:.1f} us after it",
-            w.together_all_gather_us, w.together_reduce_scatter_us);
-      }
-      line += ")\n";
+      line += fmt::format("stream wake-up from {}: {}\n", *contention_file,
+                          calib::DescribeStreamWake(*m.stream_wake));
     }
     text += line + "\n";
     contention_json = {{"source", *contention_file},

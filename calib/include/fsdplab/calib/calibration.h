@@ -159,6 +159,11 @@ struct StreamWake final {
 // every field a finite number >= 0 (a missing one is 0); "statistic" and "probes" are
 // informational; errors name `where` and the field.
 std::string StreamWakeJson(const StreamWake& wake);
+// In words, for `calibrate` and the cluster's description: "communication streams resume 15.5 us
+// after their events (70.0 us while an all-gather runs, 90.0 us while a reduce-scatter does;
+// released by one event together, an all-gather starts 160.0 us and a reduce-scatter 130.0 us
+// after it)" (the last part only when measured).
+std::string DescribeStreamWake(const StreamWake& wake);
 StatusOr<StreamWake> ParseStreamWakeJson(std::string_view json_text, std::string_view where);
 
 // A tier line: the ring alpha-beta parameters the simulator uses where it has no curve.
