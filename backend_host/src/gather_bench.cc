@@ -428,6 +428,16 @@ class HostGatherBench final {
   std::mutex failure_mu_;
 };
 
+// An emulated kernel on `device` that ends at `end`, as the executor's do: its thread sleeps
+// towards the deadline by its running aim and the kernel completes at the deadline itself.
+std::uint64_t EnqueueKernel(StreamWorker& device, Clock::time_point end, Clock::duration& aim) {
+  return device.Enqueue([end, &aim, &device] {
+    (void)SleepTowards(end, aim);
+    device.CompleteAt(end);
+    return Status::Ok();
+  });
+}
+
 // The executor's handoff from the emulated device to the communication streams, reproduced on
 // every rank of this process at once: per rank a compute-like stream (low timer slack) sleeps to
 // a deadline, the same on every rank, as an emulated kernel does (SleepTowards), and a
@@ -472,12 +482,7 @@ class WakeProber final {
       const Clock::time_point end = Clock::now() + std::chrono::microseconds(150 + 50 * (k % 5));
       for (std::size_t i = 0; i < devices_.size(); ++i) {
         StreamWorker& device = *devices_[i];
-        Clock::duration& aim = aim_[i];  // the device thread's running aim, as the executor's
-        const std::uint64_t seq = device.Enqueue([end, &aim, &device] {
-          (void)SleepTowards(end, aim);
-          device.CompleteAt(end);  // the kernel ends at its deadline, as the executor's do
-          return Status::Ok();
-        });
+        const std::uint64_t seq = EnqueueKernel(device, end, aim_[i]);
         comms_[i]->Enqueue([this, i, seq, end, &device, &ctx] {
           FSDP_RETURN_IF_ERROR(device.WaitReached(seq, ctx));
           late_us_[i] = std::chrono::duration<double, std::micro>(Clock::now() - end).count();
@@ -538,9 +543,10 @@ class TogetherWakeProber final {
     for (auto& w : comms_) w->Close();
   }
 
-  // `probes` probes, one after the other: per kind (all-gather, reduce-scatter) the mean lateness
-  // over the probes (and this process's ranks, which share each collective's start).
-  StatusOr<std::array<ContentionRow::WakeProbe, 2>> Run(int probes) {
+  // `probes` probes, one after the other: per kind (all-gather, reduce-scatter) their summed
+  // lateness (each probe's the mean over this process's ranks, which share the collective's
+  // start).
+  StatusOr<std::array<double, 2>> Run(int probes) {
     const OpContext ctx{0, 0, 0, "bench", "stream wake probe (both collectives)"};
     std::array<double, 2> sum{0, 0};
     for (int k = 0; k < probes; ++k) {
@@ -548,12 +554,7 @@ class TogetherWakeProber final {
       const Clock::time_point end = Clock::now() + std::chrono::microseconds(150 + 50 * (k % 5));
       for (std::size_t i = 0; i < devices_.size(); ++i) {
         StreamWorker& device = *devices_[i];
-        Clock::duration& aim = aim_[i];
-        const std::uint64_t seq = device.Enqueue([end, &aim, &device] {
-          (void)SleepTowards(end, aim);
-          device.CompleteAt(end);
-          return Status::Ok();
-        });
+        const std::uint64_t seq = EnqueueKernel(device, end, aim_[i]);
         for (int kind = 0; kind < 2; ++kind) {
           const std::size_t c = 2 * i + static_cast<std::size_t>(kind);
           const int rank = ranks_[i];
@@ -576,11 +577,7 @@ class TogetherWakeProber final {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    std::array<ContentionRow::WakeProbe, 2> out;
-    for (std::size_t kind = 0; kind < 2; ++kind) {
-      out[kind] = {probes > 0 ? sum[kind] / probes : 0, probes};
-    }
-    return out;
+    return sum;
   }
 
  private:
@@ -692,16 +689,19 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
     CollectiveDesc rs_desc{CollectiveKind::kReduceScatter, kNoUnit, "bench", size};
     Status failure;
     std::mutex failure_mu;
-    // Call k of either collective on rank r; false after a failure (recorded once).
-    auto call = [&](bool all_gather, int r, int k) {
+    // Call k of either collective on rank r.
+    auto collective = [&](bool all_gather, int r, int k) -> StatusOr<CollectiveTimes> {
       Buffers& b = bufs[static_cast<std::size_t>(r)][static_cast<std::size_t>(k) % copies];
       Segment seg = BenchSegment(dtype, all_gather, shard);
       seg.input = all_gather ? b.ag_in.data() : b.rs_in.data();
       seg.output = all_gather ? b.ag_out.data() : b.rs_out.data();
       OpContext ctx{r, 0, 0, "bench", all_gather ? "all_gather" : "reduce_scatter"};
-      StatusOr<CollectiveTimes> t =
-          (all_gather ? ag_comm : rs_comm)
-              .Call(r, all_gather ? ag_desc : rs_desc, std::span<const Segment>(&seg, 1), ctx);
+      return (all_gather ? ag_comm : rs_comm)
+          .Call(r, all_gather ? ag_desc : rs_desc, std::span<const Segment>(&seg, 1), ctx);
+    };
+    // The same, false after a failure (recorded once).
+    auto call = [&](bool all_gather, int r, int k) {
+      StatusOr<CollectiveTimes> t = collective(all_gather, r, k);
       if (t.ok()) return true;
       std::lock_guard<std::mutex> lock(failure_mu);
       if (failure.ok()) failure = t.status();
@@ -821,6 +821,12 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
     // How late a communication stream resumes after an emulated kernel it waits on (the
     // simulator's stream_wake_us): with no collective running, then while each collective runs
     // alone on every rank, in loops at least as long as kWakeProbesPerPhase probes take.
+    // This process's probes (their summed lateness and count) -> the mean over every process's.
+    auto over_processes = [&](double sum_us, int probes) -> StatusOr<ContentionRow::WakeProbe> {
+      FSDP_ASSIGN_OR_RETURN(const double s_all, ranks.Sum(*comms, sum_us));
+      FSDP_ASSIGN_OR_RETURN(const double c_all, ranks.Sum(*comms, static_cast<double>(probes)));
+      return ContentionRow::WakeProbe{c_all > 0 ? s_all / c_all : 0, static_cast<int>(c_all)};
+    };
     auto probe_phase = [&](int which) -> StatusOr<ContentionRow::WakeProbe> {
       WakeProber prober(ranks.local(), ranks.world());
       if (which < 0) {
@@ -842,37 +848,18 @@ StatusOr<std::vector<ContentionRow>> RunContentionBench(const GatherBenchOptions
         }
       }
       const auto [sum, probes] = prober.Stop();
-      FSDP_ASSIGN_OR_RETURN(const double s_all, ranks.Sum(*comms, sum));
-      FSDP_ASSIGN_OR_RETURN(const double c_all, ranks.Sum(*comms, static_cast<double>(probes)));
-      return ContentionRow::WakeProbe{c_all > 0 ? s_all / c_all : 0, static_cast<int>(c_all)};
+      return over_processes(sum, probes);
     };
     FSDP_ASSIGN_OR_RETURN(row.wake_idle, probe_phase(-1));
     FSDP_ASSIGN_OR_RETURN(row.wake_while_all_gather, probe_phase(0));
     FSDP_ASSIGN_OR_RETURN(row.wake_while_reduce_scatter, probe_phase(1));
     {
-      TogetherWakeProber prober(
-          ranks.local(), ranks.world(),
-          [&](bool all_gather, int r, int k) -> StatusOr<CollectiveTimes> {
-            Buffers& b = bufs[static_cast<std::size_t>(r)][static_cast<std::size_t>(k) % copies];
-            Segment seg = BenchSegment(dtype, all_gather, shard);
-            seg.input = all_gather ? b.ag_in.data() : b.rs_in.data();
-            seg.output = all_gather ? b.ag_out.data() : b.rs_out.data();
-            OpContext ctx{r, 0, 0, "bench", all_gather ? "all_gather" : "reduce_scatter"};
-            return (all_gather ? ag_comm : rs_comm)
-                .Call(r, all_gather ? ag_desc : rs_desc, std::span<const Segment>(&seg, 1), ctx);
-          });
-      FSDP_ASSIGN_OR_RETURN(const auto both, prober.Run(kWakeProbesPerPhase));
-      // Over the processes, as the other probes: the mean of every process's probes.
-      std::array<ContentionRow::WakeProbe, 2> all;
-      for (std::size_t kind = 0; kind < 2; ++kind) {
-        FSDP_ASSIGN_OR_RETURN(const double s_all,
-                              ranks.Sum(*comms, both[kind].mean_us * both[kind].probes));
-        FSDP_ASSIGN_OR_RETURN(const double c_all,
-                              ranks.Sum(*comms, static_cast<double>(both[kind].probes)));
-        all[kind] = {c_all > 0 ? s_all / c_all : 0, static_cast<int>(c_all)};
-      }
-      row.wake_together_all_gather = all[0];
-      row.wake_together_reduce_scatter = all[1];
+      TogetherWakeProber prober(ranks.local(), ranks.world(), collective);
+      FSDP_ASSIGN_OR_RETURN(const auto sums, prober.Run(kWakeProbesPerPhase));
+      FSDP_ASSIGN_OR_RETURN(row.wake_together_all_gather,
+                            over_processes(sums[0], kWakeProbesPerPhase));
+      FSDP_ASSIGN_OR_RETURN(row.wake_together_reduce_scatter,
+                            over_processes(sums[1], kWakeProbesPerPhase));
     }
 
     if (o.check) {
