@@ -162,6 +162,46 @@ TEST(CommunicatorTest, AllGatherPlacesEachShardAtItsRank) {
   }
 }
 
+// The all-gather streams whole 64-byte lines past the caches from the first 16-byte aligned
+// byte of each shard's place and copies the head and tail around them: every byte must land
+// whatever the shard's length and the output's alignment. Shards of 1-4099 bytes (under, at and
+// over one line after a head of up to 15 bytes), outputs at offsets 0-15 from an aligned base;
+// rank r's byte i is (31r + i) mod 253, so a byte out of place or missing shows.
+TEST(CommunicatorTest, AllGatherMovesEveryByteAtAnyLengthAndAlignment) {
+  constexpr int kRanks = 2;
+  RunControl control(30e6, kRanks);
+  Communicator comm(control, kRanks, "all_gather");
+  for (const std::size_t shard : {1, 15, 16, 17, 63, 64, 65, 79, 80, 81, 127, 128, 129, 4099}) {
+    for (std::size_t offset = 0; offset < 16; offset += 5) {
+      std::vector<std::vector<std::byte>> in(kRanks), out(kRanks);
+      for (int r = 0; r < kRanks; ++r) {
+        in[r].resize(shard);
+        for (std::size_t i = 0; i < shard; ++i) in[r][i] = std::byte((31 * r + i) % 253);
+        out[r].assign(offset + kRanks * shard + 16, std::byte{0xee});
+      }
+      std::vector<Status> st(kRanks);
+      OnRanks(kRanks, [&](int r) {
+        CollectiveDesc d{CollectiveKind::kAllGather, 0, "u", kRanks * shard};
+        Segment seg{in[r].data(), out[r].data() + offset, DType::kBf16, 1, shard};
+        st[r] = comm.Call(r, d, std::span<const Segment>(&seg, 1), OpContext{r, 0, 0, "u", "op"})
+                    .status();
+      });
+      for (int r = 0; r < kRanks; ++r) {
+        ASSERT_TRUE(st[r].ok()) << st[r].message();
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < out[r].size(); ++i) {
+          const bool inside = i >= offset && i < offset + kRanks * shard;
+          const std::size_t at = i - offset;
+          const std::byte want =
+              inside ? std::byte((31 * (at / shard) + at % shard) % 253) : std::byte{0xee};
+          wrong += out[r][i] != want;
+        }
+        EXPECT_EQ(wrong, 0u) << "shard " << shard << " offset " << offset << " rank " << r;
+      }
+    }
+  }
+}
+
 // A rank that calls first waits for the others: its CollectiveTimes say when it arrived, and the
 // collective starts at the last arrival. Rank 1 calls 20 ms after rank 0 announced its call, so
 // rank 0 waits at least 20 ms (less only if rank 0 was held 20 ms between the announcement and
