@@ -328,8 +328,8 @@ def memory_counts(c):
 def alone_ratios(f, cluster, w, measured_path):
     # Live collectives of the first rank that overlapped no other collective of that rank (steps
     # after the warm-up step), each against the calibrated curve at its size: per kind the median
-    # of measured / curve. Below 1 the live calls ran faster than the bench (buffers hot in the
-    # caches: a small workload's units fit), above 1 slower; the curve is what the prediction
+    # of measured / curve. Below 1 the live calls ran faster than the bench (inputs hot in the
+    # caches: a small workload's shards fit; outputs are streamed past them), above 1 slower; the curve is what the prediction
     # charges a collective that runs alone, so this splits a kind's error into its own speed and
     # the overlap (contention, waits) around it.
     with open(measured_path) as fh:
