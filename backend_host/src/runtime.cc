@@ -508,10 +508,6 @@ class SharedCores final {
   }
 };
 
-}  // namespace
-
-namespace {
-
 // An all-gather's copy into its output, with stores that go around the caches (non-temporal)
 // where the CPU has them. A device's collective writes device memory whether or not the
 // destination was written a moment ago; an ordinary host copy is 2.5-4x faster when it was (its
