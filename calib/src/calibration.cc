@@ -311,6 +311,10 @@ std::string StreamWakeJson(const StreamWake& wake) {
             {"while_reduce_scatter", wake.while_reduce_scatter_us},
             {"together_all_gather", wake.together_all_gather_us},
             {"together_reduce_scatter", wake.together_reduce_scatter_us}};
+  if (wake.after_all_gather_us > 0 || wake.after_reduce_scatter_us > 0) {
+    j["after_all_gather"] = wake.after_all_gather_us;
+    j["after_reduce_scatter"] = wake.after_reduce_scatter_us;
+  }
   return j.dump();
 }
 
@@ -324,6 +328,12 @@ std::string DescribeStreamWake(const StreamWake& w) {
         "; released by one event together, an all-gather starts {:.1f} us and a reduce-scatter "
         "{:.1f} us after it",
         w.together_all_gather_us, w.together_reduce_scatter_us);
+  }
+  if (w.after_all_gather_us > 0 || w.after_reduce_scatter_us > 0) {
+    s += fmt::format(
+        "; the next collective on a stream follows an all-gather {:.1f} us after it ended, a "
+        "reduce-scatter {:.1f} us",
+        w.after_all_gather_us, w.after_reduce_scatter_us);
   }
   return s + ")";
 }
@@ -340,12 +350,15 @@ StatusOr<StreamWake> ParseStreamWakeJson(std::string_view json_text, std::string
                     : key == "while_reduce_scatter"    ? &w.while_reduce_scatter_us
                     : key == "together_all_gather"     ? &w.together_all_gather_us
                     : key == "together_reduce_scatter" ? &w.together_reduce_scatter_us
+                    : key == "after_all_gather"        ? &w.after_all_gather_us
+                    : key == "after_reduce_scatter"    ? &w.after_reduce_scatter_us
                                                        : nullptr;
     if (field == nullptr) {
       if (key == "statistic" || key == "probes") continue;  // informational
       return InvalidInput(
           fmt::format("{}.{}: unknown key (expected idle, while_all_gather, while_reduce_scatter, "
-                      "together_all_gather, together_reduce_scatter)",
+                      "together_all_gather, together_reduce_scatter, after_all_gather, "
+                      "after_reduce_scatter)",
                       where, key));
     }
     if (!value.is_number()) {

@@ -370,11 +370,23 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
         break;
       }
       case PlanOpKind::kCompute: StartCompute(r, op, now); return true;
-      case PlanOpKind::kCollective:
+      case PlanOpKind::kCollective: {
+        // A host stream's own work between two collectives (measured: after_<kind>).
+        const TimeUs ready = st.next_collective_at;
+        if (ready > now) {
+          if (st.wake_at < ready) {
+            st.woken_from = now;
+            st.wake_at = ready;
+            queue_.Push(ready, StreamWakeEv{r.rank, s});
+          }
+          return progressed;
+        }
+        st.wake_at = 0;
         st.arrived = true;
         st.arrived_at = now;
         Arrive(s, r, op, now);
         return true;
+      }
       default:  // records, and fill/check operations (not in a simulated plan)
         Executed(r, op);
         LogTimes(r, s, st.completed, now, now);
@@ -420,6 +432,13 @@ TimeUs Engine::WakeDelay(const RankState& r, int s, TimeUs now) const {
     }
   }
   return delay;
+}
+
+TimeUs Engine::AfterCollective(CollectiveKind kind, TimeUs now) const {
+  const std::optional<StreamWake>& wake = opt_.cluster.stream_wake;
+  if (!wake) return -1;
+  return now + (kind == CollectiveKind::kAllGather ? wake->after_all_gather_us
+                                                   : wake->after_reduce_scatter_us);
 }
 
 bool Engine::ResumesIntoCollective(const RankState& r, int s) const {
@@ -607,6 +626,7 @@ void Engine::OnCollectiveDone(TimeUs now, const CollectiveDoneEv& e) {
     const ProgOp& op = OpAt(q, s, st.completed);
     Executed(q, op);
     st.busy = false;
+    st.next_collective_at = AfterCollective(op.kind, now);
     const std::uint32_t entry = st.completed;
     ++st.completed;
     ++st.coll_done;

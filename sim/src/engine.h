@@ -34,6 +34,9 @@ struct StreamState {
   bool blocked = false;
   TimeUs wake_at = 0;
   TimeUs woken_from = 0;
+  // The earliest its next collective may arrive (-1: any time): its last collective's end plus
+  // the cluster's stream_wake_us.after_<that collective's kind>.
+  TimeUs next_collective_at = -1;
 };
 
 // With SimOptions::critical_path: when each stream entry of a rank started and ended, when the
@@ -182,6 +185,8 @@ class Engine {
   // Whether communication stream `s`, whose head is a wait that has fired, runs on to a
   // collective without blocking again (its ops up to the next collective are instant).
   bool ResumesIntoCollective(const RankState& r, int s) const;
+  // When the next collective of a stream whose collective of `kind` ends `now` may arrive.
+  TimeUs AfterCollective(CollectiveKind kind, TimeUs now) const;
   void OnStreamWake(TimeUs now, const StreamWakeEv& e);
   void StartCompute(RankState& r, const ProgOp& op, TimeUs now);
   void Reprice(RankState& r, TimeUs now);

@@ -404,6 +404,60 @@ TEST(SimulatorGolden, StreamsReleasedTogetherWaitTheTogetherDelays) {
   EXPECT_DOUBLE_EQ(plain.report.steps[0].time_us, 6800);
 }
 
+// A collective that follows another on its stream arrives no sooner than after_all_gather
+// (after_reduce_scatter) after that one ended: a host stream's own work between two
+// collectives. With 50 us after an all-gather and 30 us after a reduce-scatter (the wake-ups 0),
+// step 0 of the golden run:
+//   all-gather stream: model 0-100, a 150-350 (not 100-300), b 400-600; a forward 350-1350, b
+//   forward 1350-2350; b's backward gather waits for b's release (2350): 2350-2550; a's follows
+//   it 50 us later: 2600-2800;
+//   compute: b backward 2550-4550, a backward 4550-6550;
+//   reduce-scatter stream: b 4550-4750 (its first collective: no gap), a 6550-6750 (4750 + 30
+//   long past), model 30 us behind it: 6780-6880; the step ends at 6880 (6800 without).
+// Step 1's first-unit gather of model, released with a at 6550 (2800 + 50 long past), runs
+// 6550-6650; its gather of a, due at step 0's end (6880), is not held back (6650 + 50 < 6880).
+TEST(SimulatorGolden, ACollectiveFollowsTheLastOnItsStreamAfterItsGap) {
+  Trace trace = testing::ThreeUnitTrace();
+  SimOptions opt = GoldenOptions();
+  opt.cluster.stream_wake = StreamWake{.after_all_gather_us = 50, .after_reduce_scatter_us = 30};
+  SimRun run = Simulate2(trace, opt);
+  ASSERT_TRUE(run.result.status.ok()) << run.result.status.ToString();
+  auto gather = [&](const char* unit, Phase phase, int step) -> const TimelineOp* {
+    for (const TimelineOp& op : run.result.timeline.ops) {
+      if (op.rank == 0 && op.kind == OpKind::kAllGather && op.step == step &&
+          op.unit == *trace.model.Find(unit) && op.phase == phase) {
+        return &op;
+      }
+    }
+    return nullptr;
+  };
+  const TimelineOp* model = gather("model", Phase::kForward, 0);
+  const TimelineOp* a_fwd = gather("model.a", Phase::kForward, 0);
+  const TimelineOp* b_fwd = gather("model.b", Phase::kForward, 0);
+  const TimelineOp* b_bwd = gather("model.b", Phase::kBackward, 0);
+  const TimelineOp* a_bwd = gather("model.a", Phase::kBackward, 0);
+  const TimelineOp* model_1 = gather("model", Phase::kForward, 1);
+  const TimelineOp* a_fwd_1 = gather("model.a", Phase::kForward, 1);
+  ASSERT_TRUE(model && a_fwd && b_fwd && b_bwd && a_bwd && model_1 && a_fwd_1);
+  EXPECT_DOUBLE_EQ(model->start_us, 0);
+  EXPECT_DOUBLE_EQ(a_fwd->start_us, 150);
+  EXPECT_DOUBLE_EQ(b_fwd->start_us, 400);
+  EXPECT_DOUBLE_EQ(b_bwd->start_us, 2350);
+  EXPECT_DOUBLE_EQ(a_bwd->start_us, 2600);
+  EXPECT_DOUBLE_EQ(model_1->start_us, 6550);
+  EXPECT_DOUBLE_EQ(a_fwd_1->start_us, 6880);
+  const TimelineOp* rs_b = FindCollective(run, trace, OpKind::kReduceScatter, "model.b", 0);
+  const TimelineOp* rs_a = FindCollective(run, trace, OpKind::kReduceScatter, "model.a", 0);
+  const TimelineOp* rs_model = FindCollective(run, trace, OpKind::kReduceScatter, "model", 0);
+  ASSERT_TRUE(rs_b && rs_a && rs_model);
+  EXPECT_DOUBLE_EQ(rs_b->start_us, 4550);
+  EXPECT_DOUBLE_EQ(rs_a->start_us, 6550);
+  EXPECT_DOUBLE_EQ(rs_model->start_us, 6780);
+  EXPECT_DOUBLE_EQ(rs_model->end_us, 6880);
+  ASSERT_EQ(run.report.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(run.report.steps[0].time_us, 6880);
+}
+
 // With one communication stream no two collectives run at once: the factors change nothing,
 // and the report says they were not applied.
 TEST(SimulatorGolden, CommContentionDoesNothingOnAUnifiedStream) {

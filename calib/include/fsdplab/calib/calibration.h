@@ -152,17 +152,25 @@ struct StreamWake final {
   TimeUs while_reduce_scatter_us = 0;
   TimeUs together_all_gather_us = 0;
   TimeUs together_reduce_scatter_us = 0;
+  // A collective that follows an all-gather (a reduce-scatter or an all-reduce) on its stream
+  // arrives this long after that one ended, at the least: the stream's own work between two
+  // collectives (returning from one, its records, releases and waits already met, the next
+  // allocation) on a host thread. 0 where not measured.
+  TimeUs after_all_gather_us = 0;
+  TimeUs after_reduce_scatter_us = 0;
   friend bool operator==(const StreamWake&, const StreamWake&) = default;
 };
 // The "stream_wake_us" object ({"idle", "while_all_gather", "while_reduce_scatter",
-// "together_all_gather", "together_reduce_scatter"}), and back:
+// "together_all_gather", "together_reduce_scatter", "after_all_gather", "after_reduce_scatter"}),
+// and back:
 // every field a finite number >= 0 (a missing one is 0); "statistic" and "probes" are
 // informational; errors name `where` and the field.
 std::string StreamWakeJson(const StreamWake& wake);
 // In words, for `calibrate` and the cluster's description: "communication streams resume 15.5 us
 // after their events (70.0 us while an all-gather runs, 90.0 us while a reduce-scatter does;
 // released by one event together, an all-gather starts 160.0 us and a reduce-scatter 130.0 us
-// after it)" (the last part only when measured).
+// after it; the next collective on a stream follows an all-gather 40.0 us after it ended, a
+// reduce-scatter 30.0 us)" (the last two parts only when measured).
 std::string DescribeStreamWake(const StreamWake& wake);
 StatusOr<StreamWake> ParseStreamWakeJson(std::string_view json_text, std::string_view where);
 
