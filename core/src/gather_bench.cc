@@ -6,6 +6,9 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <limits>
+#include <map>
+#include <tuple>
 
 namespace fsdplab {
 namespace {
@@ -236,6 +239,52 @@ StatusOr<DriftSummary> SummarizeDrift(const std::vector<DriftSample>& samples, d
   s.window_max_us = rank(per_window, 1.0);
   s.window_spread = s.window_min_us > 0 ? s.window_max_us / s.window_min_us - 1 : 0;
   return s;
+}
+
+CollectiveGaps MeasureCollectiveGaps(const Timeline& timeline) {
+  auto collective = [](const TimelineOp& op) {
+    return op.kind == OpKind::kAllGather || op.kind == OpKind::kReduceScatter ||
+           op.kind == OpKind::kAllReduce;
+  };
+  int first_step = std::numeric_limits<int>::max();
+  int last_step = std::numeric_limits<int>::min();
+  for (const TimelineOp& op : timeline.ops) {
+    first_step = std::min(first_step, op.step);
+    last_step = std::max(last_step, op.step);
+  }
+  // (rank, track, step, phase) -> its collectives; rank -> every collective of the rank.
+  std::map<std::tuple<int, Track, int, Phase>, std::vector<const TimelineOp*>> runs;
+  std::map<int, std::vector<const TimelineOp*>> of_rank;
+  for (const TimelineOp& op : timeline.ops) {
+    if (!collective(op)) continue;
+    of_rank[op.rank].push_back(&op);
+    if (op.reason == GatherReason::kFirstUnit) continue;
+    if (last_step > first_step && op.step == first_step) continue;  // the warm-up step
+    runs[{op.rank, op.track, op.step, op.phase}].push_back(&op);
+  }
+  CollectiveGaps gaps;
+  for (auto& [key, ops] : runs) {
+    std::sort(ops.begin(), ops.end(),
+              [](const TimelineOp* a, const TimelineOp* b) { return a->start_us < b->start_us; });
+    for (std::size_t i = 1; i < ops.size(); ++i) {
+      const TimelineOp& before = *ops[i - 1];
+      const bool busy = std::any_of(
+          of_rank[before.rank].begin(), of_rank[before.rank].end(), [&](const TimelineOp* o) {
+            return o->track != before.track && o->start_us < before.end_us &&
+                   o->end_us > before.end_us;
+          });
+      if (busy) {
+        ++gaps.busy_pairs;
+        continue;
+      }
+      CollectiveGaps::Mean& m =
+          before.kind == OpKind::kAllGather ? gaps.all_gather : gaps.reduce_scatter;
+      // A running mean: the sum of the gaps is not kept.
+      ++m.pairs;
+      m.mean_us += (std::max(0.0, ops[i]->start_us - before.end_us) - m.mean_us) / m.pairs;
+    }
+  }
+  return gaps;
 }
 
 }  // namespace fsdplab

@@ -221,5 +221,57 @@ TEST(GatherBench, DriftSummaryGroupsSamplesIntoWindowsWeightedByCalls) {
   EXPECT_TRUE(none->windows.empty());
 }
 
+// The gaps between back-to-back collectives, by the predecessor's kind; pairs whose predecessor
+// ended while the rank's other stream ran a collective left out. Rank 0, steps 0 (warm-up)
+// and 1:
+//   step 0: all-gathers 0-100, 150-250: left out (the warm-up step);
+//   step 1, forward, all-gather track: first-unit 900-950 (left out), x 1000-1100, y 1160-1260,
+//     z 1300-1400: gaps 60 (after x) and 40 (after y), nothing else running: all-gathers 50 us
+//     over 2 pairs;
+//   step 1, backward, all-gather track: p 2000-2100, q 2200-2300: p ended while the
+//     reduce-scatter r (2050-2400) ran: left out (1 busy pair);
+//   step 1, backward, reduce-scatter track: r 2050-2400, s 2420-2500: gap 20 after r, nothing
+//     else running at 2400: reduce-scatters 20 us, 1 pair.
+// The forward's last gather (z, 1400) and the backward's first (p, 2000) are in different
+// phases: no pair.
+TEST(GatherBench, MeasureCollectiveGapsByKindLeavesBusyPairsOut) {
+  Timeline t;
+  auto add = [&t](OpKind kind, Track track, int step, Phase phase, TimeUs start, TimeUs end,
+                  GatherReason reason = GatherReason::kPrefetch) {
+    TimelineOp op;
+    op.kind = kind;
+    op.track = track;
+    op.step = step;
+    op.phase = phase;
+    op.start_us = start;
+    op.end_us = end;
+    op.reason = reason;
+    t.ops.push_back(op);
+  };
+  const auto ag = OpKind::kAllGather;
+  const auto rs = OpKind::kReduceScatter;
+  const auto tag = Track::kAllGather;
+  const auto trs = Track::kReduceScatter;
+  add(ag, tag, 0, Phase::kForward, 0, 100);
+  add(ag, tag, 0, Phase::kForward, 150, 250);
+  add(ag, tag, 1, Phase::kForward, 900, 950, GatherReason::kFirstUnit);
+  add(ag, tag, 1, Phase::kForward, 1300, 1400);  // out of order: sorted by start
+  add(ag, tag, 1, Phase::kForward, 1000, 1100);
+  add(ag, tag, 1, Phase::kForward, 1160, 1260);
+  add(ag, tag, 1, Phase::kBackward, 2000, 2100);
+  add(ag, tag, 1, Phase::kBackward, 2200, 2300);
+  add(rs, trs, 1, Phase::kBackward, 2050, 2400);
+  add(rs, trs, 1, Phase::kBackward, 2420, 2500);
+  add(OpKind::kCompute, Track::kCompute, 1, Phase::kForward, 1100, 1150);  // not a collective
+  const CollectiveGaps g = MeasureCollectiveGaps(t);
+  EXPECT_EQ(g.all_gather.pairs, 2);
+  EXPECT_DOUBLE_EQ(g.all_gather.mean_us, 50);
+  EXPECT_EQ(g.reduce_scatter.pairs, 1);
+  EXPECT_DOUBLE_EQ(g.reduce_scatter.mean_us, 20);
+  EXPECT_EQ(g.busy_pairs, 1);
+  const CollectiveGaps none = MeasureCollectiveGaps(Timeline{});
+  EXPECT_EQ(none.all_gather.pairs + none.reduce_scatter.pairs + none.busy_pairs, 0);
+}
+
 }  // namespace
 }  // namespace fsdplab

@@ -296,6 +296,12 @@ TEST_F(CliTest, BenchGatherConcurrentMeasuresContention) {
   EXPECT_GT(wake["together_all_gather"].get<double>(), 0);
   EXPECT_GT(wake["together_reduce_scatter"].get<double>(), 0);
   EXPECT_GE(wake["probes"].get<int>(), 5 * 2 * 100);
+  // The live probe of back-to-back collectives (8 layers, 8 steps, the first a warm-up): a
+  // stream's next collective starts after the one before it ended, never at the same instant
+  // (the stream's thread has work between them), and the table says how many pairs it saw.
+  EXPECT_GT(wake["after_all_gather"].get<double>(), 0);
+  EXPECT_GT(wake["after_reduce_scatter"].get<double>(), 0);
+  EXPECT_NE(b.out.find("Back-to-back collectives of a live probe"), std::string::npos) << b.out;
   // What it cannot do: one rank, nccl-tests output, the CUDA backend (usage errors, exit 1).
   EXPECT_EQ(Fsdplab("bench-gather --op concurrent -b 64K --world-size 1").code, 1);
   Result nccl = Fsdplab("bench-gather --op concurrent -b 64K --nccl-out " + Path("x.txt"));

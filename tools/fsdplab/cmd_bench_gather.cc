@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
@@ -20,6 +21,7 @@
 #include "fsdplab/core/gather_bench.h"
 #include "fsdplab/core/launch.h"
 #include "fsdplab/core/live.h"
+#include "fsdplab/synth/synth.h"
 
 namespace fsdplab::cli {
 namespace {
@@ -45,8 +47,11 @@ constexpr std::string_view kDescription =
     "median together time against the median of the alone times around it, so that the\n"
     "machine's drift cancels), and the slowdown of each (together / alone - 1). The slowdowns\n"
     "over all sizes, weighted by time (sum together / sum alone - 1), are\n"
-    "the simulator's communication contention:\n"
-    "`fsdplab calibrate ... --contention FILE` takes them from the -J file.\n"
+    "the simulator's communication contention. It also probes the streams' wake-ups, and runs\n"
+    "a short live probe on the executor itself (8 layers near the middle of the sizes, no\n"
+    "compute, 8 steps) for the gap between back-to-back collectives on a stream\n"
+    "(stream_wake_us.after_*). `fsdplab calibrate ... --contention FILE` takes them all from\n"
+    "the -J file.\n"
     "\n"
     "--op drift (host backend) times one collective of -b's size (--collective all_gather, the\n"
     "default, or reduce_scatter) again and again for --seconds of calls (default 20), in\n"
@@ -57,6 +62,12 @@ constexpr std::string_view kDescription =
     "than that spread. -n, -e, -f and -c do not apply.";
 
 std::string NcclName(const std::string& op) { return op + "_perf"; }
+
+// Ranks as threads of this process (no launcher).
+bool InOneProcess() {
+  StatusOr<LaunchInfo> launch = DetectLaunch();
+  return !launch.ok() || launch->launcher == Launcher::kNone;
+}
 
 // Every process of a multi-process run computes the same rows; rank 0 prints and writes them.
 bool ReportsHere() {
@@ -204,8 +215,10 @@ std::pair<double, double> WeightedSlowdowns(const std::vector<ContentionRow>& ro
 struct MeasuredWake {
   calib::StreamWake wake;
   int probes = 0;
+  int gap_pairs = 0;  // back-to-back collectives behind wake.after_*
 };
-std::optional<MeasuredWake> StreamWakeOf(const std::vector<ContentionRow>& rows) {
+std::optional<MeasuredWake> StreamWakeOf(const std::vector<ContentionRow>& rows,
+                                         const CollectiveGaps& gaps) {
   using Probe = ContentionRow::WakeProbe;
   auto mean = [&](Probe ContentionRow::*which, int& probes) {
     double sum = 0;
@@ -226,11 +239,14 @@ std::optional<MeasuredWake> StreamWakeOf(const std::vector<ContentionRow>& rows)
   m.wake.together_reduce_scatter_us = mean(&ContentionRow::wake_together_reduce_scatter, both_rs);
   m.probes = idle + ag + rs + both_ag + both_rs;
   if (idle == 0 || ag == 0 || rs == 0) return std::nullopt;
+  m.wake.after_all_gather_us = gaps.all_gather.mean_us;
+  m.wake.after_reduce_scatter_us = gaps.reduce_scatter.mean_us;
+  m.gap_pairs = gaps.all_gather.pairs + gaps.reduce_scatter.pairs;
   return m;
 }
 
 std::string ContentionTable(const GatherBenchOptions& o, const std::vector<ContentionRow>& rows,
-                            const std::string& backend) {
+                            const CollectiveGaps& gaps, const std::string& backend) {
   std::string t = fmt::format(
       "# fsdplab bench-gather: all_gather and reduce_scatter at once on the {} backend, {} ranks, "
       "warmup iters: {} iters: {} validation: {}\n#\n",
@@ -253,7 +269,7 @@ std::string ContentionTable(const GatherBenchOptions& o, const std::vector<Conte
       "reduce_scatter {:.1f}% "
       "(comm_contention {:.3f} / {:.3f}; `fsdplab calibrate --contention` reads the -J file)\n",
       100 * ag, 100 * rs, ag, rs);
-  if (const std::optional<MeasuredWake> m = StreamWakeOf(rows)) {
+  if (const std::optional<MeasuredWake> m = StreamWakeOf(rows, gaps)) {
     t += fmt::format(
         "# A communication stream resumed after the emulated kernel it waited on: {:.1f} us late "
         "with no collective running, {:.1f} us while all_gather ran, {:.1f} us while "
@@ -261,12 +277,21 @@ std::string ContentionTable(const GatherBenchOptions& o, const std::vector<Conte
         "{:.1f} us and reduce_scatter {:.1f} us after it (mean of {} probes; stream_wake_us)\n",
         m->wake.idle_us, m->wake.while_all_gather_us, m->wake.while_reduce_scatter_us,
         m->wake.together_all_gather_us, m->wake.together_reduce_scatter_us, m->probes);
+    if (m->gap_pairs > 0) {
+      t += fmt::format(
+          "# Back-to-back collectives of a live probe (the executor, no compute): the next "
+          "began {:.1f} us after an all-gather on its stream ended, {:.1f} us after a "
+          "reduce-scatter (means of {} and {} pairs; {} more, where the other stream's "
+          "collective was running, left out; stream_wake_us.after_*)\n",
+          gaps.all_gather.mean_us, gaps.reduce_scatter.mean_us, gaps.all_gather.pairs,
+          gaps.reduce_scatter.pairs, gaps.busy_pairs);
+    }
   }
   return t;
 }
 
 std::string ContentionJson(const GatherBenchOptions& o, const std::vector<ContentionRow>& rows,
-                           const std::string& backend) {
+                           const CollectiveGaps& gaps, const std::string& backend) {
   nlohmann::ordered_json doc = JsonHeader(o, backend, "concurrent");
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const ContentionRow& r : rows) {
@@ -296,13 +321,62 @@ std::string ContentionJson(const GatherBenchOptions& o, const std::vector<Conten
   doc["comm_contention"] = {{"all_gather", ag},
                             {"reduce_scatter", rs},
                             {"statistic", "sum of together / sum of alone - 1, over sizes"}};
-  if (const std::optional<MeasuredWake> m = StreamWakeOf(rows)) {
+  if (const std::optional<MeasuredWake> m = StreamWakeOf(rows, gaps)) {
     nlohmann::ordered_json wake = nlohmann::ordered_json::parse(calib::StreamWakeJson(m->wake));
     wake["probes"] = m->probes;
     wake["statistic"] = "mean over probes, every size";
+    if (m->gap_pairs > 0) {
+      wake["statistic"] = fmt::format(
+          "mean over probes, every size; after_*: means over {} back-to-back pairs of a live "
+          "probe",
+          m->gap_pairs);
+    }
     doc["stream_wake_us"] = std::move(wake);
   }
   return doc.dump(2) + "\n";
+}
+
+// The host streams' own work between two collectives, measured on the executor itself: a live
+// probe of 8 bf16 layers with no compute to wait for, prefetching two units ahead, so that
+// every collective is ready before the one ahead of it on its stream ends (the gaps are the
+// stream's, not the schedule's); units near the middle of the bench's sizes (geometric),
+// within 256 KiB-8 MiB; 8 steps, the first a warm-up. The same executor, threads and
+// niceness as `run --compute timed`. Measured 2026-12-03 beside seed 71's 24 workloads (2-3
+// ranks): 37-165 us after an all-gather, 18-76 us after a reduce-scatter, where the bench's
+// own back-to-back loop leaves 1-16 us (inside the curve: counted twice, a few us).
+StatusOr<CollectiveGaps> ProbeCollectiveGaps(const GatherBenchOptions& o,
+                                             const ChosenBackend& chosen) {
+  constexpr int kLayers = 8;
+  constexpr int kSteps = 8;
+  const double middle =
+      std::sqrt(static_cast<double>(o.min_bytes) * static_cast<double>(o.max_bytes));
+  const double unit_bytes = std::clamp(middle, 256.0 * 1024, 8.0 * 1024 * 1024);
+  // A layer holds 4h^2 + 3h * ffn parameters; with ffn = 3h, 13h^2 of 2 bytes.
+  synth::SynthConfig c;
+  c.layers = kLayers;
+  c.hidden = std::max<std::int64_t>(64, 8 * std::llround(std::sqrt(unit_bytes / 26) / 8));
+  c.ffn = 3 * c.hidden;
+  c.heads = 4;
+  c.kv_heads = 4;
+  c.vocab = 256;
+  c.seq = 64;
+  c.tflops = 1e6;  // no compute to wait for
+  c.world_size = o.world_size;
+  FSDP_ASSIGN_OR_RETURN(const Trace trace, synth::SynthesizeTrace(c));
+  LiveOptions live;
+  live.world_size = o.world_size;
+  live.steps = kSteps;
+  live.policy.forward_prefetch = Budget{.value = 2};
+  live.policy.backward_prefetch = Budget{.value = 2};
+  live.compute = ComputeMode::kTimed;
+  live.check = false;
+  StatusOr<RunOutcome> run = chosen.backend->Run(
+      RunRequest{.trace = &trace, .options = live, .backend_flags = chosen.flags});
+  if (!run.ok()) {
+    return Status(run.status().code(),
+                  "the live probe of the gaps between collectives: " + run.status().message());
+  }
+  return MeasureCollectiveGaps(run->timeline);
 }
 
 // --op concurrent: the contention benchmark.
@@ -315,10 +389,14 @@ Status RunConcurrent(const Args& args, const GatherBenchOptions& o, const Chosen
       chosen.backend->BenchContention(BenchRequest{.options = o, .backend_flags = chosen.flags});
   if (!measured.ok()) return InFlags(measured.status(), FlagScope::kBenchGather);
   const std::vector<ContentionRow>& rows = *measured;
-  const std::string json = ContentionJson(o, rows, backend);
+  CollectiveGaps gaps;
+  if (backend == "host" && InOneProcess()) {
+    FSDP_ASSIGN_OR_RETURN(gaps, ProbeCollectiveGaps(o, chosen));
+  }
+  const std::string json = ContentionJson(o, rows, gaps, backend);
   if (!ReportsHere()) return Status::Ok();
   if (auto file = args.Get("-J")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));
-  fmt::print("{}", args.Has("--json") ? json : ContentionTable(o, rows, backend));
+  fmt::print("{}", args.Has("--json") ? json : ContentionTable(o, rows, gaps, backend));
   std::uint64_t wrong = 0;
   for (const ContentionRow& r : rows) wrong += r.wrong;
   if (wrong > 0)

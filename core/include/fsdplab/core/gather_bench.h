@@ -144,4 +144,23 @@ struct DriftSummary final {
 // A usage error naming `window_s` unless it is positive.
 StatusOr<DriftSummary> SummarizeDrift(const std::vector<DriftSample>& samples, double window_s);
 
+// The gaps between back-to-back collectives of a live run: on every rank and communication
+// track, within one step (the warm-up step, the first of several, left out) and one phase, from
+// each collective's predecessor's end to its start (when the last rank had arrived), by the
+// predecessor's kind (an all-reduce's counts as a reduce-scatter's). Pairs whose predecessor
+// ended while another collective of the rank was in progress, and first-unit gathers (the
+// step's start gates them), are left out. Meant for a probe whose collectives are all ready
+// before their predecessors end (no compute to wait for), so that each gap is the stream's own
+// work between two collectives: the simulator's stream_wake_us.after_<kind>.
+struct CollectiveGaps final {
+  struct Mean final {
+    TimeUs mean_us = 0;
+    int pairs = 0;
+  };
+  Mean all_gather;
+  Mean reduce_scatter;
+  int busy_pairs = 0;  // left out: another collective of the rank was in progress
+};
+CollectiveGaps MeasureCollectiveGaps(const Timeline& timeline);
+
 }  // namespace fsdplab
