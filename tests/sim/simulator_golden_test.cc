@@ -213,6 +213,21 @@ const TimelineOp* FindCollective(const SimRun& run, const Trace& trace, OpKind k
   return nullptr;
 }
 
+// The recorded all-gather of `unit` in `phase` of `step` (rank 0): a unit is gathered in both
+// phases. Fails the test when absent.
+const TimelineOp* FindGather(const SimRun& run, const Trace& trace, const std::string& unit,
+                             Phase phase, int step) {
+  const UnitId id = *trace.model.Find(unit);
+  for (const TimelineOp& op : run.result.timeline.ops) {
+    if (op.rank == 0 && op.kind == OpKind::kAllGather && op.unit == id && op.phase == phase &&
+        op.step == step) {
+      return &op;
+    }
+  }
+  ADD_FAILURE() << "no all_gather of " << unit << " in " << PhaseName(phase) << " of step " << step;
+  return nullptr;
+}
+
 bool HasNote(const SimRun& run, std::string_view text) {
   for (const std::string& n : run.report.notes) {
     if (n.find(text) != std::string::npos) return true;
@@ -311,13 +326,7 @@ TEST(SimulatorGolden, StreamWakeDelaysBlockedCommunicationStreams) {
   SimRun run = Simulate2(trace, opt);
   ASSERT_TRUE(run.result.status.ok()) << run.result.status.ToString();
   ASSERT_EQ(run.report.steps.size(), 2u);
-  const TimelineOp* b_gather = nullptr;
-  for (const TimelineOp& op : run.result.timeline.ops) {
-    if (op.rank == 0 && op.kind == OpKind::kAllGather && op.step == 0 &&
-        op.unit == *trace.model.Find("model.b") && op.phase == Phase::kBackward) {
-      b_gather = &op;
-    }
-  }
+  const TimelineOp* b_gather = FindGather(run, trace, "model.b", Phase::kBackward, 0);
   ASSERT_NE(b_gather, nullptr);
   EXPECT_DOUBLE_EQ(b_gather->start_us, 2310);
   const TimelineOp* rs_b = FindCollective(run, trace, OpKind::kReduceScatter, "model.b", 0);
@@ -422,22 +431,13 @@ TEST(SimulatorGolden, ACollectiveFollowsTheLastOnItsStreamAfterItsGap) {
   opt.cluster.stream_wake = StreamWake{.after_all_gather_us = 50, .after_reduce_scatter_us = 30};
   SimRun run = Simulate2(trace, opt);
   ASSERT_TRUE(run.result.status.ok()) << run.result.status.ToString();
-  auto gather = [&](const char* unit, Phase phase, int step) -> const TimelineOp* {
-    for (const TimelineOp& op : run.result.timeline.ops) {
-      if (op.rank == 0 && op.kind == OpKind::kAllGather && op.step == step &&
-          op.unit == *trace.model.Find(unit) && op.phase == phase) {
-        return &op;
-      }
-    }
-    return nullptr;
-  };
-  const TimelineOp* model = gather("model", Phase::kForward, 0);
-  const TimelineOp* a_fwd = gather("model.a", Phase::kForward, 0);
-  const TimelineOp* b_fwd = gather("model.b", Phase::kForward, 0);
-  const TimelineOp* b_bwd = gather("model.b", Phase::kBackward, 0);
-  const TimelineOp* a_bwd = gather("model.a", Phase::kBackward, 0);
-  const TimelineOp* model_1 = gather("model", Phase::kForward, 1);
-  const TimelineOp* a_fwd_1 = gather("model.a", Phase::kForward, 1);
+  const TimelineOp* model = FindGather(run, trace, "model", Phase::kForward, 0);
+  const TimelineOp* a_fwd = FindGather(run, trace, "model.a", Phase::kForward, 0);
+  const TimelineOp* b_fwd = FindGather(run, trace, "model.b", Phase::kForward, 0);
+  const TimelineOp* b_bwd = FindGather(run, trace, "model.b", Phase::kBackward, 0);
+  const TimelineOp* a_bwd = FindGather(run, trace, "model.a", Phase::kBackward, 0);
+  const TimelineOp* model_1 = FindGather(run, trace, "model", Phase::kForward, 1);
+  const TimelineOp* a_fwd_1 = FindGather(run, trace, "model.a", Phase::kForward, 1);
   ASSERT_TRUE(model && a_fwd && b_fwd && b_bwd && a_bwd && model_1 && a_fwd_1);
   EXPECT_DOUBLE_EQ(model->start_us, 0);
   EXPECT_DOUBLE_EQ(a_fwd->start_us, 150);
