@@ -437,8 +437,7 @@ TimeUs Engine::WakeDelay(const RankState& r, int s, TimeUs now) const {
 TimeUs Engine::AfterCollective(CollectiveKind kind, TimeUs now) const {
   const std::optional<StreamWake>& wake = opt_.cluster.stream_wake;
   if (!wake) return -1;
-  return now + (kind == CollectiveKind::kAllGather ? wake->after_all_gather_us
-                                                   : wake->after_reduce_scatter_us);
+  return now + wake->AfterCollectiveUs(kind);
 }
 
 bool Engine::ResumesIntoCollective(const RankState& r, int s) const {

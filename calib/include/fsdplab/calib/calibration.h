@@ -158,6 +158,9 @@ struct StreamWake final {
   // allocation) on a host thread. 0 where not measured.
   TimeUs after_all_gather_us = 0;
   TimeUs after_reduce_scatter_us = 0;
+  TimeUs AfterCollectiveUs(CollectiveKind kind) const {
+    return kind == CollectiveKind::kAllGather ? after_all_gather_us : after_reduce_scatter_us;
+  }
   friend bool operator==(const StreamWake&, const StreamWake&) = default;
 };
 // The "stream_wake_us" object ({"idle", "while_all_gather", "while_reduce_scatter",
