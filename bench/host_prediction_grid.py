@@ -19,7 +19,9 @@ workload is predicted twice:
   runs, on buffers 8x the last-level cache, as `bench/host_prediction.sh` does for the samples.
 The two tell the model's error from this machine's drift over minutes, which the grid-wide
 bench's own change from before to after the runs shows. Each workload is run live REPEAT times
-(default 3, `--compute timed --no-check`); the run with the median step time is compared.
+(default 3, `--compute timed --no-check`), each run long enough to last 2.5 s (8-96 steps, sized
+from the provisional model), and the beside benches time at least 30 ms per size (10-100 calls);
+the run with the median step time is compared.
 
 Prints a table (workload, measured, both predictions and errors, the beside-bench's drift, every
 run's step time), the median and 90th-percentile |error| of each prediction, how many
@@ -99,7 +101,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=24)
     ap.add_argument("--repeat", type=int, default=int(os.environ.get("REPEAT", "3")))
-    ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "8")))
+    ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "8")),
+                    help="live steps per run at the least (default 8; a run of short steps gets "
+                         "more, to last RUN_SECONDS, at most MAX_STEPS)")
     ap.add_argument("--keep", help="keep the work files in this directory")
     ap.add_argument("--regrade", metavar="DIR",
                     help="measure nothing: recalibrate from the bench-gather files kept in DIR "
@@ -162,11 +166,7 @@ def main():
         dtype = dtypes[i]
         hidden, ffn, ubytes = shape_for(sizes[i] * MiB, dtype)
         w = worlds[i]
-        cost = json.loads(run([f, "cost", "--cluster", f"{work}/provisional{w}.json",
-                               "--collective", "all_gather", "--world-size", str(w), "--bytes",
-                               str(ubytes), "--json"]))
-        rows = cost if isinstance(cost, list) else cost.get("rows", cost.get("sizes", []))
-        ag_us = float(rows[0]["time_us"])
+        ag_us = all_gather_us(f, f"{work}/provisional{w}.json", w, ubytes)
         # Forward FLOPs of a layer: 2 x parameters x tokens; its compute should last ratio x the
         # layer's all-gather.
         params = 4 * hidden * hidden + 3 * hidden * ffn
@@ -188,12 +188,15 @@ def main():
         # drift the grid-wide calibration carries into every prediction. The same bench, the
         # same working set, only closer in time.
         lo, hi = collective_sizes(f, work, name, trace, w, policy)
-        local = ["-b", str(lo), "-e", str(hi), "-f", "2", "-n", "10", "-w", "3", *ws_flags]
+        step_us, call_us = provisional(f, work, name, trace, w, policy)
+        steps = steps_for(step_us, a.steps)
+        local = ["-b", str(lo), "-e", str(hi), "-f", "2", "-n", str(bench_iters(call_us, 10)),
+                 "-w", "3", *ws_flags]
         for tag in (0, 1):
             if tag == 1:
                 for r in range(a.repeat):
                     run([f, "run", "--backend", "host", trace, "--world-size", str(w), "--steps",
-                         str(a.steps), "--compute", "timed", "--no-check", *policy, "--json",
+                         str(steps), "--compute", "timed", "--no-check", *policy, "--json",
                          "-o", f"{work}/{name}.meas{r}.json"])
                     if r == (a.repeat - 1) // 2:
                         # The contention and the stream wake-ups too, between the runs: this
@@ -211,9 +214,57 @@ def main():
     for w in sorted(set(worlds)):
         bench(w, 1)
         calibrate(f, work, w, work)
-    report(f, work, work, workloads, a.steps, a.repeat, f"seed {a.seed}")
+    report(f, work, work, workloads, a.repeat, f"seed {a.seed}")
     if a.keep:
         print(f"work files kept in {work}")
+
+
+# How long each live run and each beside bench's timed loop lasts at the least. A run of the
+# default 8 steps of a 20 ms workload lasts 0.16 s, and one 10 ms hiccup of this machine moves
+# its mean step by 6%; a bench of 10 calls of 200 us, 2 ms. On seeds 61, 67, 71 and 73 the
+# workloads of steps under 50 ms spread 13% between their three runs (median), those over
+# 400 ms 1.7%, and their |error| followed: median 5.3% against 2.1%, p90 22.6% against 8.3%.
+# A run of at least one drift window (2.5 s, `bench-gather --op drift`) and loops of 30 ms
+# average over the same hiccups the long workloads do. Sized from the provisional model before
+# anything is measured: nothing here is fitted to the steps being predicted.
+RUN_SECONDS = 2.5
+MAX_STEPS = 96
+BENCH_LOOP_US = 30000
+MAX_BENCH_ITERS = 100
+
+
+def steps_for(step_us, minimum):
+    # Steps of a live run: the warm-up step plus enough steps after it to last RUN_SECONDS, at
+    # least `minimum`, at most MAX_STEPS.
+    wanted = 1 + math.ceil(RUN_SECONDS * 1e6 / max(step_us, 1.0))
+    return max(minimum, min(MAX_STEPS, wanted))
+
+
+def bench_iters(call_us, minimum):
+    # Timed iterations per size of a beside bench whose smallest call lasts `call_us`: a loop of
+    # at least BENCH_LOOP_US at that size, at least `minimum`, at most MAX_BENCH_ITERS.
+    wanted = math.ceil(BENCH_LOOP_US / max(call_us, 1.0))
+    return max(minimum, min(MAX_BENCH_ITERS, wanted))
+
+
+def provisional(f, work, name, trace, w, policy):
+    # The workload's step time (us) and its smallest all-gather's time (us) under the
+    # provisional model (the grid's first bench).
+    sim = f"{work}/{name}.provisional.json"
+    run([f, "simulate", trace, "--cluster", f"{work}/provisional{w}.json", "--world-size", str(w),
+         "--steps", "8", *policy, "--json", "-o", sim])
+    with open(sim) as fh:
+        step_us = json.load(fh)["summary"]["step_time_us"]
+    lo, _ = collective_sizes(f, work, name, trace, w, policy)
+    return step_us, all_gather_us(f, f"{work}/provisional{w}.json", w, lo)
+
+
+def all_gather_us(f, cluster, w, nbytes):
+    # The cluster's all-gather time (us) of `nbytes` on `w` ranks (`fsdplab cost`).
+    cost = json.loads(run([f, "cost", "--cluster", cluster, "--collective", "all_gather",
+                           "--world-size", str(w), "--bytes", str(nbytes), "--json"]))
+    rows = cost if isinstance(cost, list) else cost.get("rows", cost.get("sizes", []))
+    return float(rows[0]["time_us"])
 
 
 def collective_sizes(f, work, name, trace, w, policy):
@@ -267,9 +318,7 @@ def regrade(f, work):
         calibrate(f, work, w, out)
     name = workloads[0][0]
     repeat = len([p for p in os.listdir(work) if p.startswith(name + ".meas")])
-    with open(os.path.join(work, f"{name}.meas0.json")) as fh:
-        steps = len(json.load(fh)["steps"])
-    report(f, work, out, workloads, steps, repeat, f"regraded {work}")
+    report(f, work, out, workloads, repeat, f"regraded {work}")
 
 
 def predict(f, trace, cluster, w, steps, policy, sim, measured):
@@ -369,7 +418,7 @@ def race_margins(fractions):
             f"{100 * fractions[-1]:.0f}%) of their collectives")
 
 
-def report(f, work, out, workloads, steps, repeat, label):
+def report(f, work, out, workloads, repeat, label):
     # Two predictions of each workload: from its own curves, measured beside its live runs
     # ("beside"), when the grid measured them, and from the one calibration of the whole grid
     # (before and after every run: "grid").
@@ -384,6 +433,8 @@ def report(f, work, out, workloads, steps, repeat, label):
                 runs.append((json.load(fh)["summary"]["step_time_us"], path))
         runs.sort()
         median_path = runs[(len(runs) - 1) // 2][1]
+        with open(median_path) as fh:
+            steps = len(json.load(fh)["steps"])  # each workload's runs are sized to it
         grid = predict(f, trace, f"{out}/cluster{w}.json", w, steps, policy,
                        f"{out}/{name}.sim.json", median_path)
         beside = None

@@ -46,8 +46,10 @@ ws=(--working-set "$(bash "$root/scripts/cold_working_set.sh")")
   >/dev/null
 "$fsdplab" bench-gather "${sizes[@]}" --op concurrent -J "$work/both.json" | tail -1
 # Three live runs; the one with the median step time is compared (the others show the noise).
+# 20 steps of about 135 ms: each run lasts one drift window (2.5 s, the drift line below), so a
+# hiccup of the machine moves its mean step little (bench/host_prediction_grid.py, RUN_SECONDS).
 for i in 0 1 2; do
-  "$fsdplab" run --backend host traces/gpt_small.json --world-size 2 --steps 6 --compute timed \
+  "$fsdplab" run --backend host traces/gpt_small.json --world-size 2 --steps 20 --compute timed \
     --no-check --json -o "$work/measured$i.json" >/dev/null
 done
 median="$(for i in 0 1 2; do
@@ -61,7 +63,7 @@ echo "measured step time of the three runs: $(awk '{printf "%s%.1f ms", (NR > 1 
 "$fsdplab" calibrate "$work"/ag0.txt "$work"/ag1.txt "$work"/rs0.txt "$work"/rs1.txt \
   --contention "$work/both.json" -o "$work/cluster.json" >/dev/null
 "$fsdplab" simulate traces/gpt_small.json --cluster "$work/cluster.json" --world-size 2 \
-  --steps 6 -o "$work/predicted.json" >/dev/null
+  --steps 20 -o "$work/predicted.json" >/dev/null
 "$fsdplab" compare "$work/predicted.json" "$median" | sed -n '1,/^$/p;$p'
 # How far this machine alone moves one collective between windows as long as a live run: an
 # error inside that spread is this machine's noise, not the model's.

@@ -1,5 +1,6 @@
 """The host prediction grid's diagnosis of a workload (bench/host_prediction_grid.py): how fast
-its live collectives that overlapped no other collective ran against the calibrated curve.
+its live collectives that overlapped no other collective ran against the calibrated curve; and
+how long it measures a workload (steps per live run, calls per bench size).
 
 Needs only the fsdplab binary (FSDPLAB_BIN), for `fsdplab cost`; no torch.
 """
@@ -65,6 +66,30 @@ class AloneRatiosTest(unittest.TestCase):
         got = self.ratios([op("all_gather", 0, 510, 1000000),
                            op("reduce_scatter", 100, 510, 1000000)])
         self.assertEqual(got, {})
+
+
+class MeasurementLengthTest(unittest.TestCase):
+    # RUN_SECONDS 2.5, MAX_STEPS 96, BENCH_LOOP_US 30000, MAX_BENCH_ITERS 100.
+    def test_short_steps_get_a_run_of_at_least_the_window(self):
+        # 50 ms steps: 1 warm-up + ceil(2.5e6 / 50e3) = 1 + 50 = 51 steps.
+        self.assertEqual(grid.steps_for(50e3, 8), 51)
+        # 60 ms: 1 + ceil(41.67) = 43.
+        self.assertEqual(grid.steps_for(60e3, 8), 43)
+
+    def test_run_length_stays_within_its_bounds(self):
+        # 400 ms: 1 + ceil(6.25) = 8, the minimum; 500 ms: 1 + 5 = 6 -> 8; 10 ms: 251 -> 96.
+        self.assertEqual(grid.steps_for(400e3, 8), 8)
+        self.assertEqual(grid.steps_for(500e3, 8), 8)
+        self.assertEqual(grid.steps_for(10e3, 8), 96)
+        # A larger minimum wins over the window: 500 ms with --steps 12 -> 12.
+        self.assertEqual(grid.steps_for(500e3, 12), 12)
+
+    def test_bench_loops_last_at_least_30_ms(self):
+        # 700 us calls: ceil(30000 / 700) = ceil(42.86) = 43 iterations.
+        self.assertEqual(grid.bench_iters(700, 10), 43)
+        # 5 ms calls: 6 -> the minimum 10; 100 us: 300 -> at most 100.
+        self.assertEqual(grid.bench_iters(5000, 10), 10)
+        self.assertEqual(grid.bench_iters(100, 10), 100)
 
 
 if __name__ == "__main__":
