@@ -188,7 +188,7 @@ def main():
         # drift the grid-wide calibration carries into every prediction. The same bench, the
         # same working set, only closer in time.
         lo, hi = collective_sizes(f, work, name, trace, w, policy)
-        step_us, call_us = provisional(f, work, name, trace, w, policy)
+        step_us, call_us = provisional(f, work, name, trace, w, policy, lo)
         steps = steps_for(step_us, a.steps)
         local = ["-b", str(lo), "-e", str(hi), "-f", "2", "-n", str(bench_iters(call_us, 10)),
                  "-w", "3", *ws_flags]
@@ -247,15 +247,15 @@ def bench_iters(call_us, minimum):
     return max(minimum, min(MAX_BENCH_ITERS, wanted))
 
 
-def provisional(f, work, name, trace, w, policy):
-    # The workload's step time (us) and its smallest all-gather's time (us) under the
-    # provisional model (the grid's first bench).
+def provisional(f, work, name, trace, w, policy, lo):
+    # The workload's step time (us) and the time (us) of an all-gather of `lo` bytes (its
+    # smallest collective, collective_sizes) under the provisional model (the grid's first
+    # bench).
     sim = f"{work}/{name}.provisional.json"
     run([f, "simulate", trace, "--cluster", f"{work}/provisional{w}.json", "--world-size", str(w),
          "--steps", "8", *policy, "--json", "-o", sim])
     with open(sim) as fh:
         step_us = json.load(fh)["summary"]["step_time_us"]
-    lo, _ = collective_sizes(f, work, name, trace, w, policy)
     return step_us, all_gather_us(f, f"{work}/provisional{w}.json", w, lo)
 
 
