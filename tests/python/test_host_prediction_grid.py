@@ -1,6 +1,7 @@
 """The host prediction grid's diagnosis of a workload (bench/host_prediction_grid.py): how fast
 its live collectives that overlapped no other collective ran against the calibrated curve; and
-how long it measures a workload (steps per live run, calls per bench size).
+how long it measures a workload (steps per live run, calls per bench size); and which workloads
+it measures again, and what it makes of the second measurement.
 
 Needs only the fsdplab binary (FSDPLAB_BIN), for `fsdplab cost`; no torch.
 """
@@ -90,6 +91,47 @@ class MeasurementLengthTest(unittest.TestCase):
         # 5 ms calls: 6 -> the minimum 10; 100 us: 300 -> at most 100.
         self.assertEqual(grid.bench_iters(5000, 10), 10)
         self.assertEqual(grid.bench_iters(100, 10), 100)
+
+
+class MeasuredAgainTest(unittest.TestCase):
+    @staticmethod
+    def result(name, beside, grid_error):
+        # report()'s result: (name, beside error, grid-wide error, spread, ...).
+        return (name, beside, grid_error, 0.03)
+
+    def test_worst_three_by_the_beside_error_when_every_workload_has_one(self):
+        # |beside|: a 2.0, b 9.5, c 4.0, d 12.1, e 3.0 -> d, b, c (a grid-wide -30% is ignored).
+        results = [self.result("a", 2.0, -30.0), self.result("b", -9.5, 1.0),
+                   self.result("c", 4.0, 2.0), self.result("d", -12.1, 3.0),
+                   self.result("e", 3.0, 4.0)]
+        self.assertEqual([r[0] for r in grid.worst_three(results)], ["d", "b", "c"])
+
+    def test_worst_three_by_the_grid_error_where_one_has_no_beside(self):
+        # b has no beside prediction, so the grid-wide |error| ranks: a 30, e 4, d 3.
+        results = [self.result("a", 2.0, -30.0), self.result("b", None, 1.0),
+                   self.result("c", 4.0, 2.0), self.result("d", -12.1, 3.0),
+                   self.result("e", 3.0, 4.0)]
+        self.assertEqual([r[0] for r in grid.worst_three(results)], ["a", "e", "d"])
+
+    def test_verdicts(self):
+        # -16.4% then -14.7% with runs spreading 17.1%: 1.7 points apart, inside the spread.
+        self.assertIn("came back", grid.again_verdict(-16.4, -14.7, 17.1))
+        # -14.6% then +0.5%, spread 3.7%: 15.1 points apart, and +0.5% is within 5%.
+        self.assertIn("gone", grid.again_verdict(-14.6, 0.5, 3.7))
+        # -14.6% then -9.0%, spread 3.0%: 5.6 points apart and still over 5%.
+        self.assertIn("moved", grid.again_verdict(-14.6, -9.0, 3.0))
+
+    def test_runs_of_orders_the_runs_and_reads_the_median(self):
+        with tempfile.TemporaryDirectory() as d:
+            # Step times 300, 100, 200 us: fastest first 100 (meas1), 200 (meas2), 300 (meas0);
+            # the median is meas2, whose 5 steps are the workload's.
+            for r, (t, steps) in enumerate([(300, 4), (100, 6), (200, 5)]):
+                with open(os.path.join(d, f"w.meas{r}.json"), "w") as fh:
+                    json.dump({"summary": {"step_time_us": t}, "steps": [{}] * steps}, fh)
+            runs, median, steps = grid.runs_of(d, "w", 3)
+            self.assertEqual([t for t, _ in runs], [100, 200, 300])
+            self.assertEqual(os.path.basename(median), "w.meas2.json")
+            self.assertEqual(steps, 5)
 
 
 if __name__ == "__main__":
