@@ -37,8 +37,9 @@ bench says is told from time lost between collectives; and the machine's own dri
 runs, and how far its time moved between 2.5 s windows). Last, the three worst
 workloads are measured a second time (their live runs and beside benches, minutes after the
 first) and predicted again: an error that comes back within the runs' spread is the model's, one
-that is gone was this machine's state at the time (seed 83 kept, measured again hours later:
--16.4% -> -14.7%, -14.6% -> +0.5%, -12.1% -> -7.7%). `--regrade DIR` predicts a kept grid again
+that is gone was this machine's state at the time, and runs that spread as wide as the error
+cannot tell (seed 83 kept, measured again hours later: -14.6% -> +0.5%, gone; -16.4% -> -14.7%
+with runs spreading 17%, cannot tell). `--regrade DIR` predicts a kept grid again
 without measuring (the second measurements too, where kept). Run it on an otherwise idle machine: the host collectives are memory copies on
 the same cores, and other load shows up as error.
 """
@@ -589,9 +590,13 @@ def worst_three(results):
 
 def again_verdict(first, again, spread):
     # Whether a workload's error came back when it was measured again (errors and the larger
-    # run-to-run spread of the two measurements, in %): within that spread it is the model's;
-    # gone (within 5%) it was this machine's state at the time.
-    if abs(again - first) <= spread:
+    # run-to-run spread of the two measurements, in %). Runs that spread as wide as the error
+    # cannot tell; of one sign and within that spread it is the model's; gone (within 5%) it
+    # was this machine's state at the time. (Seed 89's first grid called three "came back"
+    # whose runs spread 16-25%, one from -14.7% to +6.0%.)
+    if spread >= abs(first):
+        return "cannot tell: its runs spread as wide as its error"
+    if abs(again - first) <= spread:  # of one sign: |first| > spread
         return "came back, within the runs' spread: the model's"
     if abs(again) <= 5:
         return "gone: this machine's state during the first measurement"

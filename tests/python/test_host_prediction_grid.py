@@ -114,12 +114,18 @@ class MeasuredAgainTest(unittest.TestCase):
         self.assertEqual([r[0] for r in grid.worst_three(results)], ["a", "e", "d"])
 
     def test_verdicts(self):
-        # -16.4% then -14.7% with runs spreading 17.1%: 1.7 points apart, inside the spread.
-        self.assertIn("came back", grid.again_verdict(-16.4, -14.7, 17.1))
+        # -16.4% then -14.7%, runs spreading 8.1%: 1.7 points apart, one sign, inside the spread.
+        self.assertIn("came back", grid.again_verdict(-16.4, -14.7, 8.1))
+        # -16.4% with runs spreading 17.1%: wider than the error itself.
+        self.assertIn("cannot tell", grid.again_verdict(-16.4, -14.7, 17.1))
         # -14.6% then +0.5%, spread 3.7%: 15.1 points apart, and +0.5% is within 5%.
         self.assertIn("gone", grid.again_verdict(-14.6, 0.5, 3.7))
         # -14.6% then -9.0%, spread 3.0%: 5.6 points apart and still over 5%.
         self.assertIn("moved", grid.again_verdict(-14.6, -9.0, 3.0))
+        # -8.0% then +2.0%, spread 6.0%: 10 points apart across zero, +2.0% within 5%: gone.
+        self.assertIn("gone", grid.again_verdict(-8.0, 2.0, 6.0))
+        # -8.0% then +6.0%, spread 7.9%: 14 points apart across zero, +6.0% over 5%: moved.
+        self.assertIn("moved", grid.again_verdict(-8.0, 6.0, 7.9))
 
     def test_runs_of_orders_the_runs_and_reads_the_median(self):
         with tempfile.TemporaryDirectory() as d:
