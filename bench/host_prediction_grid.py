@@ -39,9 +39,9 @@ workloads are measured a second time (their live runs and beside benches, minute
 first) and predicted again: an error that comes back within the runs' spread is the model's, one
 that is gone was this machine's state at the time, and runs that spread as wide as the error
 cannot tell (seed 83 kept, measured again hours later: -14.6% -> +0.5%, gone; -16.4% -> -14.7%
-with runs spreading 17%, cannot tell). `--regrade DIR` predicts a kept grid again
-without measuring (the second measurements too, where kept). Run it on an otherwise idle machine: the host collectives are memory copies on
-the same cores, and other load shows up as error.
+with runs spreading 17%, cannot tell). `--regrade DIR` predicts a kept grid again without
+measuring (the second measurements too, where kept). Run it on an otherwise idle machine: the
+host collectives are memory copies on the same cores, and other load shows up as error.
 """
 import argparse
 import json
@@ -338,7 +338,7 @@ def regrade(f, work):
     for w in sorted({w for _, _, w, _ in workloads}):
         calibrate(f, work, w, out)
     name = workloads[0][0]
-    repeat = len([p for p in os.listdir(work) if p.startswith(name + ".meas")])
+    repeat = kept_runs(work, name)
     results = report(f, work, out, workloads, repeat, f"regraded {work}")
     report_again(f, work, out,
                  [wl for wl in workloads if os.path.exists(f"{work}/{wl[0]}{AGAIN}.meas0.json")],
@@ -577,6 +577,12 @@ def runs_of(work, name, repeat):
     return runs, median_path, steps
 
 
+def kept_runs(work, name):
+    # How many live runs of `name` (`{name}.meas{r}.json`) `work` holds.
+    run_file = re.escape(name) + r"\.meas\d+\.json"
+    return len([p for p in os.listdir(work) if re.fullmatch(run_file, p)])
+
+
 def error_key(results):
     # The error a result is judged by: the beside prediction's where every workload has one,
     # else the grid-wide one's.
@@ -613,8 +619,7 @@ def report_again(f, work, out, worst, results):
     print("the worst three measured again (live runs and beside benches; the first "
           "measurement's error, then the second's):")
     for name, trace, w, policy in worst:
-        repeat = len([p for p in os.listdir(work) if p.startswith(f"{name}{AGAIN}.meas")])
-        runs, median_path, steps = runs_of(work, name + AGAIN, repeat)
+        runs, median_path, steps = runs_of(work, name + AGAIN, kept_runs(work, name + AGAIN))
         calibrate(f, work, w, out, name + AGAIN)
         c = predict(f, trace, f"{out}/{name}{AGAIN}.cluster.json", w, steps, policy,
                     f"{out}/{name}{AGAIN}.beside.sim.json", median_path)
@@ -622,8 +627,7 @@ def report_again(f, work, out, worst, results):
         spread = (runs[-1][0] - runs[0][0]) / s["step_time_measured_us"] * 100
         r = first[name]
         worse = max(spread, r[3] * 100)
-        _, first_median, _ = runs_of(work, name, len(
-            [p for p in os.listdir(work) if p.startswith(f"{name}.meas")]))
+        _, first_median, _ = runs_of(work, name, kept_runs(work, name))
         minutes = (os.path.getmtime(median_path) - os.path.getmtime(first_median)) / 60
         print(f"  {name:<52} {r[key]:+.1f}% -> {s['step_time_error_pct']:+.1f}% "
               f"({minutes:.0f} min later; measured {s['step_time_measured_us']:.0f} us, predicted "
