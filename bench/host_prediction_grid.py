@@ -187,8 +187,10 @@ def main():
         policy = ["--forward-prefetch", str(budgets[i]), "--backward-prefetch", str(budgets[i])]
         workloads.append((name, trace, w, policy))
 
+    sizings = {}
     for name, trace, w, policy in workloads:
-        measure(f, work, name, trace, w, policy, a.repeat, a.steps, ws_flags)
+        sizings[name] = sizing(f, work, name, trace, w, policy, a.steps)
+        measure(f, work, name, trace, w, policy, a.repeat, sizings[name], ws_flags)
 
     for w in sorted(set(worlds)):
         bench(w, 1)
@@ -198,7 +200,7 @@ def main():
     # machine's state made does not.
     worst = [next(wl for wl in workloads if wl[0] == r[0]) for r in worst_three(results)]
     for name, trace, w, policy in worst:
-        measure(f, work, name, trace, w, policy, a.repeat, a.steps, ws_flags, again=True)
+        measure(f, work, name, trace, w, policy, a.repeat, sizings[name], ws_flags, again=True)
     report_again(f, work, work, worst, results)
     if a.keep:
         print(f"work files kept in {work}")
@@ -208,17 +210,23 @@ def main():
 AGAIN = ".again"
 
 
-def measure(f, work, name, trace, w, policy, repeat, min_steps, ws_flags, again=False):
+def sizing(f, work, name, trace, w, policy, min_steps):
+    # How a workload is measured, from the provisional model (nothing measured yet): the bench
+    # sizes (its smallest and largest collective), the steps of a live run and the bench's
+    # timed calls per size.
+    lo, hi = collective_sizes(f, work, name, trace, w, policy)
+    step_us, call_us = provisional(f, work, name, trace, w, policy, lo)
+    return lo, hi, steps_for(step_us, min_steps), bench_iters(call_us, 10)
+
+
+def measure(f, work, name, trace, w, policy, repeat, sized, ws_flags, again=False):
     # The curves again, beside this workload's live runs (just before and just after) and over
     # the sizes it moves: this machine's copy speed drifts by up to 40% over minutes, a drift the
     # grid-wide calibration carries into every prediction. The same bench, the same working
-    # set, only closer in time. `again`: the files of a second measurement (AGAIN), the runs as
-    # long and the benches as many calls as the first's (sized the same way).
-    lo, hi = collective_sizes(f, work, name, trace, w, policy)
-    step_us, call_us = provisional(f, work, name, trace, w, policy, lo)
-    steps = steps_for(step_us, min_steps)
-    local = ["-b", str(lo), "-e", str(hi), "-f", "2", "-n", str(bench_iters(call_us, 10)),
-             "-w", "3", *ws_flags]
+    # set, only closer in time. `sized`: the workload's sizing. `again`: the files of a second
+    # measurement (AGAIN), sized as the first.
+    lo, hi, steps, iters = sized
+    local = ["-b", str(lo), "-e", str(hi), "-f", "2", "-n", str(iters), "-w", "3", *ws_flags]
     out = f"{work}/{name}{AGAIN if again else ''}"
     for tag in (0, 1):
         if tag == 1:
@@ -626,13 +634,13 @@ def report_again(f, work, out, worst, results):
         s = c["summary"]
         spread = (runs[-1][0] - runs[0][0]) / s["step_time_measured_us"] * 100
         r = first[name]
-        worse = max(spread, r[3] * 100)
+        wider = max(spread, r[3] * 100)
         _, first_median, _ = runs_of(work, name, kept_runs(work, name))
         minutes = (os.path.getmtime(median_path) - os.path.getmtime(first_median)) / 60
         print(f"  {name:<52} {r[key]:+.1f}% -> {s['step_time_error_pct']:+.1f}% "
               f"({minutes:.0f} min later; measured {s['step_time_measured_us']:.0f} us, predicted "
               f"{s['step_time_predicted_us']:.0f} us; run-to-run spread {r[3] * 100:.1f}% and "
-              f"{spread:.1f}%): {again_verdict(r[key], s['step_time_error_pct'], worse)}")
+              f"{spread:.1f}%): {again_verdict(r[key], s['step_time_error_pct'], wider)}")
 
 
 if __name__ == "__main__":
