@@ -12,9 +12,9 @@ with the seed, so every value appears and the combinations vary with the seed.
 The collective model is calibrated with `bench-gather` (all-gather, reduce-scatter, and
 `--op concurrent` for the contention); nothing is fitted to the steps being predicted. Each
 workload is predicted twice:
-- "beside": from curves measured just before and just after the workload's own live runs, over
-  the sizes it moves, on the same cold working set, and the contention and stream wake-ups
-  (`--op concurrent`) measured between its runs;
+- "beside": from curves measured beside the workload's own live runs (one bench before each run
+  and one after the last, pooled), over the sizes it moves, on the same cold working set, and
+  the contention and stream wake-ups (`--op concurrent`) measured between its runs;
 - "grid": from one calibration of the whole grid per world size, before and after all the live
   runs, on buffers 8x the last-level cache, as `bench/host_prediction.sh` does for the samples.
 The two tell the model's error from this machine's drift over minutes, which the grid-wide
@@ -220,32 +220,50 @@ def sizing(f, work, name, trace, w, policy, min_steps):
 
 
 def measure(f, work, name, trace, w, policy, repeat, sized, ws_flags, again=False):
-    # The curves again, beside this workload's live runs (just before and just after) and over
-    # the sizes it moves: this machine's copy speed drifts by up to 40% over minutes, a drift the
-    # grid-wide calibration carries into every prediction. The same bench, the same working
-    # set, only closer in time. `sized`: the workload's sizing. `again`: the files of a second
-    # measurement (AGAIN), sized as the first.
+    # The curves again, beside this workload's live runs and over the sizes it moves: this
+    # machine's copy speed drifts by up to 40% over minutes, a drift the grid-wide calibration
+    # carries into every prediction. The same bench, the same working set, only closer in time:
+    # one before each run and one after the last (bench files `.{op}.{tag}.txt`, tags 0 to
+    # `repeat`), so that the curves sample the minutes the runs ran in rather than only their
+    # two ends. Predictions of one workload from the bench before its runs alone and from the
+    # one after alone differed by a median 1.7% but up to 26% (seed 89, the communication-bound
+    # ones); on 16 measurements of eight of them (2026-12-04), the same runs predicted from the
+    # first and last of these benches against all four: mean |error| 7.9% -> 5.7%, p90 17.1%
+    # -> 11.2%, largest 27.1% -> 14.0%. `sized`: the workload's sizing. `again`: the files of
+    # a second measurement (AGAIN), sized as the first.
     lo, hi, steps, iters = sized
     local = ["-b", str(lo), "-e", str(hi), "-f", "2", "-n", str(iters), "-w", "3", *ws_flags]
     out = f"{work}/{name}{AGAIN if again else ''}"
-    for tag in (0, 1):
-        if tag == 1:
-            for r in range(repeat):
-                run([f, "run", "--backend", "host", trace, "--world-size", str(w), "--steps",
-                     str(steps), "--compute", "timed", "--no-check", *policy, "--json",
-                     "-o", f"{out}.meas{r}.json"])
-                if r == (repeat - 1) // 2:
-                    # The contention and the stream wake-ups too, between the runs: this
-                    # machine's thread wake-ups slow down and speed up by 10x over minutes.
-                    # Regraded on the same runs, with the grid-wide ones instead: seed 7
-                    # p90 |error| 17.4% -> 13.5% with these, seed 11 16.6% -> 18.0%; both
-                    # grids pooled 16.8% -> 15.3%, median 4.2% -> 3.6%.
-                    run([f, "bench-gather", "--backend", "host", "--world-size", str(w),
-                         "-b", str(lo), "-e", str(hi), "-f", "2", "-n", "10", "-w", "3",
-                         "--op", "concurrent", "-J", f"{out}.concurrent.json"])
+
+    def bench(tag):
         for op in ("all_gather", "reduce_scatter"):
             run([f, "bench-gather", "--backend", "host", "--world-size", str(w), *local,
                  "--op", op, "--nccl-out", f"{out}.{op}.{tag}.txt"])
+
+    for r in range(repeat):
+        bench(r)
+        run([f, "run", "--backend", "host", trace, "--world-size", str(w), "--steps", str(steps),
+             "--compute", "timed", "--no-check", *policy, "--json", "-o", f"{out}.meas{r}.json"])
+        if r == (repeat - 1) // 2:
+            # The contention and the stream wake-ups too, between the runs: this machine's
+            # thread wake-ups slow down and speed up by 10x over minutes. Regraded on the same
+            # runs, with the grid-wide ones instead: seed 7 p90 |error| 17.4% -> 13.5% with
+            # these, seed 11 16.6% -> 18.0%; both grids pooled 16.8% -> 15.3%, median 4.2% ->
+            # 3.6%.
+            run([f, "bench-gather", "--backend", "host", "--world-size", str(w), "-b", str(lo),
+                 "-e", str(hi), "-f", "2", "-n", "10", "-w", "3", "--op", "concurrent", "-J",
+                 f"{out}.concurrent.json"])
+    bench(repeat)
+
+
+def bench_tags(work, name, op):
+    # The beside bench files of `name` for `op` (`{name}.{op}.{tag}.txt`), in the order they
+    # were measured. Grids kept before the benches were interleaved with the runs hold tags 0
+    # (before the runs) and 1 (after them).
+    pattern = re.escape(f"{name}.{op}.") + r"(\d+)\.txt"
+    tags = sorted(int(m.group(1)) for m in (re.fullmatch(pattern, p) for p in os.listdir(work))
+                  if m)
+    return [f"{work}/{name}.{op}.{t}.txt" for t in tags]
 
 
 # How long each live run and each beside bench's timed loop lasts at the least. A run of the
@@ -320,10 +338,9 @@ def calibrate(f, work, w, out, name=None):
         contention = f"{work}/{name}.concurrent.json"
         if not os.path.exists(contention):
             contention = f"{work}/concurrent{w}.json"  # a grid kept before they were measured
-        run([f, "calibrate", *(f"{work}/{name}.{op}.{t}.txt" for op in ("all_gather",
-                                                                        "reduce_scatter")
-                               for t in (0, 1)),
-             "--contention", contention, "-o", f"{out}/{name}.cluster.json"])
+        run([f, "calibrate", *bench_tags(work, name, "all_gather"),
+             *bench_tags(work, name, "reduce_scatter"), "--contention", contention, "-o",
+             f"{out}/{name}.cluster.json"])
         return
     # The curves measured before and after the live runs, fitted together.
     run([f, "calibrate", f"{work}/all_gather{w}.0.txt", f"{work}/all_gather{w}.1.txt",
@@ -467,8 +484,10 @@ def report(f, work, out, workloads, repeat, label):
             calibrate(f, work, w, out, name)
             beside = predict(f, trace, f"{out}/{name}.cluster.json", w, steps, policy,
                              f"{out}/{name}.beside.sim.json", median_path)
-            local_drift = (f"{drift(f'{work}/{name}.all_gather.0.txt', f'{work}/{name}.all_gather.1.txt'):+.0f}%/"
-                           f"{drift(f'{work}/{name}.reduce_scatter.0.txt', f'{work}/{name}.reduce_scatter.1.txt'):+.0f}%")
+            # From the first beside bench to the last.
+            local_drift = "/".join(f"{drift(t[0], t[-1]):+.0f}%" for t in
+                                   (bench_tags(work, name, op)
+                                    for op in ("all_gather", "reduce_scatter")))
         c = beside or grid
         s = c["summary"]
         measured = s["step_time_measured_us"]

@@ -1,7 +1,8 @@
 """The host prediction grid's diagnosis of a workload (bench/host_prediction_grid.py): how fast
 its live collectives that overlapped no other collective ran against the calibrated curve; and
 how long it measures a workload (steps per live run, calls per bench size); and which workloads
-it measures again, and what it makes of the second measurement.
+it measures again, and what it makes of the second measurement; and which beside bench files
+a calibration pools.
 
 Needs only the fsdplab binary (FSDPLAB_BIN), for `fsdplab cost`; no torch.
 """
@@ -138,6 +139,26 @@ class MeasuredAgainTest(unittest.TestCase):
             self.assertEqual([t for t, _ in runs], [100, 200, 300])
             self.assertEqual(os.path.basename(median), "w.meas2.json")
             self.assertEqual(steps, 5)
+
+
+class BenchTagsTest(unittest.TestCase):
+    def test_tags_in_measured_order_only_of_that_workload_and_op(self):
+        with tempfile.TemporaryDirectory() as d:
+            # Tags 0-3 of w's all-gather written out of order, plus 10 (sorted as a number, not
+            # as text: 0, 1, 2, 3, 10), and files that must not be picked: another op, a
+            # second measurement (w.again), another workload whose name starts with w's.
+            names = ["w.all_gather.2.txt", "w.all_gather.0.txt", "w.all_gather.10.txt",
+                     "w.all_gather.3.txt", "w.all_gather.1.txt", "w.reduce_scatter.0.txt",
+                     "w.again.all_gather.0.txt", "w1.all_gather.0.txt", "w.all_gather.x.txt"]
+            for n in names:
+                open(os.path.join(d, n), "w").close()
+            got = [os.path.basename(p) for p in grid.bench_tags(d, "w", "all_gather")]
+            self.assertEqual(got, ["w.all_gather.0.txt", "w.all_gather.1.txt",
+                                   "w.all_gather.2.txt", "w.all_gather.3.txt",
+                                   "w.all_gather.10.txt"])
+            self.assertEqual([os.path.basename(p)
+                              for p in grid.bench_tags(d, "w.again", "all_gather")],
+                             ["w.again.all_gather.0.txt"])
 
 
 if __name__ == "__main__":
