@@ -315,6 +315,7 @@ std::string StreamWakeJson(const StreamWake& wake) {
     j["after_all_gather"] = wake.after_all_gather_us;
     j["after_reduce_scatter"] = wake.after_reduce_scatter_us;
   }
+  if (wake.demand_all_gather_us > 0) j["demand_all_gather"] = wake.demand_all_gather_us;
   return j.dump();
 }
 
@@ -335,6 +336,11 @@ std::string DescribeStreamWake(const StreamWake& w) {
         "reduce-scatter {:.1f} us",
         w.after_all_gather_us, w.after_reduce_scatter_us);
   }
+  if (w.demand_all_gather_us > 0) {
+    s += fmt::format(
+        "; an all-gather issued on demand starts {:.1f} us after the kernel it waited for",
+        w.demand_all_gather_us);
+  }
   return s + ")";
 }
 
@@ -352,13 +358,14 @@ StatusOr<StreamWake> ParseStreamWakeJson(std::string_view json_text, std::string
                     : key == "together_reduce_scatter" ? &w.together_reduce_scatter_us
                     : key == "after_all_gather"        ? &w.after_all_gather_us
                     : key == "after_reduce_scatter"    ? &w.after_reduce_scatter_us
+                    : key == "demand_all_gather"       ? &w.demand_all_gather_us
                                                        : nullptr;
     if (field == nullptr) {
       if (key == "statistic" || key == "probes") continue;  // informational
       return InvalidInput(
           fmt::format("{}.{}: unknown key (expected idle, while_all_gather, while_reduce_scatter, "
                       "together_all_gather, together_reduce_scatter, after_all_gather, "
-                      "after_reduce_scatter)",
+                      "after_reduce_scatter, demand_all_gather)",
                       where, key));
     }
     if (!value.is_number()) {

@@ -233,6 +233,7 @@ TEST_F(CliTest, CalibrateContentionGoesToTheClusterFile) {
                             {"while_reduce_scatter", 90},
                             {"together_all_gather", 160},
                             {"together_reduce_scatter", 130},
+                            {"demand_all_gather", 95},
                             {"probes", 1200},
                             {"statistic", "mean over probes, every size"}};
   ASSERT_TRUE(WriteFileAtomic(bench, host.dump()).ok());
@@ -240,13 +241,14 @@ TEST_F(CliTest, CalibrateContentionGoesToTheClusterFile) {
   EXPECT_NE(Slurp("out").find("communication streams resume 15.5 us after their events (70.0 us "
                               "while an all-gather runs, 90.0 us while a reduce-scatter does; "
                               "released by one event together, an all-gather starts 160.0 us "
-                              "and a reduce-scatter 130.0 us after it)"),
+                              "and a reduce-scatter 130.0 us after it; an all-gather issued "
+                              "on demand starts 95.0 us after the kernel it waited for)"),
             std::string::npos)
       << Slurp("out");
   c = sim::ReadClusterFile(cluster);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_TRUE(c->stream_wake.has_value());
-  EXPECT_EQ(*c->stream_wake, (calib::StreamWake{15.5, 70, 90, 160, 130}));
+  EXPECT_EQ(*c->stream_wake, (calib::StreamWake{15.5, 70, 90, 160, 130, 0, 0, 95}));
   // A bad one is an error naming the file and the field.
   host["stream_wake_us"]["while_all_gather"] = -4;
   ASSERT_TRUE(WriteFileAtomic(bench, host.dump()).ok());

@@ -258,18 +258,19 @@ TEST(Cluster, StreamWakeRoundTripAndErrors) {
   StatusOr<Cluster> c = ParseClusterJson(
       R"({"world_size": 2, "stream_wake_us": {"idle": 12.5, "while_all_gather": 60,
           "while_reduce_scatter": 80, "together_all_gather": 140, "together_reduce_scatter": 120,
-          "after_all_gather": 45, "after_reduce_scatter": 30, "probes": 900,
-          "statistic": "mean"}})");
+          "after_all_gather": 45, "after_reduce_scatter": 30, "demand_all_gather": 95,
+          "probes": 900, "statistic": "mean"}})");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_TRUE(c->stream_wake.has_value());
-  EXPECT_EQ(*c->stream_wake, (StreamWake{12.5, 60, 80, 140, 120, 45, 30}));
+  EXPECT_EQ(*c->stream_wake, (StreamWake{12.5, 60, 80, 140, 120, 45, 30, 95}));
   EXPECT_NE(DescribeCluster(*c).find("communication streams resume 12.5 us after their events "
                                      "(60.0 us while an all-gather runs, 80.0 us while a "
                                      "reduce-scatter does; released by one event together, an "
                                      "all-gather starts 140.0 us and a reduce-scatter 120.0 us "
                                      "after it; the next collective on a stream follows an "
                                      "all-gather 45.0 us after it ended, a reduce-scatter 30.0 "
-                                     "us)"),
+                                     "us; an all-gather issued on demand starts 95.0 us after "
+                                     "the kernel it waited for)"),
             std::string::npos)
       << DescribeCluster(*c);
   // An older file without the together figures: 0, and not described.
@@ -281,6 +282,8 @@ TEST(Cluster, StreamWakeRoundTripAndErrors) {
   EXPECT_EQ(DescribeCluster(*old).find("released together"), std::string::npos);
   EXPECT_EQ(DescribeCluster(*old).find("follows another"), std::string::npos);
   EXPECT_EQ(ClusterToJson(*old).find("after_all_gather"), std::string::npos);
+  EXPECT_EQ(ClusterToJson(*old).find("demand_all_gather"), std::string::npos);
+  EXPECT_EQ(DescribeCluster(*old).find("on demand"), std::string::npos);
   StatusOr<Cluster> back = ParseClusterJson(ClusterToJson(*c));
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(*back, *c);
@@ -297,6 +300,7 @@ TEST(Cluster, StreamWakeRoundTripAndErrors) {
            {R"({"stream_wake_us": {"after_all_gather": -5}})", "stream_wake_us.after_all_gather"},
            {R"({"stream_wake_us": {"after_reduce_scatter": "x"}})",
             "stream_wake_us.after_reduce_scatter"},
+           {R"({"stream_wake_us": {"demand_all_gather": -1}})", "stream_wake_us.demand_all_gather"},
            {R"({"stream_wake_us": {"after_all_gather_busy": 3}})",
             "stream_wake_us.after_all_gather_busy"},
            {R"({"stream_wake_us": 40})", "stream_wake_us"},

@@ -158,14 +158,21 @@ struct StreamWake final {
   // allocation) on a host thread. 0 where not measured.
   TimeUs after_all_gather_us = 0;
   TimeUs after_reduce_scatter_us = 0;
+  // An all-gather whose stream waited for a kernel alone (at prefetch budget 0, every forward
+  // gather), with no other collective of the rank running: from the kernel's end to the gather's
+  // start, when the last rank had arrived. More than the idle wake-up: the stream's own work
+  // before the call (the release ahead of it, the buffer from the pool) and the ranks' skew are
+  // in it. Measured on the executor by a live probe at budget 0; 0 where not measured (the
+  // idle figure applies).
+  TimeUs demand_all_gather_us = 0;
   TimeUs AfterCollectiveUs(CollectiveKind kind) const {
     return kind == CollectiveKind::kAllGather ? after_all_gather_us : after_reduce_scatter_us;
   }
   friend bool operator==(const StreamWake&, const StreamWake&) = default;
 };
 // The "stream_wake_us" object ({"idle", "while_all_gather", "while_reduce_scatter",
-// "together_all_gather", "together_reduce_scatter", "after_all_gather", "after_reduce_scatter"}),
-// and back:
+// "together_all_gather", "together_reduce_scatter", "after_all_gather", "after_reduce_scatter",
+// "demand_all_gather"}), and back:
 // every field a finite number >= 0 (a missing one is 0); "statistic" and "probes" are
 // informational; errors name `where` and the field.
 std::string StreamWakeJson(const StreamWake& wake);
@@ -173,7 +180,8 @@ std::string StreamWakeJson(const StreamWake& wake);
 // after their events (70.0 us while an all-gather runs, 90.0 us while a reduce-scatter does;
 // released by one event together, an all-gather starts 160.0 us and a reduce-scatter 130.0 us
 // after it; the next collective on a stream follows an all-gather 40.0 us after it ended, a
-// reduce-scatter 30.0 us)" (the last two parts only when measured).
+// reduce-scatter 30.0 us; an all-gather issued on demand starts 60.0 us after the kernel it
+// waited for)" (the last three parts only when measured).
 std::string DescribeStreamWake(const StreamWake& wake);
 StatusOr<StreamWake> ParseStreamWakeJson(std::string_view json_text, std::string_view where);
 
