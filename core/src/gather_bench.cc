@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -285,6 +286,53 @@ CollectiveGaps MeasureCollectiveGaps(const Timeline& timeline) {
     }
   }
   return gaps;
+}
+
+DemandGatherStarts MeasureDemandGatherStarts(const Timeline& timeline) {
+  int first_step = std::numeric_limits<int>::max();
+  int last_step = std::numeric_limits<int>::min();
+  for (const TimelineOp& op : timeline.ops) {
+    first_step = std::min(first_step, op.step);
+    last_step = std::max(last_step, op.step);
+  }
+  // Per rank: its kernels' ends (sorted) and its collectives.
+  std::map<int, std::vector<TimeUs>> kernel_ends;
+  std::map<int, std::vector<const TimelineOp*>> collectives;
+  for (const TimelineOp& op : timeline.ops) {
+    if (op.kind == OpKind::kCompute) {
+      kernel_ends[op.rank].push_back(op.end_us);
+    } else if (op.kind == OpKind::kAllGather || op.kind == OpKind::kReduceScatter ||
+               op.kind == OpKind::kAllReduce) {
+      collectives[op.rank].push_back(&op);
+    }
+  }
+  for (auto& [rank, ends] : kernel_ends) std::sort(ends.begin(), ends.end());
+  DemandGatherStarts d;
+  for (const TimelineOp& op : timeline.ops) {
+    if (op.kind != OpKind::kAllGather || op.reason != GatherReason::kDemand) continue;
+    if (last_step > first_step && op.step == first_step) continue;  // the warm-up step
+    const std::vector<TimeUs>& ends = kernel_ends[op.rank];
+    const auto after = std::upper_bound(ends.begin(), ends.end(), op.start_us);
+    if (after == ends.begin()) continue;  // no kernel before it
+    const TimeUs kernel_end = *std::prev(after);
+    if (op.start_us - op.wait_us < kernel_end) continue;  // it arrived before the kernel ended
+    bool clear = true;
+    for (const TimelineOp* o : collectives[op.rank]) {
+      if (o == &op) continue;
+      // Another collective of the rank in progress between the kernel's end and the gather's
+      // start (one the same kernel released too, one still running, one of its own stream
+      // still ahead of it).
+      if (o->start_us < op.start_us && o->end_us > kernel_end) {
+        clear = false;
+        break;
+      }
+    }
+    if (!clear) continue;
+    // A running mean: the sum of the gaps is not kept.
+    ++d.gathers;
+    d.mean_us += (op.start_us - kernel_end - d.mean_us) / d.gathers;
+  }
+  return d;
 }
 
 }  // namespace fsdplab

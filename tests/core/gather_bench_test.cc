@@ -273,5 +273,67 @@ TEST(GatherBench, MeasureCollectiveGapsByKindLeavesBusyPairsOut) {
   EXPECT_EQ(none.all_gather.pairs + none.reduce_scatter.pairs + none.busy_pairs, 0);
 }
 
+// On-demand gathers, from the kernel before each to its start. Steps 0 (the warm-up, left out)
+// and 1; per rank:
+//   rank 0: kernel 1000-1250, demand gather 1330 (waited 20: arrived 1310, after the kernel):
+//     80 us, counted;
+//     kernel 1400-1650, demand gather 1700 (waited 100: arrived 1600, before the kernel ended:
+//     it did not wait for it): left out;
+//     kernel 1800-2050, a prefetch at 2100: left out;
+//     kernel 3000-3500, its reduce-scatter 3540-3800 and a demand gather at 3600: the
+//     reduce-scatter ran between the kernel's end and the gather's start: left out;
+//     kernel 4000-4300, a first-unit gather at 4350: left out;
+//     kernel 5000-5200, demand gather 5260 (no wait): 60 us, counted (the reduce-scatter
+//     4500-4900 had ended before the kernel did);
+//   rank 1: kernel 1000-1240, demand gather 1330: 90 us, counted;
+//   rank 2: a demand gather at 10 with no kernel before it: left out.
+// Mean (80 + 60 + 90) / 3 = 76.67 us over 3 gathers.
+TEST(GatherBench, MeasureDemandGatherStartsFromTheKernelBefore) {
+  Timeline t;
+  auto add = [&t](int rank, OpKind kind, int step, TimeUs start, TimeUs end, TimeUs wait = 0,
+                  GatherReason reason = GatherReason::kDemand) {
+    TimelineOp op;
+    op.rank = rank;
+    op.kind = kind;
+    op.track = kind == OpKind::kCompute     ? Track::kCompute
+               : kind == OpKind::kAllGather ? Track::kAllGather
+                                            : Track::kReduceScatter;
+    op.step = step;
+    op.start_us = start;
+    op.end_us = end;
+    op.wait_us = wait;
+    op.reason = reason;
+    t.ops.push_back(op);
+  };
+  const auto c = OpKind::kCompute;
+  const auto ag = OpKind::kAllGather;
+  const auto rs = OpKind::kReduceScatter;
+  add(0, c, 0, 0, 100);
+  add(0, ag, 0, 150, 250);  // the warm-up step
+  add(0, c, 1, 1000, 1250);
+  add(0, ag, 1, 1330, 1380, 20);
+  add(0, c, 1, 1400, 1650);
+  add(0, ag, 1, 1700, 1750, 100);
+  add(0, c, 1, 1800, 2050);
+  add(0, ag, 1, 2100, 2150, 0, GatherReason::kPrefetch);
+  add(0, c, 1, 3000, 3500);
+  add(0, rs, 1, 3540, 3800);
+  add(0, ag, 1, 3600, 3700);
+  add(0, c, 1, 4000, 4300);
+  add(0, ag, 1, 4350, 4400, 0, GatherReason::kFirstUnit);
+  add(0, rs, 1, 4500, 4900);
+  add(0, c, 1, 5000, 5200);
+  add(0, ag, 1, 5260, 5300);
+  add(1, c, 1, 1000, 1240);
+  add(1, ag, 1, 1330, 1380);
+  add(2, ag, 1, 10, 60);
+  const DemandGatherStarts d = MeasureDemandGatherStarts(t);
+  EXPECT_EQ(d.gathers, 3);
+  EXPECT_NEAR(d.mean_us, (80.0 + 60 + 90) / 3, 1e-9);
+  const DemandGatherStarts none = MeasureDemandGatherStarts(Timeline{});
+  EXPECT_EQ(none.gathers, 0);
+  EXPECT_EQ(none.mean_us, 0);
+}
+
 }  // namespace
 }  // namespace fsdplab

@@ -163,4 +163,18 @@ struct CollectiveGaps final {
 };
 CollectiveGaps MeasureCollectiveGaps(const Timeline& timeline);
 
+// How late an all-gather issued on demand starts after the kernel its stream waited for: per
+// rank, every demand gather (not a prefetch, not a first-unit gather) outside the warm-up step
+// that arrived after that kernel's end, with no other collective of the rank in progress at any
+// moment from that end to its start (none still running, none of its own stream ahead of it,
+// none the same kernel released); the kernel is the latest compute of the rank that ended at or
+// before the gather's start. The gap is from the kernel's end to the gather's start (when the last
+// rank had arrived). Meant for a probe at prefetch budget 0 with compute to wait for: the
+// simulator's stream_wake_us.demand_all_gather.
+struct DemandGatherStarts final {
+  TimeUs mean_us = 0;
+  int gathers = 0;
+};
+DemandGatherStarts MeasureDemandGatherStarts(const Timeline& timeline);
+
 }  // namespace fsdplab
