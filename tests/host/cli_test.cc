@@ -302,6 +302,13 @@ TEST_F(CliTest, BenchGatherConcurrentMeasuresContention) {
   EXPECT_GT(wake["after_all_gather"].get<double>(), 0);
   EXPECT_GT(wake["after_reduce_scatter"].get<double>(), 0);
   EXPECT_NE(b.out.find("Back-to-back collectives of a live probe"), std::string::npos) << b.out;
+  // The live probe at prefetch budget 0 (250 us kernels): every on-demand gather starts after
+  // the kernel its stream waited for, and the probe saw some (8 layers, 7 steps after the
+  // warm-up, 2 ranks: 7 x 2 forward gathers at the least).
+  EXPECT_GT(wake["demand_all_gather"].get<double>(), 0);
+  EXPECT_NE(b.out.find("On-demand all-gathers of a live probe at prefetch budget 0"),
+            std::string::npos)
+      << b.out;
   // What it cannot do: one rank, nccl-tests output, the CUDA backend (usage errors, exit 1).
   EXPECT_EQ(Fsdplab("bench-gather --op concurrent -b 64K --world-size 1").code, 1);
   Result nccl = Fsdplab("bench-gather --op concurrent -b 64K --nccl-out " + Path("x.txt"));

@@ -48,10 +48,12 @@ constexpr std::string_view kDescription =
     "machine's drift cancels), and the slowdown of each (together / alone - 1). The slowdowns\n"
     "over all sizes, weighted by time (sum together / sum alone - 1), are\n"
     "the simulator's communication contention. It also probes the streams' wake-ups, and runs\n"
-    "a short live probe on the executor itself (8 layers near the middle of the sizes, no\n"
-    "compute, 8 steps) for the gap between back-to-back collectives on a stream\n"
-    "(stream_wake_us.after_*). `fsdplab calibrate ... --contention FILE` takes them all from\n"
-    "the -J file.\n"
+    "two short live probes on the executor itself (8 layers near the middle of the sizes, 8\n"
+    "steps): with no compute, for the gap between back-to-back collectives on a stream\n"
+    "(stream_wake_us.after_*), and at prefetch budget 0 with 250 us kernels, for how late an\n"
+    "all-gather issued on demand starts after the kernel it waited for\n"
+    "(stream_wake_us.demand_all_gather). `fsdplab calibrate ... --contention FILE` takes them\n"
+    "all from the -J file.\n"
     "\n"
     "--op drift (host backend) times one collective of -b's size (--collective all_gather, the\n"
     "default, or reduce_scatter) again and again for --seconds of calls (default 20), in\n"
@@ -215,10 +217,12 @@ std::pair<double, double> WeightedSlowdowns(const std::vector<ContentionRow>& ro
 struct MeasuredWake {
   calib::StreamWake wake;
   int probes = 0;
-  int gap_pairs = 0;  // back-to-back collectives behind wake.after_*
+  int gap_pairs = 0;       // back-to-back collectives behind wake.after_*
+  int demand_gathers = 0;  // on-demand gathers behind wake.demand_all_gather
 };
 std::optional<MeasuredWake> StreamWakeOf(const std::vector<ContentionRow>& rows,
-                                         const CollectiveGaps& gaps) {
+                                         const CollectiveGaps& gaps,
+                                         const DemandGatherStarts& demand) {
   using Probe = ContentionRow::WakeProbe;
   auto mean = [&](Probe ContentionRow::*which, int& probes) {
     double sum = 0;
@@ -242,11 +246,14 @@ std::optional<MeasuredWake> StreamWakeOf(const std::vector<ContentionRow>& rows,
   m.wake.after_all_gather_us = gaps.all_gather.mean_us;
   m.wake.after_reduce_scatter_us = gaps.reduce_scatter.mean_us;
   m.gap_pairs = gaps.all_gather.pairs + gaps.reduce_scatter.pairs;
+  m.wake.demand_all_gather_us = demand.mean_us;
+  m.demand_gathers = demand.gathers;
   return m;
 }
 
 std::string ContentionTable(const GatherBenchOptions& o, const std::vector<ContentionRow>& rows,
-                            const CollectiveGaps& gaps, const std::string& backend) {
+                            const CollectiveGaps& gaps, const DemandGatherStarts& demand,
+                            const std::string& backend) {
   std::string t = fmt::format(
       "# fsdplab bench-gather: all_gather and reduce_scatter at once on the {} backend, {} ranks, "
       "warmup iters: {} iters: {} validation: {}\n#\n",
@@ -269,7 +276,7 @@ std::string ContentionTable(const GatherBenchOptions& o, const std::vector<Conte
       "reduce_scatter {:.1f}% "
       "(comm_contention {:.3f} / {:.3f}; `fsdplab calibrate --contention` reads the -J file)\n",
       100 * ag, 100 * rs, ag, rs);
-  if (const std::optional<MeasuredWake> m = StreamWakeOf(rows, gaps)) {
+  if (const std::optional<MeasuredWake> m = StreamWakeOf(rows, gaps, demand)) {
     t += fmt::format(
         "# A communication stream resumed after the emulated kernel it waited on: {:.1f} us late "
         "with no collective running, {:.1f} us while all_gather ran, {:.1f} us while "
@@ -286,12 +293,20 @@ std::string ContentionTable(const GatherBenchOptions& o, const std::vector<Conte
           gaps.all_gather.mean_us, gaps.reduce_scatter.mean_us, gaps.all_gather.pairs,
           gaps.reduce_scatter.pairs, gaps.busy_pairs);
     }
+    if (m->demand_gathers > 0) {
+      t += fmt::format(
+          "# On-demand all-gathers of a live probe at prefetch budget 0 (the executor, 250 us "
+          "kernels): each started {:.1f} us after the kernel its stream waited for (mean of {} "
+          "gathers; stream_wake_us.demand_all_gather)\n",
+          demand.mean_us, demand.gathers);
+    }
   }
   return t;
 }
 
 std::string ContentionJson(const GatherBenchOptions& o, const std::vector<ContentionRow>& rows,
-                           const CollectiveGaps& gaps, const std::string& backend) {
+                           const CollectiveGaps& gaps, const DemandGatherStarts& demand,
+                           const std::string& backend) {
   nlohmann::ordered_json doc = JsonHeader(o, backend, "concurrent");
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const ContentionRow& r : rows) {
@@ -321,7 +336,7 @@ std::string ContentionJson(const GatherBenchOptions& o, const std::vector<Conten
   doc["comm_contention"] = {{"all_gather", ag},
                             {"reduce_scatter", rs},
                             {"statistic", "sum of together / sum of alone - 1, over sizes"}};
-  if (const std::optional<MeasuredWake> m = StreamWakeOf(rows, gaps)) {
+  if (const std::optional<MeasuredWake> m = StreamWakeOf(rows, gaps, demand)) {
     nlohmann::ordered_json wake = nlohmann::ordered_json::parse(calib::StreamWakeJson(m->wake));
     wake["probes"] = m->probes;
     wake["statistic"] = "mean over probes, every size";
@@ -331,21 +346,25 @@ std::string ContentionJson(const GatherBenchOptions& o, const std::vector<Conten
           "probe",
           m->gap_pairs);
     }
+    if (m->demand_gathers > 0) {
+      wake["statistic"] = wake["statistic"].get<std::string>() +
+                          fmt::format(
+                              "; demand_all_gather: mean over {} on-demand gathers of a "
+                              "live probe at prefetch budget 0",
+                              m->demand_gathers);
+    }
     doc["stream_wake_us"] = std::move(wake);
   }
   return doc.dump(2) + "\n";
 }
 
-// The host streams' own work between two collectives, measured on the executor itself: a live
-// probe of 8 bf16 layers with no compute to wait for, prefetching two units ahead, so that
-// every collective is ready before the one ahead of it on its stream ends (the gaps are the
-// stream's, not the schedule's); units near the middle of the bench's sizes (geometric),
-// within 256 KiB-8 MiB; 8 steps, the first a warm-up. The same executor, threads and
-// niceness as `run --compute timed`. Measured 2026-12-03 beside seed 71's 24 workloads (2-3
-// ranks): 37-165 us after an all-gather, 18-76 us after a reduce-scatter, where the bench's
-// own back-to-back loop leaves 1-16 us (inside the curve: counted twice, a few us).
-StatusOr<CollectiveGaps> ProbeCollectiveGaps(const GatherBenchOptions& o,
-                                             const ChosenBackend& chosen) {
+// A live probe on the executor itself: 8 bf16 layers of units near the middle of the bench's
+// sizes (geometric), within 256 KiB-8 MiB; 8 steps, the first a warm-up; the same executor,
+// threads and niceness as `run --compute timed`. `prefetch`: both budgets; `layer_fwd_us`: a
+// layer's forward compute (0: none to wait for). Its timeline.
+StatusOr<Timeline> ProbeLiveRun(const GatherBenchOptions& o, const ChosenBackend& chosen,
+                                std::uint64_t prefetch, double layer_fwd_us,
+                                std::string_view what) {
   constexpr int kLayers = 8;
   constexpr int kSteps = 8;
   const double middle =
@@ -360,23 +379,55 @@ StatusOr<CollectiveGaps> ProbeCollectiveGaps(const GatherBenchOptions& o,
   c.kv_heads = 4;
   c.vocab = 256;
   c.seq = 64;
-  c.tflops = 1e6;  // no compute to wait for
+  // synth's layer forward: 2 x tokens x its 13h^2 linear parameters + 4 x tokens x seq x h
+  // FLOPs (tokens = seq: one microbatch of one sequence).
+  const double h = static_cast<double>(c.hidden);
+  const double layer_flops = 2.0 * 64 * 13 * h * h + 4.0 * 64 * 64 * h;
+  c.tflops = layer_fwd_us > 0 ? layer_flops / (layer_fwd_us * 1e6) : 1e6;
   c.world_size = o.world_size;
   FSDP_ASSIGN_OR_RETURN(const Trace trace, synth::SynthesizeTrace(c));
   LiveOptions live;
   live.world_size = o.world_size;
   live.steps = kSteps;
-  live.policy.forward_prefetch = Budget{.value = 2};
-  live.policy.backward_prefetch = Budget{.value = 2};
+  live.policy.forward_prefetch = Budget{.value = prefetch};
+  live.policy.backward_prefetch = Budget{.value = prefetch};
   live.compute = ComputeMode::kTimed;
   live.check = false;
   StatusOr<RunOutcome> run = chosen.backend->Run(
       RunRequest{.trace = &trace, .options = live, .backend_flags = chosen.flags});
   if (!run.ok()) {
     return Status(run.status().code(),
-                  "the live probe of the gaps between collectives: " + run.status().message());
+                  fmt::format("the live probe of {}: {}", what, run.status().message()));
   }
-  return MeasureCollectiveGaps(run->timeline);
+  return std::move(run->timeline);
+}
+
+// The host streams' own work between two collectives: the live probe with no compute to wait
+// for, prefetching two units ahead, so that every collective is ready before the one ahead of it
+// on its stream ends (the gaps are the stream's, not the schedule's). Measured 2026-12-03
+// beside seed 71's 24 workloads (2-3 ranks): 37-165 us after an all-gather, 18-76 us after a
+// reduce-scatter, where the bench's own back-to-back loop leaves 1-16 us (inside the curve:
+// counted twice, a few us).
+StatusOr<CollectiveGaps> ProbeCollectiveGaps(const GatherBenchOptions& o,
+                                             const ChosenBackend& chosen) {
+  FSDP_ASSIGN_OR_RETURN(
+      const Timeline t,
+      ProbeLiveRun(o, chosen, /*prefetch=*/2, /*layer_fwd_us=*/0, "the gaps between collectives"));
+  return MeasureCollectiveGaps(t);
+}
+
+// The on-demand all-gather's start: the live probe at prefetch budget 0 with forward kernels of
+// 250 us (a step's short computes, as the wake-up probes' 150-350 us), so that every forward
+// gather waits for the kernel before it. From that kernel's end to the gather's start the
+// stream wakes, runs its releases and allocations, takes the buffer from the pool and meets the
+// other ranks: on seed 97's budget-0 workloads (2026-12-04) 48-297 us (medians), where the idle
+// wake-up probe beside them read 28 us and the simulator, charging it, 21-144 us.
+StatusOr<DemandGatherStarts> ProbeDemandGathers(const GatherBenchOptions& o,
+                                                const ChosenBackend& chosen) {
+  FSDP_ASSIGN_OR_RETURN(const Timeline t,
+                        ProbeLiveRun(o, chosen, /*prefetch=*/0,
+                                     /*layer_fwd_us=*/250, "on-demand all-gathers"));
+  return MeasureDemandGatherStarts(t);
 }
 
 // --op concurrent: the contention benchmark.
@@ -390,13 +441,15 @@ Status RunConcurrent(const Args& args, const GatherBenchOptions& o, const Chosen
   if (!measured.ok()) return InFlags(measured.status(), FlagScope::kBenchGather);
   const std::vector<ContentionRow>& rows = *measured;
   CollectiveGaps gaps;
+  DemandGatherStarts demand;
   if (backend == "host" && InOneProcess()) {
     FSDP_ASSIGN_OR_RETURN(gaps, ProbeCollectiveGaps(o, chosen));
+    FSDP_ASSIGN_OR_RETURN(demand, ProbeDemandGathers(o, chosen));
   }
-  const std::string json = ContentionJson(o, rows, gaps, backend);
+  const std::string json = ContentionJson(o, rows, gaps, demand, backend);
   if (!ReportsHere()) return Status::Ok();
   if (auto file = args.Get("-J")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));
-  fmt::print("{}", args.Has("--json") ? json : ContentionTable(o, rows, gaps, backend));
+  fmt::print("{}", args.Has("--json") ? json : ContentionTable(o, rows, gaps, demand, backend));
   std::uint64_t wrong = 0;
   for (const ContentionRow& r : rows) wrong += r.wrong;
   if (wrong > 0)
