@@ -402,7 +402,9 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
 // while a collective of the rank holds the cores, and longer still when the same event released
 // another communication stream of the rank at once and both run on to a collective (a backward
 // kernel's end releasing its reduce-scatter and the next all-gather: their threads share the
-// rank's core). All measured (Cluster::stream_wake). The compute stream is an emulated device's,
+// rank's core), and for an all-gather its stream runs on to, the whole way from the event to the
+// gather's start on the executor (demand_all_gather: the release ahead of it, its buffer, the
+// ranks' skew). All measured (Cluster::stream_wake). The compute stream is an emulated device's,
 // on its own clock: it starts when the event fired.
 TimeUs Engine::WakeDelay(const RankState& r, int s, TimeUs now) const {
   const std::optional<StreamWake>& wake = opt_.cluster.stream_wake;
@@ -416,7 +418,14 @@ TimeUs Engine::WakeDelay(const RankState& r, int s, TimeUs now) const {
       delay = std::max(delay, wake->while_reduce_scatter_us);
     }
   }
-  if (ResumesIntoCollective(r, s)) {
+  if (const ProgOp* ahead = CollectiveAhead(r, s)) {
+    // An all-gather issued on demand (the kernel that needs it is next): the stream's own work
+    // up to the call and the ranks' skew, measured on the executor for exactly these gathers
+    // (stream_wake_us.demand_all_gather). A prefetch released by a free is not one: it is
+    // not what the probe timed, and charging it the same over-predicted small-unit grids.
+    if (s == kGatherStream && ahead->reason == GatherReason::kDemand) {
+      delay = std::max(delay, wake->demand_all_gather_us);
+    }
     for (int other : {kGatherStream, kScatterStream, kAllReduceStream}) {
       if (other == s) continue;
       const StreamState& o = r.streams[Idx(other)];
@@ -440,26 +449,26 @@ TimeUs Engine::AfterCollective(CollectiveKind kind, TimeUs now) const {
   return now + wake->AfterCollectiveUs(kind);
 }
 
-bool Engine::ResumesIntoCollective(const RankState& r, int s) const {
+const ProgOp* Engine::CollectiveAhead(const RankState& r, int s) const {
   const StreamState& st = r.streams[Idx(s)];
-  if (st.busy || st.arrived || st.completed >= st.issued) return false;
+  if (st.busy || st.arrived || st.completed >= st.issued) return nullptr;
   const ProgOp& head = OpAt(r, s, st.completed);
   if (head.type != PlanOpKind::kWait ||
       r.streams[Idx(head.wait_stream)].completed < head.wait_count) {
-    return false;
+    return nullptr;
   }
   for (std::uint32_t e = st.completed + 1; e < st.issued; ++e) {
     const ProgOp& op = OpAt(r, s, e);
     switch (op.type) {
-      case PlanOpKind::kCollective: return true;
-      case PlanOpKind::kCompute: return false;
+      case PlanOpKind::kCollective: return &op;
+      case PlanOpKind::kCompute: return nullptr;
       case PlanOpKind::kWait:
-        if (r.streams[Idx(op.wait_stream)].completed < op.wait_count) return false;
+        if (r.streams[Idx(op.wait_stream)].completed < op.wait_count) return nullptr;
         break;
       default: break;  // allocations, frees, records: instant
     }
   }
-  return false;  // its next collective is not issued yet
+  return nullptr;  // its next collective is not issued yet
 }
 
 void Engine::OnStreamWake(TimeUs now, const StreamWakeEv& e) {

@@ -182,9 +182,13 @@ class Engine {
   bool AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only);
   double ComputeRate(const RankState& r) const;
   TimeUs WakeDelay(const RankState& r, int s, TimeUs now) const;
-  // Whether communication stream `s`, whose head is a wait that has fired, runs on to a
-  // collective without blocking again (its ops up to the next collective are instant).
-  bool ResumesIntoCollective(const RankState& r, int s) const;
+  // The collective that communication stream `s`, whose head is a wait that has fired, runs on
+  // to without blocking again (its ops up to it are instant); nullptr if a kernel, an unmet wait
+  // or nothing issued comes first.
+  const ProgOp* CollectiveAhead(const RankState& r, int s) const;
+  bool ResumesIntoCollective(const RankState& r, int s) const {
+    return CollectiveAhead(r, s) != nullptr;
+  }
   // When the next collective of a stream whose collective of `kind` ends `now` may arrive.
   TimeUs AfterCollective(CollectiveKind kind, TimeUs now) const;
   void OnStreamWake(TimeUs now, const StreamWakeEv& e);

@@ -158,7 +158,6 @@ TEST(SimulatorGolden, LaunchCostDelaysTheFirstGather) {
   ASSERT_FALSE(run.report.steps.empty());
   EXPECT_DOUBLE_EQ(run.report.steps[0].start_us, 2);
 }
-
 }  // namespace
 }  // namespace fsdplab::sim
 
@@ -456,6 +455,65 @@ TEST(SimulatorGolden, ACollectiveFollowsTheLastOnItsStreamAfterItsGap) {
   EXPECT_DOUBLE_EQ(rs_model->end_us, 6880);
   ASSERT_EQ(run.report.steps.size(), 2u);
   EXPECT_DOUBLE_EQ(run.report.steps[0].time_us, 6880);
+}
+
+// An all-gather issued on demand (budget 0: the gather stream waits for the kernel before the
+// one that needs it) starts demand_all_gather after that kernel's end: the executor's own work
+// up to the call and the ranks' skew. With 50 us (every other figure 0), step 0 of the golden run
+// at budgets 0: model (first unit) 0-100 and a's forward gather 100-300 are issued before any
+// kernel and not delayed; a forward 300-1300; the gather stream waits for it, frees a and
+// gathers b: 1350-1550 (1300-1500 without); b forward 1550-2550; b's backward gather
+// 2600-2800, b backward 2800-4800; a's backward gather 4850-5050 while the reduce-scatter
+// stream, released by the same kernel, runs b 4800-5000 undelayed (no figure for it); a
+// backward 5050-7050; reduce-scatters a 7050-7250, model 7250-7350: the step ends at 7350
+// (7200 without: three demand gathers on the critical path, 3 x 50). Step 1's first-unit
+// gather of model, released by a's backward at 7050, is a prefetch: 7050-7150, undelayed.
+TEST(SimulatorGolden, AnAllGatherOnDemandStartsItsDelayAfterTheKernel) {
+  Trace trace = testing::ThreeUnitTrace();
+  SimOptions opt = GoldenOptions();
+  opt.policy.forward_prefetch.value = 0;
+  opt.policy.backward_prefetch.value = 0;
+  opt.cluster.stream_wake = StreamWake{.demand_all_gather_us = 50};
+  SimRun run = Simulate2(trace, opt);
+  ASSERT_TRUE(run.result.status.ok()) << run.result.status.ToString();
+  const TimelineOp* model = FindGather(run, trace, "model", Phase::kForward, 0);
+  const TimelineOp* a_fwd = FindGather(run, trace, "model.a", Phase::kForward, 0);
+  const TimelineOp* b_fwd = FindGather(run, trace, "model.b", Phase::kForward, 0);
+  const TimelineOp* b_bwd = FindGather(run, trace, "model.b", Phase::kBackward, 0);
+  const TimelineOp* a_bwd = FindGather(run, trace, "model.a", Phase::kBackward, 0);
+  const TimelineOp* model_1 = FindGather(run, trace, "model", Phase::kForward, 1);
+  ASSERT_TRUE(model && a_fwd && b_fwd && b_bwd && a_bwd && model_1);
+  EXPECT_DOUBLE_EQ(model->start_us, 0);
+  EXPECT_DOUBLE_EQ(a_fwd->start_us, 100);
+  EXPECT_DOUBLE_EQ(b_fwd->start_us, 1350);
+  EXPECT_DOUBLE_EQ(b_bwd->start_us, 2600);
+  EXPECT_DOUBLE_EQ(a_bwd->start_us, 4850);
+  EXPECT_DOUBLE_EQ(model_1->start_us, 7050);
+  const TimelineOp* rs_b = FindCollective(run, trace, OpKind::kReduceScatter, "model.b", 0);
+  const TimelineOp* rs_a = FindCollective(run, trace, OpKind::kReduceScatter, "model.a", 0);
+  const TimelineOp* rs_model = FindCollective(run, trace, OpKind::kReduceScatter, "model", 0);
+  ASSERT_TRUE(rs_b && rs_a && rs_model);
+  EXPECT_DOUBLE_EQ(rs_b->start_us, 4800);
+  EXPECT_DOUBLE_EQ(rs_a->start_us, 7050);
+  EXPECT_DOUBLE_EQ(rs_model->end_us, 7350);
+  ASSERT_EQ(run.report.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(run.report.steps[0].time_us, 7350);
+}
+
+// The same figure leaves prefetched gathers alone: at the default budget 1, every gather of the
+// golden run is a prefetch or the first unit's, so its steps are those without it (6800, see
+// the run at the top of this file).
+TEST(SimulatorGolden, ADemandGatherFigureLeavesPrefetchesAlone) {
+  Trace trace = testing::ThreeUnitTrace();
+  SimOptions opt = GoldenOptions();
+  SimRun plain = Simulate2(trace, opt);
+  opt.cluster.stream_wake = StreamWake{.demand_all_gather_us = 50};
+  SimRun run = Simulate2(trace, opt);
+  ASSERT_EQ(run.report.steps.size(), 2u);
+  ASSERT_EQ(plain.report.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(run.report.steps[0].time_us, 6800);
+  EXPECT_DOUBLE_EQ(plain.report.steps[0].time_us, 6800);
+  EXPECT_DOUBLE_EQ(run.report.steps[1].time_us, plain.report.steps[1].time_us);
 }
 
 // With one communication stream no two collectives run at once: the factors change nothing,
