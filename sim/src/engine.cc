@@ -402,10 +402,10 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
 // while a collective of the rank holds the cores, and longer still when the same event released
 // another communication stream of the rank at once and both run on to a collective (a backward
 // kernel's end releasing its reduce-scatter and the next all-gather: their threads share the
-// rank's core), and for an all-gather its stream runs on to, the whole way from the event to the
-// gather's start on the executor (demand_all_gather: the release ahead of it, its buffer, the
-// ranks' skew). All measured (Cluster::stream_wake). The compute stream is an emulated device's,
-// on its own clock: it starts when the event fired.
+// rank's core), and for an all-gather issued on demand that its stream runs on to, the whole way
+// from the event to the gather's start on the executor (demand_all_gather: the release ahead of
+// it, its buffer, the ranks' skew). All measured (Cluster::stream_wake). The compute stream is an
+// emulated device's, on its own clock: it starts when the event fired.
 TimeUs Engine::WakeDelay(const RankState& r, int s, TimeUs now) const {
   const std::optional<StreamWake>& wake = opt_.cluster.stream_wake;
   if (!wake || s == kComputeStream) return 0;

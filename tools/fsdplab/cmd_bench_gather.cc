@@ -379,12 +379,15 @@ StatusOr<Timeline> ProbeLiveRun(const GatherBenchOptions& o, const ChosenBackend
   c.kv_heads = 4;
   c.vocab = 256;
   c.seq = 64;
-  // synth's layer forward: 2 x tokens x its 13h^2 linear parameters + 4 x tokens x seq x h
-  // FLOPs (tokens = seq: one microbatch of one sequence).
-  const double h = static_cast<double>(c.hidden);
-  const double layer_flops = 2.0 * 64 * 13 * h * h + 4.0 * 64 * 64 * h;
-  c.tflops = layer_fwd_us > 0 ? layer_flops / (layer_fwd_us * 1e6) : 1e6;
   c.world_size = o.world_size;
+  // synth's layer forward (synth.h): 2 x tokens x the layer's linear parameters + 4 x tokens x
+  // seq x hidden FLOPs, at tflops x 1e6 FLOP per us.
+  FSDP_ASSIGN_OR_RETURN(const synth::SynthParamCounts counts, synth::CountSynthParams(c));
+  const double tokens = static_cast<double>(c.micro_batch_size) * static_cast<double>(c.seq);
+  const double layer_flops =
+      2 * tokens * static_cast<double>(counts.layer_linear) +
+      4 * tokens * static_cast<double>(c.seq) * static_cast<double>(c.hidden);
+  c.tflops = layer_fwd_us > 0 ? layer_flops / (layer_fwd_us * 1e6) : 1e6;
   FSDP_ASSIGN_OR_RETURN(const Trace trace, synth::SynthesizeTrace(c));
   LiveOptions live;
   live.world_size = o.world_size;
