@@ -74,14 +74,19 @@ struct Costs {
 
 double Round3(double us) { return std::round(us * 1000.0) / 1000.0; }
 
+double LayerFwdFlops(const SynthConfig& c, const SynthParamCounts& counts) {
+  const double t = static_cast<double>(c.micro_batch_size) * static_cast<double>(c.seq);
+  return 2 * t * static_cast<double>(counts.layer_linear) +
+         4 * t * static_cast<double>(c.seq) * static_cast<double>(c.hidden);
+}
+
 Costs CostsOf(const SynthConfig& c, const SynthParamCounts& counts) {
   Shapes s = ShapesOf(c);
   double t = static_cast<double>(c.micro_batch_size) * static_cast<double>(c.seq);
   double h = static_cast<double>(s.h), f = static_cast<double>(s.f);
   double v = static_cast<double>(s.v), kv = static_cast<double>(s.kv);
-  double seq = static_cast<double>(c.seq);
   double flops_per_us = c.tflops * 1e6;  // TFLOP/s = 1e12 FLOP/s = 1e6 FLOP/us
-  double layer_fwd = 2 * t * static_cast<double>(counts.layer_linear) + 4 * t * seq * h;
+  double layer_fwd = LayerFwdFlops(c, counts);
   double mlp_fwd = 2 * t * 3 * h * f;
   double head_fwd = 2 * t * v * h;
   double attn_saved = kActBytes * t * (4 * h + 2 * kv);
@@ -206,6 +211,11 @@ StatusOr<SynthParamCounts> CountSynthParams(const SynthConfig& c) {
   n.distinct_layers = c.layers - c.shared_layers;
   n.total = n.root + n.per_layer * static_cast<Elements>(n.distinct_layers);
   return n;
+}
+
+StatusOr<double> LayerForwardFlops(const SynthConfig& c) {
+  FSDP_ASSIGN_OR_RETURN(const SynthParamCounts counts, CountSynthParams(c));
+  return LayerFwdFlops(c, counts);
 }
 
 StatusOr<Trace> SynthesizeTrace(const SynthConfig& c) {

@@ -380,13 +380,8 @@ StatusOr<Timeline> ProbeLiveRun(const GatherBenchOptions& o, const ChosenBackend
   c.vocab = 256;
   c.seq = 64;
   c.world_size = o.world_size;
-  // synth's layer forward (synth.h): 2 x tokens x the layer's linear parameters + 4 x tokens x
-  // seq x hidden FLOPs, at tflops x 1e6 FLOP per us.
-  FSDP_ASSIGN_OR_RETURN(const synth::SynthParamCounts counts, synth::CountSynthParams(c));
-  const double tokens = static_cast<double>(c.micro_batch_size) * static_cast<double>(c.seq);
-  const double layer_flops =
-      2 * tokens * static_cast<double>(counts.layer_linear) +
-      4 * tokens * static_cast<double>(c.seq) * static_cast<double>(c.hidden);
+  // synth costs a layer's forward at tflops x 1e6 FLOP per us.
+  FSDP_ASSIGN_OR_RETURN(const double layer_flops, synth::LayerForwardFlops(c));
   c.tflops = layer_fwd_us > 0 ? layer_flops / (layer_fwd_us * 1e6) : 1e6;
   FSDP_ASSIGN_OR_RETURN(const Trace trace, synth::SynthesizeTrace(c));
   LiveOptions live;

@@ -98,6 +98,10 @@ struct SynthParamCounts final {
 };
 StatusOr<SynthParamCounts> CountSynthParams(const SynthConfig& config);
 
+// The FLOPs of one layer's forward for one microbatch (the formula above): what a tool that
+// wants a given layer forward time sets tflops from.
+StatusOr<double> LayerForwardFlops(const SynthConfig& config);
+
 StatusOr<Trace> SynthesizeTrace(const SynthConfig& config);
 
 }  // namespace fsdplab::synth
