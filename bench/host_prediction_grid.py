@@ -428,18 +428,16 @@ def memory_counts(c):
 
 def run_peaks(sim_path, runs):
     # The run's peak, its largest step after the warm-up one: what has to fit. Predicted: the
-    # prediction's, and the most any one of its late races could raise it to (a collective ending
-    # up to kMaxRaceSlowdown times its duration late, with those queued behind it: the races'
-    # `peak_at_limit_bytes`); measured: each live run's.
+    # prediction's, and the most one late collective could raise it to (each step's
+    # `peak_memory_if_late_bytes`); measured: each live run's.
     def steps(path):
         with open(path) as fh:
             s = json.load(fh)["steps"]
         return s[1:] if len(s) > 1 else s
     predicted = steps(sim_path)
-    peak = max(s["peak_memory_bytes"] for s in predicted)
-    limit = max([peak] + [r["peak_at_limit_bytes"] for s in predicted
-                          for r in s.get("peak_races", []) if r["direction"] == "late"])
-    return peak, limit, [max(s["peak_memory_bytes"] for s in steps(path)) for _, path in runs]
+    return (max(s["peak_memory_bytes"] for s in predicted),
+            max(s["peak_memory_if_late_bytes"] for s in predicted),
+            [max(s["peak_memory_bytes"] for s in steps(path)) for _, path in runs])
 
 
 def alone_ratios(f, cluster, w, measured_path):

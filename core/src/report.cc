@@ -629,6 +629,9 @@ void PeakRaces(StepReport& s, const std::vector<const MemorySample*>& win, std::
     }
     early.push_back(std::move(race));
   }
+  for (const PeakRace& race : races) {
+    s.peak_if_late_bytes = std::max(s.peak_if_late_bytes, race.peak_at_limit_bytes);
+  }
   auto by_fraction = [](const PeakRace& a, const PeakRace& b) {
     return a.margin_fraction() < b.margin_fraction();
   };
@@ -772,6 +775,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
       take(*in_effect);
       win.insert(win.begin(), in_effect);
     }
+    s.peak_if_late_bytes = s.peak_memory_bytes;
     if (!win.empty() && s.peak_memory_bytes > 0) {
       std::size_t peak = 0;
       while (win[peak]->total() != s.peak_memory_bytes) ++peak;
@@ -828,6 +832,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     sum.lower_bound_us /= static_cast<double>(n);
   }
   for (const StepReport& s : r.steps) {
+    sum.peak_if_late_bytes = std::max(sum.peak_if_late_bytes, s.peak_if_late_bytes);
     sum.collectives += s.allgather.count + s.reduce_scatter.count + s.all_reduce.count;
     sum.overlapped +=
         s.allgather.overlapped + s.reduce_scatter.overlapped + s.all_reduce.overlapped;
@@ -842,6 +847,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
       sum.peak_by_category = m.bytes;
     }
     sum.peak_allocated_bytes = std::max(sum.peak_allocated_bytes, m.allocated);
+    sum.peak_if_late_bytes = std::max(sum.peak_if_late_bytes, m.total());
     if (m.reserved > sum.peak_reserved_bytes) {
       sum.peak_reserved_bytes = m.reserved;
       sum.peak_reserved_rank = m.rank;
@@ -928,7 +934,8 @@ std::string ReportToJson(const Report& r) {
                          {"peak_allocated_bytes", s.peak_allocated_bytes},
                          {"peak_reserved_bytes", s.peak_reserved_bytes},
                          {"peak_memory_at_us", s.peak_memory_at_us},
-                         {"peak_races", races_json(s.peak_races)}});
+                         {"peak_races", races_json(s.peak_races)},
+                         {"peak_memory_if_late_bytes", s.peak_if_late_bytes}});
   }
   doc["steps"] = steps;
   Json units = Json::array();
@@ -977,6 +984,7 @@ std::string ReportToJson(const Report& r) {
                         {"collectives", m.collectives},
                         {"overlapped", m.overlapped},
                         {"peak_memory_bytes", m.peak_memory_bytes},
+                        {"peak_memory_if_late_bytes", m.peak_if_late_bytes},
                         {"peak_memory_at_us", m.peak_memory_at_us},
                         {"peak_memory_rank", m.peak_memory_rank},
                         {"peak_memory_by_category", CategoriesJson(m.peak_by_category)},
@@ -1070,6 +1078,12 @@ std::string ReportToText(const Report& r) {
     if (b == 0) continue;
     line(fmt::format("  {:<34} {:>11}", CategoryLabel(static_cast<MemoryCategory>(c)),
                      FormatBytes(b)));
+  }
+  if (m.peak_if_late_bytes > m.peak_memory_bytes) {
+    line(
+        fmt::format("  up to {} when one collective ends late (by up to its own duration, in any "
+                    "step: a run's peak is its largest step; the last step's races are below)",
+                    FormatBytes(m.peak_if_late_bytes)));
   }
   if (m.peak_reserved_bytes > 0) {
     line(fmt::format(

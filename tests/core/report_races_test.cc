@@ -90,6 +90,46 @@ TEST(PeakRaces, ACollectiveThatFreesJustBeforeAnAllocationIsARace) {
   EXPECT_NE(ReportToText(r).find("Peak races (step 0"), std::string::npos);
 }
 
+// What a run's peak can reach when one collective ends late: the largest peak_at_limit_bytes of
+// the step's late races, and over steps in the summary. The timeline of the test above: its one
+// late race reaches 1200 at its limit, over the 1100 peak. Early races lower a peak and do not
+// count: the early race's timeline below keeps its 1200 peak; no race (frees at one instant)
+// keeps the peak, 1150.
+TEST(PeakRaces, ThePeakIfOneCollectiveIsLate) {
+  Timeline tl;
+  tl.source = "sim";
+  tl.ops = {Op(OpKind::kCompute, 1, 0, 100), Op(OpKind::kReduceScatter, 1, 100, 150),
+            Op(OpKind::kCompute, 0, 160, 260), Op(OpKind::kReduceScatter, 0, 260, 310)};
+  tl.memory = Memory({{1, 0, 100}, {1, 150, -100}, {0, 160, 100}, {0, 310, -100}});
+  const Report r = BuildReport(tl, ReportInputs{});
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_EQ(r.steps[0].peak_if_late_bytes, 1200u);
+  EXPECT_EQ(r.summary.peak_memory_bytes, 1100u);
+  EXPECT_EQ(r.summary.peak_if_late_bytes, 1200u);
+  const nlohmann::json j = nlohmann::json::parse(ReportToJson(r));
+  EXPECT_EQ(j["steps"][0]["peak_memory_if_late_bytes"], 1200);
+  EXPECT_EQ(j["summary"]["peak_memory_if_late_bytes"], 1200);
+  EXPECT_NE(ReportToText(r).find("when one collective ends late"), std::string::npos);
+
+  Timeline early;
+  early.source = "sim";
+  early.ops = {Op(OpKind::kCompute, 1, 0, 100), Op(OpKind::kReduceScatter, 1, 100, 150),
+               Op(OpKind::kCompute, 0, 120, 220), Op(OpKind::kReduceScatter, 0, 250, 300)};
+  early.memory = Memory({{1, 0, 100}, {0, 120, 100}, {1, 150, -100}, {0, 300, -100}});
+  const Report e = BuildReport(early, ReportInputs{});
+  EXPECT_EQ(e.summary.peak_memory_bytes, 1200u);
+  EXPECT_EQ(e.summary.peak_if_late_bytes, 1200u);
+  EXPECT_EQ(ReportToText(e).find("when one collective ends late"), std::string::npos);
+
+  Timeline none;
+  none.source = "sim";
+  none.ops = {Op(OpKind::kCompute, 1, 0, 50), Op(OpKind::kReduceScatter, 1, 50, 100)};
+  none.memory = Memory({{1, 0, 100}, {1, 10, 50}, {1, 100, -100}, {1, 100, -50}});
+  const Report n = BuildReport(none, ReportInputs{});
+  EXPECT_EQ(n.steps[0].peak_if_late_bytes, 1150u);
+  EXPECT_EQ(n.summary.peak_if_late_bytes, 1150u);
+}
+
 // A late collective makes the ones queued behind it on its stream late too. Units 1 and 2 hold
 // 100 B of gradients each from 0 and 50 (peak 1200, threshold 24). Unit 1's reduce-scatter
 // [60,150] frees at 150; unit 2's, queued behind it [150,200], at 200; unit 3's backward

@@ -142,21 +142,16 @@ class MeasuredAgainTest(unittest.TestCase):
 
 
 class RunPeaksTest(unittest.TestCase):
-    def test_largest_step_after_the_warm_up_and_the_late_races_bracket(self):
+    def test_largest_step_after_the_warm_up_and_its_peak_if_late(self):
         with tempfile.TemporaryDirectory() as d:
-            # Predicted steps 0-2 peak at 900 (warm-up, left out), 500 and 520. Step 1's races: a
-            # late one to 560 at its limit, an early one to 400 (lowers, not in the bracket); step
-            # 2's late race to 610. So the run's peak is 520 and the bracket's top 610.
+            # Predicted steps 0-2 peak at 900 (the warm-up, left out, with 2000 if late), 500 (560
+            # if one collective is late) and 520 (610): the run's peak 520, and 610 if late.
             sim = os.path.join(d, "w.sim.json")
             with open(sim, "w") as fh:
                 json.dump({"steps": [
-                    {"peak_memory_bytes": 900, "peak_races": [
-                        {"direction": "late", "peak_at_limit_bytes": 2000}]},
-                    {"peak_memory_bytes": 500, "peak_races": [
-                        {"direction": "late", "peak_at_limit_bytes": 560},
-                        {"direction": "early", "peak_at_limit_bytes": 400}]},
-                    {"peak_memory_bytes": 520, "peak_races": [
-                        {"direction": "late", "peak_at_limit_bytes": 610}]}]}, fh)
+                    {"peak_memory_bytes": 900, "peak_memory_if_late_bytes": 2000},
+                    {"peak_memory_bytes": 500, "peak_memory_if_late_bytes": 560},
+                    {"peak_memory_bytes": 520, "peak_memory_if_late_bytes": 610}]}, fh)
             # Two runs: steps 700 (warm-up), 510, 530 -> 530; 100 (warm-up), 640, 480 -> 640.
             runs = []
             for r, peaks in enumerate([(700, 510, 530), (100, 640, 480)]):
@@ -165,17 +160,6 @@ class RunPeaksTest(unittest.TestCase):
                     json.dump({"steps": [{"peak_memory_bytes": b} for b in peaks]}, fh)
                 runs.append((0.0, path))
             self.assertEqual(grid.run_peaks(sim, runs), (520, 610, [530, 640]))
-
-    def test_no_races_the_bracket_is_the_peak(self):
-        with tempfile.TemporaryDirectory() as d:
-            sim = os.path.join(d, "w.sim.json")
-            with open(sim, "w") as fh:
-                json.dump({"steps": [{"peak_memory_bytes": 300}, {"peak_memory_bytes": 200}]}, fh)
-            meas = os.path.join(d, "w.meas0.json")
-            with open(meas, "w") as fh:
-                json.dump({"steps": [{"peak_memory_bytes": 250}, {"peak_memory_bytes": 210}]}, fh)
-            # Step 0 of each is the warm-up: 200 predicted, 210 measured, bracket top 200.
-            self.assertEqual(grid.run_peaks(sim, [(0.0, meas)]), (200, 200, [210]))
 
 
 class BenchTagsTest(unittest.TestCase):

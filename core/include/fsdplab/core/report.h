@@ -151,6 +151,10 @@ struct StepReport final {
   // The races with the smallest margins (PeakRace): the late ones, smallest fraction of their
   // collective first, then the early ones likewise, at most kMaxPeakRaces of each.
   std::vector<PeakRace> peak_races;
+  // The most one late collective could raise the step's peak to: the largest
+  // `peak_at_limit_bytes` of every late race (gate races included), before the list above is cut
+  // to the smallest margins; the peak itself when there is none.
+  Bytes peak_if_late_bytes = 0;
 };
 
 struct UnitReport final {
@@ -171,6 +175,11 @@ struct ReportSummary final {
   TimeUs rendezvous_wait_us = 0;  // mean, same steps (StepReport::rendezvous_wait_us)
   double overlap_ratio = 0;       // overlapped collectives / all collectives
   Bytes peak_memory_bytes = 0;
+  // The largest StepReport::peak_if_late_bytes: what a run's peak can reach when one collective
+  // of one step ends late (up to kMaxRaceSlowdown times its duration). A run of many steps has
+  // many chances; live, its peak lay between the two in 205 of 216 runs of three host grids
+  // (bench/host_prediction.sh --grid, seeds 101, 103, 107), and under the prediction in 84.
+  Bytes peak_if_late_bytes = 0;
   TimeUs peak_memory_at_us = 0;
   int peak_memory_rank = 0;
   std::array<Bytes, kNumMemoryCategories> peak_by_category{};
