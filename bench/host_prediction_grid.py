@@ -426,18 +426,12 @@ def memory_counts(c):
             len(early), len(warmup), sum(abs(m["error_pct"]) > 2 for m in warmup))
 
 
-def run_peaks(sim_path, runs):
-    # The run's peak, its largest step after the warm-up one: what has to fit. Predicted: the
-    # prediction's, and the most one late collective could raise it to (each step's
-    # `peak_memory_if_late_bytes`); measured: each live run's.
-    def steps(path):
-        with open(path) as fh:
-            s = json.load(fh)["steps"]
-        return s[1:] if len(s) > 1 else s
-    predicted = steps(sim_path)
-    return (max(s["peak_memory_bytes"] for s in predicted),
-            max(s["peak_memory_if_late_bytes"] for s in predicted),
-            [max(s["peak_memory_bytes"] for s in steps(path)) for _, path in runs])
+def run_peaks(f, sim_path, runs):
+    # The run's peak, its largest step after the warm-up one (what has to fit), of each live run
+    # against the prediction and the most one late collective could raise it to: `compare`'s
+    # `run_peak` for each run.
+    return [json.loads(run([f, "compare", sim_path, path, "--json"]))["run_peak"]
+            for _, path in runs]
 
 
 def alone_ratios(f, cluster, w, measured_path):
@@ -525,7 +519,7 @@ def report(f, work, out, workloads, repeat, label):
                         s["step_time_error_pct"], w,
                         (s["idle_predicted_us"] / measured, s["idle_measured_us"] / measured,
                          s.get("rendezvous_wait_measured_us", 0) / measured), alone,
-                        run_peaks(f"{out}/{name}.beside.sim.json" if beside else
+                        run_peaks(f, f"{out}/{name}.beside.sim.json" if beside else
                                   f"{out}/{name}.sim.json", runs)))
         print(f"{name:<52} {measured:>12.0f} "
               + (f"{b['step_time_predicted_us']:>12.0f} {b['step_time_error_pct']:>+6.1f}% "
@@ -604,17 +598,18 @@ def report(f, work, out, workloads, repeat, label):
     # Per step, a total follows which collective ended before which allocation; the run's peak
     # is its largest step, so a collective late once in a run sets it. Held to the prediction,
     # and to the bracket from it to the most one late collective could make it.
-    peaks = [(r[0], r[11][0], r[11][1], q) for r in results for q in r[11][2]]
-    close = sum(abs(p - q) <= 0.02 * q for _, p, _, q in peaks)
-    under = sorted(((p - q) / q * 100, name) for name, p, _, q in peaks if p < 0.98 * q)
-    over = sum(p > 1.02 * q for _, p, _, q in peaks)
-    inside = sum(0.98 * p <= q <= 1.02 * lim for _, p, lim, q in peaks)
+    peaks = [(r[0], p) for r in results for p in r[11]]
+    close = sum(p["within_tolerance"] for _, p in peaks)
+    under = sorted((p["error_pct"], name) for name, p in peaks
+                   if not p["within_tolerance"] and p["error_pct"] < 0)
+    over = sum(not p["within_tolerance"] and p["error_pct"] > 0 for _, p in peaks)
+    inside = sum(p["in_bracket"] for _, p in peaks)
     print(f"the run's peak memory (its largest step after the warm-up; {len(peaks)} runs): within "
           f"2% of the {which} prediction in {close}, under-predicted by more in {len(under)}"
           + (f" (the most {under[0][0]:+.1f}%, {under[0][1]})" if under else "")
           + (f", over-predicted by more in {over}" if over else "")
-          + f"; inside the prediction's bracket (its peak to the most one late collective makes "
-          f"it, up to twice its duration) in {inside}")
+          + f"; between the prediction and the most one late collective could raise it to (up to "
+          f"its own duration late) in {inside}")
     key = error_key(results)
     print("worst three (the op kind carrying most of the error):")
     for r in worst_three(results):

@@ -222,8 +222,12 @@ StatusOr<ComparedReport> ParseComparedReport(std::string_view json_text, std::st
                               .rendezvous_wait_us = Num(s, "rendezvous_wait_us"),
                               .start_us = Num(s, "start_us"),
                               .peak_memory_bytes = Count(s, "peak_memory_bytes"),
+                              .peak_if_late_bytes = 0,
                               .category_peaks = {},
                               .races = {}};
+    step.peak_if_late_bytes = s.contains("peak_memory_if_late_bytes")
+                                  ? Count(s, "peak_memory_if_late_bytes")
+                                  : step.peak_memory_bytes;
     if (s.contains("peak_races") && s["peak_races"].is_array()) {
       for (const Json& j : s["peak_races"]) {
         ComparedReport::Step::Race race;
@@ -497,6 +501,27 @@ ReportComparison CompareReports(const ComparedReport& pred, const ComparedReport
       c.memory.push_back(std::move(total));
     }
   }
+  // The run's peak: the largest step after the warm-up step of each report.
+  {
+    ReportComparison::RunPeak peak;
+    for (const ReportComparison::Step& s : c.steps) {
+      if (s.warmup) continue;
+      peak.predicted = std::max(peak.predicted, s.predicted.peak_memory_bytes);
+      peak.predicted_if_late = std::max(
+          {peak.predicted_if_late, s.predicted.peak_if_late_bytes, s.predicted.peak_memory_bytes});
+      peak.measured = std::max(peak.measured, s.measured.peak_memory_bytes);
+    }
+    if (peak.predicted > 0 && peak.measured > 0) {
+      const double tol = options.memory_tolerance_pct / 100;
+      const auto p = static_cast<double>(peak.predicted);
+      const auto q = static_cast<double>(peak.measured);
+      peak.error_pct = ErrorPct(p, q);
+      peak.within_tolerance = std::fabs(peak.error_pct) <= options.memory_tolerance_pct;
+      peak.in_bracket =
+          q >= p * (1 - tol) && q <= static_cast<double>(peak.predicted_if_late) * (1 + tol);
+      c.run_peak = peak;
+    }
+  }
 
   c.step_time_predicted_us = pred.step_time_us;
   c.step_time_measured_us = meas.step_time_us;
@@ -563,6 +588,13 @@ std::string ComparisonToJson(const ReportComparison& c) {
   }
   out["memory"] = memory;
   out["memory_differences"] = c.memory_differences;
+  if (c.run_peak) {
+    const ReportComparison::RunPeak& p = *c.run_peak;
+    out["run_peak"] = {
+        {"predicted_bytes", p.predicted},         {"predicted_if_late_bytes", p.predicted_if_late},
+        {"measured_bytes", p.measured},           {"error_pct", p.error_pct},
+        {"within_tolerance", p.within_tolerance}, {"in_bracket", p.in_bracket}};
+  }
   OJson races = OJson::array();
   for (const ReportComparison::MemoryRace& m : c.memory_races) {
     races.push_back({{"step", m.step},
@@ -668,6 +700,29 @@ std::string ComparisonToText(const ReportComparison& c) {
           warmup ? " after the warm-up step" : "", c.memory_tolerance_pct);
     }
     for (const std::string& d : c.memory_differences) text += "  memory differs: " + d + "\n";
+    if (c.run_peak) {
+      const ReportComparison::RunPeak& p = *c.run_peak;
+      std::string verdict;
+      if (p.within_tolerance) {
+        verdict = fmt::format(", within {:g}%", c.memory_tolerance_pct);
+      } else if (p.measured < p.predicted) {
+        verdict = fmt::format(", below the prediction by more than {:g}%", c.memory_tolerance_pct);
+      } else if (p.in_bracket) {
+        verdict = fmt::format(
+            "; within what one late collective could raise the prediction to ({} B): a step in "
+            "which a collective ended late set it",
+            p.predicted_if_late);
+      } else {
+        verdict = fmt::format(
+            "; above what one late collective could raise the prediction to ({} B) by more than "
+            "{:g}%",
+            p.predicted_if_late, c.memory_tolerance_pct);
+      }
+      text += fmt::format(
+          "  the run's peak (its largest step after the warm-up): {} B predicted, {} B measured "
+          "({:+.1f}%){}\n",
+          p.predicted, p.measured, p.error_pct, verdict);
+    }
   }
   for (const std::string& w : c.warnings) text += "\nwarning: " + w;
   text += "\n" + c.verdict + "\n";

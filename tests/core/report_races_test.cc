@@ -277,6 +277,72 @@ TEST(PeakRaces, CompareNamesTheRaceBehindAHigherMeasuredTotal) {
   EXPECT_DOUBLE_EQ(c.memory_races[0].late_us, 15);
 }
 
+// A three-step report as `compare` reads it: each step's total peak, and the predicted one's
+// peak_memory_if_late_bytes (`if_late`, omitted when empty).
+std::string ThreeStepReport(bool measured, const std::vector<std::uint64_t>& peaks,
+                            const std::vector<std::uint64_t>& if_late) {
+  std::string steps;
+  for (std::size_t i = 0; i < peaks.size(); ++i) {
+    steps += fmt::format(
+        R"({}{{"index": {}, "start_us": {}, "time_us": 100, "peak_memory_bytes": {}{}}})",
+        i == 0 ? "" : ", ", i, 100 * i, peaks[i],
+        if_late.empty() ? std::string()
+                        : fmt::format(R"(, "peak_memory_if_late_bytes": {})", if_late[i]));
+  }
+  return fmt::format(
+      R"({{"format": "fsdplab.report", "version": 1, "source": "{}", "measured": {},
+          "steps": [{}], "ops": [], "summary": {{"step_time_us": 100}}}})",
+      measured ? "live-host" : "sim", measured ? "true" : "false", steps);
+}
+
+// The run's peak is its largest step after the warm-up step (step 0, left out on both sides).
+// Predicted steps peak at 900, 500 and 520, and one late collective could raise them to 900, 560
+// and 610: the run's peak 520, up to 610. Measured 600 (warm-up 100, then 600 and 480): -13.3%,
+// not within 2%, inside [520 x 0.98, 610 x 1.02] = [509.6, 622.2]. 700 is above it; 515 within
+// 2% (-1.0%); 480 below the prediction (+8.3%). Without the field the bracket is the peak.
+TEST(PeakRaces, CompareHoldsTheRunsPeakToThePredictionAndItsLateBracket) {
+  StatusOr<ComparedReport> pred =
+      ParseComparedReport(ThreeStepReport(false, {900, 500, 520}, {900, 560, 610}), "p");
+  ASSERT_TRUE(pred.ok()) << pred.status().ToString();
+  auto compare = [&](std::uint64_t run_peak) {
+    StatusOr<ComparedReport> meas =
+        ParseComparedReport(ThreeStepReport(true, {100, run_peak, 480}, {}), "m");
+    EXPECT_TRUE(meas.ok()) << meas.status().ToString();
+    return CompareReports(*pred, *meas, {});
+  };
+  ReportComparison c = compare(600);
+  ASSERT_TRUE(c.run_peak.has_value());
+  EXPECT_EQ(c.run_peak->predicted, 520u);
+  EXPECT_EQ(c.run_peak->predicted_if_late, 610u);
+  EXPECT_EQ(c.run_peak->measured, 600u);
+  EXPECT_NEAR(c.run_peak->error_pct, -13.333, 1e-3);
+  EXPECT_FALSE(c.run_peak->within_tolerance);
+  EXPECT_TRUE(c.run_peak->in_bracket);
+  EXPECT_NE(ComparisonToText(c).find("within what one late collective could raise the prediction "
+                                     "to (610 B)"),
+            std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(ComparisonToJson(c));
+  EXPECT_EQ(j["run_peak"]["predicted_if_late_bytes"], 610);
+  EXPECT_EQ(j["run_peak"]["in_bracket"], true);
+
+  c = compare(700);
+  EXPECT_FALSE(c.run_peak->in_bracket);
+  EXPECT_NE(ComparisonToText(c).find("above what one late collective"), std::string::npos);
+  c = compare(515);
+  EXPECT_TRUE(c.run_peak->within_tolerance);
+  EXPECT_TRUE(c.run_peak->in_bracket);
+  c = compare(480);  // steps 480 and 480
+  EXPECT_NEAR(c.run_peak->error_pct, 8.333, 1e-3);
+  EXPECT_FALSE(c.run_peak->in_bracket);
+  EXPECT_NE(ComparisonToText(c).find("below the prediction"), std::string::npos);
+
+  pred = ParseComparedReport(ThreeStepReport(false, {900, 500, 520}, {}), "p");
+  ASSERT_TRUE(pred.ok());
+  c = compare(600);
+  EXPECT_EQ(c.run_peak->predicted_if_late, 520u);
+  EXPECT_FALSE(c.run_peak->in_bracket);
+}
+
 TEST(PeakRaces, CompareNamesTheEarlyRaceBehindALowerMeasuredTotal) {
   // Predicted: peak 1200 at l0's backward (start 120); l1's reduce-scatter [100,150] ended 30 us
   // sooner would have made it 1100. Measured: 1100 (+9.1% predicted), the reduce-scatter ran 10

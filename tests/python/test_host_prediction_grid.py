@@ -141,27 +141,6 @@ class MeasuredAgainTest(unittest.TestCase):
             self.assertEqual(steps, 5)
 
 
-class RunPeaksTest(unittest.TestCase):
-    def test_largest_step_after_the_warm_up_and_its_peak_if_late(self):
-        with tempfile.TemporaryDirectory() as d:
-            # Predicted steps 0-2 peak at 900 (the warm-up, left out, with 2000 if late), 500 (560
-            # if one collective is late) and 520 (610): the run's peak 520, and 610 if late.
-            sim = os.path.join(d, "w.sim.json")
-            with open(sim, "w") as fh:
-                json.dump({"steps": [
-                    {"peak_memory_bytes": 900, "peak_memory_if_late_bytes": 2000},
-                    {"peak_memory_bytes": 500, "peak_memory_if_late_bytes": 560},
-                    {"peak_memory_bytes": 520, "peak_memory_if_late_bytes": 610}]}, fh)
-            # Two runs: steps 700 (warm-up), 510, 530 -> 530; 100 (warm-up), 640, 480 -> 640.
-            runs = []
-            for r, peaks in enumerate([(700, 510, 530), (100, 640, 480)]):
-                path = os.path.join(d, f"w.meas{r}.json")
-                with open(path, "w") as fh:
-                    json.dump({"steps": [{"peak_memory_bytes": b} for b in peaks]}, fh)
-                runs.append((0.0, path))
-            self.assertEqual(grid.run_peaks(sim, runs), (520, 610, [530, 640]))
-
-
 class BenchTagsTest(unittest.TestCase):
     def test_tags_in_measured_order_only_of_that_workload_and_op(self):
         with tempfile.TemporaryDirectory() as d:

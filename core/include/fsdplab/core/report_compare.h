@@ -34,6 +34,9 @@ struct ComparedReport final {
     // Memory of the report's first rank: the step's peak, and each category's own peak
     // ("category_peaks", else the breakdown at the step's peak), in the document's order.
     Bytes peak_memory_bytes = 0;
+    // What one late collective could raise it to ("peak_memory_if_late_bytes"; the peak when
+    // absent).
+    Bytes peak_if_late_bytes = 0;
     std::vector<std::pair<std::string, Bytes>> category_peaks;
     // The step's "peak_races" (core/report.h, PeakRace): collectives whose end, had it come
     // `margin_us` later, would have raised the peak to `peak_if_bytes`.
@@ -168,6 +171,20 @@ struct ReportComparison final {
   // `memory_tolerance_pct`.
   std::vector<std::string> memory_differences;
   std::vector<MemoryRace> memory_races;  // the totals a race explains
+  // The run's peak, its largest step after the warm-up step: what has to fit. The measured one
+  // against the predicted one (within `memory_tolerance_pct`) and against the bracket from it to
+  // the most one late collective could raise it to (Step::peak_if_late_bytes), each end widened by
+  // the tolerance. Timing moves a step's total (the races above), and a run of many steps has
+  // many chances: its peak is the step in which a collective ended latest.
+  struct RunPeak final {
+    Bytes predicted = 0;
+    Bytes predicted_if_late = 0;
+    Bytes measured = 0;
+    double error_pct = 0;
+    bool within_tolerance = false;
+    bool in_bracket = false;
+  };
+  std::optional<RunPeak> run_peak;  // when both reports have peaks
   double memory_tolerance_pct = 2;
   TimeUs step_time_predicted_us = 0, step_time_measured_us = 0;
   double step_time_error_pct = 0;
