@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "fsdplab/core/report.h"
@@ -49,17 +50,40 @@ std::vector<MemorySample> Memory(const std::vector<Change>& changes) {
   return out;
 }
 
+// A simulated timeline of these ops and gradient changes.
+Timeline SimTimeline(std::vector<TimelineOp> ops, const std::vector<Change>& changes) {
+  Timeline tl;
+  tl.source = "sim";
+  tl.ops = std::move(ops);
+  tl.memory = Memory(changes);
+  return tl;
+}
+
+// The timelines of the tests below, each described above its first test.
+Timeline FreesJustBeforeAnAllocation() {
+  return SimTimeline({Op(OpKind::kCompute, 1, 0, 100), Op(OpKind::kReduceScatter, 1, 100, 150),
+                      Op(OpKind::kCompute, 0, 160, 260), Op(OpKind::kReduceScatter, 0, 260, 310)},
+                     {{1, 0, 100}, {1, 150, -100}, {0, 160, 100}, {0, 310, -100}});
+}
+
+Timeline FreesAtOneInstant() {
+  return SimTimeline({Op(OpKind::kCompute, 1, 0, 50), Op(OpKind::kReduceScatter, 1, 50, 100)},
+                     {{1, 0, 100}, {1, 10, 50}, {1, 100, -100}, {1, 100, -50}});
+}
+
+Timeline FreesJustAfterThePeakBegan() {
+  return SimTimeline({Op(OpKind::kCompute, 1, 0, 100), Op(OpKind::kReduceScatter, 1, 100, 150),
+                      Op(OpKind::kCompute, 0, 120, 220), Op(OpKind::kReduceScatter, 0, 250, 300)},
+                     {{1, 0, 100}, {0, 120, 100}, {1, 150, -100}, {0, 300, -100}});
+}
+
 // Unit 1's backward [0,100] allocates 100 B of gradients at 0; its reduce-scatter [100,150] frees
 // them at 150; unit 0's backward [160,260] allocates 100 B at 160, freed by its reduce-scatter
 // [260,310]. Peak 1100 (threshold ceil(2% of 1100) = 22). Unit 1's reduce-scatter 10 us later
 // (160 - 150) keeps its 100 B beside unit 0's: 1200 >= 1122. Margin 10 us = 20% of its 50 us;
 // it must end before unit 0's backward starts. Unit 0's free has nothing after it: no race.
 TEST(PeakRaces, ACollectiveThatFreesJustBeforeAnAllocationIsARace) {
-  Timeline tl;
-  tl.source = "sim";
-  tl.ops = {Op(OpKind::kCompute, 1, 0, 100), Op(OpKind::kReduceScatter, 1, 100, 150),
-            Op(OpKind::kCompute, 0, 160, 260), Op(OpKind::kReduceScatter, 0, 260, 310)};
-  tl.memory = Memory({{1, 0, 100}, {1, 150, -100}, {0, 160, 100}, {0, 310, -100}});
+  const Timeline tl = FreesJustBeforeAnAllocation();
   const Report r = BuildReport(tl, ReportInputs{});
   ASSERT_EQ(r.steps.size(), 1u);
   const StepReport& s = r.steps[0];
@@ -96,11 +120,7 @@ TEST(PeakRaces, ACollectiveThatFreesJustBeforeAnAllocationIsARace) {
 // count: the early race's timeline below keeps its 1200 peak; no race (frees at one instant)
 // keeps the peak, 1150.
 TEST(PeakRaces, ThePeakIfOneCollectiveIsLate) {
-  Timeline tl;
-  tl.source = "sim";
-  tl.ops = {Op(OpKind::kCompute, 1, 0, 100), Op(OpKind::kReduceScatter, 1, 100, 150),
-            Op(OpKind::kCompute, 0, 160, 260), Op(OpKind::kReduceScatter, 0, 260, 310)};
-  tl.memory = Memory({{1, 0, 100}, {1, 150, -100}, {0, 160, 100}, {0, 310, -100}});
+  const Timeline tl = FreesJustBeforeAnAllocation();
   const Report r = BuildReport(tl, ReportInputs{});
   ASSERT_EQ(r.steps.size(), 1u);
   EXPECT_EQ(r.steps[0].peak_if_late_bytes, 1200u);
@@ -111,21 +131,12 @@ TEST(PeakRaces, ThePeakIfOneCollectiveIsLate) {
   EXPECT_EQ(j["summary"]["peak_memory_if_late_bytes"], 1200);
   EXPECT_NE(ReportToText(r).find("when one collective ends late"), std::string::npos);
 
-  Timeline early;
-  early.source = "sim";
-  early.ops = {Op(OpKind::kCompute, 1, 0, 100), Op(OpKind::kReduceScatter, 1, 100, 150),
-               Op(OpKind::kCompute, 0, 120, 220), Op(OpKind::kReduceScatter, 0, 250, 300)};
-  early.memory = Memory({{1, 0, 100}, {0, 120, 100}, {1, 150, -100}, {0, 300, -100}});
-  const Report e = BuildReport(early, ReportInputs{});
+  const Report e = BuildReport(FreesJustAfterThePeakBegan(), ReportInputs{});
   EXPECT_EQ(e.summary.peak_memory_bytes, 1200u);
   EXPECT_EQ(e.summary.peak_if_late_bytes, 1200u);
   EXPECT_EQ(ReportToText(e).find("when one collective ends late"), std::string::npos);
 
-  Timeline none;
-  none.source = "sim";
-  none.ops = {Op(OpKind::kCompute, 1, 0, 50), Op(OpKind::kReduceScatter, 1, 50, 100)};
-  none.memory = Memory({{1, 0, 100}, {1, 10, 50}, {1, 100, -100}, {1, 100, -50}});
-  const Report n = BuildReport(none, ReportInputs{});
+  const Report n = BuildReport(FreesAtOneInstant(), ReportInputs{});
   EXPECT_EQ(n.steps[0].peak_if_late_bytes, 1150u);
   EXPECT_EQ(n.summary.peak_if_late_bytes, 1150u);
 }
@@ -164,10 +175,7 @@ TEST(PeakRaces, ALateCollectiveDelaysTheOnesQueuedBehindIt) {
 // no race. (Counting the second free at the first one's sample, both being at t = 100, would give
 // 1050 + 150 = 1200 over 1173: a race that is not there.)
 TEST(PeakRaces, FreesAtOneInstantCountInSampleOrder) {
-  Timeline tl;
-  tl.source = "sim";
-  tl.ops = {Op(OpKind::kCompute, 1, 0, 50), Op(OpKind::kReduceScatter, 1, 50, 100)};
-  tl.memory = Memory({{1, 0, 100}, {1, 10, 50}, {1, 100, -100}, {1, 100, -50}});
+  const Timeline tl = FreesAtOneInstant();
   const Report r = BuildReport(tl, ReportInputs{});
   ASSERT_EQ(r.steps.size(), 1u);
   EXPECT_EQ(r.steps[0].peak_memory_bytes, 1150u);
@@ -181,11 +189,7 @@ TEST(PeakRaces, FreesAtOneInstantCountInSampleOrder) {
 // to its 50 us meets nothing new (1100 + 100 = 1200 < 1224); unit 0's has nothing after it. Unit
 // 0's reduce-scatter sooner by up to 50 us frees from 250 on, past the peak: no early race.
 TEST(PeakRaces, ACollectiveThatFreesJustAfterThePeakBeganIsAnEarlyRace) {
-  Timeline tl;
-  tl.source = "sim";
-  tl.ops = {Op(OpKind::kCompute, 1, 0, 100), Op(OpKind::kReduceScatter, 1, 100, 150),
-            Op(OpKind::kCompute, 0, 120, 220), Op(OpKind::kReduceScatter, 0, 250, 300)};
-  tl.memory = Memory({{1, 0, 100}, {0, 120, 100}, {1, 150, -100}, {0, 300, -100}});
+  const Timeline tl = FreesJustAfterThePeakBegan();
   const Report r = BuildReport(tl, ReportInputs{});
   ASSERT_EQ(r.steps.size(), 1u);
   EXPECT_EQ(r.steps[0].peak_memory_bytes, 1200u);
