@@ -1081,9 +1081,10 @@ std::string ReportToText(const Report& r) {
   }
   if (m.peak_if_late_bytes > m.peak_memory_bytes) {
     line(
-        fmt::format("  up to {} when one collective ends late (by up to its own duration, in any "
-                    "step: a run's peak is its largest step; the last step's races are below)",
-                    FormatBytes(m.peak_if_late_bytes)));
+        fmt::format("  up to {} when one collective ends late (by up to {:g}x its own duration, "
+                    "in any step: a run's peak is its largest step; the last step's races are "
+                    "below)",
+                    FormatBytes(m.peak_if_late_bytes), kMaxRaceSlowdown));
   }
   if (m.peak_reserved_bytes > 0) {
     line(fmt::format(
