@@ -426,11 +426,12 @@ def memory_counts(c):
             len(early), len(warmup), sum(abs(m["error_pct"]) > 2 for m in warmup))
 
 
-def run_peaks(f, sim_path, runs):
+def run_peaks(f, sim_path, runs, compared_path, compared):
     # The run's peak, its largest step after the warm-up one (what has to fit), of each live run
     # against the prediction and the most one late collective could raise it to: `compare`'s
-    # `run_peak` for each run.
-    return [json.loads(run([f, "compare", sim_path, path, "--json"]))["run_peak"]
+    # `run_peak` for each run (`compared`: the comparison already made with `compared_path`).
+    return [compared["run_peak"] if path == compared_path else
+            json.loads(run([f, "compare", sim_path, path, "--json"]))["run_peak"]
             for _, path in runs]
 
 
@@ -520,7 +521,7 @@ def report(f, work, out, workloads, repeat, label):
                         (s["idle_predicted_us"] / measured, s["idle_measured_us"] / measured,
                          s.get("rendezvous_wait_measured_us", 0) / measured), alone,
                         run_peaks(f, f"{out}/{name}.beside.sim.json" if beside else
-                                  f"{out}/{name}.sim.json", runs)))
+                                  f"{out}/{name}.sim.json", runs, median_path, c)))
         print(f"{name:<52} {measured:>12.0f} "
               + (f"{b['step_time_predicted_us']:>12.0f} {b['step_time_error_pct']:>+6.1f}% "
                  if b else f"{'-':>12} {'-':>7} ")
@@ -608,8 +609,8 @@ def report(f, work, out, workloads, repeat, label):
           f"2% of the {which} prediction in {close}, under-predicted by more in {len(under)}"
           + (f" (the most {under[0][0]:+.1f}%, {under[0][1]})" if under else "")
           + (f", over-predicted by more in {over}" if over else "")
-          + f"; between the prediction and the most one late collective could raise it to (up to "
-          f"its own duration late) in {inside}")
+          + f"; between the prediction and the most one late collective could raise it to in "
+          f"{inside}")
     key = error_key(results)
     print("worst three (the op kind carrying most of the error):")
     for r in worst_three(results):
