@@ -204,9 +204,7 @@ class Search {
   double Elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
   bool OutOfTime() const { return Elapsed() >= opt_.time_limit_s; }
 
-  bool Fits(const SweepRow& row) const {
-    return row.ok() && row.peak_memory_bytes <= opt_.memory_cap;
-  }
+  bool Fits(const SweepRow& row) const { return FitsUnderCap(row, opt_.memory_cap, opt_.cap_peak); }
   TimeUs Objective(const SweepRow& row) const { return TuneObjectiveOf(row, opt_.objective); }
 
   SweepRow Evaluate(const Policy& p) {
@@ -260,7 +258,7 @@ class Search {
       result_.failure = rows.front().status.message();
     }
     const std::size_t none = rows.size();
-    std::size_t gi = BestUnderCap(rows, opt_.memory_cap).value_or(none);
+    std::size_t gi = BestUnderCap(rows, opt_.memory_cap, opt_.cap_peak).value_or(none);
     if (opt_.objective == TuneObjective::kExposed) {
       gi = none;
       for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -567,11 +565,14 @@ class Search {
       }
     }
     const double gib = static_cast<double>(1ull << 30);
-    result_.why.push_back(fmt::format(
-        "peak memory {:.3f} GiB (global {:.3f} GiB, cap {:.3f} GiB){}{}",
-        static_cast<double>(t.peak_memory_bytes) / gib,
-        static_cast<double>(g.peak_memory_bytes) / gib, static_cast<double>(opt_.memory_cap) / gib,
-        saved.empty() ? "" : "; memory saved at: ", fmt::join(saved, ", ")));
+    const bool late = opt_.cap_peak == CapPeak::kOneLate;
+    result_.why.push_back(
+        fmt::format("peak memory{} {:.3f} GiB (global {:.3f} GiB, cap {:.3f} GiB){}{}",
+                    late ? " if one collective ends late" : "",
+                    static_cast<double>(PeakFor(t, opt_.cap_peak)) / gib,
+                    static_cast<double>(PeakFor(g, opt_.cap_peak)) / gib,
+                    static_cast<double>(opt_.memory_cap) / gib,
+                    saved.empty() ? "" : "; memory saved at: ", fmt::join(saved, ", ")));
   }
 
   const Trace& trace_;

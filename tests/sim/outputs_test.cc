@@ -198,6 +198,55 @@ TEST(Sweep, ParetoFrontAndBestUnderCap) {
   EXPECT_NE(svg.find("Pareto"), std::string::npos);
 }
 
+// The cap held to the peak one late collective could reach (--cap-peak late). Rows (step us,
+// peak, peak if late): A (80, 50, 90): fastest, fragile; B (90, 60, 60): no race; C (100, 40, 70).
+// Cap 75: at the simulated timing A fits (50) and is fastest; with one collective late A reaches
+// 90 > 75, B 60 fits and is next fastest. Cap 65: simulated A; late B (60; C's 70 does not fit).
+// Cap 55: simulated A; late none (A 90, B 60, C 70 all above). A row without a late peak (0, as
+// an older row) is held to its simulated peak.
+TEST(Sweep, TheCapHeldToThePeakOneLateCollectiveCouldReach) {
+  std::vector<SweepRow> rows(3);
+  rows[0].step_time_us = 80;
+  rows[0].peak_memory_bytes = 50;
+  rows[0].peak_if_late_bytes = 90;
+  rows[1].step_time_us = 90;
+  rows[1].peak_memory_bytes = 60;
+  rows[1].peak_if_late_bytes = 60;
+  rows[2].step_time_us = 100;
+  rows[2].peak_memory_bytes = 40;
+  rows[2].peak_if_late_bytes = 70;
+  EXPECT_EQ(BestUnderCap(rows, 75), std::optional<std::size_t>(0));
+  EXPECT_EQ(BestUnderCap(rows, 75, CapPeak::kOneLate), std::optional<std::size_t>(1));
+  EXPECT_EQ(BestUnderCap(rows, 65, CapPeak::kOneLate), std::optional<std::size_t>(1));
+  EXPECT_EQ(BestUnderCap(rows, 55, CapPeak::kSimulated), std::optional<std::size_t>(0));
+  EXPECT_EQ(BestUnderCap(rows, 55, CapPeak::kOneLate), std::nullopt);
+  EXPECT_EQ(PeakFor(rows[0], CapPeak::kSimulated), 50u);
+  EXPECT_EQ(PeakFor(rows[0], CapPeak::kOneLate), 90u);
+  SweepRow old;
+  old.peak_memory_bytes = 40;
+  EXPECT_EQ(PeakFor(old, CapPeak::kOneLate), 40u);
+  EXPECT_TRUE(FitsUnderCap(old, 40, CapPeak::kOneLate));
+  old.status = StepFailed("x");
+  EXPECT_FALSE(FitsUnderCap(old, 40, CapPeak::kOneLate));  // a failed run fits nothing
+
+  ASSERT_TRUE(ParseCapPeak("late", "--cap-peak").ok());
+  EXPECT_EQ(*ParseCapPeak("simulated", "--cap-peak"), CapPeak::kSimulated);
+  const StatusOr<CapPeak> bad = ParseCapPeak("mean", "--cap-peak");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kUsage);
+  EXPECT_NE(bad.status().message().find("--cap-peak: 'mean' (expected simulated or late)"),
+            std::string::npos);
+
+  // The CSV carries both peaks, the late one after the simulated one.
+  SweepResult res;
+  res.rows = rows;
+  const std::string csv = SweepCsv(res);
+  EXPECT_NE(csv.find("peak_memory_bytes,peak_memory_if_late_bytes,lower_bound_us"),
+            std::string::npos)
+      << csv;
+  EXPECT_NE(csv.find(",50,90,"), std::string::npos) << csv;
+}
+
 TEST(Sweep, RunsTheGridInParallel) {
   Trace trace = testing::ThreeUnitTrace();
   SimOptions base;

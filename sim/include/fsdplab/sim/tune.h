@@ -35,6 +35,7 @@ enum class TuneObjective : std::uint8_t { kStep, kExposed };
 struct TuneOptions final {
   SimOptions base;  // its policy is ignored; its memory_cap too (see memory_cap)
   Bytes memory_cap = 0;
+  CapPeak cap_peak = CapPeak::kSimulated;  // which peak the cap holds (sweep.h)
   TuneObjective objective = TuneObjective::kStep;
   // Budget kinds the global grid and the per-unit moves use (units: 0..4 units; elements and
   // bytes: 1..4 times the mean unit's size).
