@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -215,3 +217,88 @@ TEST(CliSweep, SaysWhenALateCollectivePutsTheBestPolicyOverTheCap) {
 }
 
 }  // namespace
+
+namespace {
+
+// The sweep's CSV row whose first two fields are `fwd`,`bwd`, split at commas.
+std::vector<std::string> CsvRow(const std::string& path, const std::string& fwd,
+                                const std::string& bwd) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> f;
+    std::stringstream ss(line);
+    std::string cell;
+    while (std::getline(ss, cell, ',')) f.push_back(cell);
+    if (f.size() > 2 && f[0] == fwd && f[1] == bwd) return f;
+  }
+  return {};
+}
+
+}  // namespace
+
+// --cap-peak late holds the cap to the peak one late collective could reach. On the sample with
+// reentrant recompute, forward budget 1 and backward budget 0 has the smaller simulated peak
+// (P10) but a late race above it (L10 > P10); budgets 1/1 are faster with a larger peak (P11 >
+// P10) and a late peak L11. A cap of P10: at the simulated timing 1/0 fits and is the fastest that
+// does; held to the late peaks nothing fits (every policy's late peak is above P10: 1/0's is L10,
+// 1/1's L11 > P11 > P10, and 0/x are no smaller), exit 3. A cap of L11, held to the late peaks:
+// 1/1, the fastest of the grid, fits. The CSV's late column is simulate's
+// summary.peak_memory_if_late_bytes for the same policy.
+TEST(CliSweep, HoldsTheCapToThePeakOneLateCollectiveCouldReach) {
+  const std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/reentrant_recompute.json";
+  auto peaks = [&](const std::string& bwd) {
+    const std::string rep = Tmp("sweep_late_" + bwd + ".json");
+    EXPECT_EQ(RunCli("simulate " + trace + " --forward-prefetch 1 --backward-prefetch " + bwd +
+                     " -o " + rep),
+              0);
+    const nlohmann::json s = ReadJson(rep)["summary"];
+    return std::pair{s["peak_memory_bytes"].get<std::uint64_t>(),
+                     s["peak_memory_if_late_bytes"].get<std::uint64_t>()};
+  };
+  const auto [p10, l10] = peaks("0");
+  const auto [p11, l11] = peaks("1");
+  ASSERT_GT(l10, p10) << "the sample's 1/0 policy has a late race (the test needs one)";
+  ASSERT_GT(p11, p10);
+  ASSERT_GE(l11, p11);
+  const std::string grid = "sweep " + trace + " --forward-prefetch 0,1 --backward-prefetch 0,1";
+  const std::string csv = Tmp("sweep_late.csv");
+  auto [rc, out] = RunCliOutput(grid + " --memory-cap " + std::to_string(p10) + " --csv " + csv,
+                                Tmp("sweep_late_simulated.txt"));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("Best under the memory cap of 0.296 GiB: forward_prefetch=1 "
+                     "backward_prefetch=0"),
+            std::string::npos)
+      << out;
+  const std::vector<std::string> row10 = CsvRow(csv, "1", "0");
+  ASSERT_GE(row10.size(), 7u);
+  EXPECT_EQ(row10[5], std::to_string(p10));
+  EXPECT_EQ(row10[6], std::to_string(l10));
+
+  std::tie(rc, out) =
+      RunCliOutput(grid + " --memory-cap " + std::to_string(p10) + " --cap-peak late",
+                   Tmp("sweep_late_none.txt"));
+  EXPECT_EQ(rc, 3) << out;
+  EXPECT_NE(out.find("No policy fits under the memory cap of 0.296 GiB"), std::string::npos) << out;
+  EXPECT_NE(out.find("the smallest peak one late collective could reach is"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("over cap if late"), std::string::npos) << out;
+
+  std::tie(rc, out) =
+      RunCliOutput(grid + " --memory-cap " + std::to_string(l11) + " --cap-peak late",
+                   Tmp("sweep_late_fits.txt"));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("even if one collective ends late: forward_prefetch=1 backward_prefetch=1"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("It is the fastest policy of the grid"), std::string::npos) << out;
+
+  // Without a cap the flag has nothing to hold; an unknown choice names the flag.
+  std::tie(rc, out) = RunCliOutput(grid + " --cap-peak late", Tmp("sweep_late_nocap.txt"));
+  EXPECT_EQ(rc, 1) << out;  // a usage error
+  EXPECT_NE(out.find("--cap-peak: needs --memory-cap"), std::string::npos) << out;
+  std::tie(rc, out) =
+      RunCliOutput(grid + " --memory-cap 1G --cap-peak mean", Tmp("sweep_late_bad.txt"));
+  EXPECT_EQ(rc, 1) << out;  // a usage error
+  EXPECT_NE(out.find("--cap-peak: 'mean' (expected simulated or late)"), std::string::npos) << out;
+}

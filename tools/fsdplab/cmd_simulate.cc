@@ -120,6 +120,21 @@ void DeclareEngineFlags(Args& args) {
                "MODEL");
 }
 
+void DeclareCapPeakFlag(Args& args) {
+  args.Declare("--cap-peak", ArgKind::kValue,
+               "which peak --memory-cap holds: simulated (default), the peak at the simulated "
+               "timing; late, the most one collective ending late (up to its own duration) could "
+               "raise it to, what a run of many steps can reach",
+               "simulated|late");
+}
+
+StatusOr<sim::CapPeak> CapPeakFromArgs(const Args& args, bool have_cap) {
+  std::optional<std::string> v = args.Get("--cap-peak");
+  if (!v) return sim::CapPeak::kSimulated;
+  if (!have_cap) return UsageError("--cap-peak: needs --memory-cap BYTES (the cap it holds)");
+  return sim::ParseCapPeak(*v, "--cap-peak");
+}
+
 Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& o) {
   if (std::optional<std::string> v = args.Get("--steps")) {
     FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--steps"));

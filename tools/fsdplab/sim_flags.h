@@ -9,6 +9,7 @@
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/sim/simulator.h"
+#include "fsdplab/sim/sweep.h"
 
 namespace fsdplab::cli {
 
@@ -23,6 +24,11 @@ StatusOr<sim::Cluster> ClusterFromArgs(const Args& args, int trace_world_size);
 void DeclareEngineFlags(Args& args);
 // Fills everything of SimOptions but the policy and the cluster.
 Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& options);
+
+// --cap-peak simulated|late (sweep and tune): which peak --memory-cap holds (sim::CapPeak).
+void DeclareCapPeakFlag(Args& args);
+// The flag's choice (simulated when absent); an error when given without a cap.
+StatusOr<sim::CapPeak> CapPeakFromArgs(const Args& args, bool have_cap);
 
 // The traces named by the positionals and --rank-trace: one trace (all ranks run it), or one
 // per rank (repeated --rank-trace FILE, or a directory of *.json, ordered by meta.rank).
