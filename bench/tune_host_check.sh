@@ -30,17 +30,18 @@ sizes=(-b 1M -e 64M -f 2 -n 5 -w 2)
   --tflops "${TFLOPS:-1}" --world-size $world -o "$work/model.json" 2>/dev/null
 common=(--cluster "$work/cluster.json" --world-size $world --steps "$steps")
 
-# The cap: just under the peak of the fastest global policy, so that it is ruled out.
+# The cap: just under what the allocator reserves for the fastest global policy (what the cap
+# holds), so that it is ruled out.
 "$f" sweep "$work/model.json" "${common[@]}" --forward-prefetch 0,1,2 --backward-prefetch 0,1,2 \
   --csv "$work/sweep.csv" --jobs 1 >/dev/null
 cap="$(python3 - "$work/sweep.csv" <<'PY'
 import csv, sys
 rows = [r for r in csv.DictReader(open(sys.argv[1])) if r.get("status", "ok") in ("ok", "")]
 best = min(float(r["step_time_us"]) for r in rows)
-print(min(int(r["peak_memory_bytes"]) for r in rows if float(r["step_time_us"]) == best) - 1)
+print(min(int(r["peak_reserved_bytes"]) for r in rows if float(r["step_time_us"]) == best) - 1)
 PY
 )"
-echo "memory cap: $cap bytes (1 below the smallest peak of the fastest global policies)"
+echo "memory cap: $cap bytes (1 below the least reserved by the fastest global policies)"
 "$f" tune "$work/model.json" "${common[@]}" --memory-cap "$cap" --out "$work/tuned.json" \
   --global-out "$work/global.json" | grep -E "^(best global|tuned policy|gain|bound)"
 

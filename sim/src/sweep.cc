@@ -37,6 +37,9 @@ SweepRow SimulatePolicy(const Trace& trace, const Policy& policy, const SimOptio
   row.overlap_ratio = rep.summary.overlap_ratio;
   row.peak_memory_bytes = rep.summary.peak_memory_bytes;
   for (Bytes b : r->peak_memory_by_rank) row.peak_memory_bytes = std::max(row.peak_memory_bytes, b);
+  for (Bytes b : r->peak_reserved_by_rank) {
+    row.peak_reserved_bytes = std::max(row.peak_reserved_bytes, b);
+  }
   row.peak_if_late_bytes = std::max(row.peak_memory_bytes, rep.summary.peak_if_late_bytes);
   row.lower_bound_us = rep.summary.lower_bound_us;
   for (std::size_t i = 0; i < rep.steps.size(); ++i) {
@@ -168,7 +171,7 @@ std::vector<std::size_t> SortedByStepTime(const std::vector<SweepRow>& rows) {
     const SweepRow& y = rows[b];
     if (x.ok() != y.ok()) return x.ok();
     if (x.step_time_us != y.step_time_us) return x.step_time_us < y.step_time_us;
-    return x.peak_memory_bytes < y.peak_memory_bytes;
+    return PeakFor(x, CapPeak::kSimulated) < PeakFor(y, CapPeak::kSimulated);
   });
   return idx;
 }
@@ -182,38 +185,45 @@ std::vector<std::size_t> ParetoFront(const std::vector<SweepRow>& rows) {
       if (j == i || !rows[j].ok()) continue;
       const SweepRow& a = rows[j];
       const SweepRow& b = rows[i];
-      bool no_worse =
-          a.step_time_us <= b.step_time_us && a.peak_memory_bytes <= b.peak_memory_bytes;
-      bool better = a.step_time_us < b.step_time_us || a.peak_memory_bytes < b.peak_memory_bytes;
+      const Bytes ma = PeakFor(a, CapPeak::kSimulated);
+      const Bytes mb = PeakFor(b, CapPeak::kSimulated);
+      bool no_worse = a.step_time_us <= b.step_time_us && ma <= mb;
+      bool better = a.step_time_us < b.step_time_us || ma < mb;
       // Identical points: keep the first one only.
-      bool identical =
-          a.step_time_us == b.step_time_us && a.peak_memory_bytes == b.peak_memory_bytes;
+      bool identical = a.step_time_us == b.step_time_us && ma == mb;
       dominated = (no_worse && better) || (identical && j < i);
     }
     if (!dominated) front.push_back(i);
   }
   std::sort(front.begin(), front.end(), [&](std::size_t a, std::size_t b) {
-    return rows[a].peak_memory_bytes < rows[b].peak_memory_bytes;
+    return PeakFor(rows[a], CapPeak::kSimulated) < PeakFor(rows[b], CapPeak::kSimulated);
   });
   return front;
 }
 
 std::string FragileUnderCap(const SweepRow& row, Bytes cap, const Model& model) {
-  if (!row.nearest_race || row.nearest_race->peak_if_bytes <= cap) return "";
+  if (!row.nearest_race) return "";
   const PeakRace& race = *row.nearest_race;
+  // The race's extra bytes on top of what the cap holds.
+  const Bytes held_if = PeakFor(row, CapPeak::kSimulated) +
+                        (race.peak_if_bytes - std::min(race.peak_if_bytes, row.peak_memory_bytes));
+  if (held_if <= cap) return "";
+  const std::string_view kind = OpKindName(race.op.kind);
+  const char* article = kind.find_first_of("aeiou") == 0 ? "an" : "a";
+  const double gib = static_cast<double>(held_if) / (1024.0 * 1024 * 1024);
   if (race.gates) {
     return fmt::format(
-        "Fragile: a {} of {} {:.3f} ms sooner than simulated ({:.0f}% of it) lets the compute that "
-        "waited for it allocate beside earlier buffers: the peak at {:.3f} GiB, over the cap.",
-        OpKindName(race.op.kind), model.NameOf(race.op.unit), race.margin_us / 1e3,
-        100.0 * race.margin_fraction(),
-        static_cast<double>(race.peak_if_bytes) / (1024.0 * 1024 * 1024));
+        "Fragile: {} {} of {} {:.3f} ms sooner than simulated ({:.0f}% of it) lets the "
+        "compute that waited for it allocate beside earlier buffers: reserved {:.3f} GiB, over "
+        "the cap.",
+        article, kind, model.NameOf(race.op.unit), race.margin_us / 1e3,
+        100.0 * race.margin_fraction(), gib);
   }
   return fmt::format(
-      "Fragile: a {} of {} {:.0f}% slower than simulated ({:.3f} ms late) puts the peak at {:.3f} "
-      "GiB, over the cap.",
-      OpKindName(race.op.kind), model.NameOf(race.op.unit), 100.0 * race.margin_fraction(),
-      race.margin_us / 1e3, static_cast<double>(race.peak_if_bytes) / (1024.0 * 1024 * 1024));
+      "Fragile: {} {} of {} {:.0f}% slower than simulated ({:.3f} ms late) puts the "
+      "reserved memory at {:.3f} GiB, over the cap.",
+      article, kind, model.NameOf(race.op.unit), 100.0 * race.margin_fraction(),
+      race.margin_us / 1e3, gib);
 }
 
 StatusOr<CapPeak> ParseCapPeak(std::string_view text, std::string_view flag) {
@@ -223,8 +233,9 @@ StatusOr<CapPeak> ParseCapPeak(std::string_view text, std::string_view flag) {
 }
 
 Bytes PeakFor(const SweepRow& row, CapPeak which) {
-  return which == CapPeak::kOneLate ? std::max(row.peak_memory_bytes, row.peak_if_late_bytes)
-                                    : row.peak_memory_bytes;
+  const Bytes held = std::max(row.peak_reserved_bytes, row.peak_memory_bytes);
+  if (which == CapPeak::kSimulated) return held;
+  return held + (row.peak_if_late_bytes - std::min(row.peak_if_late_bytes, row.peak_memory_bytes));
 }
 
 bool FitsUnderCap(const SweepRow& row, Bytes cap, CapPeak which) {
@@ -248,27 +259,28 @@ std::string SweepCsv(const SweepResult& result) {
   for (const std::string& k : result.varied_keys) out += CsvField(k) + ",";
   out +=
       "step_time_us,exposed_comm_us,overlap_ratio,peak_memory_bytes,peak_memory_if_late_bytes,"
-      "lower_bound_us,status\n";
+      "peak_reserved_bytes,cap_holds_if_late_bytes,lower_bound_us,status\n";
   for (std::size_t i : SortedByStepTime(result.rows)) {
     const SweepRow& r = result.rows[i];
     for (const std::string& v : r.values) out += CsvField(v) + ",";
-    out +=
-        fmt::format("{:.3f},{:.3f},{:.4f},{},{},{:.3f},{}\n", r.step_time_us, r.exposed_comm_us,
-                    r.overlap_ratio, r.peak_memory_bytes, PeakFor(r, CapPeak::kOneLate),
-                    r.lower_bound_us, CsvField(r.ok() ? std::string("ok") : r.status.ToString()));
+    out += fmt::format(
+        "{:.3f},{:.3f},{:.4f},{},{},{},{},{:.3f},{}\n", r.step_time_us, r.exposed_comm_us,
+        r.overlap_ratio, r.peak_memory_bytes, std::max(r.peak_memory_bytes, r.peak_if_late_bytes),
+        PeakFor(r, CapPeak::kSimulated), PeakFor(r, CapPeak::kOneLate), r.lower_bound_us,
+        CsvField(r.ok() ? std::string("ok") : r.status.ToString()));
   }
   return out;
 }
 
-std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap,
-                     const std::string& title) {
+std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap, const std::string& title,
+                     CapPeak which) {
   constexpr double kW = 760, kH = 480, kLeft = 80, kRight = 30, kTop = 50, kBottom = 70;
   const std::vector<SweepRow>& rows = result.rows;
   double gib = static_cast<double>(1ull << 30);
   double xmin = 1e300, xmax = -1e300, ymin = 1e300, ymax = -1e300;
   for (const SweepRow& r : rows) {
     if (!r.ok()) continue;
-    double x = static_cast<double>(r.peak_memory_bytes) / gib;
+    double x = static_cast<double>(PeakFor(r, CapPeak::kSimulated)) / gib;
     double y = r.step_time_us / 1e3;
     xmin = std::min(xmin, x);
     xmax = std::max(xmax, x);
@@ -319,7 +331,8 @@ std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap,
         kLeft, sy(t), kLeft + pw, kLeft - 6, sy(t) + 4, std::round(t / ys) * ys);
   }
   svg += fmt::format(
-      "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">peak memory per rank (GiB)</text>\n"
+      "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">memory per rank (GiB): what the caching "
+      "allocator reserves</text>\n"
       "<text x=\"18\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {})\">step time "
       "(ms)</text>\n",
       kLeft + pw / 2, kH - 30, kTop + ph / 2, kTop + ph / 2);
@@ -335,7 +348,8 @@ std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap,
   if (front.size() > 1) {
     std::string pts;
     for (std::size_t i : front) {
-      pts += fmt::format("{:.1f},{:.1f} ", sx(static_cast<double>(rows[i].peak_memory_bytes) / gib),
+      pts += fmt::format("{:.1f},{:.1f} ",
+                         sx(static_cast<double>(PeakFor(rows[i], CapPeak::kSimulated)) / gib),
                          sy(rows[i].step_time_us / 1e3));
     }
     svg += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"#1f77b4\"/>\n", pts);
@@ -352,17 +366,17 @@ std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap,
     svg += fmt::format(
         "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\"><title>{}: {:.3f} ms, {:.3f} "
         "GiB</title></circle>\n",
-        sx(static_cast<double>(r.peak_memory_bytes) / gib), sy(r.step_time_us / 1e3),
+        sx(static_cast<double>(PeakFor(r, CapPeak::kSimulated)) / gib), sy(r.step_time_us / 1e3),
         on_front[i] ? 5 : 3.5, on_front[i] ? "#1f77b4" : "#999", XmlEscape(label),
-        r.step_time_us / 1e3, static_cast<double>(r.peak_memory_bytes) / gib);
+        r.step_time_us / 1e3, static_cast<double>(PeakFor(r, CapPeak::kSimulated)) / gib);
   }
   if (cap) {
-    if (std::optional<std::size_t> best = BestUnderCap(rows, *cap)) {
+    if (std::optional<std::size_t> best = BestUnderCap(rows, *cap, which)) {
       const SweepRow& r = rows[*best];
       svg += fmt::format(
           "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"9\" fill=\"none\" stroke=\"#2ca02c\" "
           "stroke-width=\"2\"/>\n",
-          sx(static_cast<double>(r.peak_memory_bytes) / gib), sy(r.step_time_us / 1e3));
+          sx(static_cast<double>(PeakFor(r, CapPeak::kSimulated)) / gib), sy(r.step_time_us / 1e3));
     }
   }
   // Legend.

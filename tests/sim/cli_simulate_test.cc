@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -178,9 +179,10 @@ std::pair<int, std::string> RunCliOutput(const std::string& args, const std::str
   return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ss.str()};
 }
 
-// A sweep's best policy under a cap is fragile when a collective only a little late would put its
-// peak over the cap: the cap sits between the peak and the peak of the report's nearest late race
-// (the smallest margin as a fraction of its collective, over the steps after the first).
+// A sweep's best policy under a cap is fragile when a collective only a little late would put what
+// the cap holds over it: the cap sits between the allocator's reserved peak R and R plus what the
+// report's nearest late race (the smallest margin as a fraction of its collective, over the steps
+// after the first) adds to the tensors' peak.
 TEST(CliSweep, SaysWhenALateCollectivePutsTheBestPolicyOverTheCap) {
   const std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/reentrant_recompute.json";
   const std::string rep = Tmp("sweep_races_report.json");
@@ -199,18 +201,21 @@ TEST(CliSweep, SaysWhenALateCollectivePutsTheBestPolicyOverTheCap) {
   }
   ASSERT_NE(nearest, nullptr) << "the sample has a late race (the test needs one)";
   const auto peak = r["summary"]["peak_memory_bytes"].get<std::uint64_t>();
+  const auto reserved = r["summary"]["peak_reserved_bytes"].get<std::uint64_t>();
   const auto peak_if = (*nearest)["peak_if_bytes"].get<std::uint64_t>();
   ASSERT_GE(peak_if, peak + peak / 50);  // a race raises the peak by 2% at least
+  ASSERT_GE(reserved, peak);
+  const std::uint64_t reserved_if = reserved + (peak_if - peak);
   const std::string line =
       "Fragile: a reduce_scatter of " + (*nearest)["unit"].get<std::string>() + " ";
-  auto [rc, out] =
-      RunCliOutput("sweep " + trace + " --memory-cap " + std::to_string((peak + peak_if) / 2),
-                   Tmp("sweep_races_between.txt"));
+  auto [rc, out] = RunCliOutput(
+      "sweep " + trace + " --memory-cap " + std::to_string((reserved + reserved_if) / 2),
+      Tmp("sweep_races_between.txt"));
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find(line), std::string::npos) << out;
-  // A cap above the race's peak: not fragile.
+  // A cap above what the race puts the reserved memory at: not fragile.
   std::tie(rc, out) =
-      RunCliOutput("sweep " + trace + " --memory-cap " + std::to_string(peak_if + 1),
+      RunCliOutput("sweep " + trace + " --memory-cap " + std::to_string(reserved_if + 1),
                    Tmp("sweep_races_above.txt"));
   EXPECT_EQ(rc, 0) << out;
   EXPECT_EQ(out.find("Fragile:"), std::string::npos) << out;
@@ -237,56 +242,70 @@ std::vector<std::string> CsvRow(const std::string& path, const std::string& fwd,
 
 }  // namespace
 
-// --cap-peak late holds the cap to the peak one late collective could reach. On the sample with
-// reentrant recompute, forward budget 1 and backward budget 0 has the smaller simulated peak
-// (P10) but a late race above it (L10 > P10); budgets 1/1 are faster with a larger peak (P11 >
-// P10) and a late peak L11. A cap of P10: at the simulated timing 1/0 fits and is the fastest that
-// does; held to the late peaks nothing fits (every policy's late peak is above P10: 1/0's is L10,
-// 1/1's L11 > P11 > P10, and 0/x are no smaller), exit 3. A cap of L11, held to the late peaks:
-// 1/1, the fastest of the grid, fits. The CSV's late column is simulate's
-// summary.peak_memory_if_late_bytes for the same policy.
-TEST(CliSweep, HoldsTheCapToThePeakOneLateCollectiveCouldReach) {
+// The cap holds what the caching allocator reserves, and --cap-peak late adds what one late
+// collective could add to the tensors' peak. On the sample with reentrant recompute, over forward
+// and backward budgets 0/1: 1/1 is the fastest; its tensors' peak P11 fits under a cap of R00,
+// 0/0's reserved peak, but its reserved R11 does not (R11 > R00), nor do 0/1's and 1/0's: under
+// R00 the sweep picks 0/0 (choosing by the tensors' peak, as it did, picked 1/1, which the
+// allocator puts over the cap). Held to the late peaks under R00 nothing fits: 0/0 has a late race
+// (L00 > P00), so R00 + L00 - P00 > R00; exit 3. Under R11 + L11 - P11, held to the late peaks,
+// 1/1 fits and is the fastest. The CSV carries simulate's figures for each policy.
+TEST(CliSweep, HoldsTheCapToWhatTheAllocatorReservesAndOneLateCollectiveAdds) {
   const std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/reentrant_recompute.json";
-  auto peaks = [&](const std::string& bwd) {
-    const std::string rep = Tmp("sweep_late_" + bwd + ".json");
-    EXPECT_EQ(RunCli("simulate " + trace + " --forward-prefetch 1 --backward-prefetch " + bwd +
-                     " -o " + rep),
+  struct Figures {
+    double step_us;
+    std::uint64_t peak, late, reserved;
+  };
+  auto simulate = [&](const std::string& fwd, const std::string& bwd) {
+    const std::string rep = Tmp("sweep_cap_" + fwd + bwd + ".json");
+    EXPECT_EQ(RunCli("simulate " + trace + " --forward-prefetch " + fwd + " --backward-prefetch " +
+                     bwd + " -o " + rep),
               0);
     const nlohmann::json s = ReadJson(rep)["summary"];
-    return std::pair{s["peak_memory_bytes"].get<std::uint64_t>(),
-                     s["peak_memory_if_late_bytes"].get<std::uint64_t>()};
+    return Figures{s["step_time_us"].get<double>(), s["peak_memory_bytes"].get<std::uint64_t>(),
+                   s["peak_memory_if_late_bytes"].get<std::uint64_t>(),
+                   s["peak_reserved_bytes"].get<std::uint64_t>()};
   };
-  const auto [p10, l10] = peaks("0");
-  const auto [p11, l11] = peaks("1");
-  ASSERT_GT(l10, p10) << "the sample's 1/0 policy has a late race (the test needs one)";
-  ASSERT_GT(p11, p10);
-  ASSERT_GE(l11, p11);
+  const Figures f11 = simulate("1", "1");
+  const Figures f01 = simulate("0", "1");
+  const Figures f10 = simulate("1", "0");
+  const Figures f00 = simulate("0", "0");
+  ASSERT_LT(f11.peak, f00.reserved) << "the fastest policy's tensors' peak fits under R00";
+  ASSERT_GT(f11.reserved, f00.reserved);
+  ASSERT_GT(f01.reserved, f00.reserved);
+  ASSERT_GT(f10.reserved, f00.reserved);
+  ASSERT_GT(f00.late, f00.peak) << "0/0 has a late race (the test needs one)";
+  ASSERT_GE(f11.late, f11.peak);
+  ASSERT_LT(f11.step_us, std::min({f01.step_us, f10.step_us, f00.step_us}));
+
   const std::string grid = "sweep " + trace + " --forward-prefetch 0,1 --backward-prefetch 0,1";
-  const std::string csv = Tmp("sweep_late.csv");
-  auto [rc, out] = RunCliOutput(grid + " --memory-cap " + std::to_string(p10) + " --csv " + csv,
-                                Tmp("sweep_late_simulated.txt"));
+  const std::string csv = Tmp("sweep_cap.csv");
+  auto [rc, out] =
+      RunCliOutput(grid + " --memory-cap " + std::to_string(f00.reserved) + " --csv " + csv,
+                   Tmp("sweep_cap_reserved.txt"));
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("Best under the memory cap of 0.296 GiB: forward_prefetch=1 "
-                     "backward_prefetch=0"),
-            std::string::npos)
-      << out;
+  EXPECT_NE(out.find("forward_prefetch=0 backward_prefetch=0\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("Why: 3 faster policies reserve above the cap"), std::string::npos) << out;
   const std::vector<std::string> row10 = CsvRow(csv, "1", "0");
-  ASSERT_GE(row10.size(), 7u);
-  EXPECT_EQ(row10[5], std::to_string(p10));
-  EXPECT_EQ(row10[6], std::to_string(l10));
+  ASSERT_GE(row10.size(), 9u);
+  EXPECT_EQ(row10[5], std::to_string(f10.peak));
+  EXPECT_EQ(row10[6], std::to_string(f10.late));
+  EXPECT_EQ(row10[7], std::to_string(f10.reserved));
+  EXPECT_EQ(row10[8], std::to_string(f10.reserved + f10.late - f10.peak));
 
   std::tie(rc, out) =
-      RunCliOutput(grid + " --memory-cap " + std::to_string(p10) + " --cap-peak late",
-                   Tmp("sweep_late_none.txt"));
+      RunCliOutput(grid + " --memory-cap " + std::to_string(f00.reserved) + " --cap-peak late",
+                   Tmp("sweep_cap_none.txt"));
   EXPECT_EQ(rc, 3) << out;
-  EXPECT_NE(out.find("No policy fits under the memory cap of 0.296 GiB"), std::string::npos) << out;
-  EXPECT_NE(out.find("the smallest peak one late collective could reach is"), std::string::npos)
+  EXPECT_NE(out.find("No policy fits under the memory cap"), std::string::npos) << out;
+  EXPECT_NE(out.find("the least reserved if one collective ends late is"), std::string::npos)
       << out;
   EXPECT_NE(out.find("over cap if late"), std::string::npos) << out;
 
+  const std::uint64_t cap11 = f11.reserved + f11.late - f11.peak;
   std::tie(rc, out) =
-      RunCliOutput(grid + " --memory-cap " + std::to_string(l11) + " --cap-peak late",
-                   Tmp("sweep_late_fits.txt"));
+      RunCliOutput(grid + " --memory-cap " + std::to_string(cap11) + " --cap-peak late",
+                   Tmp("sweep_cap_fits.txt"));
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("even if one collective ends late: forward_prefetch=1 backward_prefetch=1"),
             std::string::npos)

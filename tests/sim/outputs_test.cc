@@ -193,41 +193,49 @@ TEST(Sweep, ParetoFrontAndBestUnderCap) {
   SweepResult res;
   res.rows = rows;
   std::string svg = SweepSvg(res, Bytes{60}, "t");
-  EXPECT_NE(svg.find("peak memory per rank (GiB)"), std::string::npos);
+  EXPECT_NE(svg.find("memory per rank (GiB): what the caching allocator reserves"),
+            std::string::npos);
   EXPECT_NE(svg.find("step time (ms)"), std::string::npos);
   EXPECT_NE(svg.find("Pareto"), std::string::npos);
 }
 
-// The cap held to the peak one late collective could reach (--cap-peak late). Rows (step us,
-// peak, peak if late): A (80, 50, 90): fastest, fragile; B (90, 60, 60): no race; C (100, 40, 70).
-// Cap 75: at the simulated timing A fits (50) and is fastest; with one collective late A reaches
-// 90 > 75, B 60 fits and is next fastest. Cap 65: simulated A; late B (60; C's 70 does not fit).
-// Cap 55: simulated A; late none (A 90, B 60, C 70 all above). A row without a late peak (0, as
-// an older row) is held to its simulated peak.
-TEST(Sweep, TheCapHeldToThePeakOneLateCollectiveCouldReach) {
+// The cap holds what the allocator reserves; --cap-peak late adds what one late collective adds
+// to the tensors' peak. Rows (step us, tensors' peak, reserved, peak if late) and the two figures
+// the cap holds (simulated = reserved; late = reserved + late - peak):
+//   A (80, 50, 55, 90): 55, 95 -- fastest, with a late race
+//   B (90, 60, 64, 60): 64, 64 -- no race
+//   C (100, 40, 45, 70): 45, 75
+// Cap 75: simulated A (55); late B (A's 95 is over). Cap 65: late B (64; C's 75 is over).
+// Cap 62: simulated A; late none (95, 64, 75). Cap 52: A's tensors' peak (50) fits but its
+// reserved (55) does not: simulated C (45), the only one. Without reserved bytes (0: allocator
+// exact) the tensors' peak is what the cap holds.
+TEST(Sweep, TheCapHoldsTheReservedPeakAndWhatOneLateCollectiveAdds) {
   std::vector<SweepRow> rows(3);
-  rows[0].step_time_us = 80;
-  rows[0].peak_memory_bytes = 50;
-  rows[0].peak_if_late_bytes = 90;
-  rows[1].step_time_us = 90;
-  rows[1].peak_memory_bytes = 60;
-  rows[1].peak_if_late_bytes = 60;
-  rows[2].step_time_us = 100;
-  rows[2].peak_memory_bytes = 40;
-  rows[2].peak_if_late_bytes = 70;
+  auto set = [&](std::size_t i, TimeUs step, Bytes peak, Bytes reserved, Bytes late) {
+    rows[i].step_time_us = step;
+    rows[i].peak_memory_bytes = peak;
+    rows[i].peak_reserved_bytes = reserved;
+    rows[i].peak_if_late_bytes = late;
+  };
+  set(0, 80, 50, 55, 90);
+  set(1, 90, 60, 64, 60);
+  set(2, 100, 40, 45, 70);
+  EXPECT_EQ(PeakFor(rows[0], CapPeak::kSimulated), 55u);
+  EXPECT_EQ(PeakFor(rows[0], CapPeak::kOneLate), 95u);
+  EXPECT_EQ(PeakFor(rows[2], CapPeak::kOneLate), 75u);
   EXPECT_EQ(BestUnderCap(rows, 75), std::optional<std::size_t>(0));
   EXPECT_EQ(BestUnderCap(rows, 75, CapPeak::kOneLate), std::optional<std::size_t>(1));
   EXPECT_EQ(BestUnderCap(rows, 65, CapPeak::kOneLate), std::optional<std::size_t>(1));
-  EXPECT_EQ(BestUnderCap(rows, 55, CapPeak::kSimulated), std::optional<std::size_t>(0));
-  EXPECT_EQ(BestUnderCap(rows, 55, CapPeak::kOneLate), std::nullopt);
-  EXPECT_EQ(PeakFor(rows[0], CapPeak::kSimulated), 50u);
-  EXPECT_EQ(PeakFor(rows[0], CapPeak::kOneLate), 90u);
-  SweepRow old;
-  old.peak_memory_bytes = 40;
-  EXPECT_EQ(PeakFor(old, CapPeak::kOneLate), 40u);
-  EXPECT_TRUE(FitsUnderCap(old, 40, CapPeak::kOneLate));
-  old.status = StepFailed("x");
-  EXPECT_FALSE(FitsUnderCap(old, 40, CapPeak::kOneLate));  // a failed run fits nothing
+  EXPECT_EQ(BestUnderCap(rows, 62, CapPeak::kSimulated), std::optional<std::size_t>(0));
+  EXPECT_EQ(BestUnderCap(rows, 62, CapPeak::kOneLate), std::nullopt);
+  EXPECT_EQ(BestUnderCap(rows, 52), std::optional<std::size_t>(2));
+  SweepRow exact;
+  exact.peak_memory_bytes = 40;
+  EXPECT_EQ(PeakFor(exact, CapPeak::kSimulated), 40u);
+  EXPECT_EQ(PeakFor(exact, CapPeak::kOneLate), 40u);
+  EXPECT_TRUE(FitsUnderCap(exact, 40, CapPeak::kOneLate));
+  exact.status = StepFailed("x");
+  EXPECT_FALSE(FitsUnderCap(exact, 40, CapPeak::kOneLate));  // a failed run fits nothing
 
   ASSERT_TRUE(ParseCapPeak("late", "--cap-peak").ok());
   EXPECT_EQ(*ParseCapPeak("simulated", "--cap-peak"), CapPeak::kSimulated);
@@ -237,14 +245,15 @@ TEST(Sweep, TheCapHeldToThePeakOneLateCollectiveCouldReach) {
   EXPECT_NE(bad.status().message().find("--cap-peak: 'mean' (expected simulated or late)"),
             std::string::npos);
 
-  // The CSV carries both peaks, the late one after the simulated one.
+  // The CSV: the tensors' peak, its late bracket, the reserved peak and its late figure.
   SweepResult res;
   res.rows = rows;
   const std::string csv = SweepCsv(res);
-  EXPECT_NE(csv.find("peak_memory_bytes,peak_memory_if_late_bytes,lower_bound_us"),
+  EXPECT_NE(csv.find("peak_memory_bytes,peak_memory_if_late_bytes,peak_reserved_bytes,"
+                     "cap_holds_if_late_bytes,lower_bound_us"),
             std::string::npos)
       << csv;
-  EXPECT_NE(csv.find(",50,90,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",50,90,55,95,"), std::string::npos) << csv;
 }
 
 TEST(Sweep, RunsTheGridInParallel) {

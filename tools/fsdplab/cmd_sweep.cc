@@ -50,9 +50,11 @@ int RunSweep(const Argv& argv) {
         "Simulates every combination of the policy values given as comma-separated lists\n"
         "(any policy flag may take a list), in parallel over the machine's cores, and prints\n"
         "them sorted by step time. With --memory-cap, the runs are simulated without a cap so\n"
-        "their true peaks show, and the fastest policy whose peak fits under the cap is\n"
-        "picked, saying which faster policies it beat on memory. --cap-peak late holds the cap\n"
-        "to the peak one late collective could raise each policy's to instead.",
+        "their true peaks show, and the fastest policy whose reserved memory fits under the cap\n"
+        "is picked, saying which faster policies it beat on memory. Reserved is what the cap\n"
+        "holds and a device runs out of memory on: the caching allocator's reserved bytes (the\n"
+        "tensors' peak with --allocator exact). --cap-peak late adds what one late collective\n"
+        "could add to each policy's peak.",
         args);
   }
   if (!args.GetAll("--rank-trace").empty()) {
@@ -78,11 +80,13 @@ int RunSweep(const Argv& argv) {
   StatusOr<sim::CapPeak> cap_peak = CapPeakFromArgs(args, cap.has_value());
   if (!cap_peak.ok()) return Fail(kCmd, cap_peak.status());
   const bool late = *cap_peak == sim::CapPeak::kOneLate;
-  // A row's peak as the cap holds it: "0.312", or "0.312 (0.340 if late)" with --cap-peak late.
-  auto peak_text = [&](const sim::SweepRow& r) {
-    return late && r.peak_if_late_bytes > r.peak_memory_bytes
-               ? fmt::format("{} ({} if late)", GiB(r.peak_memory_bytes), GiB(r.peak_if_late_bytes))
-               : GiB(r.peak_memory_bytes);
+  // What the cap holds of a row (GiB reserved): "0.377", or "0.377 (0.396 if late)" with
+  // --cap-peak late.
+  auto held_text = [&](const sim::SweepRow& r) {
+    const Bytes held = sim::PeakFor(r, sim::CapPeak::kSimulated);
+    const Bytes if_late = sim::PeakFor(r, sim::CapPeak::kOneLate);
+    return late && if_late > held ? fmt::format("{} ({} if late)", GiB(held), GiB(if_late))
+                                  : GiB(held);
   };
   if (base.steps == 0) base.steps = std::max<int>(2, static_cast<int>(trace.steps.size()));
   int jobs = 0;
@@ -112,10 +116,11 @@ int RunSweep(const Argv& argv) {
   std::vector<bool> on_front(result.rows.size(), false);
   for (std::size_t i : front) on_front[i] = true;
   std::vector<std::string> headers = varied;
-  for (std::string_view h : {"step ms", "exposed ms", "overlap", "peak GiB", "bound ms", "note"}) {
+  for (std::string_view h :
+       {"step ms", "exposed ms", "overlap", "peak GiB", "reserved GiB", "bound ms", "note"}) {
     headers.emplace_back(h);
   }
-  if (late) headers[varied.size() + 3] = "peak GiB (if late)";
+  if (late) headers[varied.size() + 4] = "reserved GiB (if late)";
   std::vector<std::vector<std::string>> table;
   for (std::size_t i : order) {
     const sim::SweepRow& r = result.rows[i];
@@ -124,16 +129,18 @@ int RunSweep(const Argv& argv) {
       row.push_back(Ms(r.step_time_us));
       row.push_back(Ms(r.exposed_comm_us));
       row.push_back(fmt::format("{:.0f}%", 100 * r.overlap_ratio));
-      row.push_back(peak_text(r));
+      row.push_back(GiB(r.peak_memory_bytes));
+      row.push_back(held_text(r));
       row.push_back(Ms(r.lower_bound_us));
       std::string note = on_front[i] ? "pareto" : "";
       if (cap && !sim::FitsUnderCap(r, *cap, *cap_peak)) {
-        const char* over = r.peak_memory_bytes > *cap ? "over cap" : "over cap if late";
+        const char* over =
+            sim::PeakFor(r, sim::CapPeak::kSimulated) > *cap ? "over cap" : "over cap if late";
         note += note.empty() ? over : fmt::format(", {}", over);
       }
       row.push_back(note);
     } else {
-      for (int k = 0; k < 5; ++k) row.emplace_back("-");
+      for (int k = 0; k < 6; ++k) row.emplace_back("-");
       row.push_back("fails: " + r.status.message());
     }
     table.push_back(std::move(row));
@@ -171,19 +178,21 @@ int RunSweep(const Argv& argv) {
         if (r.ok()) smallest = std::min(smallest.value_or(~Bytes{0}), PeakFor(r, *cap_peak));
       }
       fmt::print(
-          "No policy fits under the memory cap of {} GiB ({} bytes): the smallest peak{} "
+          "No policy fits under the memory cap of {} GiB ({} bytes): the least reserved{} "
           "is {} GiB.\n",
-          GiB(*cap), *cap, late ? " one late collective could reach" : "",
+          GiB(*cap), *cap, late ? " if one collective ends late" : "",
           smallest ? GiB(*smallest) : std::string("-"));
       exit_code = 3;
     } else {
       const sim::SweepRow& b = result.rows[*best];
       fmt::print(
-          "Best under the memory cap of {} GiB{}: {}\n  step {} ms, peak {} GiB{} ({:.0f}% of "
-          "the cap).\n",
+          "Best under the memory cap of {} GiB{}: {}\n  step {} ms, peak {} GiB, reserved {} GiB{} "
+          "({:.0f}% of the cap).\n",
           GiB(*cap), late ? " even if one collective ends late" : "", Describe(result, *best),
           Ms(b.step_time_us), GiB(b.peak_memory_bytes),
-          late ? fmt::format(", {} GiB if one collective ends late", GiB(b.peak_if_late_bytes))
+          GiB(sim::PeakFor(b, sim::CapPeak::kSimulated)),
+          late ? fmt::format(", {} GiB if one collective ends late",
+                             GiB(sim::PeakFor(b, sim::CapPeak::kOneLate)))
                : std::string(),
           100.0 * static_cast<double>(PeakFor(b, *cap_peak)) / static_cast<double>(*cap));
       std::vector<std::string> faster;
@@ -191,8 +200,8 @@ int RunSweep(const Argv& argv) {
         if (i == *best) break;
         const sim::SweepRow& r = result.rows[i];
         if (!r.ok()) continue;
-        faster.push_back(fmt::format("{} ({} ms, peak {} GiB)", Describe(result, i),
-                                     Ms(r.step_time_us), peak_text(r)));
+        faster.push_back(fmt::format("{} ({} ms, reserved {} GiB)", Describe(result, i),
+                                     Ms(r.step_time_us), held_text(r)));
       }
       if (const std::string fragile = sim::FragileUnderCap(b, *cap, trace.model);
           !fragile.empty()) {
@@ -201,8 +210,8 @@ int RunSweep(const Argv& argv) {
       if (faster.empty()) {
         fmt::print("  It is the fastest policy of the grid; the cap costs nothing.\n");
       } else {
-        fmt::print("  Why: {} faster polic{} peak above the cap{}:\n", faster.size(),
-                   faster.size() == 1 ? "y's" : "ies",
+        fmt::print("  Why: {} faster polic{} above the cap{}:\n", faster.size(),
+                   faster.size() == 1 ? "y reserves" : "ies reserve",
                    late ? " at the simulated timing or with one collective late" : "");
         for (const std::string& f : faster) fmt::print("    {}\n", f);
       }
@@ -226,8 +235,8 @@ int RunSweep(const Argv& argv) {
                  sim::VersusDefault(FrameworkTitle(**preset), def_row,
                                     cap ? "best under the cap" : "fastest", result.rows[*chosen]));
       if (cap && def_row.ok() && !sim::FitsUnderCap(def_row, *cap, *cap_peak)) {
-        fmt::print("  ({} default's peak, {} GiB, is above the cap.)\n", FrameworkTitle(**preset),
-                   peak_text(def_row));
+        fmt::print("  ({} default reserves {} GiB, above the cap.)\n", FrameworkTitle(**preset),
+                   held_text(def_row));
       }
     }
   }
@@ -238,7 +247,7 @@ int RunSweep(const Argv& argv) {
   if (std::optional<std::string> plot = args.Get("--plot")) {
     std::string title = fmt::format("{}: step time vs peak memory, {} policies",
                                     args.positionals().front(), result.rows.size());
-    if (Status s = WriteFileAtomic(*plot, sim::SweepSvg(result, cap, title)); !s.ok()) {
+    if (Status s = WriteFileAtomic(*plot, sim::SweepSvg(result, cap, title, *cap_peak)); !s.ok()) {
       return Fail(kCmd, s);
     }
   }

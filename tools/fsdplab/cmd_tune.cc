@@ -71,18 +71,19 @@ int RunTune(const Argv& argv) {
   if (Status s = args.Parse(); !s.ok()) return Fail(kCmd, s);
   if (args.help()) {
     return PrintHelp(
-        "fsdplab tune TRACE --memory-cap BYTES [--cap-peak simulated|late] [--objective "
-        "step|exposed] "
-        "[--budget-kinds units,elements,bytes] [--time-limit S] [--out POLICY.json] "
-        "[--global-out POLICY.json] [--preset fsdp2|megatron-fsdp|deepspeed-zero3]",
+        "fsdplab tune TRACE --memory-cap BYTES [--cap-peak simulated|late] "
+        "[--objective step|exposed] [--budget-kinds units,elements,bytes] [--time-limit S] "
+        "[--out POLICY.json] [--global-out POLICY.json] [--preset "
+        "fsdp2|megatron-fsdp|deepspeed-zero3]",
         "Finds the fastest policy, with per-unit budgets, orders, prefetch_first_unit,\n"
-        "reshard_after_forward and unshard_all_planes_in_backward, whose simulated peak memory\n"
-        "fits the cap. It sweeps the global policies first (as `fsdplab sweep` would, on one\n"
-        "core), then searches per-unit overrides from the best of them, steered by the critical\n"
-        "path: budget goes to the units that prefetch gathers on the path, and is taken where\n"
-        "gathers have slack. Prints the tuned policy, its gain over the best global policy and\n"
-        "why. --cap-peak late holds the cap to the peak one late collective could raise a\n"
-        "policy's to. Exit status 3 when no policy fits under the cap.",
+        "reshard_after_forward and unshard_all_planes_in_backward, whose simulated reserved\n"
+        "memory fits the cap (the caching allocator's reserved bytes, what the cap holds and a\n"
+        "device runs out of memory on). It sweeps the global policies first (as `fsdplab\n"
+        "sweep` would, on one core), then searches per-unit overrides from the best of them,\n"
+        "steered by the critical path: budget goes to the units that prefetch gathers on the\n"
+        "path, and is taken where gathers have slack. Prints the tuned policy, its gain over the\n"
+        "best global policy and why. --cap-peak late adds what one late collective could add\n"
+        "to a policy's peak. Exit status 3 when no policy fits under the cap.",
         args);
   }
   StatusOr<LoadedTraces> loaded = LoadTraces(args);
@@ -101,11 +102,16 @@ int RunTune(const Argv& argv) {
   if (!cap_peak.ok()) return Fail(kCmd, cap_peak.status());
   opt.cap_peak = *cap_peak;
   const bool late = opt.cap_peak == sim::CapPeak::kOneLate;
-  // A row's peak as the cap holds it; with --cap-peak late, what one late collective reaches too.
+  // A row's tensors' peak and what the allocator reserves (with --cap-peak late, if one
+  // collective ends late too).
   auto peak_text = [&](const sim::SweepRow& r) {
-    return late ? fmt::format("{} ({} if one collective ends late)", GiB(r.peak_memory_bytes),
-                              GiB(r.peak_if_late_bytes))
-                : GiB(r.peak_memory_bytes);
+    std::string text = fmt::format("{}, reserved {}", GiB(r.peak_memory_bytes),
+                                   GiB(sim::PeakFor(r, sim::CapPeak::kSimulated)));
+    if (late) {
+      text += fmt::format(" ({} if one collective ends late)",
+                          GiB(sim::PeakFor(r, sim::CapPeak::kOneLate)));
+    }
+    return text;
   };
   if (opt.base.steps == 0) opt.base.steps = std::max<int>(2, static_cast<int>(trace.steps.size()));
   if (std::optional<std::string> v = args.Get("--objective")) {

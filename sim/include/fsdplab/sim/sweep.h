@@ -31,9 +31,13 @@ struct SweepRow final {
   TimeUs step_time_us = 0;
   TimeUs exposed_comm_us = 0;
   double overlap_ratio = 0;
-  Bytes peak_memory_bytes = 0;
-  // The most one late collective could raise the peak to (ReportSummary::peak_if_late_bytes of
-  // rank 0, every step), never below peak_memory_bytes.
+  Bytes peak_memory_bytes = 0;  // the tensors' peak (the report's), over every rank
+  // The caching allocator's reserved peak (SimResult::peak_reserved_by_rank), over every rank:
+  // what --memory-cap holds and a device runs out of memory on. 0 with --allocator exact (the
+  // tensors' peak is what the cap holds).
+  Bytes peak_reserved_bytes = 0;
+  // The most one late collective could raise the tensors' peak to (ReportSummary::
+  // peak_if_late_bytes of rank 0, every step), never below peak_memory_bytes.
   Bytes peak_if_late_bytes = 0;
   TimeUs lower_bound_us = 0;
   // The late peak race (core/report.h) with the smallest margin, as a fraction of its
@@ -43,15 +47,18 @@ struct SweepRow final {
   bool ok() const { return status.ok(); }
 };
 
-// Which peak a memory cap is held to. kSimulated: the peak at the simulated timing. kOneLate:
-// what one collective ending late (up to its own duration) could raise it to; a run of many steps
-// has many chances for one, and on the host grids (bench/host_prediction.sh --grid) the run's
-// live peak exceeded the simulated one by more than 2% in 108 of 288 runs, and lay between the
-// two (within 2%) in 273.
+// Which peak a memory cap is held to. kSimulated: the peak at the simulated timing of what the
+// cap holds: the caching allocator's reserved bytes (SweepRow::peak_reserved_bytes; the tensors'
+// peak with --allocator exact). kOneLate: that plus what one collective ending late (up to its
+// own duration) could add to the tensors' peak (peak_if_late_bytes - peak_memory_bytes; the
+// allocator's rounding of the extra bytes is left out). A run of many steps has many chances for
+// one, and on the host grids (bench/host_prediction.sh --grid) the run's live peak exceeded the
+// simulated one by more than 2% in 108 of 288 runs, and lay between the two (within 2%) in 273.
 enum class CapPeak : std::uint8_t { kSimulated, kOneLate };
 // "simulated" or "late"; an error names `flag` and the choices.
 StatusOr<CapPeak> ParseCapPeak(std::string_view text, std::string_view flag);
-// The row's peak that `which` holds to the cap.
+// The row's peak that `which` holds to the cap. Sweep's memory axis (its sort, Pareto front and
+// plot) is PeakFor(row, CapPeak::kSimulated): the memory the policy holds, as the cap sees it.
 Bytes PeakFor(const SweepRow& row, CapPeak which);
 
 struct SweepResult final {
@@ -80,8 +87,9 @@ bool FitsUnderCap(const SweepRow& row, Bytes cap, CapPeak which = CapPeak::kSimu
 std::optional<std::size_t> BestUnderCap(const std::vector<SweepRow>& rows, Bytes cap,
                                         CapPeak which = CapPeak::kSimulated);
 // "Fragile: a reduce_scatter of model.layers.2 22% slower than simulated (0.018 ms late) puts the
-// peak at 0.338 GiB, over the cap." when the row's nearest late race (SweepRow::nearest_race)
-// puts its peak over `cap`; empty otherwise. `model` names the unit.
+// reserved memory at 0.396 GiB, over the cap." when the row's nearest late race
+// (SweepRow::nearest_race) puts what the cap holds (its extra bytes on top of PeakFor
+// kSimulated) over `cap`; empty otherwise. `model` names the unit.
 std::string FragileUnderCap(const SweepRow& row, Bytes cap, const Model& model);
 
 // One line comparing a chosen policy with a framework's default (`--preset`) by step time:
@@ -93,6 +101,8 @@ std::string VersusDefault(std::string_view framework_title, const SweepRow& pres
 std::string SweepCsv(const SweepResult& result);
 // Step time (ms) against peak memory (GiB): every run a dot, the Pareto front joined and
 // marked, the cap a dashed vertical line, the best run under it ringed; axes labelled with units.
-std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap, const std::string& title);
+// `which`: the peak the cap holds, for the ringed run.
+std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap, const std::string& title,
+                     CapPeak which = CapPeak::kSimulated);
 
 }  // namespace fsdplab::sim
