@@ -7,13 +7,13 @@
 # then tune's result: policies evaluated per second, the tuned policy's gain over the best global
 # policy under the same cap (or the bound that says none can be 5% faster), and why.
 #
-#   bench/tune_llama70b.sh [BUILD_DIR] [CAP]        # CAP default 34G; TIME_LIMIT (s) default 8
+#   bench/tune_llama70b.sh [BUILD_DIR] [CAP]        # CAP default 38000M (37.1 GiB); TIME_LIMIT (s) default 8
 #
 # One core: tune runs single-threaded (sweep is given --jobs 1 here too).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build}"
-cap="${2:-34G}"
+cap="${2:-38000M}"
 f="$build/tools/fsdplab"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
