@@ -201,12 +201,20 @@ std::vector<std::size_t> ParetoFront(const std::vector<SweepRow>& rows) {
   return front;
 }
 
+namespace {
+
+// What the cap holds when the tensors' peak is `tensors` instead of the row's: the reserved peak
+// plus the extra tensor bytes (the allocator's rounding of them left out).
+Bytes HeldAtTensorPeak(const SweepRow& row, Bytes tensors) {
+  return PeakFor(row, CapPeak::kSimulated) + (tensors - std::min(tensors, row.peak_memory_bytes));
+}
+
+}  // namespace
+
 std::string FragileUnderCap(const SweepRow& row, Bytes cap, const Model& model) {
   if (!row.nearest_race) return "";
   const PeakRace& race = *row.nearest_race;
-  // The race's extra bytes on top of what the cap holds.
-  const Bytes held_if = PeakFor(row, CapPeak::kSimulated) +
-                        (race.peak_if_bytes - std::min(race.peak_if_bytes, row.peak_memory_bytes));
+  const Bytes held_if = HeldAtTensorPeak(row, race.peak_if_bytes);
   if (held_if <= cap) return "";
   const std::string_view kind = OpKindName(race.op.kind);
   const char* article = kind.find_first_of("aeiou") == 0 ? "an" : "a";
@@ -233,9 +241,8 @@ StatusOr<CapPeak> ParseCapPeak(std::string_view text, std::string_view flag) {
 }
 
 Bytes PeakFor(const SweepRow& row, CapPeak which) {
-  const Bytes held = std::max(row.peak_reserved_bytes, row.peak_memory_bytes);
-  if (which == CapPeak::kSimulated) return held;
-  return held + (row.peak_if_late_bytes - std::min(row.peak_if_late_bytes, row.peak_memory_bytes));
+  if (which == CapPeak::kOneLate) return HeldAtTensorPeak(row, row.peak_if_late_bytes);
+  return std::max(row.peak_reserved_bytes, row.peak_memory_bytes);
 }
 
 bool FitsUnderCap(const SweepRow& row, Bytes cap, CapPeak which) {
