@@ -56,7 +56,7 @@ std::string OpName(const TimelineOp& op, const Model& model) {
     case OpKind::kAllReduce: return fmt::format("all_reduce {}", unit);
     case OpKind::kRelease: return fmt::format("release {}", unit);
     case OpKind::kHostIssue: return fmt::format("issue {}", unit);
-    case OpKind::kHostBlock: return fmt::format("blocked on memory ({})", unit);
+    case OpKind::kMemoryWait: return fmt::format("blocked on memory ({})", unit);
     case OpKind::kCheck: return fmt::format("check {}", unit);
   }
   return unit;

@@ -23,7 +23,7 @@ std::string_view OpKindName(OpKind kind) {
     case OpKind::kAllReduce: return "all_reduce";
     case OpKind::kRelease: return "release";
     case OpKind::kHostIssue: return "host_issue";
-    case OpKind::kHostBlock: return "host_block";
+    case OpKind::kMemoryWait: return "memory_wait";
     case OpKind::kCheck: return "check";
   }
   return "unknown";

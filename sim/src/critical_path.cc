@@ -143,12 +143,6 @@ CriticalPath BuildCriticalPath(const std::vector<RankState>& ranks, const SimOpt
       } else {
         add(host_base[ri][c - 1], h, DepKind::kHostOrder);
       }
-      const std::int64_t w = r.deps.woken_by[c];
-      if (w >= 0) {
-        const auto ws = static_cast<std::size_t>(w >> 32);
-        const auto we = static_cast<std::uint32_t>(w & 0xffffffff);
-        if (we < entry_node[ri][ws].size()) add(entry_node[ri][ws][we], h, DepKind::kMemoryCap);
-      }
     }
     for (std::size_t ss = 0; ss < kNumStreams; ++ss) {
       const std::vector<std::uint32_t>& en = entry_node[ri][ss];
@@ -157,6 +151,13 @@ CriticalPath BuildCriticalPath(const std::vector<RankState>& ranks, const SimOpt
         const ProgOp& op = p.ops[op_index];
         if (e > 0) add(en[e - 1], en[e], DepKind::kStream);
         add(host_base[ri][cmd_of[op_index]], en[e], DepKind::kHostIssue);
+        if (const std::int64_t w = r.deps.woken_by[ss][e]; w >= 0) {
+          // A gather's allocation the memory cap held until this free made room.
+          const auto ws = static_cast<std::size_t>(w >> 32);
+          const auto we = static_cast<std::uint32_t>(w & 0xffffffff);
+          if (we < entry_node[ri][ws].size())
+            add(entry_node[ri][ws][we], en[e], DepKind::kMemoryCap);
+        }
         if (op.type == PlanOpKind::kWait && op.wait_count > 0) {
           const std::vector<std::uint32_t>& wn =
               entry_node[ri][static_cast<std::size_t>(op.wait_stream)];
@@ -391,9 +392,9 @@ Status ExplainCauses(CriticalPath& path, const Model& model, const SimOptions& b
     c.whatif = "no memory cap";
     c.on_path_us = c.whatif_saving_us;
     c.text = fmt::format(
-        "the memory cap ({} bytes) held the host before it issued the gather of {}: the path runs "
-        "through the release that made room; a smaller prefetch budget before it, "
-        "reshard_after_forward on the units it keeps, or a larger cap would let it issue earlier",
+        "the memory cap ({} bytes) held the gather of {} until a release made room for its "
+        "buffer: the path runs through that release; a smaller prefetch budget before it, "
+        "reshard_after_forward on the units it keeps, or a larger cap would let it start earlier",
         *base.memory_cap, model.NameOf(cap_unit));
     path.causes.push_back(std::move(c));
   }

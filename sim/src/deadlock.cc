@@ -1,4 +1,4 @@
-// The end of a simulation: a host still blocked by the memory cap is out of memory; ranks that
+// The end of a simulation: a gather still held by the memory cap is out of memory; ranks that
 // stopped with work left are deadlocked, explained through a wait-for graph between ranks.
 #include <fmt/format.h>
 
@@ -21,19 +21,16 @@ std::size_t Idx(int i) { return static_cast<std::size_t>(i); }
 
 void Engine::CheckQuiescent() {
   for (const RankState& r : ranks_) {
-    if (r.host == HostState::kBlocked || r.host == HostState::kResuming) {
-      const ProgCommand& cmd = r.prog->commands[r.pc];
-      const Bytes held = opt_.allocator_model ? r.allocator.allocator().reserved() + r.reserved
-                                              : r.total() + r.reserved;
-      Fail(StepFailed(fmt::format(
-          "out of memory at step {} (microbatch {}) on rank {}: the all-gather of {} needs {} "
-          "bytes, {} of the cap of {} bytes are {} and nothing in flight frees memory",
-          cmd.origin.step, cmd.origin.microbatch, r.id, UnitName(r, cmd.unit), cmd.gather_bytes,
-          held, *opt_.memory_cap,
-          opt_.allocator_model ? "reserved by the caching allocator or held for issued gathers"
-                               : "in use or reserved")));
-      return;
-    }
+    const StreamState& st = r.streams[Idx(kGatherStream)];
+    if (!st.memory_wait) continue;
+    const ProgOp& op = OpAt(r, kGatherStream, st.completed);
+    const Bytes held = opt_.allocator_model ? r.allocator.allocator().reserved() : r.total();
+    Fail(StepFailed(fmt::format(
+        "out of memory at step {} (microbatch {}) on rank {}: the all-gather of {} needs {} "
+        "bytes, {} of the cap of {} bytes are {} and nothing in flight frees memory",
+        op.step, op.microbatch, r.id, UnitName(r, op.unit), op.bytes, held, *opt_.memory_cap,
+        opt_.allocator_model ? "reserved by the caching allocator" : "in use")));
+    return;
   }
   bool all_done = true;
   for (const RankState& r : ranks_) all_done = all_done && r.finished();

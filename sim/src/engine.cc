@@ -79,9 +79,9 @@ void Engine::InitMemory(RankState& r) {
       r.deps.start[s].assign(n, 0);
       r.deps.end[s].assign(n, 0);
       r.deps.timeline_id[s].assign(n, -1);
+      r.deps.woken_by[s].assign(n, -1);
     }
     r.deps.issued.assign(r.prog->commands.size(), 0);
-    r.deps.woken_by.assign(r.prog->commands.size(), -1);
   }
   r.gather_id.assign(r.prog->timeline.size(), -1);
   r.gather_flowed.assign(r.prog->timeline.size(), 0);
@@ -114,24 +114,26 @@ void Engine::Sample(RankState& r, TimeUs now, int step, UnitId unit) {
   timeline_->memory.push_back(s);
 }
 
-// A device-side allocation: over the cap it is an out-of-memory failure. The host reserved the
-// unsharded parameters of a gather against the cap when it issued it; here they become used.
-std::optional<Bytes> Engine::AllocatorCap(const RankState& r) const {
-  if (!opt_.memory_cap) return std::nullopt;
-  return *opt_.memory_cap - std::min(*opt_.memory_cap, r.reserved);
+// Whether a gather's unsharded parameters fit under the cap now. Over the cap a gather waits on
+// its stream for a release to make room (the rate limiter of FSDP's all-gathers, which hold
+// their stream until an earlier gather's buffer is freed); any other allocation over the cap is
+// out of memory. The cap applies to what the caching allocator reserves.
+bool Engine::GatherFits(const RankState& r, const ProgOp& op) const {
+  if (!opt_.memory_cap || op.bytes == 0) return true;
+  if (opt_.allocator_model) {
+    return r.allocator.allocator().ReservedAfter(op.bytes, op.stream, opt_.memory_cap).has_value();
+  }
+  return r.total() + op.bytes <= *opt_.memory_cap;
 }
 
 bool Engine::DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op) {
   if (op.bytes == 0) return true;
-  if (op.category == MemoryCategory::kUnshardedParams) {
-    r.reserved -= std::min(r.reserved, op.bytes);
-  }
   bool fits = true;
   if (opt_.allocator_model) {
     // The cap applies to what the caching allocator reserves.
-    fits = r.allocator.Alloc(op.stream, op.buffer, op.category, op.unit, op.bytes, AllocatorCap(r));
-  } else if (op.category != MemoryCategory::kUnshardedParams) {
-    fits = !opt_.memory_cap || r.total() + r.reserved + op.bytes <= *opt_.memory_cap;
+    fits = r.allocator.Alloc(op.stream, op.buffer, op.category, op.unit, op.bytes, opt_.memory_cap);
+  } else {
+    fits = !opt_.memory_cap || r.total() + op.bytes <= *opt_.memory_cap;
   }
   if (!fits) {
     std::string_view what =
@@ -143,12 +145,9 @@ bool Engine::DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op) {
                                                                : "the sharded gradient of";
     const std::string in_use =
         opt_.allocator_model
-            ? fmt::format(
-                  "{} bytes are reserved by the caching allocator ({} allocated in "
-                  "blocks) and {} held for gathers issued",
-                  r.allocator.allocator().reserved(), r.allocator.allocator().allocated(),
-                  r.reserved)
-            : fmt::format("{} bytes are in use or reserved", r.total() + r.reserved);
+            ? fmt::format("{} bytes are reserved by the caching allocator ({} allocated in blocks)",
+                          r.allocator.allocator().reserved(), r.allocator.allocator().allocated())
+            : fmt::format("{} bytes are in use", r.total());
     Fail(StepFailed(fmt::format(
         "out of memory at step {} (microbatch {}) on rank {}: {} {} needs {} bytes; of the cap of "
         "{} bytes, {}",
@@ -167,11 +166,7 @@ void Engine::Free(RankState& r, TimeUs now, const ProgOp& op, std::int64_t entry
   b -= std::min(b, op.bytes);
   if (opt_.allocator_model) r.allocator.Free(op.buffer, op.category, op.unit, op.bytes);
   Sample(r, now, op.step, op.unit);
-  if (r.host == HostState::kBlocked) {
-    r.deps.last_waker = entry;
-    r.host = HostState::kResuming;
-    queue_.Push(now + opt_.launch_us, HostIssueEv{r.rank});
-  }
+  r.deps.last_free = entry;
 }
 
 void Engine::Fail(Status s) {
@@ -240,37 +235,6 @@ void Engine::OnHostIssue(TimeUs now, RankState& r) {
     return;
   }
   const ProgCommand& cmd = cmds[r.pc];
-  if (cmd.gather_bytes > 0) {
-    const bool over =
-        opt_.memory_cap &&
-        (opt_.allocator_model ? !r.allocator.allocator().ReservedAfter(
-                                    cmd.gather_bytes, kGatherStream, AllocatorCap(r))
-                              : r.total() + r.reserved + cmd.gather_bytes > *opt_.memory_cap);
-    if (over) {
-      if (r.host == HostState::kRunning) r.block_start = now - opt_.launch_us;
-      r.host = HostState::kBlocked;
-      Advance(r, now);
-      return;
-    }
-    if (r.host == HostState::kResuming && r.recorded) {
-      ProgOp marker;
-      marker.unit = cmd.unit;
-      marker.step = cmd.origin.step;
-      marker.microbatch = cmd.origin.microbatch;
-      marker.event = cmd.origin.event;
-      Record(r, Track::kHost, OpKind::kHostBlock, marker, r.block_start, now - opt_.launch_us);
-    }
-    if (r.host == HostState::kResuming && opt_.critical_path) {
-      r.deps.woken_by[r.pc] = r.deps.last_waker;
-    }
-    r.host = HostState::kRunning;
-    r.reserved +=
-        cmd.gather_bytes;  // in use from the gather's start; reserved for the cap till then
-  }
-  if (r.host == HostState::kResuming) {
-    // A free woke the host but it was not waiting for a gather any more.
-    r.host = HostState::kRunning;
-  }
   ++commands_;
   if (r.recorded && opt_.record_host_ops && opt_.launch_us > 0) {
     ProgOp marker = cmd.first < cmd.end ? r.prog->ops[cmd.first] : ProgOp{};
@@ -351,13 +315,29 @@ bool Engine::AdvanceStream(RankState& r, int s, TimeUs now, bool instant_only) {
         progressed = true;
         break;
       }
-      case PlanOpKind::kAlloc:
+      case PlanOpKind::kAlloc: {
+        if (op.category == MemoryCategory::kUnshardedParams && !GatherFits(r, op)) {
+          // Held until a release on this rank makes room (Free advances the rank again).
+          if (!st.memory_wait) {
+            st.memory_wait = true;
+            st.memory_wait_from = now;
+          }
+          return progressed;
+        }
+        TimeUs from = now;
+        if (st.memory_wait) {
+          st.memory_wait = false;
+          from = st.memory_wait_from;
+          if (opt_.critical_path) r.deps.woken_by[Idx(s)][st.completed] = r.deps.last_free;
+          if (r.recorded) Record(r, TrackOf(s), OpKind::kMemoryWait, op, from, now);
+        }
         Executed(r, op);
         LogTimes(r, s, st.completed, now, now);
         ++st.completed;
         progressed = true;
         if (!DeviceAlloc(r, now, op)) return true;
         break;
+      }
       case PlanOpKind::kFree: {
         std::int64_t id = -1;
         if (op.timeline_op >= 0 && r.recorded) id = RecordPlanned(r, op, now, now).id;  // release

@@ -19,7 +19,7 @@
 
 namespace fsdplab::sim {
 
-enum class HostState : std::uint8_t { kRunning, kBlocked, kResuming, kDone };
+enum class HostState : std::uint8_t { kRunning, kDone };
 
 struct StreamState {
   std::uint32_t issued = 0;
@@ -37,18 +37,24 @@ struct StreamState {
   // The earliest its next collective may arrive (-1: any time): its last collective's end plus
   // the cluster's stream_wake_us.after_<that collective's kind>.
   TimeUs next_collective_at = -1;
+  // The head is a gather's allocation that does not fit under the memory cap: it waits, from
+  // memory_wait_from, for a release on the rank to make room.
+  bool memory_wait = false;
+  TimeUs memory_wait_from = 0;
 };
 
 // With SimOptions::critical_path: when each stream entry of a rank started and ended, when the
-// host issued each command, and which free woke a host the memory cap held (critical_path.cc
-// builds the dependency graph from it).
+// host issued each command, and which free let a gather the memory cap held allocate its buffer
+// (critical_path.cc builds the dependency graph from it).
 struct DependencyLog {
   std::array<std::vector<TimeUs>, kNumStreams> start;
   std::array<std::vector<TimeUs>, kNumStreams> end;
   std::array<std::vector<std::int64_t>, kNumStreams> timeline_id;  // -1: not in the timeline
-  std::vector<TimeUs> issued;          // per command: when the host issued it
-  std::vector<std::int64_t> woken_by;  // per command: the free (EntryKey) that let it issue, -1
-  std::int64_t last_waker = -1;
+  // Per stream entry: the free (EntryKey) that let this allocation, held by the memory cap, go
+  // ahead; -1 if it was not held.
+  std::array<std::vector<std::int64_t>, kNumStreams> woken_by;
+  std::vector<TimeUs> issued;   // per command: when the host issued it
+  std::int64_t last_free = -1;  // the rank's latest free (EntryKey)
 };
 // A stream entry as one number: stream << 32 | entry.
 inline std::int64_t EntryKey(int stream, std::uint32_t entry) {
@@ -78,7 +84,6 @@ struct RankState {
   bool recorded = false;
   std::uint32_t pc = 0;  // next command to issue
   HostState host = HostState::kRunning;
-  TimeUs block_start = 0;
   std::array<StreamState, kNumStreams> streams{};
   int active_collectives = 0;
   // Compute progress (for contention).
@@ -90,7 +95,6 @@ struct RankState {
   std::array<Bytes, kNumMemoryCategories> mem{};
   Bytes peak = 0;
   TimeUs peak_at = 0;
-  Bytes reserved = 0;  // gathers issued by the host, not started yet (counted against the cap)
   // The caching allocator (SimOptions::allocator_model): what the rank's device reserves.
   PlanMemoryReplay allocator;
   Bytes peak_reserved = 0;
@@ -167,8 +171,7 @@ class Engine {
   void Sample(RankState& r, TimeUs now, int step, UnitId unit);
   bool DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op);
   void Free(RankState& r, TimeUs now, const ProgOp& op, std::int64_t entry);
-  // The cap left for the allocator once the gathers the host reserved are set aside.
-  std::optional<Bytes> AllocatorCap(const RankState& r) const;
+  bool GatherFits(const RankState& r, const ProgOp& op) const;
   void Fail(Status s);
   // timeline
   TimelineOp& Record(RankState& r, Track track, OpKind kind, const ProgOp& op, TimeUs start,

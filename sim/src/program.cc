@@ -66,9 +66,6 @@ std::shared_ptr<const SimProgram> CompilePlan(const StreamPlanner& plan) {
         p.wait_stream = static_cast<std::int8_t>(plan.slot_stream(op.slot));
         p.wait_count = slot_count[static_cast<std::size_t>(op.slot)];
       }
-      if (op.kind == PlanOpKind::kAlloc && op.category == MemoryCategory::kUnshardedParams) {
-        cmd.gather_bytes += op.bytes;
-      }
       const auto index = static_cast<std::uint32_t>(prog->ops.size());
       if (op.kind == PlanOpKind::kCollective) {
         p.coll_seq = static_cast<std::uint32_t>(prog->collectives[s].size());

@@ -45,7 +45,6 @@ struct ProgCommand {
   std::uint32_t first = 0;  // into SimProgram::ops
   std::uint32_t end = 0;
   bool host_cost = true;
-  Bytes gather_bytes = 0;  // unsharded parameters it allocates (reserved against a cap)
   UnitId unit = kNoUnit;
   CommandOrigin origin;
 };

@@ -126,16 +126,16 @@ TEST(CriticalPath, UnhidableFirstGatherStartsThePath) {
 // 400-500; b backward 500-600; b's release at 600, then a's backward gather 600-800 (issued at
 // t=0), hidden behind x's backward 600-1600; a backward 1600-1700; reduce-scatter a 1700-1900.
 // The run ends at 1900.
-// Cap 1,200,000 B. Sharded: 300,000. a's backward gather (400,000) cannot be issued while x's
-// activations are held: at t=0 the host has a (400,000) and b (200,000) reserved: 1,300,000;
-// after a's release at 300 (x's activations allocated): 300,000 + b 200,000 + 500,000 + 400,000
-// = 1,400,000; at 600 (b released, b's gradients 200,000 and its reduce-scatter output 100,000):
-// 1,500,000; at 700 (b's reduce-scatter done, 100,000 sharded gradients kept): 1,300,000; at
-// 1600 x's activations are freed: 800,000 fits. The host issues it then: a's gather 1600-1800,
-// a backward 1800-1900 (its 400,000 B of gradients make exactly 1,200,000), reduce-scatter a
-// 1900-2100. The run ends at 2100.
+// Cap 1,200,000 B. Sharded: 300,000. a's backward gather (400,000) reaches its allocation on the
+// all-gather stream at 600 (after b's release there; released first at one instant): 300,000 +
+// x's activations 500,000 + b's gradients 200,000 + its reduce-scatter output 100,000 =
+// 1,100,000, and 400,000 more is over the cap, so the gather waits on its stream; at 700 (b's
+// reduce-scatter done, 100,000 sharded gradients kept) 900,000 + 400,000 is still over; at 1600
+// x's activations are freed: 400,000 + 400,000 = 800,000 fits. a's gather 1600-1800, a backward
+// 1800-1900 (its 400,000 B of gradients make exactly 1,200,000), reduce-scatter a 1900-2100. The
+// run ends at 2100.
 // The path: a's first-unit gather 0-200, the computes a, x, b forward and b, x backward (200 to
-// 1600), the free of x's activations, (memory cap) the host's issue of a's gather, a's gather
+// 1600), the free of x's activations, (memory cap) the allocation of a's gather, a's gather
 // 1600-1800, a backward, a's reduce-scatter: 200 + 500 + 1000 + 200 + 100 + 200 = 2100. Without
 // the cap the run is 200 us shorter.
 Trace MemoryCapTrace() {
@@ -200,6 +200,16 @@ TEST(CriticalPath, MemoryCapWaitIsOnThePath) {
     if (st.via == DepKind::kMemoryCap) cap_waits.push_back(std::string(m.NameOf(st.unit)));
   }
   EXPECT_EQ(cap_waits, (std::vector<std::string>{"model.a"}));
+  // The wait is on the all-gather stream's track, from 600 to 1600.
+  std::vector<const TimelineOp*> waits;
+  for (const TimelineOp& op : e.result.timeline.ops) {
+    if (op.kind == OpKind::kMemoryWait) waits.push_back(&op);
+  }
+  ASSERT_EQ(waits.size(), 1u);
+  EXPECT_EQ(waits[0]->track, Track::kAllGather);
+  EXPECT_EQ(m.NameOf(waits[0]->unit), "model.a");
+  EXPECT_DOUBLE_EQ(waits[0]->start_us, 600);
+  EXPECT_DOUBLE_EQ(waits[0]->end_us, 1600);
   EXPECT_EQ(OnPath(cp, m, "all_gather"),
             (std::vector<std::string>{"model.a/forward/first_unit", "model.a/backward/demand"}));
   EXPECT_EQ(OnPath(cp, m, "compute"),
@@ -211,7 +221,9 @@ TEST(CriticalPath, MemoryCapWaitIsOnThePath) {
   const Cause& cap = cp.causes.back();
   EXPECT_EQ(cap.whatif, "no memory cap");
   EXPECT_DOUBLE_EQ(cap.whatif_saving_us, 200);
-  EXPECT_NE(cap.text.find("before it issued the gather of model.a"), std::string::npos) << cap.text;
+  EXPECT_NE(cap.text.find("held the gather of model.a until a release made room"),
+            std::string::npos)
+      << cap.text;
   for (const Cause& c : cp.causes) EXPECT_DOUBLE_EQ(c.whatif_saving_us, 200) << c.text;
 }
 

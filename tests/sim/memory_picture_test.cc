@@ -120,6 +120,16 @@ TEST(MemoryPictureTest, MemoryCapAppliesToReserved) {
   StatusOr<SimResult> exact = Simulate(*trace, opt);
   ASSERT_TRUE(exact.ok());
   EXPECT_TRUE(exact->status.ok()) << exact->status.ToString();
+  // At the allocator's own reserved peak the run is the uncapped one: no gather waits for room
+  // (a gather's buffer counts from its allocation on its stream, not from the host's issue).
+  opt.allocator_model = true;
+  opt.memory_cap = reserved;
+  StatusOr<SimResult> at_reserved = Simulate(*trace, opt);
+  ASSERT_TRUE(at_reserved.ok());
+  ASSERT_TRUE(at_reserved->status.ok()) << at_reserved->status.ToString();
+  EXPECT_EQ(at_reserved->timeline.ops.size(), free_run->timeline.ops.size());
+  EXPECT_DOUBLE_EQ(at_reserved->timeline.ops.back().end_us, free_run->timeline.ops.back().end_us);
+  EXPECT_LE(at_reserved->peak_reserved_by_rank.front(), reserved);
 }
 
 }  // namespace

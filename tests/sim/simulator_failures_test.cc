@@ -78,23 +78,26 @@ TEST(SimulatorFailures, MemoryCapTooSmallIsOutOfMemory) {
   EXPECT_NE(msg.find("400000 bytes"), std::string::npos) << msg;
 }
 
-// A cap of 2,200,000 bytes with the host issuing everything at t=0. Forward: sharded 500,000 +
-// model 200,000 + a 400,000 + b 400,000 = 1,500,000 reserved. Backward: b's prefetch by the
-// root makes 1,900,000; a's prefetch by b would make 2,300,000, so the host waits until a's
-// forward release runs on its stream (t=1300), then goes on. The highest point is the
-// uncapped one (2,100,000 at 4500, see the golden test), under the cap; the wait costs nothing
-// here because a's backward gather would queue behind b's until 2500 anyway.
-TEST(SimulatorFailures, MemoryCapBlocksTheHostUntilAFree) {
+// A cap at the run's own peak changes nothing; one byte less is out of memory. The host issues
+// everything at t=0 and a gather's buffer counts from its allocation on the all-gather stream
+// (golden test): 700,000 at 0 (sharded 500,000 + model 200,000), 1,100,000 at 100 (a),
+// 1,500,000 at 300 (b), 1,100,000 at 2300 (a and b released, b's backward gather), 1,900,000
+// at 2500 (a's backward gather and b's unsharded gradients), and at 4500, b released first
+// (1,500,000), b's reduce-scatter output 200,000 and a's unsharded gradients 400,000: 2,100,000.
+// Under a cap of 2,100,000 no gather waits: the timeline is the uncapped one, with no memory
+// wait in it. Under 2,099,999 the gathers still fit (at most 1,900,000 with theirs) and a's
+// gradients at 4500 do not: out of memory naming them.
+TEST(SimulatorFailures, ACapAtThePeakChangesNothingAndOneByteLessIsOutOfMemory) {
   Trace trace = ThreeUnitTrace();
   SimOptions opt;
   opt.cluster = TwoRankCluster();
   opt.steps = 1;
   opt.launch_us = 0;
-  StatusOr<SimResult> free_run = Simulate(trace, opt);
-  opt.memory_cap = 2200000;
   // Caps derived from the tensors' exact bytes: no caching allocator (its 2 MiB segments would
   // dwarf these buffers of a few hundred KB).
   opt.allocator_model = false;
+  StatusOr<SimResult> free_run = Simulate(trace, opt);
+  opt.memory_cap = 2100000;
   StatusOr<SimResult> capped = Simulate(trace, opt);
   ASSERT_TRUE(free_run.ok() && capped.ok());
   ASSERT_TRUE(capped->status.ok()) << capped->status.ToString();
@@ -103,12 +106,17 @@ TEST(SimulatorFailures, MemoryCapBlocksTheHostUntilAFree) {
   Report b = BuildReport(capped->timeline, in);
   EXPECT_DOUBLE_EQ(b.steps[0].time_us, a.steps[0].time_us);
   EXPECT_EQ(b.summary.peak_memory_bytes, 2100000u);
-  const TimelineOp* block = nullptr;
-  for (const TimelineOp& op : capped->timeline.ops) {
-    if (op.kind == OpKind::kHostBlock) block = &op;
-  }
-  ASSERT_NE(block, nullptr);
-  EXPECT_DOUBLE_EQ(block->end_us, 1300);
+  EXPECT_EQ(capped->timeline.ops.size(), free_run->timeline.ops.size());
+  for (const TimelineOp& op : capped->timeline.ops) EXPECT_NE(op.kind, OpKind::kMemoryWait);
+
+  opt.memory_cap = 2099999;
+  StatusOr<SimResult> under = Simulate(trace, opt);
+  ASSERT_TRUE(under.ok());
+  EXPECT_EQ(under->status.code(), StatusCode::kStepFailed);
+  const std::string& msg = under->status.message();
+  EXPECT_NE(msg.find("the unsharded gradient of model.a needs 400000 bytes"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("1700000 bytes are in use"), std::string::npos) << msg;
 }
 
 }  // namespace

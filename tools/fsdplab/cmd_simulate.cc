@@ -102,8 +102,8 @@ void DeclareEngineFlags(Args& args) {
                "RANK:FACTOR: that rank's compute takes FACTOR times longer (repeatable)", "RANK:F");
   args.Declare("--memory-cap", ArgKind::kValue,
                "per-rank memory cap in bytes (suffixes K M G) on what the caching allocator "
-               "reserves (--allocator): the host waits for room before a gather, and an "
-               "allocation that cannot fit fails like an out-of-memory error",
+               "reserves (--allocator): a gather waits on its stream until a free makes room, "
+               "and any other allocation that cannot fit fails like an out-of-memory error",
                "BYTES");
   args.Declare("--rank-jitter", ArgKind::kValue,
                "per-rank compute scales from a seeded log-normal distribution, exp(SIGMA z): "

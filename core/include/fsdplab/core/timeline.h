@@ -28,10 +28,10 @@ enum class OpKind : std::uint8_t {
   kAllGather,
   kReduceScatter,
   kAllReduce,
-  kRelease,    // freeing an unsharded buffer (instantaneous, on the all-gather track)
-  kHostIssue,  // the host issuing a command (launch cost)
-  kHostBlock,  // the host blocked (memory cap, synchronisation)
-  kCheck,      // a live run's byte-for-byte check on a stream (the checked step only; not work)
+  kRelease,     // freeing an unsharded buffer (instantaneous, on the all-gather track)
+  kHostIssue,   // the host issuing a command (launch cost)
+  kMemoryWait,  // a gather held by the memory cap until a free made room (on its stream's track)
+  kCheck,       // a live run's byte-for-byte check on a stream (the checked step only; not work)
 };
 std::string_view OpKindName(OpKind kind);
 bool IsCollective(OpKind kind);

@@ -1,11 +1,11 @@
 // Critical-path attribution: why a simulated run takes as long as it does.
 //
 // With SimOptions::critical_path the engine logs, for every operation it ran, when it started
-// and ended, when the host issued each command, and which free let a host that the memory cap
-// held go on. From that log the simulator builds the run's dependency graph: stream order on
-// each stream, event waits between streams, host issue order (each op after its command's
+// and ended, when the host issued each command, and which free let a gather that the memory cap
+// held allocate its buffer. From that log the simulator builds the run's dependency graph: stream
+// order on each stream, event waits between streams, host issue order (each op after its command's
 // issue), collective rendezvous (one node per collective, after every rank's arrival) and
-// memory-cap waits (the host's issue after the free that made room). Its longest path
+// memory-cap waits (a gather's allocation after the free that made room). Its longest path
 // (Boost.Graph, DAG longest path) is the chain of operations that determines the run's length;
 // the slack of a gather is how much later it could have ended without lengthening the run.
 //
@@ -44,7 +44,7 @@ enum class DepKind : std::uint8_t {
   kHostIssue,  // the host issuing its command
   kHostOrder,  // the host issuing the command before (launch cost)
   kEvent,      // an event wait on another stream
-  kMemoryCap,  // the host waited for a free before issuing a gather (memory cap)
+  kMemoryCap,  // a gather waited on its stream for a free to make room (memory cap)
 };
 std::string_view DepKindName(DepKind kind);  // "start", "stream order", ...
 

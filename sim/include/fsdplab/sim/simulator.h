@@ -11,8 +11,8 @@
 //
 // What is simulated, per rank:
 // - a host thread issuing the scheduler's commands in program order, each taking `launch_us`
-//   (PassEnd/StepEnd are markers and take none); it runs ahead of the device and blocks only
-//   when an all-gather buffer would exceed `memory_cap` (until a free makes room);
+//   (PassEnd/StepEnd are markers and take none); it runs ahead of the device and never
+//   blocks;
 // - a compute stream, an all-gather stream and a reduce-scatter stream (gathers, releases and
 //   reduce-scatters share the all-gather stream when policy.unified_comm_stream), each running
 //   its commands in FIFO order; WaitGather and StreamWait are stream entries that hold their
@@ -27,15 +27,16 @@
 //   stream's runs (1 + all-gather factor) times slower and the reduce-scatter stream's
 //   (1 + reduce-scatter factor) times slower (shared links and cores; see SimOptions);
 // - memory: sharded parameters from the start; unsharded parameters from the gather's start
-//   on its stream to its Release on the stream (the host reserves the buffer against the cap
-//   when it issues the Gather: were the buffer counted from the issue, a host that runs ahead
-//   would hold every gather of the step at once and peak memory would not depend on the
-//   prefetch policy); unsharded gradients (reduce dtype) from the unit's first backward compute to
-//   its reduce-scatter's end; reduce-scatter output buffers during the collective; sharded
-//   gradients after the unit's first reduce-scatter; activations (saved_bytes at compute start,
-//   freed_bytes at compute end). Only the host's all-gather allocations can wait for memory;
-//   an allocation on a stream over the cap, or a host that waits with nothing in flight that
-//   could free memory, is an out-of-memory failure naming the step, the unit and the bytes.
+//   on its stream to its Release on the stream (were the buffer counted from the host's issue,
+//   a host that runs ahead would hold every gather of the step at once and peak memory would
+//   not depend on the prefetch policy); unsharded gradients (reduce dtype) from the unit's
+//   first backward compute to its reduce-scatter's end; reduce-scatter output buffers during
+//   the collective; sharded gradients after the unit's first reduce-scatter; activations
+//   (saved_bytes at compute start, freed_bytes at compute end). Only a gather's buffer can wait
+//   for memory: over `memory_cap` it waits on its stream until a free on the rank makes room
+//   (the all-gather rate limiter), so a cap at the uncapped run's peak changes nothing. Any
+//   other allocation over the cap, or a gather that waits with nothing in flight that could
+//   free memory, is an out-of-memory failure naming the step, the unit and the bytes.
 //
 // Ranks: one trace for all ranks runs one program on every rank; one trace per rank runs one
 // scheduler per rank. Ranks that run the same program at the same compute speed form a rank
