@@ -39,28 +39,34 @@ sizes=(--backend host --world-size 2 -b 1M -e 128M -f 2 -n 8 -w 2)
 # The curves are measured on buffers cold in the caches (8x this machine's last-level cache:
 # scripts/cold_working_set.sh), as the live step, which walks every unit's buffers, finds them.
 ws=(--working-set "$(bash "$root/scripts/cold_working_set.sh")")
-# The collective curves are measured before and after the live run and fitted together, so
-# that the machine's drift during the run is in the model too.
-"$fsdplab" bench-gather "${sizes[@]}" "${ws[@]}" --nccl-out "$work/ag0.txt" >/dev/null
-"$fsdplab" bench-gather "${sizes[@]}" "${ws[@]}" --op reduce_scatter --nccl-out "$work/rs0.txt" \
-  >/dev/null
-"$fsdplab" bench-gather "${sizes[@]}" --op concurrent -J "$work/both.json" | tail -1
+# The collective curves are measured beside the live runs, one bench before each run and one
+# after the last, and fitted together: this machine's copy speed drifts by tens of percent over
+# minutes, and four benches spread over the runs' minutes sample what they ran in where two at
+# the ends can both miss it (bench/host_prediction_grid.py measures its workloads the same way).
+bench_curves() {
+  "$fsdplab" bench-gather "${sizes[@]}" "${ws[@]}" --nccl-out "$work/ag$1.txt" >/dev/null
+  "$fsdplab" bench-gather "${sizes[@]}" "${ws[@]}" --op reduce_scatter --nccl-out "$work/rs$1.txt" \
+    >/dev/null
+}
 # Three live runs; the one with the median step time is compared (the others show the noise).
 # 20 steps of about 135 ms: each run lasts one drift window (2.5 s, the drift line below), so a
 # hiccup of the machine moves its mean step little (bench/host_prediction_grid.py, RUN_SECONDS).
 for i in 0 1 2; do
+  bench_curves "$i"
   "$fsdplab" run --backend host traces/gpt_small.json --world-size 2 --steps 20 --compute timed \
     --no-check --json -o "$work/measured$i.json" >/dev/null
+  # The contention and the streams' wake-ups between the runs.
+  if [ "$i" = 1 ]; then
+    "$fsdplab" bench-gather "${sizes[@]}" --op concurrent -J "$work/both.json" | tail -1
+  fi
 done
+bench_curves 3
 median="$(for i in 0 1 2; do
   python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["summary"]["step_time_us"], sys.argv[1])' \
     "$work/measured$i.json"
 done | sort -g | tee "$work/runs.txt" | sed -n 2p | cut -d' ' -f2)"
 echo "measured step time of the three runs: $(awk '{printf "%s%.1f ms", (NR > 1 ? ", " : ""), $1 / 1000}' "$work/runs.txt")"
-"$fsdplab" bench-gather "${sizes[@]}" "${ws[@]}" --nccl-out "$work/ag1.txt" >/dev/null
-"$fsdplab" bench-gather "${sizes[@]}" "${ws[@]}" --op reduce_scatter --nccl-out "$work/rs1.txt" \
-  >/dev/null
-"$fsdplab" calibrate "$work"/ag0.txt "$work"/ag1.txt "$work"/rs0.txt "$work"/rs1.txt \
+"$fsdplab" calibrate "$work"/ag[0-3].txt "$work"/rs[0-3].txt \
   --contention "$work/both.json" -o "$work/cluster.json" >/dev/null
 "$fsdplab" simulate traces/gpt_small.json --cluster "$work/cluster.json" --world-size 2 \
   --steps 20 -o "$work/predicted.json" >/dev/null
