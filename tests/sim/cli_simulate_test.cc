@@ -286,6 +286,13 @@ TEST(CliSweep, HoldsTheCapToWhatTheAllocatorReservesAndOneLateCollectiveAdds) {
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("forward_prefetch=0 backward_prefetch=0\n"), std::string::npos) << out;
   EXPECT_NE(out.find("Why: 3 faster policies reserve above the cap"), std::string::npos) << out;
+  // What sweep picked under the cap runs under it in simulate, at the uncapped step time: a
+  // gather's buffer counts against the cap from its start on its stream, as for the peak.
+  const std::string capped = Tmp("sweep_cap_00_capped.json");
+  EXPECT_EQ(RunCli("simulate " + trace + " --forward-prefetch 0 --backward-prefetch 0 " +
+                   "--memory-cap " + std::to_string(f00.reserved) + " -o " + capped),
+            0);
+  EXPECT_DOUBLE_EQ(ReadJson(capped)["summary"]["step_time_us"].get<double>(), f00.step_us);
   const std::vector<std::string> row10 = CsvRow(csv, "1", "0");
   ASSERT_GE(row10.size(), 9u);
   EXPECT_EQ(row10[5], std::to_string(f10.peak));
