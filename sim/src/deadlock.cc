@@ -21,16 +21,18 @@ std::size_t Idx(int i) { return static_cast<std::size_t>(i); }
 
 void Engine::CheckQuiescent() {
   for (const RankState& r : ranks_) {
-    const StreamState& st = r.streams[Idx(kGatherStream)];
-    if (!st.memory_wait) continue;
-    const ProgOp& op = OpAt(r, kGatherStream, st.completed);
-    const Bytes held = opt_.allocator_model ? r.allocator.allocator().reserved() : r.total();
-    Fail(StepFailed(fmt::format(
-        "out of memory at step {} (microbatch {}) on rank {}: the all-gather of {} needs {} "
-        "bytes, {} of the cap of {} bytes are {} and nothing in flight frees memory",
-        op.step, op.microbatch, r.id, UnitName(r, op.unit), op.bytes, held, *opt_.memory_cap,
-        opt_.allocator_model ? "reserved by the caching allocator" : "in use")));
-    return;
+    for (int s = 0; s < kNumStreams; ++s) {
+      const StreamState& st = r.streams[Idx(s)];
+      if (!st.memory_wait) continue;
+      const ProgOp& op = OpAt(r, s, st.completed);
+      const Bytes held = opt_.allocator_model ? r.allocator.allocator().reserved() : r.total();
+      Fail(StepFailed(fmt::format(
+          "out of memory at step {} (microbatch {}) on rank {}: the all-gather of {} needs {} "
+          "bytes, {} of the cap of {} bytes are {} and nothing in flight frees memory",
+          op.step, op.microbatch, r.id, UnitName(r, op.unit), op.bytes, held, *opt_.memory_cap,
+          opt_.allocator_model ? "reserved by the caching allocator" : "in use")));
+      return;
+    }
   }
   bool all_done = true;
   for (const RankState& r : ranks_) all_done = all_done && r.finished();
