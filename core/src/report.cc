@@ -1049,6 +1049,8 @@ std::string ReportToText(const Report& r) {
   std::string which = r.steps.size() > 1 ? fmt::format("mean of steps {}-{}, after the first",
                                                        r.steps[1].index, r.steps.back().index)
                                          : "the only step";
+  // A failed run's timeline stops where it failed: its last step is cut short, not fast.
+  if (!r.errors.empty()) which += "; the run failed (ERROR below): only what ran before it";
   line(fmt::format("Step time:        {} ({})", FormatUs(m.step_time_us), which));
   line(fmt::format("Compute:          {}", FormatUs(m.compute_us)));
   double pct = m.step_time_us > 0 ? 100.0 * m.exposed_comm_us / m.step_time_us : 0.0;

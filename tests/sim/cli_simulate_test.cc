@@ -242,6 +242,25 @@ std::vector<std::string> CsvRow(const std::string& path, const std::string& fwd,
 
 }  // namespace
 
+// A cap the sample cannot run under, with exact bytes: the sharded parameters (17,630,976 B) and
+// the root's first gather (65,538,048 B) make 83,169,024 B, over a cap of 60 MiB (62,914,560 B),
+// and nothing in flight frees memory: out of memory, exit 3, naming the gather and both figures.
+// The step time line says the run failed, so its figure (what ran before the failure) is not
+// read as a result.
+TEST(CliSimulate, ACapTooSmallIsOutOfMemoryAndTheStepTimeSaysSo) {
+  const std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/reentrant_recompute.json";
+  auto [rc, out] = RunCliOutput("simulate " + trace + " --allocator exact --memory-cap 60M",
+                                Tmp("cap_too_small.txt"));
+  EXPECT_EQ(rc, 3) << out;
+  EXPECT_NE(out.find("the all-gather of model needs 65538048 bytes, 17630976 of the cap of "
+                     "62914560 bytes are in use and nothing in flight frees memory"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("the only step; the run failed (ERROR below): only what ran before it"),
+            std::string::npos)
+      << out;
+}
+
 // The cap holds what the caching allocator reserves, and --cap-peak late adds what one late
 // collective could add to the tensors' peak. On the sample with reentrant recompute, over forward
 // and backward budgets 0/1: 1/1 is the fastest; its tensors' peak P11 fits under a cap of R00,
