@@ -52,11 +52,7 @@ void Engine::Run(Timeline& timeline) {
   timeline_ = &timeline;
   for (RankState& r : ranks_) {
     InitMemory(r);
-    if (r.prog->commands.empty()) {
-      r.host = HostState::kDone;
-    } else {
-      queue_.Push(opt_.launch_us, HostIssueEv{r.rank});
-    }
+    if (!r.prog->commands.empty()) queue_.Push(opt_.launch_us, HostIssueEv{r.rank});
   }
   queue_.Run([&](TimeUs now, const SimEvent& ev) {
     std::visit(Overloaded{[&](const HostIssueEv& e) { OnHostIssue(now, ranks_[Idx(e.rank)]); },
@@ -123,7 +119,12 @@ bool Engine::GatherFits(const RankState& r, const ProgOp& op) const {
   if (opt_.allocator_model) {
     return r.allocator.allocator().ReservedAfter(op.bytes, op.stream, opt_.memory_cap).has_value();
   }
-  return r.total() + op.bytes <= *opt_.memory_cap;
+  return TensorsFit(r, op.bytes);
+}
+
+// Without the allocator model the cap applies to the sum of the memory categories.
+bool Engine::TensorsFit(const RankState& r, Bytes bytes) const {
+  return !opt_.memory_cap || r.total() + bytes <= *opt_.memory_cap;
 }
 
 bool Engine::DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op) {
@@ -133,7 +134,7 @@ bool Engine::DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op) {
     // The cap applies to what the caching allocator reserves.
     fits = r.allocator.Alloc(op.stream, op.buffer, op.category, op.unit, op.bytes, opt_.memory_cap);
   } else {
-    fits = !opt_.memory_cap || r.total() + op.bytes <= *opt_.memory_cap;
+    fits = TensorsFit(r, op.bytes);
   }
   if (!fits) {
     std::string_view what =
@@ -230,7 +231,6 @@ void Engine::OnHostIssue(TimeUs now, RankState& r) {
   };
   skip_free();
   if (r.pc >= cmds.size()) {
-    r.host = HostState::kDone;
     Advance(r, now);
     return;
   }
@@ -248,11 +248,7 @@ void Engine::OnHostIssue(TimeUs now, RankState& r) {
   ++r.pc;
   skip_free();
   Advance(r, now);
-  if (r.pc < cmds.size()) {
-    queue_.Push(now + opt_.launch_us, HostIssueEv{r.rank});
-  } else {
-    r.host = HostState::kDone;
-  }
+  if (r.pc < cmds.size()) queue_.Push(now + opt_.launch_us, HostIssueEv{r.rank});
 }
 
 // ---- streams ----

@@ -19,8 +19,6 @@
 
 namespace fsdplab::sim {
 
-enum class HostState : std::uint8_t { kRunning, kDone };
-
 struct StreamState {
   std::uint32_t issued = 0;
   std::uint32_t completed = 0;
@@ -83,7 +81,6 @@ struct RankState {
   double compute_factor = 1.0;
   bool recorded = false;
   std::uint32_t pc = 0;  // next command to issue
-  HostState host = HostState::kRunning;
   std::array<StreamState, kNumStreams> streams{};
   int active_collectives = 0;
   // Compute progress (for contention).
@@ -172,6 +169,7 @@ class Engine {
   bool DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op);
   void Free(RankState& r, TimeUs now, const ProgOp& op, std::int64_t entry);
   bool GatherFits(const RankState& r, const ProgOp& op) const;
+  bool TensorsFit(const RankState& r, Bytes bytes) const;
   void Fail(Status s);
   // timeline
   TimelineOp& Record(RankState& r, Track track, OpKind kind, const ProgOp& op, TimeUs start,
