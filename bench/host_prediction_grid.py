@@ -33,8 +33,9 @@ three worst cases with the op kind that carries most of the error, that kind's s
 against the curve and the step's idle time (measured and predicted, and the part spent waiting
 for the other ranks at collectives), so that a collective running faster or slower than the
 bench says is told from time lost between collectives; and the machine's own drift
-(`bench-gather --op drift`: one 16 MiB all-gather per world size timed for 20 s before the
-runs, and how far its time moved between 2.5 s windows); memory, per step (the exact
+(`bench-gather --op drift`: one 16 MiB all-gather and one reduce-scatter per world size timed
+for 20 s before the runs, and how far their time moved between 2.5 s windows) and the live
+runs' slow steps per collective kind; memory, per step (the exact
 categories and the total of the beside prediction against the median run, and how many totals a
 race explains) and per run (its peak, the largest step: against the prediction's, and whether it
 lies between that and the most one late collective could raise it to). Last, the three worst
@@ -160,9 +161,15 @@ def main():
         bench(w, 0)
         run([f, "bench-gather", "--backend", "host", "--world-size", str(w), *sizes_flags, "--op",
              "concurrent", "-J", f"{work}/concurrent{w}.json"])
-        # The machine's own noise, beside the error: one 16 MiB all-gather timed for 20 s.
-        run([f, "bench-gather", "--backend", "host", "--world-size", str(w), "--op", "drift",
-             "-b", "16M", "--seconds", "20", *ws_flags, "-J", f"{work}/drift{w}.json"])
+        # The machine's own noise, beside the error: one 16 MiB collective of each kind timed for
+        # 20 s. Both kinds: the reduce-scatter is a reduction on the cores, and this machine
+        # slows it by up to 2x for a second at a time while the all-gather's copies run on
+        # (seeds 127 and 131's runs: 7-8% of steps had their reduce-scatters over 1.3x their
+        # run's median with the all-gathers under it, 1.5% the other way round).
+        for kind in ("all_gather", "reduce_scatter"):
+            run([f, "bench-gather", "--backend", "host", "--world-size", str(w), "--op", "drift",
+                 "--collective", kind, "-b", "16M", "--seconds", "20", *ws_flags, "-J",
+                 drift_file(work, w, kind)])
     # A provisional model (before the runs) sizes the compute of each workload from its ratio.
     for w in sorted(set(worlds)):
         run([f, "calibrate", f"{work}/all_gather{w}.0.txt", f"{work}/reduce_scatter{w}.0.txt",
@@ -575,13 +582,22 @@ def report(f, work, out, workloads, repeat, label):
     print(f"run-to-run spread (max - min over {repeat} runs, of the measured step): median "
           f"{statistics.median(spreads):.1f}%, largest {spreads[-1]:.1f}%")
     for w in worlds:
-        if os.path.exists(f"{work}/drift{w}.json"):
-            with open(f"{work}/drift{w}.json") as fh:
+        for kind in ("all_gather", "reduce_scatter"):
+            if not os.path.exists(drift_file(work, w, kind)):
+                continue  # a grid kept before the reduce-scatter's drift was measured
+            with open(drift_file(work, w, kind)) as fh:
                 d = json.load(fh)["summary"]
             print(f"the machine's own drift ({w} ranks, bench-gather --op drift): one 16 MiB "
-                  f"all-gather timed for 20 s moved by {100 * d['window_spread']:.1f}% between "
-                  f"2.5 s windows; its 100 ms samples p10 {d['sample_p10_us']:.0f} us, p90 "
-                  f"{d['sample_p90_us']:.0f} us")
+                  f"{kind.replace('_', '-')} timed for 20 s moved by "
+                  f"{100 * d['window_spread']:.1f}% between 2.5 s windows; its 100 ms samples "
+                  f"p10 {d['sample_p10_us']:.0f} us, p90 {d['sample_p90_us']:.0f} us")
+    slow = slow_steps(work, [r[0] for r in results], repeat)
+    if slow[0]:
+        print(f"slow steps in the live runs ({slow[0]} steps after the warm-up): the "
+              f"reduce-scatters over 1.3x their run's median busy time with the all-gathers "
+              f"under it in {100 * slow[1] / slow[0]:.1f}%, the all-gathers alone in "
+              f"{100 * slow[2] / slow[0]:.1f}%, both in {100 * slow[3] / slow[0]:.1f}% (this "
+              f"machine's hiccups, per kind: a kind slowed alone is not the other's contention)")
     m = [sum(r[5][k] for r in results) for k in (0, 1, 2, 3, 4, 5, 7, 8, 9)]
     fractions = sorted(x for r in results for x in r[5][6])
     # The memory of the prediction the step times are judged by: a total peak is set by which
@@ -623,6 +639,40 @@ def report(f, work, out, workloads, repeat, label):
               f"measured step against {100 * r[9][0]:.1f}% predicted, waiting for the other "
               f"ranks {100 * r[9][2]:.1f}%")
     return results
+
+
+def drift_file(work, w, kind):
+    # The drift probe of `kind` on `w` ranks (the all-gather's keeps the name of grids kept
+    # before the reduce-scatter's was measured).
+    return f"{work}/drift{w}.json" if kind == "all_gather" else f"{work}/drift{w}.{kind}.json"
+
+
+SLOW = 1.3
+
+
+def slow_steps(work, names, repeat):
+    # Over every live run of runs of at least eight steps after the warm-up: (steps, steps whose
+    # reduce-scatters were busy over SLOW x their run's median with the all-gathers under it,
+    # the converse, both). A step's busy time per kind is the first rank's, as the report gives.
+    total = rs_only = ag_only = both = 0
+    for name in names:
+        for r in range(repeat):
+            with open(f"{work}/{name}.meas{r}.json") as fh:
+                steps = json.load(fh)["steps"][1:]
+            if len(steps) < 8:
+                continue
+            rs = [s["reduce_scatter"]["busy_us"] for s in steps]
+            ag = [s["allgather"]["busy_us"] for s in steps]
+            mr, ma = statistics.median(rs), statistics.median(ag)
+            if mr <= 0 or ma <= 0:
+                continue
+            for a, b in zip(ag, rs):
+                total += 1
+                rs_slow, ag_slow = b > SLOW * mr, a > SLOW * ma
+                rs_only += rs_slow and not ag_slow
+                ag_only += ag_slow and not rs_slow
+                both += rs_slow and ag_slow
+    return total, rs_only, ag_only, both
 
 
 def runs_of(work, name, repeat):
