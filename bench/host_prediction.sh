@@ -22,7 +22,7 @@
 # COMM_CONTENTION: override the measured contention with one factor for both collectives (as
 # `fsdplab simulate --comm-contention`); by default the measured factors in the cluster file are
 # used. STEPS (default 8) sets the steps per run; the summary is the mean of the steps after the
-# first, as in every report. REPEAT (default 3) live runs per trace; the median one is compared,
+# first, as in every report. REPEAT (default 3; 5 with --grid) live runs per trace; the median one is compared,
 # and every run's step time is printed so that the run-to-run noise is beside the error. Run it on an otherwise idle machine: the host collectives are
 # memory copies on the same cores, and any other load shows up as error.
 set -euo pipefail
