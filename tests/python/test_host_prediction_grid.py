@@ -1,8 +1,8 @@
 """The host prediction grid's diagnosis of a workload (bench/host_prediction_grid.py): how fast
 its live collectives that overlapped no other collective ran against the calibrated curve; and
 how long it measures a workload (steps per live run, calls per bench size); and which workloads
-it measures again, and what it makes of the second measurement; and which beside bench files
-a calibration pools.
+it measures again, and what it makes of the second measurement; which beside bench files
+a calibration pools; and which live steps ran slow per collective kind.
 
 Needs only the fsdplab binary (FSDPLAB_BIN), for `fsdplab cost`; no torch.
 """
@@ -139,6 +139,31 @@ class MeasuredAgainTest(unittest.TestCase):
             self.assertEqual([t for t, _ in runs], [100, 200, 300])
             self.assertEqual(os.path.basename(median), "w.meas2.json")
             self.assertEqual(steps, 5)
+
+
+class SlowStepsTest(unittest.TestCase):
+    @staticmethod
+    def step(ag, rs):
+        return {"allgather": {"busy_us": ag}, "reduce_scatter": {"busy_us": rs}}
+
+    def test_slow_steps_per_kind_against_each_runs_median(self):
+        with tempfile.TemporaryDirectory() as d:
+            # Run 0: a warm-up step (left out, however slow) and 9 steps. All-gather busy 100
+            # except one step of 140 (median 100; 140 > 1.3 x 100); reduce-scatter 200 except
+            # steps of 270 and 261 (median 200; 270 > 260 and 261 > 260) and one of 259 (not
+            # over). The step 140 / 270 is both, 100 / 261 reduce-scatter only, 100 / 259
+            # neither: 9 steps, 1 reduce-scatter only, 0 all-gather only, 1 both.
+            run0 = [self.step(900, 900)] + [self.step(100, 200)] * 6 + [
+                self.step(140, 270), self.step(100, 261), self.step(100, 259)]
+            # Run 1: 8 steps, all-gather 131 once (> 130: all-gather only), else 100 / 200.
+            run1 = [self.step(900, 900)] + [self.step(100, 200)] * 7 + [self.step(131, 200)]
+            # Run 2: 7 steps after the warm-up, under the 8 a slow step needs: left out.
+            run2 = [self.step(900, 900)] + [self.step(100, 500)] * 7
+            for r, steps in enumerate([run0, run1, run2]):
+                with open(os.path.join(d, f"w.meas{r}.json"), "w") as fh:
+                    json.dump({"steps": steps}, fh)
+            # 9 + 8 steps; reduce-scatter only 1, all-gather only 1, both 1.
+            self.assertEqual(grid.slow_steps(d, ["w"], 3), (17, 1, 1, 1))
 
 
 class BenchTagsTest(unittest.TestCase):
