@@ -167,7 +167,7 @@ def main():
         # The machine's own noise, beside the error: one 16 MiB collective of each kind timed for
         # 20 s. Both kinds: the reduce-scatter is a reduction on the cores, and this machine
         # slows it by up to 2x for a second at a time while the all-gather's copies run on
-        # (seeds 127 and 131's runs: 7-8% of steps had their reduce-scatters over 1.3x their
+        # (seeds 127 and 131's runs: 6.5-6.7% of steps had their reduce-scatters over 1.3x their
         # run's median with the all-gathers under it, 1.5% the other way round).
         for kind in ("all_gather", "reduce_scatter"):
             run([f, "bench-gather", "--backend", "host", "--world-size", str(w), "--op", "drift",
