@@ -597,7 +597,7 @@ def report(f, work, out, workloads, repeat, label):
     slow = slow_steps(work, [r[0] for r in results], repeat)
     if slow[0]:
         print(f"slow steps in the live runs ({slow[0]} steps after the warm-up): the "
-              f"reduce-scatters over 1.3x their run's median busy time with the all-gathers "
+              f"reduce-scatters over {SLOW:g}x their run's median busy time with the all-gathers "
               f"under it in {100 * slow[1] / slow[0]:.1f}%, the all-gathers alone in "
               f"{100 * slow[2] / slow[0]:.1f}%, both in {100 * slow[3] / slow[0]:.1f}% (this "
               f"machine's hiccups, per kind: a kind slowed alone is not the other's contention)")
