@@ -853,6 +853,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
       sum.peak_reserved_rank = m.rank;
     }
   }
+  sum.collective_footprint_bytes = in.collective_footprint_bytes;
   return r;
 }
 
@@ -992,6 +993,9 @@ std::string ReportToJson(const Report& r) {
                         {"peak_reserved_bytes", m.peak_reserved_bytes},
                         {"peak_reserved_rank", m.peak_reserved_rank},
                         {"lower_bound_us", m.lower_bound_us}};
+  if (m.collective_footprint_bytes > 0) {
+    doc["summary"]["collective_footprint_bytes"] = m.collective_footprint_bytes;
+  }
   doc["errors"] = r.errors;
   doc["warnings"] = r.warnings;
   if (!r.critical_path_json.empty()) {

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <utility>
 
 namespace fsdplab {
@@ -52,6 +54,27 @@ ExecutedOp ExecutedFrom(const PlanOp& op, int rank) {
                     .bytes = op.bytes,
                     .category = op.category,
                     .step = op.origin.step};
+}
+
+Bytes CollectiveFootprintBytes(const StreamPlanner& plan) {
+  const std::vector<PlanBuffer>& buffers = plan.buffers();
+  std::map<std::tuple<BufferRole, UnitId, int, int>, Bytes> distinct;
+  auto count = [&](int b) {
+    if (b < 0 || static_cast<std::size_t>(b) >= buffers.size()) return;
+    const PlanBuffer& pb = buffers[static_cast<std::size_t>(b)];
+    Bytes& bytes = distinct[{pb.role, pb.unit, pb.group, pb.plane}];
+    bytes = std::max(bytes, pb.bytes);
+  };
+  for (const PlanOp& op : plan.ops()) {
+    if (op.kind != PlanOpKind::kCollective) continue;
+    for (const CollectivePart& part : op.parts) {
+      count(part.src_buffer);
+      count(part.buffer);
+    }
+  }
+  Bytes total = 0;
+  for (const auto& [key, bytes] : distinct) total += bytes;
+  return total;
 }
 
 StreamPlanner::StreamPlanner(const Model& model, const ModelLayout& layout, PlanConfig config)

@@ -90,6 +90,7 @@ struct RankProgram {
   std::vector<Divergence> divergences;
   Status status;
   std::vector<std::string> warnings;  // the plan's (protective waits it had to add)
+  Bytes collective_footprint = 0;     // CollectiveFootprintBytes of this rank's plan
 };
 
 // A class of ranks simulated as one: the same program (trace) at the same compute speed, and
@@ -228,6 +229,7 @@ RankProgram BuildProgram(const Trace& trace, const Policy& policy, int world, in
   if (rp.status.ok() && exec.plan() != nullptr && !exec.plan()->warnings().empty()) {
     rp.warnings = exec.plan()->warnings();
   }
+  if (exec.plan() != nullptr) rp.collective_footprint = CollectiveFootprintBytes(*exec.plan());
   rp.program = exec.Finish();
   rp.model = &trace.model;
   return rp;
@@ -381,6 +383,10 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
   result.executed = engine.TakeExecuted();
   result.order = programs.front().order;
   result.divergences = programs.front().divergences;
+  for (const RankClass& c : classes) {
+    result.collective_footprint_bytes +=
+        programs[Idx(c.program)].collective_footprint * static_cast<Bytes>(c.members);
+  }
   result.memory_cap_lower_bound_us =
       MemoryCapLowerBound(*programs.front().program, *programs.front().model, options, shard_group);
 

@@ -250,6 +250,32 @@ TEST_F(StreamPlanTest, UnifiedStreamRunsReduceScatterOnTheGatherStream) {
   EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kUnshardedGrads)], 0u);
 }
 
+// The collectives' footprint counts each buffer they name once, however often: model.l0's
+// columnwise plane gathered in two steps walks its shard (1056) and its gathered plane (4224)
+// once; its reduce-scatter adds the bf16 gradients (8192) and their shard (2048):
+// 1056 + 4224 + 8192 + 2048 = 15520. The rowwise plane and the root unit, never moved, add
+// nothing.
+TEST_F(StreamPlanTest, CollectiveFootprintCountsEachBufferOnce) {
+  StreamPlanner p = Make();
+  EXPECT_EQ(CollectiveFootprintBytes(p), 0u);  // nothing moved yet
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Columnwise(), Phase::kBackward), step)).ok());
+    ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1}, step)).ok());
+    ASSERT_TRUE(p.Lower(Cmd(ComputeL0(Phase::kBackward, PlaneSet::Columnwise()), step)).ok());
+    ASSERT_TRUE(p.Lower(Cmd(ReleaseL0(PlaneSet::Columnwise()), step)).ok());
+  }
+  EXPECT_EQ(CollectiveFootprintBytes(p), 1056u + 4224u);
+  ASSERT_TRUE(
+      p.Lower(Cmd(StreamWaitCmd{.waiter = Stream::kReduceScatter, .signaler = Stream::kCompute}, 1))
+          .ok());
+  ReduceScatterCmd rs;
+  rs.unit = 1;
+  rs.bytes = 8192;
+  rs.shard_bytes = 2048;
+  ASSERT_TRUE(p.Lower(Cmd(rs, 1)).ok());
+  EXPECT_EQ(CollectiveFootprintBytes(p), 15520u);
+}
+
 // Every sample trace, lowered through the real scheduler: the scheduler follows the protocol, so
 // the executor never needs a protective wait, and every unsharded buffer is freed by the end.
 class SampleTraces : public ::testing::TestWithParam<std::string> {};

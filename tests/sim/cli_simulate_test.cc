@@ -46,6 +46,24 @@ TEST(CliSimulate, WritesReportAndTimeline) {
   EXPECT_FALSE(t["traceEvents"].empty());
 }
 
+// The bytes gpt_small's collectives walk on 2 ranks (summary.collective_footprint_bytes).
+// Per rank and unit, once however many steps: the shard the all-gather reads, the plane it
+// writes, the bf16 gradients the reduce-scatter reads and the shard it writes, 3x the unit:
+//   model:    embed 32000 x 1024 + final norm 1024 = 32769024 bf16 elements = 65538048 bytes
+//   layer:    1024 + 3072 x 1024 + 1024 x 1024 + 1024 + 2 x 4096 x 1024 = 12584960 elements
+//             = 25169920 bytes, four of them
+//   per rank: 3 x (65538048 + 4 x 25169920) = 498653184; 2 ranks: 997306368.
+TEST(CliSimulate, ReportsTheBytesTheCollectivesWalk) {
+  std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json";
+  std::string rep = Tmp("sim_cli_footprint.json");
+  for (int steps : {1, 3}) {
+    ASSERT_EQ(RunCli("simulate " + trace + " --world-size 2 --steps " + std::to_string(steps) +
+                     " -o " + rep),
+              0);
+    EXPECT_EQ(ReadJson(rep)["summary"]["collective_footprint_bytes"], 997306368u) << steps;
+  }
+}
+
 // A step that would fail: exit 3, and the report is still written with the error.
 TEST(CliSimulate, FailingStepExitsThreeWithTheReport) {
   std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/mxfp8_inside_recompute.json";

@@ -322,6 +322,7 @@ int RunSimulate(const Argv& argv) {
   in.cluster_json = sim::ClusterToJson(opt.cluster);
   in.cluster_text = sim::DescribeCluster(opt.cluster);
   in.memory_cap_lower_bound_us = result->memory_cap_lower_bound_us;
+  in.collective_footprint_bytes = result->collective_footprint_bytes;
   Report report = BuildReport(result->timeline, in);
   if (opt.memory_cap) {
     report.notes.push_back(fmt::format("memory cap: {} bytes per rank", *opt.memory_cap));

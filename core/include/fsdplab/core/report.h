@@ -193,6 +193,9 @@ struct ReportSummary final {
   TimeUs compute_us = 0;  // mean, same steps as step_time_us
   int collectives = 0;
   int overlapped = 0;
+  // The bytes every rank's collectives walk, summed over the ranks (CollectiveFootprintBytes;
+  // 0 when the executor does not say): the working set a host bench needs.
+  Bytes collective_footprint_bytes = 0;
 };
 
 struct ReportInputs final {
@@ -203,6 +206,7 @@ struct ReportInputs final {
   std::string cluster_text;              // one line for people ("8 ranks (1 node x 8 GPUs), ...")
   std::string source;                    // overrides timeline.source when set
   TimeUs memory_cap_lower_bound_us = 0;  // what a memory cap forces, if the executor knows
+  Bytes collective_footprint_bytes = 0;  // ReportSummary::collective_footprint_bytes
 };
 
 struct Report final {

@@ -159,6 +159,15 @@ struct ExecutedOp final {
 };
 ExecutedOp ExecutedFrom(const PlanOp& op, int rank);
 
+class StreamPlanner;
+// The bytes one rank's collectives walk over a plan: every buffer a collective reads or writes,
+// counted once per role, unit, group and plane however many gathers and steps name it again
+// (a live executor keeps one set of them: the shards, the gradients, the reduced shards, the
+// gathered planes from a pool). Times the world, it is the working set a host bench of the
+// collectives needs to find the caches as the live step finds them (bench-gather --working-set;
+// simulate reports it as summary.collective_footprint_bytes).
+Bytes CollectiveFootprintBytes(const StreamPlanner& plan);
+
 // One lowered command: its operations are ops()[first, end). The host spends launch time issuing
 // it unless it is host-only (StepEnd, an empty PassEnd, a StreamWait within one stream).
 struct PlanCommand final {

@@ -132,6 +132,8 @@ struct SimResult final {
   // Per step: compute time plus the gathers a memory cap keeps from overlapping the compute
   // before them (0 without a cap). See MemoryCapLowerBoundUs.
   TimeUs memory_cap_lower_bound_us = 0;
+  // The bytes the collectives of every rank walk (CollectiveFootprintBytes, summed over ranks).
+  Bytes collective_footprint_bytes = 0;
   std::vector<Bytes> peak_memory_by_rank;    // every simulated rank, recorded or not
   std::vector<Bytes> peak_reserved_by_rank;  // the caching allocator's (allocator_model)
   // With log_executed_ops: every plan operation but the records, in the order each stream of
