@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Prints the `bench-gather --working-set` that keeps the host collectives' buffers cold in the
-# caches, as a live step that walks many units' buffers finds them: 8x this machine's last-level
-# cache, and at least 256M.
+# Prints the `bench-gather --working-set` that finds the host collectives' buffers in the caches
+# as a live step finds them.
 #
-#   bash scripts/cold_working_set.sh        # e.g. "2400M" where the L3 is 300 MiB
+#   bash scripts/cold_working_set.sh         # cold: 8x the last-level cache, at least 256M
+#                                            # (e.g. "2400M" where the L3 is 300 MiB)
+#   bash scripts/cold_working_set.sh BYTES   # a workload's: BYTES, the bytes its collectives walk
+#                                            # (simulate's summary.collective_footprint_bytes),
+#                                            # kept within [256M, the cold size]
+#
+# A live step walks its collectives' footprint, and a bench that walks more than that measures
+# colder buffers than the step finds: on a machine with a 480 MiB L3, 3840M read the 24 MiB
+# all-gather in 2850-3500 us where gpt_small's live step, walking 951 MiB, ran it in 2350-2650
+# (docs/design.md §7, "the working set a workload walks"). Under 256M the floor holds: on a
+# 32 MiB L3 a small model's live collectives did not find its buffers in the cache (seed 3).
 #
 # A fixed size is machine-specific: 256M is 8x a 32 MiB L3 but fits in the 1 GiB L3 of a
 # stacked-cache server, where "cold" curves would come out hot. The cache size comes from sysfs
@@ -36,4 +45,15 @@ if [ "$llc" -eq 0 ]; then
 fi
 mib=$(( llc * 8 / 1048576 ))
 [ "$mib" -lt 256 ] && mib=256
+if [ $# -gt 0 ]; then
+  case "$1" in
+    '' | *[!0-9]*)
+      echo "cold_working_set.sh: '$1' is not a byte count (a workload's collective footprint)" >&2
+      exit 2
+      ;;
+  esac
+  walked=$(( ($1 + 1048575) / 1048576 ))
+  [ "$walked" -lt 256 ] && walked=256
+  [ "$walked" -lt "$mib" ] && mib="$walked"
+fi
 echo "${mib}M"

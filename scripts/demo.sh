@@ -36,9 +36,13 @@ echo "=== 4. Predicted vs measured: gpt_small live on this machine's CPU (host b
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 sizes=(--backend host --world-size 2 -b 1M -e 128M -f 2 -n 8 -w 2)
-# The curves are measured on buffers cold in the caches (8x this machine's last-level cache:
-# scripts/cold_working_set.sh), as the live step, which walks every unit's buffers, finds them.
-ws=(--working-set "$(bash "$root/scripts/cold_working_set.sh")")
+# The curves are measured on as many bytes as the live step's collectives walk (every unit's
+# shards, gathered planes, gradients and reduced shards: simulate's collective_footprint_bytes,
+# kept within 256M and 8x this machine's last-level cache by scripts/cold_working_set.sh), so the
+# bench finds the caches as the live step finds them.
+footprint="$("$fsdplab" simulate traces/gpt_small.json --world-size 2 --steps 2 --json |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["summary"]["collective_footprint_bytes"])')"
+ws=(--working-set "$(bash "$root/scripts/cold_working_set.sh" "$footprint")")
 # The collective curves are measured beside the live runs, one bench before each run and one
 # after the last, and fitted together: this machine's copy speed drifts by tens of percent over
 # minutes, and four benches spread over the runs' minutes sample what they ran in where two at
