@@ -13,8 +13,10 @@ The collective model is calibrated with `bench-gather` (all-gather, reduce-scatt
 `--op concurrent` for the contention); nothing is fitted to the steps being predicted. Each
 workload is predicted twice:
 - "beside": from curves measured beside the workload's own live runs (one bench before each run
-  and one after the last, pooled), over the sizes it moves, on the same cold working set, and
-  the contention and stream wake-ups (`--op concurrent`) measured between its runs;
+  and one after the last, pooled), over the sizes it moves, walking as many bytes as its
+  collectives do (simulate's collective_footprint_bytes, within 256M and the cold size:
+  scripts/cold_working_set.sh), and the contention and stream wake-ups (`--op concurrent`)
+  measured between its runs;
 - "grid": from one calibration of the whole grid per world size, before and after all the live
   runs, on buffers 8x the last-level cache, as `bench/host_prediction.sh` does for the samples.
 The two tell the model's error from this machine's drift over minutes, which the grid-wide
@@ -123,16 +125,14 @@ def main():
                          "so that a change to calibrate or the simulator is judged on the same "
                          "measurements")
     ap.add_argument("--working-set", default=None,
-                    help="bench-gather --working-set for the calibration (default: 8x this "
-                         "machine's last-level cache, scripts/cold_working_set.sh: buffers cold "
-                         "in the caches, as a live step over many units finds them; 0: one hot "
-                         "buffer, as nccl-tests)")
+                    help="bench-gather --working-set of every bench (default: the grid-wide "
+                         "benches cold, 8x this machine's last-level cache; each workload's "
+                         "own benches the bytes its collectives walk, within 256M and that: "
+                         "scripts/cold_working_set.sh; 0: one hot buffer, as nccl-tests)")
     a = ap.parse_args()
-    if a.working_set is None:
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts",
-                              "cold_working_set.sh")
-        a.working_set = subprocess.run(["bash", script], check=True, capture_output=True,
-                                       text=True).stdout.strip()
+    per_workload = a.working_set is None
+    if per_workload:
+        a.working_set = working_set()
     f = os.path.join(a.build, "tools", "fsdplab")
     if not os.access(f, os.X_OK):
         sys.exit(f"no fsdplab at {f}: build first")
@@ -202,8 +202,9 @@ def main():
 
     sizings = {}
     for name, trace, w, policy in workloads:
-        sizings[name] = sizing(f, work, name, trace, w, policy, a.steps)
-        measure(f, work, name, trace, w, policy, a.repeat, sizings[name], ws_flags)
+        sizings[name] = sizing(f, work, name, trace, w, policy, a.steps,
+                               None if per_workload else a.working_set)
+        measure(f, work, name, trace, w, policy, a.repeat, sizings[name])
 
     for w in sorted(set(worlds)):
         bench(w, 1)
@@ -213,7 +214,7 @@ def main():
     # machine's state made does not.
     worst = [next(wl for wl in workloads if wl[0] == r[0]) for r in worst_three(results)]
     for name, trace, w, policy in worst:
-        measure(f, work, name, trace, w, policy, a.repeat, sizings[name], ws_flags, again=True)
+        measure(f, work, name, trace, w, policy, a.repeat, sizings[name], again=True)
     report_again(f, work, work, worst, results)
     if a.keep:
         print(f"work files kept in {work}")
@@ -223,16 +224,29 @@ def main():
 AGAIN = ".again"
 
 
-def sizing(f, work, name, trace, w, policy, min_steps):
+def working_set(footprint=None):
+    # bench-gather --working-set: cold (8x this machine's last-level cache), or a workload's
+    # collective footprint within [256M, cold] (scripts/cold_working_set.sh decides both).
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts",
+                          "cold_working_set.sh")
+    args = ["bash", script] + ([str(footprint)] if footprint is not None else [])
+    return subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def sizing(f, work, name, trace, w, policy, min_steps, ws=None):
     # How a workload is measured, from the provisional model (nothing measured yet): the bench
-    # sizes (its smallest and largest collective), the steps of a live run and the bench's
-    # timed calls per size.
-    lo, hi = collective_sizes(f, work, name, trace, w, policy)
+    # sizes (its smallest and largest collective), the steps of a live run, the bench's timed
+    # calls per size and its working set (`ws`, or the bytes the workload's collectives walk:
+    # a bench that walks more finds colder buffers than the live step; on a machine with a
+    # 480 MiB L3 the cold 3840M read gpt_small's 24 MiB all-gather 10-35% slower than its live
+    # step, walking 951 MiB, ran it).
+    lo, hi, footprint = collective_sizes(f, work, name, trace, w, policy)
     step_us, call_us = provisional(f, work, name, trace, w, policy, lo)
-    return lo, hi, steps_for(step_us, min_steps), bench_iters(call_us, 10)
+    return (lo, hi, steps_for(step_us, min_steps), bench_iters(call_us, 10),
+            ws if ws is not None else working_set(footprint))
 
 
-def measure(f, work, name, trace, w, policy, repeat, sized, ws_flags, again=False):
+def measure(f, work, name, trace, w, policy, repeat, sized, again=False):
     # The curves again, beside this workload's live runs and over the sizes it moves: this
     # machine's copy speed drifts by up to 40% over minutes, a drift the grid-wide calibration
     # carries into every prediction. The same bench, the same working set, only closer in time:
@@ -244,8 +258,9 @@ def measure(f, work, name, trace, w, policy, repeat, sized, ws_flags, again=Fals
     # first and last of these benches against all four: mean |error| 7.9% -> 5.7%, p90 17.1%
     # -> 11.2%, largest 27.1% -> 14.0%. `sized`: the workload's sizing. `again`: the files of
     # a second measurement (AGAIN), sized as the first.
-    lo, hi, steps, iters = sized
-    local = ["-b", str(lo), "-e", str(hi), "-f", "2", "-n", str(iters), "-w", "3", *ws_flags]
+    lo, hi, steps, iters, ws = sized
+    local = ["-b", str(lo), "-e", str(hi), "-f", "2", "-n", str(iters), "-w", "3",
+             "--working-set", ws]
     out = f"{work}/{name}{AGAIN if again else ''}"
 
     def bench(tag):
@@ -329,20 +344,21 @@ def all_gather_us(f, cluster, w, nbytes):
 
 def collective_sizes(f, work, name, trace, w, policy):
     # The smallest and largest all-gather or reduce-scatter of the workload (from a simulation
-    # with the provisional model), widened to powers of two. (Buffers covering only the bytes a
-    # step of the workload walks, rather than the cold working set, were tried on seed 3: a
-    # small model's bench then ran hot and under-predicted its live step by up to 34%; the
-    # live collectives do not find a small model's buffers in the cache.)
+    # with the provisional model), widened to powers of two, and the bytes its collectives walk
+    # (summary.collective_footprint_bytes). (Buffers covering only those bytes, with no floor,
+    # were tried on seed 3 on a 32 MiB L3: a small model's bench then ran hot and under-predicted
+    # its live step by up to 34%; the live collectives did not find a small model's buffers in
+    # the cache. scripts/cold_working_set.sh keeps the floor of 256M.)
     sim = f"{work}/{name}.sizes.json"
     run([f, "simulate", trace, "--cluster", f"{work}/provisional{w}.json", "--world-size", str(w),
          "--steps", "1", *policy, "--json", "-o", sim])
     with open(sim) as fh:
-        ops = json.load(fh)["ops"]
-    sizes = [o["bytes"] for o in ops
+        doc = json.load(fh)
+    sizes = [o["bytes"] for o in doc["ops"]
              if o["kind"] in ("all_gather", "reduce_scatter") and o.get("bytes", 0) > 0]
     lo = 1 << max(12, (min(sizes) - 1).bit_length() - 1)
     hi = 1 << (max(sizes) - 1).bit_length()
-    return lo, hi
+    return lo, hi, int(doc["summary"]["collective_footprint_bytes"])
 
 
 def calibrate(f, work, w, out, name=None):

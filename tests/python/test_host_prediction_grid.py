@@ -2,7 +2,8 @@
 its live collectives that overlapped no other collective ran against the calibrated curve; and
 how long it measures a workload (steps per live run, calls per bench size); and which workloads
 it measures again, and what it makes of the second measurement; which beside bench files
-a calibration pools; and which live steps ran slow per collective kind.
+a calibration pools; which live steps ran slow per collective kind; and the working set each
+workload's benches walk.
 
 Needs only the fsdplab binary (FSDPLAB_BIN), for `fsdplab cost`; no torch.
 """
@@ -188,3 +189,17 @@ class BenchTagsTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class WorkingSetTest(unittest.TestCase):
+    # scripts/cold_working_set.sh with a workload's collective footprint: the footprint rounded
+    # up to MiB, at least 256M and at most the machine's cold size (8x its last-level cache, at
+    # least 256M, printed without an argument).
+    def test_footprint_within_the_floor_and_the_cold_size(self):
+        cold = int(grid.working_set().rstrip("M"))
+        self.assertGreaterEqual(cold, 256)
+        self.assertEqual(grid.working_set(1000), "256M")  # under the floor
+        self.assertEqual(grid.working_set(10 ** 12), f"{cold}M")  # 953674 MiB: over any cold size
+        # gpt_small on 2 ranks walks 997306368 bytes: 951.1 MiB, rounded up to 952.
+        self.assertEqual(grid.working_set(997306368), f"{min(952, cold)}M")
+        self.assertEqual(grid.working_set(300 * 1048576), f"{min(300, cold)}M")
