@@ -193,13 +193,15 @@ if __name__ == "__main__":
 
 class WorkingSetTest(unittest.TestCase):
     # scripts/cold_working_set.sh with a workload's collective footprint: the footprint rounded
-    # up to MiB, at least 256M and at most the machine's cold size (8x its last-level cache, at
-    # least 256M, printed without an argument).
-    def test_footprint_within_the_floor_and_the_cold_size(self):
+    # up to MiB, at most the machine's cold size (8x its last-level cache, at least 256M, printed
+    # without an argument).
+    def test_footprint_up_to_the_cold_size(self):
         cold = int(grid.working_set().rstrip("M"))
         self.assertGreaterEqual(cold, 256)
-        self.assertEqual(grid.working_set(1000), "256M")  # under the floor
+        self.assertEqual(grid.working_set(1000), "1M")  # 1000 bytes: one MiB
+        self.assertEqual(grid.working_set(0), "1M")
         self.assertEqual(grid.working_set(10 ** 12), f"{cold}M")  # 953674 MiB: over any cold size
         # gpt_small on 2 ranks walks 997306368 bytes: 951.1 MiB, rounded up to 952.
         self.assertEqual(grid.working_set(997306368), f"{min(952, cold)}M")
         self.assertEqual(grid.working_set(300 * 1048576), f"{min(300, cold)}M")
+        self.assertEqual(grid.working_set(99 * 1048576 + 1), "100M")  # under any cold size
