@@ -68,8 +68,8 @@ bench() {
     --op reduce_scatter --nccl-out "$work/rs$1.txt" >/dev/null
 }
 bench 0
-"${launch[@]}" "$f" bench-gather --backend host --world-size $world "${sizes[@]}" --op concurrent \
-  -J "$work/concurrent.json" | tail -1
+"${launch[@]}" "$f" bench-gather --backend host --world-size $world "${sizes[@]}" "${ws[@]}" \
+  --op concurrent -J "$work/concurrent.json" | tail -1
 
 names=()
 for t in "$root"/traces/*.json; do

@@ -14,7 +14,7 @@ The collective model is calibrated with `bench-gather` (all-gather, reduce-scatt
 workload is predicted twice:
 - "beside": from curves measured beside the workload's own live runs (one bench before each run
   and one after the last, pooled), over the sizes it moves, walking as many bytes as its
-  collectives do (simulate's collective_footprint_bytes, within 256M and the cold size:
+  collectives do (simulate's collective_footprint_bytes, at most the cold size:
   scripts/cold_working_set.sh), and the contention and stream wake-ups (`--op concurrent`)
   measured between its runs;
 - "grid": from one calibration of the whole grid per world size, before and after all the live
@@ -127,9 +127,16 @@ def main():
     ap.add_argument("--working-set", default=None,
                     help="bench-gather --working-set of every bench (default: the grid-wide "
                          "benches cold, 8x this machine's last-level cache; each workload's "
-                         "own benches the bytes its collectives walk, within 256M and that: "
+                         "own benches the bytes its collectives walk, at most that: "
                          "scripts/cold_working_set.sh; 0: one hot buffer, as nccl-tests)")
+    ap.add_argument("--bench-span", metavar="REPORT",
+                    help="measure nothing: print the bench sizes and working set of a simulate "
+                         "report's collectives (\"LO HI FOOTPRINT\", bytes; bench_span)")
     a = ap.parse_args()
+    if a.bench_span:
+        with open(a.bench_span) as fh:
+            print(*bench_span(json.load(fh)))
+        return
     per_workload = a.working_set is None
     if per_workload:
         a.working_set = working_set()
@@ -162,8 +169,8 @@ def main():
 
     for w in sorted(set(worlds)):
         bench(w, 0)
-        run([f, "bench-gather", "--backend", "host", "--world-size", str(w), *sizes_flags, "--op",
-             "concurrent", "-J", f"{work}/concurrent{w}.json"])
+        run([f, "bench-gather", "--backend", "host", "--world-size", str(w), *sizes_flags,
+             *ws_flags, "--op", "concurrent", "-J", f"{work}/concurrent{w}.json"])
         # The machine's own noise, beside the error: one 16 MiB collective of each kind timed for
         # 20 s. Both kinds: the reduce-scatter is a reduction on the cores, and this machine
         # slows it by up to 2x for a second at a time while the all-gather's copies run on
@@ -226,7 +233,7 @@ AGAIN = ".again"
 
 def working_set(footprint=None):
     # bench-gather --working-set: cold (8x this machine's last-level cache), or a workload's
-    # collective footprint within [256M, cold] (scripts/cold_working_set.sh decides both).
+    # collective footprint up to the cold size (scripts/cold_working_set.sh decides both).
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts",
                           "cold_working_set.sh")
     args = ["bash", script] + ([str(footprint)] if footprint is not None else [])
@@ -278,9 +285,12 @@ def measure(f, work, name, trace, w, policy, repeat, sized, again=False):
             # runs, with the grid-wide ones instead: seed 7 p90 |error| 17.4% -> 13.5% with
             # these, seed 11 16.6% -> 18.0%; both grids pooled 16.8% -> 15.3%, median 4.2% ->
             # 3.6%.
+            # On the workload's working set, as the curves: on one hot buffer the all-gather's
+            # slowdown beside a reduce-scatter read 1.07-1.95x at 16-64 MiB (2 ranks, two benches
+            # back to back), on gpt_small's 952M 0.94-1.09x.
             run([f, "bench-gather", "--backend", "host", "--world-size", str(w), "-b", str(lo),
-                 "-e", str(hi), "-f", "2", "-n", "10", "-w", "3", "--op", "concurrent", "-J",
-                 f"{out}.concurrent.json"])
+                 "-e", str(hi), "-f", "2", "-n", "10", "-w", "3", "--op", "concurrent",
+                 "--working-set", ws, "-J", f"{out}.concurrent.json"])
     bench(repeat)
 
 
@@ -345,20 +355,27 @@ def all_gather_us(f, cluster, w, nbytes):
 def collective_sizes(f, work, name, trace, w, policy):
     # The smallest and largest all-gather or reduce-scatter of the workload (from a simulation
     # with the provisional model), widened to powers of two, and the bytes its collectives walk
-    # (summary.collective_footprint_bytes). (Buffers covering only those bytes, with no floor,
-    # were tried on seed 3 on a 32 MiB L3: a small model's bench then ran hot and under-predicted
-    # its live step by up to 34%; the live collectives did not find a small model's buffers in
-    # the cache. scripts/cold_working_set.sh keeps the floor of 256M.)
+    # (summary.collective_footprint_bytes). (Tried on seed 3 on a 32 MiB L3, before the host
+    # all-gather streamed its output past the caches, such buffers under-predicted a small
+    # model's live step by up to 34%; after it, on seed 107, they moved the predictions within
+    # the runs' noise. On a 480 MiB L3 the cold ones over-predicted small models by up to 36%.)
     sim = f"{work}/{name}.sizes.json"
     run([f, "simulate", trace, "--cluster", f"{work}/provisional{w}.json", "--world-size", str(w),
          "--steps", "1", *policy, "--json", "-o", sim])
     with open(sim) as fh:
-        doc = json.load(fh)
-    sizes = [o["bytes"] for o in doc["ops"]
+        return bench_span(json.load(fh))
+
+
+def bench_span(report):
+    # From a simulate report (fsdplab.report): the sizes a bench of its collectives covers, its
+    # smallest and largest all-gather or reduce-scatter widened to powers of two, and the bytes
+    # they walk. scripts/demo.sh benches gpt_small by this too:
+    #   python3 bench/host_prediction_grid.py --bench-span REPORT   prints "LO HI FOOTPRINT"
+    sizes = [o["bytes"] for o in report["ops"]
              if o["kind"] in ("all_gather", "reduce_scatter") and o.get("bytes", 0) > 0]
     lo = 1 << max(12, (min(sizes) - 1).bit_length() - 1)
     hi = 1 << (max(sizes) - 1).bit_length()
-    return lo, hi, int(doc["summary"]["collective_footprint_bytes"])
+    return lo, hi, int(report["summary"]["collective_footprint_bytes"])
 
 
 def calibrate(f, work, w, out, name=None):

@@ -35,13 +35,15 @@ echo "=== 4. Predicted vs measured: gpt_small live on this machine's CPU (host b
 # -> calibrate), so the simulator predicts this machine, not a GPU node.
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-sizes=(--backend host --world-size 2 -b 1M -e 128M -f 2 -n 8 -w 2)
-# The curves are measured on as many bytes as the live step's collectives walk (every unit's
-# shards, gathered planes, gradients and reduced shards: simulate's collective_footprint_bytes,
-# kept within 256M and 8x this machine's last-level cache by scripts/cold_working_set.sh), so the
-# bench finds the caches as the live step finds them.
-footprint="$("$fsdplab" simulate traces/gpt_small.json --world-size 2 --steps 2 --json |
-  python3 -c 'import json, sys; print(json.load(sys.stdin)["summary"]["collective_footprint_bytes"])')"
+# The curves cover the sizes gpt_small's collectives move (24 and 62.5 MiB: 16M-64M), and are
+# measured on as many bytes as its collectives walk (every unit's shards, gathered planes,
+# gradients and reduced shards: simulate's collective_footprint_bytes, at most 8x this machine's
+# last-level cache, scripts/cold_working_set.sh), so the bench finds the caches as the live step
+# finds them. bench/host_prediction_grid.py sizes each workload's benches by the same rule. (A
+# sweep of 1M-128M read 16M 8-10% slower than a bench of 16M-32M run right after it.)
+"$fsdplab" simulate traces/gpt_small.json --world-size 2 --steps 2 -o "$work/span.json" >/dev/null
+read -r lo hi footprint < <(python3 "$root/bench/host_prediction_grid.py" --bench-span "$work/span.json")
+sizes=(--backend host --world-size 2 -b "$lo" -e "$hi" -f 2 -n 8 -w 2)
 ws=(--working-set "$(bash "$root/scripts/cold_working_set.sh" "$footprint")")
 # The collective curves are measured beside the live runs, one bench before each run and one
 # after the last, and fitted together: this machine's copy speed drifts by tens of percent over
@@ -59,9 +61,11 @@ for i in 0 1 2; do
   bench_curves "$i"
   "$fsdplab" run --backend host traces/gpt_small.json --world-size 2 --steps 20 --compute timed \
     --no-check --json -o "$work/measured$i.json" >/dev/null
-  # The contention and the streams' wake-ups between the runs.
+  # The contention and the streams' wake-ups between the runs, on the same working set: on one
+  # hot buffer the all-gather's slowdown beside a reduce-scatter read 1.07-1.95x at 16-64 MiB
+  # (two benches back to back), on 952M 0.94-1.09x.
   if [ "$i" = 1 ]; then
-    "$fsdplab" bench-gather "${sizes[@]}" --op concurrent -J "$work/both.json" | tail -1
+    "$fsdplab" bench-gather "${sizes[@]}" "${ws[@]}" --op concurrent -J "$work/both.json" | tail -1
   fi
 done
 bench_curves 3
