@@ -13,10 +13,12 @@ The collective model is calibrated with `bench-gather` (all-gather, reduce-scatt
 `--op concurrent` for the contention); nothing is fitted to the steps being predicted. Each
 workload is predicted twice:
 - "beside": from curves measured beside the workload's own live runs (one bench before each run
-  and one after the last, pooled), over the sizes it moves, walking as many bytes as its
-  collectives do (simulate's collective_footprint_bytes, at most the cold size:
-  scripts/cold_working_set.sh), and the contention and stream wake-ups (`--op concurrent`)
-  measured between its runs;
+  and one after the last, pooled): its own collectives timed one at a time on the executor's
+  buffers with no compute (`bench-gather --trace`), and the contention and stream wake-ups
+  (`--op concurrent`) measured between its runs. The same, with curves from benches over the
+  sizes it moves walking as many bytes as its collectives do (simulate's
+  collective_footprint_bytes, at most the cold size: scripts/cold_working_set.sh) instead, is
+  the "ws" column;
 - "grid": from one calibration of the whole grid per world size, before and after all the live
   runs, on buffers 8x the last-level cache, as `bench/host_prediction.sh` does for the samples.
 The two tell the model's error from this machine's drift over minutes, which the grid-wide
@@ -266,6 +268,8 @@ def measure(f, work, name, trace, w, policy, repeat, sized, again=False):
     # -> 11.2%, largest 27.1% -> 14.0%. `sized`: the workload's sizing. `again`: the files of
     # a second measurement (AGAIN), sized as the first.
     lo, hi, steps, iters, ws = sized
+    # Half a live run's steps: about a second of collectives for a communication-bound one.
+    trace_steps = max(4, (steps - 1) // 2)
     local = ["-b", str(lo), "-e", str(hi), "-f", "2", "-n", str(iters), "-w", "3",
              "--working-set", ws]
     out = f"{work}/{name}{AGAIN if again else ''}"
@@ -274,6 +278,14 @@ def measure(f, work, name, trace, w, policy, repeat, sized, again=False):
         for op in ("all_gather", "reduce_scatter"):
             run([f, "bench-gather", "--backend", "host", "--world-size", str(w), *local,
                  "--op", op, "--nccl-out", f"{out}.{op}.{tag}.txt"])
+        # The workload's own collectives on the executor's buffers, one at a time and with no
+        # compute (bench-gather --trace): the curves the beside prediction uses. A bench that
+        # rotates copies of one size over the bytes the collectives walk read seed 151's
+        # small-unit workloads' live collectives 12-24% slow (their shards and pool buffers
+        # stay in the caches); predicted from it, four of them came out +9% to +26% on
+        # 2026-12-05, from this one -1% to -11%.
+        run([f, "bench-gather", "--backend", "host", "--world-size", str(w), "--trace", trace,
+             *policy, "-n", str(trace_steps), "--nccl-out", f"{out}.trace.{tag}.txt"])
 
     for r in range(repeat):
         bench(r)
@@ -380,13 +392,20 @@ def bench_span(report):
 
 def calibrate(f, work, w, out, name=None):
     if name:
-        # The workload's own curves, measured beside its live runs.
+        # The workload's own curves, measured beside its live runs: from its collectives on the
+        # executor's buffers (bench-gather --trace) where the grid measured them, and from the
+        # benches on its working set (`{name}.ws.cluster.json` then, for comparison).
         contention = f"{work}/{name}.concurrent.json"
         if not os.path.exists(contention):
             contention = f"{work}/concurrent{w}.json"  # a grid kept before they were measured
+        ws_cluster = f"{out}/{name}.cluster.json"
+        if bench_tags(work, name, "trace"):
+            run([f, "calibrate", *bench_tags(work, name, "trace"), "--contention", contention,
+                 "-o", f"{out}/{name}.cluster.json"])
+            ws_cluster = f"{out}/{name}.ws.cluster.json"
         run([f, "calibrate", *bench_tags(work, name, "all_gather"),
              *bench_tags(work, name, "reduce_scatter"), "--contention", contention, "-o",
-             f"{out}/{name}.cluster.json"])
+             ws_cluster])
         return
     # The curves measured before and after the live runs, fitted together.
     run([f, "calibrate", f"{work}/all_gather{w}.0.txt", f"{work}/all_gather{w}.1.txt",
@@ -527,18 +546,22 @@ def report(f, work, out, workloads, repeat, label):
     # ("beside"), when the grid measured them, and from the one calibration of the whole grid
     # (before and after every run: "grid").
     print(f"{'workload':<52} {'measured us':>12} {'beside us':>12} {'error':>7} {'grid us':>12}"
-          f" {'error':>7}  bench drift AG/RS  step time of each run (us)")
+          f" {'error':>7}  {'ws':>7} bench drift AG/RS  step time of each run (us)")
     results = []
     for name, trace, w, policy in workloads:
         runs, median_path, steps = runs_of(work, name, repeat)
         grid = predict(f, trace, f"{out}/cluster{w}.json", w, steps, policy,
                        f"{out}/{name}.sim.json", median_path)
         beside = None
+        ws_bench = None  # beside, from the benches on the working set (when `beside` is not)
         local_drift = "-"
         if os.path.exists(f"{work}/{name}.all_gather.0.txt"):
             calibrate(f, work, w, out, name)
             beside = predict(f, trace, f"{out}/{name}.cluster.json", w, steps, policy,
                              f"{out}/{name}.beside.sim.json", median_path)
+            if os.path.exists(f"{out}/{name}.ws.cluster.json"):
+                ws_bench = predict(f, trace, f"{out}/{name}.ws.cluster.json", w, steps, policy,
+                                   f"{out}/{name}.ws.sim.json", median_path)
             # From the first beside bench to the last.
             local_drift = "/".join(f"{drift(t[0], t[-1]):+.0f}%" for t in
                                    (bench_tags(work, name, op)
@@ -564,15 +587,20 @@ def report(f, work, out, workloads, repeat, label):
                         (s["idle_predicted_us"] / measured, s["idle_measured_us"] / measured,
                          s.get("rendezvous_wait_measured_us", 0) / measured), alone,
                         run_peaks(f, f"{out}/{name}.beside.sim.json" if beside else
-                                  f"{out}/{name}.sim.json", runs, median_path, c)))
+                                  f"{out}/{name}.sim.json", runs, median_path, c),
+                        ws_bench["summary"]["step_time_error_pct"] if ws_bench else None))
         print(f"{name:<52} {measured:>12.0f} "
               + (f"{b['step_time_predicted_us']:>12.0f} {b['step_time_error_pct']:>+6.1f}% "
                  if b else f"{'-':>12} {'-':>7} ")
               + f"{g['step_time_predicted_us']:>12.0f} {g['step_time_error_pct']:>+6.1f}%  "
-              f"{local_drift:>17}  " + " ".join(f"{t:.0f}" for t, _ in runs))
+              + (f"{results[-1][12]:>+6.1f}% " if ws_bench else f"{'-':>7} ")
+              + f"{local_drift:>17}  " + " ".join(f"{t:.0f}" for t, _ in runs))
     print(f"\n{len(results)} workloads ({label}):")
     if all(r[1] is not None for r in results):
         print(f"  calibrated beside each workload's runs: {summary([r[1] for r in results])}")
+    if all(r[12] is not None for r in results):
+        print(f"  beside, curves benched on the working set instead of the workload's own "
+              f"collectives (ws): {summary([r[12] for r in results])}")
     print(f"  one calibration for the whole grid:     {summary([r[2] for r in results])}")
     worlds = sorted({w for _, _, w, _ in workloads})
     for w in worlds:

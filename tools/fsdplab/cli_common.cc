@@ -102,6 +102,13 @@ void DeclarePolicyFlags(Args& args) {
   }
 }
 
+std::optional<std::string> FirstPolicyFlag(const Args& args) {
+  for (const auto& [flag, value] : args.Given()) {
+    if (flag == "--preset" || flag == "--policy" || FieldOfFlag(flag) != nullptr) return flag;
+  }
+  return std::nullopt;
+}
+
 StatusOr<Policy> PolicyFromArgs(const Args& args, const Trace& trace) {
   const Model& model = trace.model;
   FSDP_ASSIGN_OR_RETURN(Policy policy, BasePolicy(args, trace));

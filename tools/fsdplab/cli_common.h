@@ -23,6 +23,9 @@ void DeclarePolicyFlags(Args& args);
 // "units" the preset's units), then the flags in command-line order.
 // Validates it against the trace's model.
 StatusOr<Policy> PolicyFromArgs(const Args& args, const Trace& trace);
+// The first policy flag given (--preset, --policy or a policy key), if any: for commands that
+// take them only in some modes.
+std::optional<std::string> FirstPolicyFlag(const Args& args);
 // The framework --preset names, if given (a usage error for an unknown name).
 StatusOr<std::optional<Framework>> PresetFromArgs(const Args& args);
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
@@ -21,6 +22,8 @@
 #include "fsdplab/core/gather_bench.h"
 #include "fsdplab/core/launch.h"
 #include "fsdplab/core/live.h"
+#include "fsdplab/core/timeline.h"
+#include "fsdplab/core/trace.h"
 #include "fsdplab/synth/synth.h"
 
 namespace fsdplab::cli {
@@ -30,7 +33,7 @@ constexpr std::string_view kUsage =
     "fsdplab bench-gather [--backend host|cuda] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] "
     "[-w WARMUP] [-c 0|1] [--op all_gather|reduce_scatter|concurrent|drift] [-d TYPE] "
     "[--world-size N] [--gemm-n N] [--seconds S] [--window S] [--json] [-J FILE] "
-    "[--nccl-out FILE]";
+    "[--nccl-out FILE] [--trace TRACE [policy flags]]";
 constexpr std::string_view kDescription =
     "Times the collective alone (out of place and in place), a GEMM alone, and both launched\n"
     "together on every rank, for message sizes MIN, MIN*F, ... up to MAX. Columns as nccl-tests:\n"
@@ -61,7 +64,17 @@ constexpr std::string_view kDescription =
     "10th, 50th and 90th percentiles, and each window of --window seconds (default 2.5,\n"
     "about one live run) with the spread between the slowest and the fastest. A prediction\n"
     "checked against a live run on this machine cannot be told from the truth more finely\n"
-    "than that spread. -n, -e, -f and -c do not apply.";
+    "than that spread. -n, -e, -f and -c do not apply.\n"
+    "\n"
+    "--trace TRACE (host backend) times the collectives of TRACE's units instead, both kinds\n"
+    "(or --op's), on the executor's own buffers: it runs the trace live as `fsdplab\n"
+    "run --compute timed` would, under the policy flags given, with the compute scaled to\n"
+    "nothing and both kinds of collective on one stream, so that each runs alone while the\n"
+    "caches hold what the step's own shards, pool buffers and gradients leave there. A row per\n"
+    "message size: the mean time of its calls in the timed steps (from the last rank's arrival\n"
+    "to the end, every rank). -w counts warm-up steps (default 1; the first is checked with\n"
+    "-c 1) and -n timed steps (default 20); -b, -e, -f, -d and --working-set do not apply.\n"
+    "`fsdplab calibrate` reads its --nccl-out file (a block per collective) like any other.";
 
 std::string NcclName(const std::string& op) { return op + "_perf"; }
 
@@ -551,6 +564,150 @@ Status RunDrift(const Args& args, GatherBenchOptions o, const ChosenBackend& cho
   return Status::Ok();
 }
 
+// --trace: the collectives of a trace's units, timed on the executor's own buffers. A bench on
+// rotated copies of one size walks its working set evenly, call after call; a step does not: its
+// shards and reduced gradients come round once a step while its gathered planes and gradient
+// buffers are the pool's, recycled within a unit or two. On seed 151's small-unit workloads
+// (2026-12-05) the live collectives ran at 0.76-0.88x the curves benched on the bytes their
+// collectives walk, and a 5.2 MB all-gather of one of them took 432-443 us serialized here
+// against 457-466 us live beside a 131M-working-set bench's 541-609 us. So the executor runs the
+// trace itself, as `run --compute timed` would, with the compute scaled to nothing and both kinds
+// of collective on one stream: each is timed alone, from the last rank's arrival to its end (as
+// a live collective is), in the cache state the step's own buffers leave.
+constexpr double kNoCompute = 1e-9;  // the compute scale: kernels of (almost) no time
+
+// Per message size of the benched kind: the mean time of its calls in the timed steps (every
+// rank's), in nccl-tests' row shape (bytes as uint8 elements: a unit's planes may mix types).
+std::vector<GatherBenchRow> TraceRows(const Timeline& t, const std::string& op, int world,
+                                      int warmup_steps) {
+  const OpKind kind = op == "all_gather" ? OpKind::kAllGather : OpKind::kReduceScatter;
+  std::map<Bytes, std::pair<double, int>> by_size;  // bytes -> (sum us, calls)
+  for (const TimelineOp& x : t.ops) {
+    if (x.kind != kind || x.step < warmup_steps || x.bytes == 0) continue;
+    auto& [sum, calls] = by_size[x.bytes];
+    sum += x.end_us - x.start_us;
+    ++calls;
+  }
+  std::vector<GatherBenchRow> rows;
+  for (const auto& [bytes, acc] : by_size) {
+    GatherBenchRow r;
+    r.size_bytes = bytes;
+    r.count = bytes;
+    r.type = "uint8";
+    r.time_us = acc.first / acc.second;
+    r.algbw_GBps = static_cast<double>(bytes) / r.time_us / 1e3;
+    r.busbw_GBps = r.algbw_GBps * (world - 1) / world;
+    // Out of place only: the in-place columns repeat it, for the format's sake.
+    r.inplace_time_us = r.time_us;
+    r.inplace_algbw_GBps = r.algbw_GBps;
+    r.inplace_busbw_GBps = r.busbw_GBps;
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+Status RunTrace(const Args& args, GatherBenchOptions o, const ChosenBackend& chosen,
+                const std::string& path) {
+  if (chosen.name != "host") {
+    return UsageError("--trace: the host backend only (its executor's buffers are what it times)");
+  }
+  for (const char* flag : {"-b", "-e", "-f", "-d", "--gemm-n", "--working-set", "--seconds",
+                           "--window", "--collective"}) {
+    if (args.Get(flag)) {
+      return UsageError(
+          fmt::format("{}: not with --trace (the sizes, buffers and types are the trace's)", flag));
+    }
+  }
+  // One run times both kinds; --op keeps one.
+  std::vector<std::string> ops = {"all_gather", "reduce_scatter"};
+  if (args.Get("--op")) {
+    if (o.op != "all_gather" && o.op != "reduce_scatter") {
+      return UsageError(
+          fmt::format("--op {}: --trace times all_gather and reduce_scatter, not {}", o.op, o.op));
+    }
+    ops = {o.op};
+  }
+  if (!InOneProcess()) {
+    return UsageError("--trace: ranks as threads of one process only (no mpirun or srun)");
+  }
+  // Steps, not calls: every unit's collectives come once (or once a microbatch) a step.
+  o.warmup = args.Get("-w") ? std::max(o.warmup, 1) : 1;
+  FSDP_ASSIGN_OR_RETURN(const Trace trace, ReadReplayableTrace(path));
+  LiveOptions live;
+  FSDP_ASSIGN_OR_RETURN(live.policy, PolicyFromArgs(args, trace));
+  live.policy.unified_comm_stream = true;
+  live.world_size = o.world_size;
+  live.steps = o.warmup + o.iters;
+  live.compute = ComputeMode::kTimed;
+  live.compute_scale = kNoCompute;
+  live.check = o.check;  // in the first step, which is not timed
+  StatusOr<RunOutcome> run = chosen.backend->Run(
+      RunRequest{.trace = &trace, .options = live, .backend_flags = chosen.flags});
+  if (!run.ok()) {
+    return Status(run.status().code(), fmt::format("--trace {}: {}", path, run.status().message()));
+  }
+  const LiveCheck& check = run->check;
+  nlohmann::ordered_json doc = JsonHeader(o, chosen.name, ops.size() == 1 ? ops[0] : "both");
+  doc["dtype"] = "uint8";
+  doc["trace"] = path;
+  doc["steps"] = {{"warmup", o.warmup}, {"timed", o.iters}};
+  doc["statistic"] =
+      "mean time of a call, from the last rank's arrival to its end, every rank, timed steps";
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  std::string nccl;
+  std::string table = fmt::format(
+      "# fsdplab bench-gather --trace {}: on the {} backend, {} ranks, the executor's own "
+      "buffers, one collective at a time; {} warm-up and {} timed steps\n#\n"
+      "# {:>14} {:>12} {:>10} {:>9} {:>9}\n",
+      path, chosen.name, o.world_size, o.warmup, o.iters, "collective", "size (B)", "time (us)",
+      "algbw", "busbw");
+  std::uint64_t wrong_total = 0;
+  for (const std::string& op : ops) {
+    std::vector<GatherBenchRow> rows = TraceRows(run->timeline, op, o.world_size, o.warmup);
+    if (rows.empty()) {
+      return InvalidInput(fmt::format(
+          "--trace {}: no {} moved bytes in its steps (a model without parameters?)", path, op));
+    }
+    const std::uint64_t wrong =
+        op == "all_gather" ? check.gathered_bytes_wrong : check.grad_elements_wrong;
+    rows.front().wrong = wrong;
+    wrong_total += wrong;
+    GatherBenchOptions block = o;
+    block.op = op;
+    block.dtype = "uint8";
+    block.min_bytes = rows.front().size_bytes;
+    block.max_bytes = rows.back().size_bytes;
+    std::string text = NcclTestsText(block, rows, chosen.name);
+    const std::size_t eol = text.find('\n') + 1;
+    text.insert(eol, fmt::format("# the collectives of {} on the executor's buffers, one at a "
+                                 "time, {} warm-up and {} timed steps (bench-gather --trace)\n",
+                                 path, o.warmup, o.iters));
+    nccl += text;
+    for (const GatherBenchRow& r : rows) {
+      list.push_back({{"op", op},
+                      {"size_bytes", r.size_bytes},
+                      {"time_us", r.time_us},
+                      {"algbw_GBps", r.algbw_GBps},
+                      {"busbw_GBps", r.busbw_GBps},
+                      {"wrong", r.wrong}});
+      table += fmt::format("  {:>14} {:>12} {:>10.2f} {:>9.2f} {:>9.2f}\n", op, r.size_bytes,
+                           r.time_us, r.algbw_GBps, r.busbw_GBps);
+    }
+  }
+  doc["rows"] = std::move(list);
+  const std::string json = doc.dump(2) + "\n";
+  if (auto file = args.Get("-J")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));
+  if (auto file = args.Get("--nccl-out")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, nccl));
+  fmt::print("{}", args.Has("--json") ? json : table);
+  if (wrong_total > 0) {
+    return InternalError(fmt::format(
+        "the checked first step: {} gathered bytes and {} reduced gradient elements differ from "
+        "the expected values",
+        check.gathered_bytes_wrong, check.grad_elements_wrong));
+  }
+  return Status::Ok();
+}
+
 Status Run(const Args& args) {
   if (!args.positionals().empty()) {
     return UsageError(fmt::format("unexpected argument '{}'", args.positionals().front()));
@@ -597,6 +754,10 @@ Status Run(const Args& args) {
   if (auto v = args.Get("--working-set")) {
     FSDP_ASSIGN_OR_RETURN(o.working_set_bytes, ParseSize(*v, "--working-set"));
     if (backend != "host") return UsageError("--working-set: the host backend only");
+  }
+  if (auto trace = args.Get("--trace")) return RunTrace(args, o, chosen, *trace);
+  if (std::optional<std::string> flag = FirstPolicyFlag(args)) {
+    return UsageError(fmt::format("{}: only with --trace (the policy its steps run under)", *flag));
   }
   if (o.op == "concurrent") return RunConcurrent(args, o, chosen);
   if (o.op == "drift") return RunDrift(args, o, chosen);
@@ -657,6 +818,12 @@ int RunBenchGather(const Argv& argv) {
                "calls) over buffer copies covering SIZE bytes, as a live step walks many units' "
                "buffers (default 0: one hot buffer)",
                "SIZE");
+  args.Declare("--trace", ArgKind::kValue,
+               "host: time the collectives of TRACE's units instead of sizes -b..-e, on the "
+               "executor's own buffers (see above); -n and -w count steps, and the policy flags "
+               "apply",
+               "FILE");
+  DeclarePolicyFlags(args);
   args.Declare("--json", ArgKind::kSwitch, "print JSON instead of the table");
   args.Declare("-J", ArgKind::kValue, "also write the JSON to FILE", "FILE");
   args.Declare("--nccl-out", ArgKind::kValue,
