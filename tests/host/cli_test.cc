@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "fsdplab/core/file_util.h"
@@ -125,6 +126,89 @@ TEST_F(CliTest, BenchGatherFeedsCalibrate) {
   EXPECT_EQ(nlohmann::json::parse(rs.out)["rows"][0]["wrong"], 0);
   Result cal = Fsdplab("calibrate " + nccl + " -o " + Path("cluster.json"));
   EXPECT_EQ(cal.code, 0) << cal.out;
+}
+
+// --trace times the trace's own collectives on the executor: a row per message size the trace
+// moves, for each kind, exactly the sizes its simulation gives its all-gathers and
+// reduce-scatters (the executor and the simulator lower the same plan); both blocks feed
+// calibrate, whose curves then have those sizes as their knots.
+TEST_F(CliTest, BenchGatherTraceTimesTheTracesOwnCollectives) {
+  const std::string nccl = Path("trace.txt");
+  const std::string json = Path("trace.json");
+  Result b =
+      Fsdplab("bench-gather --backend host --trace " + trace_ +
+              " --world-size 2 -n 3 --forward-prefetch 0 --nccl-out " + nccl + " -J " + json);
+  ASSERT_EQ(b.code, 0) << b.out;
+  Result sim = Fsdplab("simulate " + trace_ + " --world-size 2 --forward-prefetch 0 --json");
+  ASSERT_EQ(sim.code, 0) << sim.out;
+  std::map<std::string, std::set<std::uint64_t>> want;
+  const nlohmann::json simulated = nlohmann::json::parse(sim.out);
+  for (const auto& op : simulated["ops"]) {
+    const std::string kind = op["kind"];
+    if ((kind == "all_gather" || kind == "reduce_scatter") &&
+        op["bytes"].get<std::uint64_t>() > 0) {
+      want[kind].insert(op["bytes"].get<std::uint64_t>());
+    }
+  }
+  ASSERT_EQ(want.size(), 2u) << sim.out;
+  StatusOr<std::string> text = ReadFile(json);
+  ASSERT_TRUE(text.ok());
+  const nlohmann::json doc = nlohmann::json::parse(*text);
+  EXPECT_EQ(doc["op"], "both");
+  EXPECT_EQ(doc["steps"]["warmup"], 1);
+  EXPECT_EQ(doc["steps"]["timed"], 3);
+  std::map<std::string, std::set<std::uint64_t>> got;
+  for (const auto& row : doc["rows"]) {
+    const std::string op = row["op"];
+    const std::uint64_t bytes = row["size_bytes"];
+    got[op].insert(bytes);
+    EXPECT_GT(row["time_us"].get<double>(), 0) << row;
+    EXPECT_EQ(row["wrong"], 0) << row;  // the warm-up step was checked byte for byte
+    // busbw = algbw x (n - 1) / n = algbw / 2 on 2 ranks.
+    EXPECT_DOUBLE_EQ(row["busbw_GBps"].get<double>(), row["algbw_GBps"].get<double>() / 2);
+  }
+  EXPECT_EQ(got, want);
+  Result cal = Fsdplab("calibrate " + nccl + " -o " + Path("cluster.json"));
+  ASSERT_EQ(cal.code, 0) << cal.out;
+  StatusOr<std::string> cluster = ReadFile(Path("cluster.json"));
+  ASSERT_TRUE(cluster.ok());
+  const nlohmann::json c = nlohmann::json::parse(*cluster)["calibration"];
+  for (const char* op : {"all_gather", "reduce_scatter"}) {
+    const nlohmann::json& curve = c[op]["intra"];
+    EXPECT_EQ(curve["world_size"], 2) << op;
+    // A knot per size (calibrate keeps a curve monotone, so a tiny size's noisy time may move).
+    std::set<std::uint64_t> knots;
+    for (const auto& knot : curve["knots"]) {
+      knots.insert(knot["bytes"].get<std::uint64_t>());
+      EXPECT_GT(knot["time_us"].get<double>(), 0) << op;
+    }
+    EXPECT_EQ(knots, want[op]) << op;
+  }
+  // --op keeps one kind.
+  Result rs = Fsdplab("bench-gather --trace " + trace_ + " --op reduce_scatter -n 2 --json");
+  ASSERT_EQ(rs.code, 0) << rs.out;
+  const nlohmann::json one_kind = nlohmann::json::parse(rs.out);
+  ASSERT_FALSE(one_kind["rows"].empty());
+  for (const auto& row : one_kind["rows"]) {
+    EXPECT_EQ(row["op"], "reduce_scatter");
+  }
+  // What does not go with it, or without it: usage errors (exit 1) that name the flag; a trace
+  // that is not there: invalid input (exit 2) naming the file. No output file either way.
+  Result sizes = Fsdplab("bench-gather --trace " + trace_ + " -b 64K --nccl-out " + Path("x.txt"));
+  EXPECT_EQ(sizes.code, 1) << sizes.out;
+  EXPECT_NE(sizes.out.find("-b: not with --trace"), std::string::npos) << sizes.out;
+  Result concurrent = Fsdplab("bench-gather --trace " + trace_ + " --op concurrent");
+  EXPECT_EQ(concurrent.code, 1) << concurrent.out;
+  EXPECT_NE(concurrent.out.find("--op concurrent"), std::string::npos) << concurrent.out;
+  Result policy = Fsdplab("bench-gather -b 64K --forward-prefetch 1");
+  EXPECT_EQ(policy.code, 1) << policy.out;
+  EXPECT_NE(policy.out.find("--forward-prefetch: only with --trace"), std::string::npos)
+      << policy.out;
+  Result missing =
+      Fsdplab("bench-gather --trace " + Path("none.json") + " --nccl-out " + Path("x.txt"));
+  EXPECT_EQ(missing.code, 2) << missing.out;
+  EXPECT_NE(missing.out.find("none.json"), std::string::npos) << missing.out;
+  EXPECT_FALSE(std::filesystem::exists(Path("x.txt")));
 }
 
 // --working-set rotates the out-of-place calls over buffer copies (64K all-gather on 3 ranks:
