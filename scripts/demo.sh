@@ -35,27 +35,26 @@ echo "=== 4. Predicted vs measured: gpt_small live on this machine's CPU (host b
 # -> calibrate), so the simulator predicts this machine, not a GPU node.
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-# The curves cover the sizes gpt_small's collectives move (24 and 62.5 MiB: 16M-64M), and are
-# measured on as many bytes as its collectives walk (every unit's shards, gathered planes,
-# gradients and reduced shards: simulate's collective_footprint_bytes, at most 8x this machine's
-# last-level cache, scripts/cold_working_set.sh), so the bench finds the caches as the live step
-# finds them. bench/host_prediction_grid.py sizes each workload's benches by the same rule. (A
-# sweep of 1M-128M read 16M 8-10% slower than a bench of 16M-32M run right after it.)
+# The collective curves are gpt_small's own collectives timed one at a time on the executor's
+# buffers, with no compute (bench-gather --trace), so that the caches hold what its own shards
+# and pool buffers leave there; bench/host_prediction_grid.py calibrates each workload the same
+# way. The contention bench below covers the sizes its collectives move (24 and 62.5 MiB:
+# 16M-64M) on as many bytes as they walk (simulate's collective_footprint_bytes, at most 8x this
+# machine's last-level cache, scripts/cold_working_set.sh).
 "$fsdplab" simulate traces/gpt_small.json --world-size 2 --steps 2 -o "$work/span.json" >/dev/null
 read -r lo hi footprint < <(python3 "$root/bench/host_prediction_grid.py" --bench-span "$work/span.json")
 sizes=(--backend host --world-size 2 -b "$lo" -e "$hi" -f 2 -n 8 -w 2)
 ws=(--working-set "$(bash "$root/scripts/cold_working_set.sh" "$footprint")")
-# The collective curves are measured beside the live runs, one bench before each run and one
-# after the last, and fitted together: this machine's copy speed drifts by tens of percent over
-# minutes, and four benches spread over the runs' minutes sample what they ran in where two at
-# the ends can both miss it (bench/host_prediction_grid.py measures its workloads the same way).
+# The curves are measured beside the live runs, one bench before each run and one after the
+# last, and fitted together: this machine's copy speed drifts by tens of percent over minutes,
+# and four benches spread over the runs' minutes sample what they ran in where two at the ends
+# can both miss it (bench/host_prediction_grid.py measures its workloads the same way).
 bench_curves() {
-  "$fsdplab" bench-gather "${sizes[@]}" "${ws[@]}" --nccl-out "$work/ag$1.txt" >/dev/null
-  "$fsdplab" bench-gather "${sizes[@]}" "${ws[@]}" --op reduce_scatter --nccl-out "$work/rs$1.txt" \
-    >/dev/null
+  "$fsdplab" bench-gather --backend host --world-size 2 --trace traces/gpt_small.json -n 8 \
+    --nccl-out "$work/curves$1.txt" >/dev/null
 }
 # Three live runs; the one with the median step time is compared (the others show the noise).
-# 20 steps of about 135 ms: each run lasts one drift window (2.5 s, the drift line below), so a
+# 20 steps of about 75-85 ms: each run lasts one drift window (2.5 s, the drift line below), so a
 # hiccup of the machine moves its mean step little (bench/host_prediction_grid.py, RUN_SECONDS).
 for i in 0 1 2; do
   bench_curves "$i"
@@ -74,7 +73,7 @@ median="$(for i in 0 1 2; do
     "$work/measured$i.json"
 done | sort -g | tee "$work/runs.txt" | sed -n 2p | cut -d' ' -f2)"
 echo "measured step time of the three runs: $(awk '{printf "%s%.1f ms", (NR > 1 ? ", " : ""), $1 / 1000}' "$work/runs.txt")"
-"$fsdplab" calibrate "$work"/ag[0-3].txt "$work"/rs[0-3].txt \
+"$fsdplab" calibrate "$work"/curves[0-3].txt \
   --contention "$work/both.json" -o "$work/cluster.json" >/dev/null
 "$fsdplab" simulate traces/gpt_small.json --cluster "$work/cluster.json" --world-size 2 \
   --steps 20 -o "$work/predicted.json" >/dev/null
