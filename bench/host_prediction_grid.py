@@ -11,17 +11,18 @@ with the seed, so every value appears and the combinations vary with the seed.
 
 The collective model is calibrated with `bench-gather` (all-gather, reduce-scatter, and
 `--op concurrent` for the contention); nothing is fitted to the steps being predicted. Each
-workload is predicted twice:
+workload is predicted three times:
 - "beside": from curves measured beside the workload's own live runs (one bench before each run
   and one after the last, pooled): its own collectives timed one at a time on the executor's
   buffers with no compute (`bench-gather --trace`), and the contention and stream wake-ups
   (`--op concurrent`) measured between its runs. The same, with curves from benches over the
   sizes it moves walking as many bytes as its collectives do (simulate's
   collective_footprint_bytes, at most the cold size: scripts/cold_working_set.sh) instead, is
-  the "ws" column;
+  the "ws" column. (--trace runs the workload's collectives one at a time with no compute: not
+  its step, whose overlap, contention, wake-ups and compute the simulator predicts);
 - "grid": from one calibration of the whole grid per world size, before and after all the live
   runs, on buffers 8x the last-level cache, as `bench/host_prediction.sh` does for the samples.
-The two tell the model's error from this machine's drift over minutes, which the grid-wide
+Beside and grid tell the model's error from this machine's drift over minutes, which the grid-wide
 bench's own change from before to after the runs shows. Each workload is run live REPEAT times
 (default 5, `--compute timed --no-check`), each run long enough to last 2.5 s (8-96 steps, sized
 from the provisional model), and the beside benches time at least 30 ms per size (10-100 calls);
