@@ -595,12 +595,9 @@ std::vector<GatherBenchRow> TraceRows(const Timeline& t, const std::string& op, 
     r.count = bytes;
     r.type = "uint8";
     r.time_us = acc.first / acc.second;
-    r.algbw_GBps = static_cast<double>(bytes) / r.time_us / 1e3;
-    r.busbw_GBps = r.algbw_GBps * (world - 1) / world;
     // Out of place only: the in-place columns repeat it, for the format's sake.
     r.inplace_time_us = r.time_us;
-    r.inplace_algbw_GBps = r.algbw_GBps;
-    r.inplace_busbw_GBps = r.busbw_GBps;
+    FillDerivedColumns(r, op, world);
     rows.push_back(r);
   }
   return rows;
