@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Predicted against measured step time on the host backend over a seeded grid of synthetic
-workloads (issue 11), so that the prediction is shown off the bundled traces.
+workloads, so that the prediction is shown off the bundled traces (what it gave: bench/README.md).
 
     bench/host_prediction.sh --grid [--seed N] [--count N] [--build DIR]
 
@@ -264,7 +264,7 @@ def measure(f, work, name, trace, w, policy, repeat, sized, again=False):
     # `repeat`), so that the curves sample the minutes the runs ran in rather than only their
     # two ends. Predictions of one workload from the bench before its runs alone and from the
     # one after alone differed by a median 1.7% but up to 26% (seed 89, the communication-bound
-    # ones); on 16 measurements of eight of them (2026-12-04), the same runs predicted from the
+    # ones); on 16 measurements of eight of them, the same runs predicted from the
     # first and last of these benches against all four: mean |error| 7.9% -> 5.7%, p90 17.1%
     # -> 11.2%, largest 27.1% -> 14.0%. `sized`: the workload's sizing. `again`: the files of
     # a second measurement (AGAIN), sized as the first.
@@ -283,8 +283,8 @@ def measure(f, work, name, trace, w, policy, repeat, sized, again=False):
         # compute (bench-gather --trace): the curves the beside prediction uses. A bench that
         # rotates copies of one size over the bytes the collectives walk read seed 151's
         # small-unit workloads' live collectives 12-24% slow (their shards and pool buffers
-        # stay in the caches); predicted from it, four of them came out +9% to +26% on
-        # 2026-12-05, from this one -1% to -11%.
+        # stay in the caches); predicted from it, four of them came out +9% to +26%, from this
+        # one -1% to -11%.
         run([f, "bench-gather", "--backend", "host", "--world-size", str(w), "--trace", trace,
              *policy, "-n", str(trace_steps), "--nccl-out", f"{out}.trace.{tag}.txt"])
 
