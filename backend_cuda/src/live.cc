@@ -8,14 +8,14 @@
 #include <tuple>
 #include <utility>
 
-#include "fsdplab/core/launch.h"
 #include "fsdplab/core/scheduler.h"
-#include "fsdplab/core/trace_recorder.h"
 #include "fsdplab/cuda/check.h"
 #include "fsdplab/cuda/device.h"
 #include "fsdplab/cuda/executor.h"
 #include "fsdplab/cuda/launch.h"
-#include "fsdplab/mpi/mpi.h"
+#include "fsdplab/live/launch.h"
+#include "fsdplab/live/mpi.h"
+#include "fsdplab/live/trace_recorder.h"
 
 namespace fsdplab::cuda {
 namespace {

@@ -1,7 +1,7 @@
 // bench-gather on the host backend: the in-process collectives timed alone, a CPU GEMM timed
 // alone, and both launched together on every rank (the overlap a training step relies on).
 // Each measured operation is the same harness with different hooks, as in nccl-tests.
-#include "fsdplab/core/gather_bench.h"
+#include "fsdplab/live/gather_bench.h"
 
 #include <fmt/format.h>
 
@@ -18,11 +18,11 @@
 #include <thread>
 #include <utility>
 
-#include "fsdplab/core/launch.h"
 #include "fsdplab/host/live.h"
 #include "fsdplab/host/numerics.h"
 #include "fsdplab/host/process_group.h"
 #include "fsdplab/host/runtime.h"
+#include "fsdplab/live/launch.h"
 
 namespace fsdplab::host {
 namespace {

@@ -11,13 +11,13 @@
 #include <thread>
 #include <unordered_map>
 
-#include "fsdplab/core/launch.h"
 #include "fsdplab/core/scheduler.h"
-#include "fsdplab/core/trace_recorder.h"
 #include "fsdplab/host/executor.h"
 #include "fsdplab/host/numerics.h"
 #include "fsdplab/host/process_group.h"
 #include "fsdplab/host/runtime.h"
+#include "fsdplab/live/launch.h"
+#include "fsdplab/live/trace_recorder.h"
 
 namespace fsdplab::host {
 namespace {

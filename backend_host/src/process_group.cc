@@ -11,7 +11,7 @@
 #include <mutex>
 
 #include "fsdplab/host/numerics.h"
-#include "fsdplab/mpi/mpi.h"
+#include "fsdplab/live/mpi.h"
 #include "internal/engine.h"
 
 namespace fsdplab::host {

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <thread>
 
-#include "fsdplab/core/report.h"
+#include "fsdplab/report/report.h"
 
 namespace fsdplab::sim {
 

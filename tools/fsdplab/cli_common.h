@@ -10,9 +10,9 @@
 #include "args.h"
 #include "fsdplab/core/model.h"
 #include "fsdplab/core/policy.h"
-#include "fsdplab/core/preset.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
+#include "fsdplab/frameworks/preset.h"
 
 namespace fsdplab::cli {
 

@@ -13,12 +13,12 @@
 #include "backends.h"
 #include "cli_common.h"
 #include "commands.h"
-#include "fsdplab/core/chrome_trace.h"
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/launch.h"
-#include "fsdplab/core/live.h"
-#include "fsdplab/core/report.h"
 #include "fsdplab/core/trace.h"
+#include "fsdplab/live/launch.h"
+#include "fsdplab/live/live.h"
+#include "fsdplab/report/chrome_trace.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/synth/synth.h"
 
 namespace fsdplab::cli {

@@ -9,11 +9,11 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "fsdplab/core/chrome_trace.h"
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/limits.h"
-#include "fsdplab/core/report.h"
 #include "fsdplab/core/trace.h"
+#include "fsdplab/report/chrome_trace.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/sim/cluster.h"
 #include "fsdplab/sim/simulator.h"
 #include "sim_flags.h"
