@@ -26,8 +26,6 @@ constexpr std::uint64_t kTagVectorGrad = 5;
 
 std::uint64_t U(std::int64_t v) { return static_cast<std::uint64_t>(v); }
 
-Bytes CeilDiv(Bytes a, Bytes b) { return (a + b - 1) / b; }
-
 std::vector<float> SeededFloats(std::uint64_t seed, std::size_t n) {
   std::vector<float> v(n);
   std::uint64_t state = seed;
@@ -47,11 +45,6 @@ std::uint64_t OutputGradSeed(std::uint64_t seed, std::uint64_t tag, int rank,
   return SeedOf({seed, tag, U(rank), U(o.step), U(o.microbatch), U(o.event), U(unit), U(param)});
 }
 
-std::string PlaneName(const GroupLayout& g, int plane) {
-  if (g.num_planes == 1) return std::string(DTypeName(g.dtype));
-  return plane == kRowwisePlane ? "rowwise" : "columnwise";
-}
-
 // Decodes row `o` of a weight stored in `plane` of a group buffer.
 void DecodeRow(const GroupLayout& g, const ParamLayout& p, const std::byte* buffer, int plane,
                std::int64_t o, std::span<float> row) {
@@ -63,18 +56,19 @@ void DecodeRow(const GroupLayout& g, const ParamLayout& p, const std::byte* buff
     return;
   }
   const std::byte* scales = data + p.data_bytes;
+  constexpr std::size_t kBlock = kMxfp8ScaleBlock;
   if (plane == kRowwisePlane) {
-    const std::size_t per_row = CeilDiv(cols, 32);
+    const std::size_t per_row = CeilDiv(cols, kBlock);
     for (std::size_t i = 0; i < cols; ++i) {
       const float s = E8m0ToFloat(
-          static_cast<std::uint8_t>(scales[static_cast<std::size_t>(o) * per_row + i / 32]));
+          static_cast<std::uint8_t>(scales[static_cast<std::size_t>(o) * per_row + i / kBlock]));
       row[i] = E4m3ToFloat(static_cast<std::uint8_t>(data[base + i])) * s;
     }
   } else {
-    const std::size_t per_col = CeilDiv(static_cast<Bytes>(p.rows), 32);
+    const std::size_t per_col = CeilDiv(static_cast<std::size_t>(p.rows), kBlock);
     for (std::size_t i = 0; i < cols; ++i) {
       const float s = E8m0ToFloat(
-          static_cast<std::uint8_t>(scales[i * per_col + static_cast<std::size_t>(o) / 32]));
+          static_cast<std::uint8_t>(scales[i * per_col + static_cast<std::size_t>(o) / kBlock]));
       row[i] = E4m3ToFloat(static_cast<std::uint8_t>(data[base + i])) * s;
     }
   }

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <exception>
 
+#include "fsdplab/core/command.h"
+#include "fsdplab/core/text_format.h"
 #include "fsdplab/host/numerics.h"
 
 #if defined(__SSE2__)
@@ -27,23 +29,11 @@ namespace {
 // Completion times a stream keeps for event timestamps (8 bytes each).
 constexpr std::size_t kCompletionTimesKept = 1 << 16;
 
-std::string Seconds(TimeUs us) { return fmt::format("{:g} s", us / 1e6); }
-
-std::string HumanBytes(Bytes bytes) {
-  if (bytes >= (1ull << 30))
-    return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1ull << 30));
-  if (bytes >= (1ull << 20))
-    return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1ull << 20));
-  if (bytes >= (1ull << 10))
-    return fmt::format("{:.2f} KiB", static_cast<double>(bytes) / (1ull << 10));
-  return fmt::format("{} B", bytes);
-}
-
 }  // namespace
 
 std::string OpContext::Describe() const {
-  return fmt::format("rank {}, step {}, microbatch {}, unit '{}', op {}", rank, step, microbatch,
-                     unit, op);
+  return DescribePosition(rank, CommandOrigin{.step = step, .microbatch = microbatch}, unit,
+                          "op " + op);
 }
 
 // ---- RunControl ----

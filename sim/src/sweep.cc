@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "fsdplab/core/text_format.h"
 #include "fsdplab/report/report.h"
 
 namespace fsdplab::sim {
@@ -59,7 +60,7 @@ namespace {
 std::string StepText(const SweepRow& row) {
   if (!row.ok()) return "fails (" + row.status.message() + ")";
   if (row.step_time_us >= 1e6) return fmt::format("{:.2f} s", row.step_time_us / 1e6);
-  return fmt::format("{:.3f} ms", row.step_time_us / 1e3);
+  return Ms(row.step_time_us);
 }
 
 }  // namespace
@@ -85,20 +86,6 @@ std::string CsvField(const std::string& s) {
     out += c;
   }
   return out + "\"";
-}
-
-std::string XmlEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
 }
 
 // A "nice" tick step for a range (1, 2 or 5 times a power of ten).
@@ -218,20 +205,18 @@ std::string FragileUnderCap(const SweepRow& row, Bytes cap, const Model& model) 
   if (held_if <= cap) return "";
   const std::string_view kind = OpKindName(race.op.kind);
   const char* article = kind.find_first_of("aeiou") == 0 ? "an" : "a";
-  const double gib = static_cast<double>(held_if) / (1024.0 * 1024 * 1024);
   if (race.gates) {
     return fmt::format(
-        "Fragile: {} {} of {} {:.3f} ms sooner than simulated ({:.0f}% of it) lets the "
-        "compute that waited for it allocate beside earlier buffers: reserved {:.3f} GiB, over "
-        "the cap.",
-        article, kind, model.NameOf(race.op.unit), race.margin_us / 1e3,
-        100.0 * race.margin_fraction(), gib);
+        "Fragile: {} {} of {} {} sooner than simulated ({:.0f}% of it) lets the compute that "
+        "waited for it allocate beside earlier buffers: reserved {}, over the cap.",
+        article, kind, model.NameOf(race.op.unit), Ms(race.margin_us),
+        100.0 * race.margin_fraction(), GiB(held_if));
   }
   return fmt::format(
-      "Fragile: {} {} of {} {:.0f}% slower than simulated ({:.3f} ms late) puts the "
-      "reserved memory at {:.3f} GiB, over the cap.",
-      article, kind, model.NameOf(race.op.unit), 100.0 * race.margin_fraction(),
-      race.margin_us / 1e3, gib);
+      "Fragile: {} {} of {} {:.0f}% slower than simulated ({} late) puts the reserved memory at "
+      "{}, over the cap.",
+      article, kind, model.NameOf(race.op.unit), 100.0 * race.margin_fraction(), Ms(race.margin_us),
+      GiB(held_if));
 }
 
 StatusOr<CapPeak> ParseCapPeak(std::string_view text, std::string_view flag) {
