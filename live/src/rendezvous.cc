@@ -19,12 +19,15 @@
 #include <thread>
 #include <utility>
 
+#include "fsdplab/core/text_format.h"
+#include "fsdplab/live/wire.h"
+
 namespace fsdplab {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr char kMagic[8] = {'F', 'S', 'D', 'P', 'R', 'D', 'V', '2'};
+constexpr char kMagic[8] = {'F', 'S', 'D', 'P', 'R', 'D', 'V', '3'};
 // How long a rank waits past the join deadline for rank 0's verdict (which names the missing
 // ranks) before it gives up on its own.
 constexpr auto kVerdictGrace = std::chrono::milliseconds(1500);
@@ -35,8 +38,6 @@ constexpr auto kServerTick = std::chrono::milliseconds(20);
 constexpr std::uint32_t kMaxFrame = 64u << 20;
 
 enum class Op : std::uint8_t { kHello = 1, kSet, kGet, kWait, kOk, kValue, kError };
-
-std::string Seconds(TimeUs us) { return fmt::format("{:g} s", us / 1e6); }
 
 // An owned socket descriptor.
 class Socket final {
@@ -74,63 +75,13 @@ Clock::time_point DeadlineAfter(TimeUs us) {
   return Clock::now() + std::chrono::microseconds(static_cast<std::int64_t>(us));
 }
 
-void PutU32(std::string& out, std::uint32_t v) {
-  const std::uint32_t be = htonl(v);
-  out.append(reinterpret_cast<const char*>(&be), 4);
-}
-void PutBytes(std::string& out, std::string_view bytes) {
-  PutU32(out, static_cast<std::uint32_t>(bytes.size()));
-  out.append(bytes);
-}
-
-// Reads a frame's fields in order; any read past the end marks it bad.
-class Reader {
- public:
-  explicit Reader(std::string_view in) : in_(in) {}
-  std::uint32_t U32() {
-    if (pos_ + 4 > in_.size()) {
-      bad_ = true;
-      return 0;
-    }
-    std::uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v = (v << 8) | static_cast<unsigned char>(in_[pos_ + i]);
-    pos_ += 4;
-    return v;
-  }
-  std::string Bytes() {
-    const std::uint32_t n = U32();
-    if (bad_ || pos_ + n > in_.size()) {
-      bad_ = true;
-      return {};
-    }
-    std::string s(in_.substr(pos_, n));
-    pos_ += n;
-    return s;
-  }
-  std::string_view Raw(std::size_t n) {
-    if (pos_ + n > in_.size()) {
-      bad_ = true;
-      return {};
-    }
-    std::string_view s = in_.substr(pos_, n);
-    pos_ += n;
-    return s;
-  }
-  bool bad() const { return bad_; }
-
- private:
-  std::string_view in_;
-  std::size_t pos_ = 0;
-  bool bad_ = false;
-};
-
 // A frame: length (of op and body), op, body.
 std::string Frame(Op op, std::string_view body) {
-  std::string out;
-  PutU32(out, static_cast<std::uint32_t>(body.size() + 1));
-  out.push_back(static_cast<char>(op));
-  out.append(body);
-  return out;
+  WireWriter out;
+  out.Pod(static_cast<std::uint32_t>(body.size() + 1));
+  out.Pod(op);
+  out.Raw(body);
+  return out.Take();
 }
 
 // Sends all of `data` before the deadline. A peer that went away is an error, not a signal.
@@ -184,8 +135,8 @@ StatusOr<Received> RecvFrame(int fd, Clock::time_point deadline, std::string_vie
     }
     buf.append(chunk, static_cast<std::size_t>(k));
     if (!have_len && buf.size() == 4) {
-      Reader r(buf);
-      const std::uint32_t len = r.U32();
+      WireReader r(buf);
+      const auto len = r.Pod<std::uint32_t>();
       if (len == 0 || len > kMaxFrame) {
         return InvalidInput(fmt::format(
             "{}: the rendezvous port answered with something that is not fsdplab's (another "
@@ -210,12 +161,12 @@ std::string JoinList(const std::vector<int>& ranks) {
 
 // The error rank 0 sent: its code, then its message.
 Status ErrorFrom(int rank, std::string_view body) {
-  Reader r(body);
-  const auto code = static_cast<StatusCode>(r.U32());
+  WireReader r(body);
+  const auto code = static_cast<StatusCode>(r.Pod<std::uint32_t>());
   if (r.bad() || code == StatusCode::kOk) {
     return InternalError(fmt::format("rank {}: rendezvous: a malformed error", rank));
   }
-  return Status(code, fmt::format("rank {}: {}", rank, body.substr(4)));
+  return Status(code, fmt::format("rank {}: {}", rank, r.Rest()));
 }
 
 // Binds a listening socket on every address, IPv6 and IPv4 where possible.
@@ -366,8 +317,8 @@ class Server final {
     if (k < 0) return;
     c.in.append(chunk, static_cast<std::size_t>(k));
     while (c.socket.valid() && c.in.size() >= 4) {
-      Reader r(c.in);
-      const std::uint32_t len = r.U32();
+      WireReader r(c.in);
+      const auto len = r.Pod<std::uint32_t>();
       if (len == 0 || len > kMaxFrame) {
         Drop(c);  // not one of ours
         return;
@@ -387,10 +338,10 @@ class Server final {
   }
 
   void ReplyError(Conn& c, StatusCode code, std::string_view message) {
-    std::string body;
-    PutU32(body, static_cast<std::uint32_t>(code));
-    body.append(message);
-    Reply(c, Op::kError, body);
+    WireWriter body;
+    body.Pod(static_cast<std::uint32_t>(code));
+    body.Raw(message);
+    Reply(c, Op::kError, body.Take());
   }
 
   void Reply(Conn& c, Op op, std::string_view body) {
@@ -401,12 +352,12 @@ class Server final {
   }
 
   void Handle(Conn& c, Op op, std::string_view body) {
-    Reader r(body);
+    WireReader r(body);
     switch (op) {
       case Op::kHello: {
         const std::string_view magic = r.Raw(sizeof kMagic);
-        const int rank = static_cast<int>(r.U32());
-        const int world = static_cast<int>(r.U32());
+        const int rank = static_cast<int>(r.Pod<std::uint32_t>());
+        const int world = static_cast<int>(r.Pod<std::uint32_t>());
         if (r.bad() || magic != std::string_view(kMagic, sizeof kMagic)) {
           c.socket.Close();
           return;
@@ -415,8 +366,8 @@ class Server final {
         return;
       }
       case Op::kSet: {
-        std::string key = r.Bytes();
-        std::string value = r.Bytes();
+        std::string key = r.Str();
+        std::string value = r.Str();
         if (r.bad()) break;
         store_[std::move(key)] = std::move(value);
         Reply(c, Op::kOk, {});
@@ -426,8 +377,8 @@ class Server final {
       case Op::kGet:
       case Op::kWait: {
         c.keys.clear();
-        const std::uint32_t n = op == Op::kGet ? 1 : r.U32();
-        for (std::uint32_t i = 0; i < n && !r.bad(); ++i) c.keys.push_back(r.Bytes());
+        const std::uint32_t n = op == Op::kGet ? 1 : r.Pod<std::uint32_t>();
+        for (std::uint32_t i = 0; i < n && !r.bad(); ++i) c.keys.push_back(r.Str());
         if (r.bad()) break;
         c.pending = true;
         c.pending_get = op == Op::kGet;
@@ -506,9 +457,9 @@ class Server final {
       if (!ready) continue;
       c->pending = false;
       if (c->pending_get) {
-        std::string body;
-        PutBytes(body, store_[c->keys[0]]);
-        Reply(*c, Op::kValue, body);
+        WireWriter body;
+        body.Str(store_[c->keys[0]]);
+        Reply(*c, Op::kValue, body.Take());
       } else {
         Reply(*c, Op::kOk, {});
       }
@@ -588,12 +539,14 @@ StatusOr<std::unique_ptr<RendezvousStore>> RendezvousStore::Join(const Rendezvou
   }
   const std::string who = fmt::format("rank {}", config.rank);
   FSDP_ASSIGN_OR_RETURN(impl->socket, Connect(addr, config.port, deadline, who, config.timeout_us));
-  std::string hello(kMagic, sizeof kMagic);
-  PutU32(hello, static_cast<std::uint32_t>(config.rank));
-  PutU32(hello, static_cast<std::uint32_t>(config.world_size));
+  WireWriter hello;
+  hello.Raw(std::string_view(kMagic, sizeof kMagic));
+  hello.Pod(static_cast<std::uint32_t>(config.rank));
+  hello.Pod(static_cast<std::uint32_t>(config.world_size));
   const std::string where = fmt::format("rank {}: joining the rendezvous at {}:{}", config.rank,
                                         config.master_addr, config.port);
-  FSDP_RETURN_IF_ERROR(SendAll(impl->socket.fd(), Frame(Op::kHello, hello), deadline, where));
+  FSDP_RETURN_IF_ERROR(
+      SendAll(impl->socket.fd(), Frame(Op::kHello, hello.Take()), deadline, where));
   // Rank 0 says when every rank has joined, or names the missing ones at its deadline; a little
   // grace past ours lets its verdict arrive first.
   FSDP_ASSIGN_OR_RETURN(
@@ -616,22 +569,23 @@ int RendezvousStore::world_size() const { return impl_->cfg.world_size; }
 const RendezvousConfig& RendezvousStore::config() const { return impl_->cfg; }
 
 Status RendezvousStore::Set(const std::string& key, std::span<const char> value) {
-  std::string body;
-  PutBytes(body, key);
-  PutBytes(body, std::string_view(value.data(), value.size()));
-  return impl_->Request(Op::kSet, body, fmt::format("setting '{}'", key), "rank 0 did not answer")
+  WireWriter body;
+  body.Str(key);
+  body.Str(std::string_view(value.data(), value.size()));
+  return impl_
+      ->Request(Op::kSet, body.Take(), fmt::format("setting '{}'", key), "rank 0 did not answer")
       .status();
 }
 
 StatusOr<std::vector<char>> RendezvousStore::Get(const std::string& key) {
-  std::string body;
-  PutBytes(body, key);
+  WireWriter body;
+  body.Str(key);
   FSDP_ASSIGN_OR_RETURN(const Received got,
-                        impl_->Request(Op::kGet, body, fmt::format("getting '{}'", key),
+                        impl_->Request(Op::kGet, body.Take(), fmt::format("getting '{}'", key),
                                        fmt::format("timed out after {}: no rank set it",
                                                    Seconds(impl_->cfg.timeout_us))));
-  Reader r(got.body);
-  const std::string value = r.Bytes();
+  WireReader r(got.body);
+  const std::string value = r.Str();
   if (got.op != Op::kValue || r.bad()) {
     return InternalError(
         fmt::format("rank {}: rendezvous: a malformed value for '{}'", impl_->cfg.rank, key));
@@ -640,16 +594,16 @@ StatusOr<std::vector<char>> RendezvousStore::Get(const std::string& key) {
 }
 
 Status RendezvousStore::Wait(const std::vector<std::string>& keys) {
-  std::string body;
-  PutU32(body, static_cast<std::uint32_t>(keys.size()));
+  WireWriter body;
+  body.Pod(static_cast<std::uint32_t>(keys.size()));
   std::string names;
   for (const std::string& k : keys) {
-    PutBytes(body, k);
+    body.Str(k);
     names += fmt::format("{}'{}'", names.empty() ? "" : ", ", k);
   }
   return impl_
       ->Request(
-          Op::kWait, body, fmt::format("waiting for {}", names),
+          Op::kWait, body.Take(), fmt::format("waiting for {}", names),
           fmt::format("timed out after {}: not every key was set", Seconds(impl_->cfg.timeout_us)))
       .status();
 }

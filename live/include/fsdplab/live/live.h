@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fsdplab/core/execution_order.h"
@@ -44,6 +45,21 @@ struct LiveOptions final {
   std::string fail_unit;          // empty: the first unit with parameters
   bool log_executed_ops = false;  // LiveResult::executed (tests that hold executors together)
 };
+
+// The most ranks a live run may have.
+inline constexpr int kMaxLiveWorldSize = 256;
+
+// The one check of the options every backend takes, against the trace, before a run: world_size
+// (1..kMaxLiveWorldSize: the ranks the run will have, the launcher's under one), steps, timeout,
+// compute scale, the fault (fail_op one of compute, mismatch, hang or die; fail_rank one of the
+// ranks; fail_unit a unit of the model) and the policy. Errors name the field: a usage error for
+// a bad value, invalid input for what the trace lacks (no steps, no such unit). `die_refusal`:
+// why this run cannot end a rank's process for fail_op die, or empty when it can.
+Status ValidateLiveOptions(const Trace& trace, const LiveOptions& options,
+                           std::string_view die_refusal);
+// The unit a fault is injected into: fail_unit, else the first unit with parameters; kNoUnit
+// without fail_rank.
+StatusOr<UnitId> FaultUnit(const Model& model, const LiveOptions& options);
 
 struct LiveCheck final {
   std::uint64_t gathered_bytes_checked = 0;
