@@ -13,67 +13,12 @@
 #include <utility>
 #include <vector>
 
+#include "fsdplab/report/intervals.h"
+
 namespace fsdplab {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-struct Interval {
-  TimeUs start = 0;
-  TimeUs end = 0;
-};
-
-// Sorted, disjoint union of intervals (empty ones dropped).
-std::vector<Interval> Union(std::vector<Interval> v) {
-  std::sort(v.begin(), v.end(),
-            [](const Interval& a, const Interval& b) { return a.start < b.start; });
-  std::vector<Interval> out;
-  for (const Interval& i : v) {
-    if (!(i.end > i.start)) continue;
-    if (!out.empty() && i.start <= out.back().end) {
-      out.back().end = std::max(out.back().end, i.end);
-    } else {
-      out.push_back(i);
-    }
-  }
-  return out;
-}
-
-// `a` minus `b`, both sorted and disjoint.
-std::vector<Interval> Minus(const std::vector<Interval>& a, const std::vector<Interval>& b) {
-  std::vector<Interval> out;
-  std::size_t j = 0;
-  for (const Interval& i : a) {
-    TimeUs cur = i.start;
-    while (j < b.size() && b[j].end <= cur) ++j;
-    std::size_t k = j;
-    while (k < b.size() && b[k].start < i.end) {
-      if (b[k].start > cur) out.push_back({cur, b[k].start});
-      cur = std::max(cur, b[k].end);
-      ++k;
-    }
-    if (cur < i.end) out.push_back({cur, i.end});
-  }
-  return out;
-}
-
-// Length of the sorted disjoint set `v` inside [lo, hi].
-TimeUs MeasureIn(const std::vector<Interval>& v, TimeUs lo, TimeUs hi) {
-  TimeUs sum = 0;
-  auto it = std::lower_bound(v.begin(), v.end(), lo,
-                             [](const Interval& i, TimeUs t) { return i.end <= t; });
-  for (; it != v.end() && it->start < hi; ++it) {
-    TimeUs s = std::max(it->start, lo);
-    TimeUs e = std::min(it->end, hi);
-    if (e > s) sum += e - s;
-  }
-  return sum;
-}
-
-// Does [lo, hi] intersect the sorted disjoint set `v` with positive length?
-bool Intersects(const std::vector<Interval>& v, TimeUs lo, TimeUs hi) {
-  return MeasureIn(v, lo, hi) > 0;
-}
 
 std::string FormatUs(TimeUs us) {
   if (us >= 1e6) return fmt::format("{:.3f} s", us / 1e6);
@@ -659,7 +604,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     if (!in.policy->units.empty()) kv.push_back("units: " + UnitOverridesText(*in.policy));
     r.policy_text = fmt::format("{}", fmt::join(kv, " "));
   }
-  r.cluster_json = in.cluster_json.empty() ? "{}" : in.cluster_json;
+  r.cluster = in.cluster.is_null() ? Json::object() : in.cluster;
   r.cluster_text = in.cluster_text;
   if (in.order && in.model) {
     r.order_json = in.order->ToJson(*in.model);
@@ -692,13 +637,12 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
       if (op.wait_us > 0) waits.push_back({op.start_us - op.wait_us, op.start_us});
     }
   }
-  std::vector<Interval> any_work = compute;
-  any_work.insert(any_work.end(), comm.begin(), comm.end());
-  any_work = Union(std::move(any_work));
-  const std::vector<Interval> idle_waits = Minus(Union(std::move(waits)), any_work);
-  compute = Union(std::move(compute));
-  comm = Union(std::move(comm));
-  std::vector<Interval> exposed = Minus(comm, compute);
+  std::vector<Interval> work = compute;
+  work.insert(work.end(), comm.begin(), comm.end());
+  const IntervalSet any_work(std::move(work));
+  const IntervalSet idle_waits = IntervalSet(std::move(waits)).Minus(any_work);
+  const IntervalSet computing(std::move(compute));
+  const IntervalSet exposed = ExposedComm(IntervalSet(std::move(comm)), computing);
 
   struct StepAcc {
     TimeUs first = std::numeric_limits<TimeUs>::max();
@@ -733,10 +677,10 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     s.start_us = first_step ? acc.first : prev_end;
     s.end_us = std::max(acc.last, s.start_us);
     s.time_us = s.end_us - s.start_us;
-    s.compute_us = MeasureIn(compute, s.start_us, s.end_us);
-    s.exposed_comm_us = MeasureIn(exposed, s.start_us, s.end_us);
-    s.idle_us = std::max(0.0, s.time_us - MeasureIn(any_work, s.start_us, s.end_us));
-    s.rendezvous_wait_us = std::min(s.idle_us, MeasureIn(idle_waits, s.start_us, s.end_us));
+    s.compute_us = computing.Between(s.start_us, s.end_us);
+    s.exposed_comm_us = exposed.Between(s.start_us, s.end_us);
+    s.idle_us = std::max(0.0, s.time_us - any_work.Between(s.start_us, s.end_us));
+    s.rendezvous_wait_us = std::min(s.idle_us, idle_waits.Between(s.start_us, s.end_us));
     for (const TimelineOp* op : ops) {
       if (op->step != index || !IsCollective(op->kind)) continue;
       CollectiveStats& c = op->kind == OpKind::kAllGather   ? s.allgather
@@ -745,7 +689,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
       ++c.count;
       c.bytes += op->bytes;
       c.busy_us += op->end_us - op->start_us;
-      if (Intersects(compute, op->start_us, op->end_us)) ++c.overlapped;
+      if (computing.Intersects(op->start_us, op->end_us)) ++c.overlapped;
     }
     // Peak: the sample in effect at the window start and every sample inside the window.
     const MemorySample* in_effect = nullptr;
@@ -804,9 +748,8 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     }
     u.gather_bytes += op->bytes;
     u.gather_us += op->end_us - op->start_us;
-    std::vector<Interval> one{{op->start_us, op->end_us}};
-    std::vector<Interval> bare = Minus(Union(one), compute);
-    u.exposed_us += MeasureIn(bare, op->start_us, op->end_us);
+    const IntervalSet bare = ExposedComm(IntervalSet({{op->start_us, op->end_us}}), computing);
+    u.exposed_us += bare.Between(op->start_us, op->end_us);
   }
   for (auto& [id, u] : units) r.units.push_back(u);
 
@@ -864,7 +807,7 @@ std::string ReportToJson(const Report& r) {
   doc["source"] = r.source;
   doc["measured"] = r.measured;
   doc["policy"] = ParseOr(r.policy_json, Json::object());
-  doc["cluster"] = ParseOr(r.cluster_json, Json::object());
+  doc["cluster"] = r.cluster;
   doc["order"] =
       ParseOr(r.order_json, Json{{"forward", Json::array()}, {"backward", Json::array()}});
   auto unit_name = [&r](UnitId u) -> Json {
@@ -1013,7 +956,7 @@ std::string ReportToText(const Report& r) {
   };
   line(fmt::format("fsdplab report ({}{})", r.source, r.measured ? ", measured" : ", simulated"));
   if (!r.policy_text.empty()) line(fmt::format("policy:  {}", r.policy_text));
-  line(fmt::format("cluster: {}", r.cluster_text.empty() ? r.cluster_json : r.cluster_text));
+  line(fmt::format("cluster: {}", r.cluster_text.empty() ? r.cluster.dump() : r.cluster_text));
   if (!r.order_text.empty()) {
     line("order prefetches follow (at the end of the run):");
     std::string text = r.order_text;

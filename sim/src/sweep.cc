@@ -11,6 +11,7 @@
 
 #include "fsdplab/core/text_format.h"
 #include "fsdplab/report/report.h"
+#include "fsdplab/sim/simulate_report.h"
 
 namespace fsdplab::sim {
 
@@ -21,17 +22,13 @@ SweepRow SimulatePolicy(const Trace& trace, const Policy& policy, const SimOptio
   opt.policy = policy;
   opt.record_host_ops = false;
   opt.max_recorded_ranks = 1;
-  StatusOr<SimResult> r = Simulate(trace, opt);
-  if (!r.ok()) {
-    row.status = r.status();
+  StatusOr<SimulatedRun> run = SimulateToReport(trace, opt);
+  if (!run.ok()) {
+    row.status = run.status();
     return row;
   }
-  ReportInputs in;
-  in.model = &trace.model;
-  in.policy = &opt.policy;
-  in.order = &r->order;
-  in.memory_cap_lower_bound_us = r->memory_cap_lower_bound_us;
-  Report rep = BuildReport(r->timeline, in);
+  const SimResult* r = &run->result;
+  const Report& rep = run->report;
   row.status = r->status;
   row.step_time_us = rep.summary.step_time_us;
   row.exposed_comm_us = rep.summary.exposed_comm_us;

@@ -1,7 +1,7 @@
 // The report (`fsdplab.report` v1, DESIGN §4.3), computed from any timeline.
 //
 //   ReportInputs in{.model = &model, .policy = &policy, .order = &sched.order(),
-//                   .cluster_json = cluster_json};
+//                   .cluster = {{"world_size", 8}}};   // (sim::SimulateToReport fills it all)
 //   Report r = BuildReport(timeline, in);
 //   std::string json = ReportToJson(r);   // --json / -o FILE
 //   std::string text = ReportToText(r);   // for people
@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -202,7 +203,9 @@ struct ReportInputs final {
   const Model* model = nullptr;
   const Policy* policy = nullptr;
   const ExecutionOrder* order = nullptr;
-  std::string cluster_json = "{}";       // printed back verbatim
+  // What the run ran on, printed back as the report's "cluster": the simulator's cluster, or the
+  // live backend and its ranks. A value, never text to parse again.
+  nlohmann::ordered_json cluster = nlohmann::ordered_json::object();
   std::string cluster_text;              // one line for people ("8 ranks (1 node x 8 GPUs), ...")
   std::string source;                    // overrides timeline.source when set
   TimeUs memory_cap_lower_bound_us = 0;  // what a memory cap forces, if the executor knows
@@ -213,7 +216,7 @@ struct Report final {
   std::string source;
   bool measured = false;  // live runs
   std::string policy_json;
-  std::string cluster_json;
+  nlohmann::ordered_json cluster = nlohmann::ordered_json::object();
   std::string cluster_text;
   std::string policy_text;  // "order=registration forward_prefetch=1 ..."
   std::string order_json;
