@@ -1,7 +1,7 @@
 // The run-level executor interface and the registry of live backends (DESIGN §3): every place
 // that can carry out a stream plan for real (CPU threads, CUDA streams) is a Backend, registered
 // by name; `fsdplab run --backend NAME` asks the registry and never names a backend itself.
-// Each backend owns its own options (its flags and their parsing); core holds only what every
+// Each backend owns its own options (its flags and their parsing); live/ holds only what every
 // backend understands (LiveOptions).
 //
 //   BackendRegistry registry;
