@@ -19,11 +19,11 @@
 #include "commands.h"
 #include "fsdplab/calib/calibration.h"
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/gather_bench.h"
-#include "fsdplab/core/launch.h"
-#include "fsdplab/core/live.h"
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/core/trace.h"
+#include "fsdplab/live/gather_bench.h"
+#include "fsdplab/live/launch.h"
+#include "fsdplab/live/live.h"
 #include "fsdplab/synth/synth.h"
 
 namespace fsdplab::cli {
