@@ -1,6 +1,7 @@
-// Calibration of the collective cost model from nccl-tests output: one continuous, monotone cost
-// curve (calib/cost_curve.h) per collective and tier, the report that shows the fit, and the
-// cluster file the simulator reads (sim/cluster.h).
+// Calibration of the collective cost model from nccl-tests output: one continuous cost curve
+// (calib/cost_curve.h, fitted by calib/curve_fit.h) per collective and tier, the report that
+// shows the fit and its cross-validation, and the cluster file the simulator reads
+// (sim/cluster.h).
 //
 //   StatusOr<std::vector<NcclTestsResult>> blocks = ReadNcclTestsBlocks("ag.txt");
 //   StatusOr<CollectiveFit> fit = FitNcclTests(blocks->front(), TierKind::kIntra, FitOptions{});
