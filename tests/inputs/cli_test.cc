@@ -185,6 +185,39 @@ TEST_F(CliTest, BenchGatherRowsFormatsRowsTimedElsewhere) {
   EXPECT_EQ(Run("bench-gather --rows " + rows + " --op concurrent"), 1);
 }
 
+// simulate --band: one run with every calibrated collective at the fast end of its band and one
+// at the slow end; the report notes both step times beside the nominal one, in that order.
+TEST_F(CliTest, SimulateBandNotesTheStepTimeAtEitherEnd) {
+  const std::string cluster = (dir_ / "cluster.json").string();
+  ASSERT_EQ(Run("calibrate " + kNccl + "ag_8xH100_together-ring.txt " + kNccl +
+                "rs_8xH100_together-ring.txt -o " + cluster),
+            0)
+      << Slurp("err");
+  const std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json";
+  ASSERT_EQ(Run("simulate " + trace + " --cluster " + cluster + " --band --json"), 0)
+      << Slurp("err");
+  const nlohmann::json report = nlohmann::json::parse(Slurp("out"));
+  std::string note;
+  for (const auto& n : report["notes"]) {
+    if (n.get<std::string>().find("collective cost band") != std::string::npos) note = n;
+  }
+  ASSERT_FALSE(note.empty()) << report["notes"].dump();
+  double low = 0, high = 0, nominal = 0;
+  ASSERT_EQ(std::sscanf(note.c_str(),
+                        "collective cost band (--band): step time %lf us with every calibrated "
+                        "collective at the fast end of its cross-validated error band, %lf us at "
+                        "the slow end (%lf us",
+                        &low, &high, &nominal),
+            3)
+      << note;
+  EXPECT_LT(low, nominal);
+  EXPECT_GT(high, nominal);
+  EXPECT_NEAR(nominal, report["summary"]["step_time_us"].get<double>(), 0.05);
+  // Without --band, no such note: the report is what it was.
+  ASSERT_EQ(Run("simulate " + trace + " --cluster " + cluster + " --json"), 0);
+  EXPECT_EQ(Slurp("out").find("collective cost band"), std::string::npos);
+}
+
 TEST_F(CliTest, CalibrateErrors) {
   // A malformed row: exit 2, the message names the file and the line.
   std::string bad = (dir_ / "all_gather_bad.txt").string();
