@@ -5,9 +5,10 @@
 
 `run` starts one process per rank. Each rank:
   1. measures all_gather_into_tensor and reduce_scatter_tensor over a range of sizes (gloo, the
-     same 2 ranks) and rank 0 writes them as nccl-tests text (DIR/ag.txt, DIR/rs.txt), which
-     `fsdplab calibrate` reads; measured again after the model's steps and written beside
-     (ag2.txt, rs2.txt) so that drift shows;
+     same 2 ranks) and rank 0 writes the sizes and times (DIR/ag.rows, DIR/rs.rows), which
+     `fsdplab bench-gather --rows` turns into nccl-tests text (DIR/ag.txt, DIR/rs.txt) for
+     `fsdplab calibrate` (--fsdplab: the binary); measured again after the model's steps and
+     written beside (ag2, rs2) so that drift shows;
   2. builds an embedding + torch.nn.TransformerEncoder (d_model 256, 4 heads, feed-forward 1024)
      + head, fully_shard on each layer and on the root (FSDP2's defaults: reshard after forward,
      the root excepted; backward prefetch of one unit; synchronous unshard);
@@ -42,29 +43,23 @@ sys.path.insert(0, os.path.join(HERE, "..", "tools", "torch"))
 SIZES = [2**k for k in range(16, 25)]  # 64 KiB .. 16 MiB of all ranks' data
 
 
-def nccl_tests_text(name, world, rows):
-    """nccl-tests' text table: size = all ranks' bytes, count = one rank's elements (fp32)."""
-    lines = [
-        "# nccl-tests-format output written by fsdplab bench/fsdp2_prediction.py (gloo, CPU)",
-        f"# Collective test starting: {name}",
-        f"# nThread 1 nGpus {world} minBytes {rows[0][0]} maxBytes {rows[-1][0]} step: 2(factor)",
-        "#",
-        "#       size         count      type   redop    root     time   algbw   busbw  #wrong"
-        "     time   algbw   busbw  #wrong",
-        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)        "
-        "     (us)  (GB/s)  (GB/s)",
-    ]
-    for size, us in rows:
-        count = size // 4 // world
-        algbw = size / us / 1e3
-        busbw = algbw * (world - 1) / world
-        redop = "none" if name.startswith("all_gather") else "sum"
-        lines.append(
-            f"{size:12d} {count:13d}     float {redop:>7s}      -1 {us:8.2f} {algbw:7.3f} "
-            f"{busbw:7.3f}       0 {us:8.2f} {algbw:7.3f} {busbw:7.3f}       0"
-        )
-    lines.append(f"# Collective test concluded: {name}")
-    return "\n".join(lines) + "\n"
+def write_rows(path, rows):
+    """The sizes (all ranks' bytes) and times of one collective, one `SIZE_BYTES TIME_US` line
+    each: what `fsdplab bench-gather --rows` formats as nccl-tests text (the one writer of it)."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("# size_bytes time_us (torch.distributed, gloo, CPU; bench/fsdp2_prediction.py)\n")
+        for size, us in rows:
+            f.write(f"{size} {us:.3f}\n")
+
+
+def nccl_tests_text(fsdplab, rows_path, op, world, out_path):
+    """nccl-tests text of the rows in `rows_path`, written by fsdplab (fp32: count = size / 4 /
+    world, as the rows were timed)."""
+    subprocess.run(
+        [fsdplab, "bench-gather", "--rows", rows_path, "--op", op, "--world-size", str(world),
+         "-d", "float", "--nccl-out", out_path],
+        check=True, stdout=subprocess.DEVNULL,
+    )
 
 
 def bench_collectives(dist, torch, rank, world, iters=10, warmup=3):
@@ -110,8 +105,8 @@ def rank_main(args):
 
     ag, rs = bench_collectives(dist, torch, rank, world)
     if rank == 0:
-        write("ag.txt", nccl_tests_text("all_gather_perf", world, ag))
-        write("rs.txt", nccl_tests_text("reduce_scatter_perf", world, rs))
+        write_rows(os.path.join(args.out, "ag.rows"), ag)
+        write_rows(os.path.join(args.out, "rs.rows"), rs)
 
     class Lm(nn.Module):
         def __init__(self):
@@ -189,8 +184,8 @@ def rank_main(args):
 
     ag2, rs2 = bench_collectives(dist, torch, rank, world)
     if rank == 0:
-        write("ag2.txt", nccl_tests_text("all_gather_perf", world, ag2))
-        write("rs2.txt", nccl_tests_text("reduce_scatter_perf", world, rs2))
+        write_rows(os.path.join(args.out, "ag2.rows"), ag2)
+        write_rows(os.path.join(args.out, "rs2.rows"), rs2)
     write(
         f"measured.rank{rank}.json",
         json.dumps(
@@ -223,6 +218,10 @@ def run(args):
     rc = [p.wait() for p in procs]
     if any(rc):
         sys.exit(f"fsdp2_prediction: a rank failed ({rc})")
+    for name, op in (("ag", "all_gather"), ("rs", "reduce_scatter"), ("ag2", "all_gather"),
+                     ("rs2", "reduce_scatter")):
+        nccl_tests_text(args.fsdplab, os.path.join(args.out, f"{name}.rows"), op, 2,
+                        os.path.join(args.out, f"{name}.txt"))
     ranks = []
     for r in range(2):
         with open(os.path.join(args.out, f"measured.rank{r}.json"), encoding="utf-8") as f:
@@ -343,6 +342,12 @@ def main():
         p.add_argument("--record-steps", type=int, default=3)
         if name == "rank":
             p.add_argument("--rank", type=int, required=True)
+        else:
+            p.add_argument(
+                "--fsdplab",
+                default=os.environ.get(
+                    "FSDPLAB_BIN", os.path.join(HERE, "..", "build", "tools", "fsdplab")),
+                help="the fsdplab binary, which writes the nccl-tests text of the rows")
     p = sub.add_parser("compare")
     p.add_argument("--out", required=True)
     p.add_argument("reports", nargs="+")

@@ -31,7 +31,7 @@ out="${OUT:-$(mktemp -d)}"
 [ -n "${OUT:-}" ] || trap 'rm -rf "$out"' EXIT
 mkdir -p "$out"
 
-"$py" "$root/bench/fsdp2_prediction.py" run --out "$out" --layers "${LAYERS:-6}" \
+"$py" "$root/bench/fsdp2_prediction.py" run --out "$out" --fsdplab "$f" --layers "${LAYERS:-6}" \
   --d-model "${DMODEL:-256}" --batch "${BATCH:-8}" --seq "${SEQ:-64}" --steps "${STEPS:-8}" \
   >/dev/null
 "$f" calibrate "$out/ag.txt" "$out/ag2.txt" "$out/rs.txt" "$out/rs2.txt" --ranks 2 \

@@ -98,6 +98,47 @@ std::vector<Bytes> UseConsistentHalves(const NcclTestsResult& r, bool in_place,
   return changed;
 }
 
+// The "band" object of a cost curve (calib/cost_curve.h); errors name `where` and the field.
+StatusOr<CurveBand> ParseBand(const json& v, const std::string& where) {
+  if (!v.is_object()) return InvalidInput(where + ": expected an object");
+  CurveBand band;
+  auto pct = [&](const json& obj, const char* key, const std::string& at) -> StatusOr<double> {
+    if (!obj.contains(key) || !obj[key].is_number()) {
+      return InvalidInput(fmt::format("{}.{}: missing or not a number", at, key));
+    }
+    return obj[key].get<double>();
+  };
+  for (const auto& [key, value] : v.items()) {
+    const std::string at = fmt::format("{}.{}", where, key);
+    if (key == "ranges") {
+      if (!value.is_array()) return InvalidInput(at + ": expected a list");
+      for (std::size_t i = 0; i < value.size(); ++i) {
+        const json& r = value[i];
+        const std::string ri = fmt::format("{}[{}]", at, i);
+        if (!r.is_object() || !r.contains("max_bytes") || !r["max_bytes"].is_number_unsigned()) {
+          return InvalidInput(ri +
+                              ": expected {\"max_bytes\": N, \"low_pct\": L, \"high_pct\": H}");
+        }
+        BandRange range;
+        range.max_bytes = r["max_bytes"].get<Bytes>();
+        FSDP_ASSIGN_OR_RETURN(range.low_pct, pct(r, "low_pct", ri));
+        FSDP_ASSIGN_OR_RETURN(range.high_pct, pct(r, "high_pct", ri));
+        if (r.contains("sizes") && r["sizes"].is_number_integer()) {
+          range.sizes = r["sizes"].get<int>();
+        }
+        band.ranges.push_back(range);
+      }
+    } else if (key == "beyond") {
+      FSDP_ASSIGN_OR_RETURN(band.beyond_low_pct, pct(value, "low_pct", at));
+      FSDP_ASSIGN_OR_RETURN(band.beyond_high_pct, pct(value, "high_pct", at));
+    } else {
+      return InvalidInput(fmt::format("{}: unknown key (expected ranges, beyond)", at));
+    }
+  }
+  if (band.ranges.empty()) return InvalidInput(where + ".ranges: missing or empty");
+  return band;
+}
+
 }  // namespace
 
 std::string_view TierKindName(TierKind tier) {
@@ -205,21 +246,44 @@ StatusOr<CollectiveFit> FitNcclTests(const std::vector<const NcclTestsResult*>& 
   fit.curve = curve->curve;
   fit.noise_pct = 100 * curve->noise;
   fit.tail_measured = curve->tail_measured;
+  fit.models = curve->models;
+  fit.chosen = curve->chosen;
+  fit.ranges = curve->ranges;
+  fit.falls = curve->falls;
+  for (const NcclTestsResult* r : results) fit.nodes = std::max(fit.nodes, r->NumHosts());
   const std::vector<SizeTime> pts = NormalisePoints(all);
-  FSDP_ASSIGN_OR_RETURN(fit.line, FitAlphaBetaLine(pts, fit.world_size));
+  if (pts.size() >= 2) {
+    FSDP_ASSIGN_OR_RETURN(fit.line, FitAlphaBetaLine(pts, fit.world_size));
+  } else {
+    // One size: the line through it with no latency (the one-knot curve's upper bound beyond).
+    const double w = fit.world_size;
+    fit.line =
+        Segment{0, pts.front().bytes, 0,
+                (w - 1) / w * static_cast<double>(pts.front().bytes) / (pts.front().time_us * 1e3)};
+  }
   std::vector<double> err, line_err;
   std::vector<Bytes> far, falls;
+  const double factor = BusFactor(fit.collective, fit.world_size);
   for (std::size_t i = 0; i < pts.size(); ++i) {
     const SizeTime& p = pts[i];
     CurvePoint c = EvaluateCurve(fit.curve, p.bytes, fit.world_size);
     FitPoint fp{p.bytes, p.time_us, c.time_us, 100 * (c.time_us - p.time_us) / p.time_us,
                 c.segment};
+    fp.held_out_us = curve->held_out[i].predicted_us;
+    fp.held_out_error_pct = curve->held_out[i].error_pct;
     err.push_back(std::abs(fp.error_pct));
     line_err.push_back(100 *
                        std::abs(RingTimeUs(fit.line, p.bytes, fit.world_size) / p.time_us - 1));
     if (std::abs(fp.error_pct) > kResidualPct) far.push_back(p.bytes);
     if (i > 0 && p.time_us < pts[i - 1].time_us * (1 - kFallPct / 100)) falls.push_back(p.bytes);
     fit.points.push_back(fp);
+  }
+  // Bandwidth-bound from the smallest size after which every size moves half the asymptotic
+  // bus bandwidth.
+  for (std::size_t i = pts.size(); i-- > 0;) {
+    const double busbw = factor * static_cast<double>(pts[i].bytes) / (pts[i].time_us * 1e3);
+    if (busbw < 0.5 * fit.curve.tail_busbw_GBps) break;
+    fit.bandwidth_bound_from = pts[i].bytes;
   }
   fit.max_error_pct = err.empty() ? 0 : *std::max_element(err.begin(), err.end());
   fit.median_error_pct = Median(err);
@@ -247,16 +311,28 @@ StatusOr<CollectiveFit> FitNcclTests(const std::vector<const NcclTestsResult*>& 
         SizeList(replaced), kTwiceTimedPct, options.in_place ? "in-place" : "out-of-place",
         options.in_place ? "out-of-place" : "in-place"));
   }
-  if (!falls.empty()) {
+  std::vector<Bytes> noisy_falls;
+  for (Bytes b : falls) {
+    // A fall the curve keeps is a regime change; the rest is noise.
+    bool kept = false;
+    for (std::size_t k = 0; k + 1 < fit.curve.knots.size(); ++k) {
+      kept = kept || (std::find(fit.falls.begin(), fit.falls.end(), fit.curve.knots[k + 1].bytes) !=
+                          fit.falls.end() &&
+                      fit.curve.knots[k].bytes < b && b <= fit.curve.knots[k + 1].bytes);
+    }
+    if (!kept) noisy_falls.push_back(b);
+  }
+  if (!noisy_falls.empty()) {
     fit.warnings.push_back(fmt::format(
         "noisy data: neighbours disagree, the time falls by more than {:.0f}% from the size "
-        "before at {} B",
-        kFallPct, SizeList(falls)));
+        "before at {} B (the curve does not follow: too small a fall, or too few sizes behind it, "
+        "to be a protocol's regime change)",
+        kFallPct, SizeList(noisy_falls)));
   }
   if (!far.empty()) {
     fit.warnings.push_back(
-        fmt::format("noisy data: {} size(s) lie more than {:.0f}% from the monotone curve: {} B",
-                    far.size(), kResidualPct, SizeList(far)));
+        fmt::format("noisy data: {} size(s) lie more than {:.0f}% from the curve: {} B", far.size(),
+                    kResidualPct, SizeList(far)));
   }
   for (const std::string& w : curve->warnings) fit.warnings.push_back(w);
   return fit;
@@ -272,26 +348,77 @@ std::string FormatFit(const CollectiveFit& fit) {
   std::string out =
       fmt::format("{} {} ({} ranks) from {}\n", CollectiveKindName(fit.collective),
                   TierKindName(fit.tier), fit.world_size, fmt::join(fit.sources, ", "));
-  out += fmt::format(
-      "  curve: {} knots, continuous and monotone; below {} B the latency {:.2f} us; beyond {} B "
-      "the asymptotic bus bandwidth {:.1f} GB/s{}\n",
-      c.knots.size(), c.knots.front().bytes, c.knots.front().time_us, c.knots.back().bytes,
-      c.tail_busbw_GBps, fit.tail_measured ? "" : " (not measured: see the warning)");
-  out += fmt::format("  {:>14}  {:>12}  {:>12}  {:>8}  {:>11}  {:>8}  {}\n", "size (B)",
-                     "measured us", "fitted us", "error %", "busbw GB/s", "line %", "segment");
+  if (c.knots.size() == 1) {
+    out += fmt::format(
+        "  curve: one measured size, {} B in {:.2f} us: exact there, extrapolated elsewhere (see "
+        "the warning)\n",
+        c.knots.front().bytes, c.knots.front().time_us);
+  } else {
+    out += fmt::format(
+        "  curve: {} knots, continuous; below {} B the latency {:.2f} us; beyond {} B the "
+        "asymptotic bus bandwidth {:.1f} GB/s{}{}\n",
+        c.knots.size(), c.knots.front().bytes, c.knots.front().time_us, c.knots.back().bytes,
+        c.tail_busbw_GBps, fit.tail_measured ? "" : " (not measured: see the warning)",
+        fit.falls.empty()
+            ? ""
+            : fmt::format("; falls (a faster protocol or algorithm takes over) at {} B",
+                          SizeList(fit.falls)));
+  }
+  const char* where = fit.nodes > 1 ? "across nodes" : "within the node";
+  std::string structure =
+      fit.nodes > 1
+          ? fmt::format("{} nodes ({} ranks, from the device list)", fit.nodes, fit.world_size)
+      : fit.nodes == 1 ? fmt::format("one node ({} ranks, from the device list)", fit.world_size)
+                       : fmt::format("{} ranks, {} tier (no device list)", fit.world_size,
+                                     TierKindName(fit.tier));
+  if (fit.bandwidth_bound_from) {
+    out += fmt::format(
+        "  structure: {}; bandwidth-bound {} from {} B (every size from there moves at least "
+        "half the asymptotic {:.1f} GB/s)\n",
+        structure, where, *fit.bandwidth_bound_from, c.tail_busbw_GBps);
+  } else {
+    out +=
+        fmt::format("  structure: {}; no measured size is bandwidth-bound {}\n", structure, where);
+  }
+  out += fmt::format("  {:>14}  {:>12}  {:>12}  {:>8}  {:>12}  {:>8}  {:>11}  {:>8}  {}\n",
+                     "size (B)", "measured us", "fitted us", "error %", "left out us", "error %",
+                     "busbw GB/s", "line %", "segment");
   const double factor = BusFactor(fit.collective, fit.world_size);
   for (const FitPoint& p : fit.points) {
     double busbw = factor * static_cast<double>(p.bytes) / (p.measured_us * 1e3);
     double line = 100 * (RingTimeUs(fit.line, p.bytes, fit.world_size) / p.measured_us - 1);
-    out += fmt::format("  {:>14}  {:>12.2f}  {:>12.2f}  {:>+8.2f}  {:>11.2f}  {:>+8.2f}  {}\n",
-                       p.bytes, p.measured_us, p.fitted_us, p.error_pct, busbw, line,
-                       p.segment < 0 ? std::string("latency") : std::to_string(p.segment));
+    out += fmt::format(
+        "  {:>14}  {:>12.2f}  {:>12.2f}  {:>+8.2f}  {:>12.2f}  {:>+8.2f}  {:>11.2f}  {:>+8.2f}  "
+        "{}\n",
+        p.bytes, p.measured_us, p.fitted_us, p.error_pct, p.held_out_us, p.held_out_error_pct,
+        busbw, line, p.segment < 0 ? std::string("latency") : std::to_string(p.segment));
   }
   out += fmt::format(
       "  max |error| {:.2f}%  median |error| {:.2f}%  (one alpha-beta line, {:.2f} us {:.1f} "
       "GB/s: max {:.2f}%, median {:.2f}%); noise {:.2f}%\n",
       fit.max_error_pct, fit.median_error_pct, fit.line.latency_us, fit.line.bandwidth_GBps,
       fit.line_max_error_pct, fit.line_median_error_pct, fit.noise_pct);
+  if (!fit.models.empty()) {
+    const ModelScore& chosen = fit.models[static_cast<std::size_t>(fit.chosen)];
+    out += fmt::format(
+        "  cross-validation (each size left out, predicted from the others): {} knots chosen of "
+        "{} candidates ({} .. {} knots), score {:.2f}% (the ranges' median |error|, averaged; "
+        "the line, {} knots: {:.2f}%)\n",
+        chosen.knots, fit.models.size(), fit.models.front().knots, fit.models.back().knots,
+        chosen.score_pct, fit.models.front().knots, fit.models.front().score_pct);
+  }
+  if (!fit.ranges.empty()) {
+    out += fmt::format("  {:>27}  {:>5}  {:>10}  {:>10}  {}\n", "size range (B)", "sizes",
+                       "median %", "max %", "band");
+    for (const RangeError& r : fit.ranges) {
+      out += fmt::format("  {:>12} .. {:>12}  {:>5}  {:>10.2f}  {:>10.2f}  -{:.1f}% / +{:.1f}%\n",
+                         r.min_bytes, r.max_bytes, r.sizes, r.median_error_pct, r.max_error_pct,
+                         r.low_pct, r.high_pct);
+    }
+    out += fmt::format("  {:>27}  {:>5}  {:>10}  {:>10}  -{:.1f}% / +{:.1f}%\n",
+                       fmt::format("beyond {}", c.knots.back().bytes), "", "", "",
+                       c.band.beyond_low_pct, c.band.beyond_high_pct);
+  }
   for (const std::string& w : fit.warnings) out += fmt::format("  warning: {}\n", w);
   return out;
 }
@@ -302,6 +429,19 @@ std::string CostCurveJson(const CostCurve& curve) {
   json j = {{"world_size", curve.world_size},
             {"knots", std::move(knots)},
             {"tail_busbw_GBps", curve.tail_busbw_GBps}};
+  if (!curve.band.empty()) {
+    json ranges = json::array();
+    for (const BandRange& r : curve.band.ranges) {
+      ranges.push_back({{"max_bytes", r.max_bytes},
+                        {"low_pct", r.low_pct},
+                        {"high_pct", r.high_pct},
+                        {"sizes", r.sizes}});
+    }
+    j["band"] = {
+        {"ranges", std::move(ranges)},
+        {"beyond",
+         {{"low_pct", curve.band.beyond_low_pct}, {"high_pct", curve.band.beyond_high_pct}}}};
+  }
   return j.dump();
 }
 
@@ -409,11 +549,13 @@ StatusOr<CostCurve> ParseCostCurveJson(std::string_view json_text, CollectiveKin
         }
         c.knots.push_back({k["bytes"].get<Bytes>(), k["time_us"].get<double>()});
       }
+    } else if (key == "band") {
+      FSDP_ASSIGN_OR_RETURN(c.band, ParseBand(value, at));
     } else if (key == "source" || key == "sources" || key == "note") {
       // Informational.
     } else {
       return InvalidInput(
-          fmt::format("{}: unknown key (expected world_size, knots, tail_busbw_GBps)", at));
+          fmt::format("{}: unknown key (expected world_size, knots, tail_busbw_GBps, band)", at));
     }
   }
   FSDP_RETURN_IF_ERROR(ValidateCurve(c).WithContext(where));
@@ -433,7 +575,9 @@ std::string FitToJson(const CollectiveFit& fit) {
                    {"measured_us", p.measured_us},
                    {"fitted_us", p.fitted_us},
                    {"error_pct", p.error_pct},
-                   {"segment", p.segment}});
+                   {"segment", p.segment},
+                   {"held_out_us", p.held_out_us},
+                   {"held_out_error_pct", p.held_out_error_pct}});
   }
   j["points"] = std::move(pts);
   j["max_error_pct"] = fit.max_error_pct;
@@ -444,6 +588,33 @@ std::string FitToJson(const CollectiveFit& fit) {
                       {"median_error_pct", fit.line_median_error_pct}};
   j["noise_pct"] = fit.noise_pct;
   j["tail_measured"] = fit.tail_measured;
+  json models = json::array();
+  for (const ModelScore& m : fit.models) {
+    models.push_back(
+        {{"knots", m.knots}, {"score_pct", m.score_pct}, {"max_error_pct", m.max_error_pct}});
+  }
+  json ranges = json::array();
+  for (const RangeError& r : fit.ranges) {
+    ranges.push_back({{"min_bytes", r.min_bytes},
+                      {"max_bytes", r.max_bytes},
+                      {"sizes", r.sizes},
+                      {"median_error_pct", r.median_error_pct},
+                      {"max_error_pct", r.max_error_pct},
+                      {"low_pct", r.low_pct},
+                      {"high_pct", r.high_pct}});
+  }
+  j["cross_validation"] = {
+      {"method",
+       "leave one size out; score: the median |error| per size range, averaged over ranges; "
+       "the smallest score wins"},
+      {"models", std::move(models)},
+      {"chosen_knots",
+       fit.models.empty() ? 0 : fit.models[static_cast<std::size_t>(fit.chosen)].knots},
+      {"ranges", std::move(ranges)}};
+  j["falls_at_bytes"] = fit.falls;
+  j["nodes"] = fit.nodes;
+  j["bandwidth_bound_from_bytes"] =
+      fit.bandwidth_bound_from ? json(*fit.bandwidth_bound_from) : json(nullptr);
   j["warnings"] = fit.warnings;
   return j.dump();
 }

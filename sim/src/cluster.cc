@@ -145,14 +145,11 @@ int Cluster::nodes() const {
   return world_size <= gpus_per_node ? 1 : (world_size + gpus_per_node - 1) / gpus_per_node;
 }
 
-TimeUs RingUs(int ranks, Bytes bytes, TimeUs latency_us, double bandwidth_GBps) {
-  if (ranks <= 1) return 0;
-  double n = ranks;
-  return (n - 1) * latency_us + (n - 1) / n * static_cast<double>(bytes) / (bandwidth_GBps * 1e3);
-}
-
-TimeUs TierModel::Us(Bytes bytes, int world_size) const {
-  if (!curve.empty()) return calib::CurveTimeUs(curve, bytes, world_size);
+TimeUs TierModel::Us(Bytes bytes, int world_size, BandEnd end) const {
+  if (!curve.empty()) {
+    const calib::CurvePoint p = calib::EvaluateCurve(curve, bytes, world_size);
+    return end == BandEnd::kLow ? p.low_us : end == BandEnd::kHigh ? p.high_us : p.time_us;
+  }
   return PredictCollectiveUs(segments, bytes, world_size);
 }
 
@@ -211,15 +208,15 @@ TimeUs Cluster::CollectiveUs(CollectiveKind kind, Bytes bytes, int group_size, i
   }
   const int g = std::max(1, gpus_per_node);
   auto intra_us = [&](int ranks) {
-    return cal.intra.empty()
-               ? RingPasses(kind) * RingUs(ranks, bytes, intra.latency_us, intra.bandwidth_GBps)
-               : cal.intra.Us(bytes, ranks);
+    return cal.intra.empty() ? RingPasses(kind) * calib::RingTimeUs(ranks, bytes, intra.latency_us,
+                                                                    intra.bandwidth_GBps)
+                             : cal.intra.Us(bytes, ranks, band_end);
   };
   const Placement p = PlaceGroup(group_size, stride, g);
   if (p.nodes <= 1) return intra_us(group_size);
-  if (p.per_node == g && !cal.inter.empty()) return cal.inter.Us(bytes, group_size);
-  return RingPasses(kind) * RingUs(p.nodes, bytes / static_cast<Bytes>(p.per_node),
-                                   inter.latency_us, inter.bandwidth_GBps) +
+  if (p.per_node == g && !cal.inter.empty()) return cal.inter.Us(bytes, group_size, band_end);
+  return RingPasses(kind) * calib::RingTimeUs(p.nodes, bytes / static_cast<Bytes>(p.per_node),
+                                              inter.latency_us, inter.bandwidth_GBps) +
          (p.per_node > 1 ? intra_us(p.per_node) : 0);
 }
 
@@ -235,6 +232,8 @@ CollectiveCost Cluster::Cost(CollectiveKind kind, Bytes bytes, int group_size, i
     CollectiveCost rs = Cost(CollectiveKind::kReduceScatter, bytes, group_size, stride);
     CollectiveCost ag = Cost(CollectiveKind::kAllGather, bytes, group_size, stride);
     out.time_us = rs.time_us + ag.time_us;
+    out.low_us = rs.low_us + ag.low_us;
+    out.high_us = rs.high_us + ag.high_us;
     out.tier = rs.tier;
     out.source = fmt::format("no all_reduce calibration: reduce_scatter ({}) + all_gather ({})",
                              rs.source, ag.source);
@@ -247,11 +246,15 @@ CollectiveCost Cluster::Cost(CollectiveKind kind, Bytes bytes, int group_size, i
     CollectiveCost c;
     c.tier = "intra";
     if (!cal.intra.empty()) {
-      c.time_us = cal.intra.Us(bytes, ranks);
+      c.time_us = cal.intra.Us(bytes, ranks, band_end);
+      c.low_us = cal.intra.Us(bytes, ranks, BandEnd::kLow);
+      c.high_us = cal.intra.Us(bytes, ranks, BandEnd::kHigh);
       c.source = fmt::format("{} intra calibration", name);
       c.detail = cal.intra.Describe(bytes, ranks);
     } else {
-      c.time_us = RingPasses(kind) * RingUs(ranks, bytes, intra.latency_us, intra.bandwidth_GBps);
+      c.time_us = RingPasses(kind) *
+                  calib::RingTimeUs(ranks, bytes, intra.latency_us, intra.bandwidth_GBps);
+      c.low_us = c.high_us = c.time_us;
       c.source = fmt::format("intra line ({})", line_kind);
       c.detail = fmt::format("{}ring over {} ranks, {:g} us, {:g} GB/s",
                              RingPasses(kind) > 1 ? "two passes of a " : "", ranks,
@@ -263,21 +266,24 @@ CollectiveCost Cluster::Cost(CollectiveKind kind, Bytes bytes, int group_size, i
   if (p.nodes <= 1) return intra_cost(group_size);
   if (p.per_node == g && !cal.inter.empty()) {
     out.tier = "inter";
-    out.time_us = cal.inter.Us(bytes, group_size);
+    out.time_us = cal.inter.Us(bytes, group_size, band_end);
+    out.low_us = cal.inter.Us(bytes, group_size, BandEnd::kLow);
+    out.high_us = cal.inter.Us(bytes, group_size, BandEnd::kHigh);
     out.source = fmt::format("{} inter calibration", name);
     out.detail = cal.inter.Describe(bytes, group_size);
     return out;
   }
   const int passes = RingPasses(kind);
-  const TimeUs inter_us = passes * RingUs(p.nodes, bytes / static_cast<Bytes>(p.per_node),
-                                          inter.latency_us, inter.bandwidth_GBps);
+  const TimeUs inter_us =
+      passes * calib::RingTimeUs(p.nodes, bytes / static_cast<Bytes>(p.per_node), inter.latency_us,
+                                 inter.bandwidth_GBps);
   const std::string ring =
       fmt::format("{}ring over {} nodes of 1/{} of the buffer at {:g} us, {:g} GB/s",
                   passes > 1 ? "two passes of a " : "", p.nodes, p.per_node, inter.latency_us,
                   inter.bandwidth_GBps);
   if (p.per_node == 1) {
     out.tier = "inter";
-    out.time_us = inter_us;
+    out.time_us = out.low_us = out.high_us = inter_us;
     out.source = fmt::format("inter line ({}), one rank of the group per node", line_kind);
     out.detail = ring;
     return out;
@@ -285,6 +291,8 @@ CollectiveCost Cluster::Cost(CollectiveKind kind, Bytes bytes, int group_size, i
   CollectiveCost in = intra_cost(p.per_node);
   out.tier = "inter+intra";
   out.time_us = inter_us + in.time_us;
+  out.low_us = inter_us + in.low_us;
+  out.high_us = inter_us + in.high_us;
   out.source = fmt::format("hierarchical: inter line ({}) + {}", line_kind, in.source);
   out.detail = fmt::format("{}; then {}", ring, in.detail);
   return out;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "fsdplab/calib/cost_curve.h"
@@ -71,8 +72,6 @@ std::vector<Block> AllBlocks() {
   return out;
 }
 
-bool IsHostBench(const NcclTestsResult& r) { return r.program == "fsdplab bench-gather"; }
-
 TEST(CostCurve, RecoversAnAlphaBetaLineExactly) {
   // alpha 5 us, 150 GB/s, 8 ranks: a line is one segment, and it is the line.
   StatusOr<NcclTestsResult> r = ParseNcclTests(GeneratedTable(5.0, 150.0, 8), "gen.txt");
@@ -118,16 +117,26 @@ TEST(CostCurve, EvaluationBelowBetweenBeyondAndAtOtherWorldSizes) {
 TEST(CostCurve, ValidateNamesTheProblem) {
   CostCurve c;
   c.world_size = 8;
-  c.knots = {{1000, 30.0}, {2000, 20.0}};
+  c.knots = {{1000, 30.0}, {1000, 40.0}};
   c.tail_busbw_GBps = 100;
   Status s = ValidateCurve(c);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("knots[1].time_us"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("knots[1].bytes"), std::string::npos) << s.message();
+  // A fall between knots is a regime change (a faster protocol from that size on): valid.
+  c.knots = {{1000, 30.0}, {2000, 20.0}};
+  EXPECT_TRUE(ValidateCurve(c).ok());
   c.knots = {{1000, 30.0}, {2000, 40.0}};
   c.tail_busbw_GBps = 1e4;  // unphysical
   s = ValidateCurve(c);
   EXPECT_NE(s.message().find("tail_busbw_GBps"), std::string::npos) << s.message();
   c.tail_busbw_GBps = 100;
+  c.band.ranges = {{2000, 5, 5, 3}, {1500, 5, 5, 3}};  // ranges out of order
+  s = ValidateCurve(c);
+  EXPECT_NE(s.message().find("band.ranges[1].max_bytes"), std::string::npos) << s.message();
+  c.band.ranges = {{2000, 120, 5, 3}};  // the truth cannot be 120% below a positive time
+  s = ValidateCurve(c);
+  EXPECT_NE(s.message().find("band.ranges[0]"), std::string::npos) << s.message();
+  c.band.ranges.clear();
   c.world_size = 1;
   EXPECT_FALSE(ValidateCurve(c).ok());
 }
@@ -147,96 +156,60 @@ TEST(CostCurve, LatencyBoundSweepIsTooNarrowToExtrapolate) {
   EXPECT_NEAR(CurveTimeUs(fit->curve, 131072, 8), 2 * 30.65536, 1e-6);
 }
 
-// Every real output: time never decreases with size, and no step between neighbouring byte
-// counts (continuity), also across knots; no implied bus bandwidth is unphysical.
-TEST(CostCurve, ContinuousAndMonotoneOnEveryRealFile) {
+// Every real output: no step between neighbouring byte counts (continuity), also across knots;
+// time falls with size only where the fit kept a regime change (each at least kMinFall, with
+// kMinStepSizes sizes on either side); no rising stretch and no tail implies an unphysical bus
+// bandwidth. The files whose fits keep a fall, and where: the two linear 4xH100 NVL all_reduces
+// of NVIDIA/nccl issue 2441 (LL to Simple, after 1 MB and after 600 KB: measured 344 -> 153 us
+// and 235 -> 114 us) and the 16xB200 all_gather (after 2 MiB: 1754 -> 934 us, and 998 us at
+// 1 MiB above it). The 1-node files keep none.
+TEST(CostCurve, ContinuousAndFallsOnlyAtRegimeChanges) {
   std::vector<Block> blocks = AllBlocks();
-  ASSERT_GE(blocks.size(), 10u);
+  ASSERT_GE(blocks.size(), 20u);
+  std::set<std::string> with_falls;
   for (const Block& b : blocks) {
     StatusOr<CollectiveFit> fit = FitNcclTests(b.result, TierKind::kIntra, FitOptions{});
     ASSERT_TRUE(fit.ok()) << b.file << ": " << fit.status().ToString();
     const CostCurve& c = fit->curve;
     EXPECT_TRUE(ValidateCurve(c).ok()) << b.file;
     const int w = c.world_size;
-    double prev = 0;
-    for (double x = 1; x < 4.0 * static_cast<double>(c.knots.back().bytes); x *= 1.07) {
-      double t = CurveTimeUs(c, static_cast<Bytes>(x), w);
-      EXPECT_GE(t, prev - 1e-9) << b.file << " at " << x;
-      prev = t;
-    }
     for (const Knot& k : c.knots) {
       double before = CurveTimeUs(c, k.bytes - 1, w), at = CurveTimeUs(c, k.bytes, w);
       double after = CurveTimeUs(c, k.bytes + 1, w);
       EXPECT_LT(std::abs(at - before), 1e-3 * at) << b.file << " jump below " << k.bytes;
       EXPECT_LT(std::abs(after - at), 1e-3 * at) << b.file << " jump above " << k.bytes;
     }
-    // Between two knots the marginal bus bandwidth is physical (no flat, infinitely fast stretch).
     for (std::size_t k = 1; k < c.knots.size(); ++k) {
       double dt = c.knots[k].time_us - c.knots[k - 1].time_us;
       double db = static_cast<double>(c.knots[k].bytes - c.knots[k - 1].bytes);
-      EXPECT_LE(BusFactor(c.collective, w) * db / (dt * 1e3), kMaxBusBandwidthGBps * (1 + 1e-9))
-          << b.file << " segment " << k - 1;
+      const bool kept =
+          std::find(fit->falls.begin(), fit->falls.end(), c.knots[k].bytes) != fit->falls.end();
+      if (dt < 0) {
+        EXPECT_TRUE(kept) << b.file << " falls, unrecorded, into " << c.knots[k].bytes;
+        EXPECT_GE(-dt / c.knots[k - 1].time_us, kMinFall) << b.file << " at " << c.knots[k].bytes;
+        with_falls.insert(b.file);
+      } else {
+        EXPECT_FALSE(kept) << b.file;
+        // The marginal bus bandwidth of a rise is physical (no flat, infinitely fast stretch).
+        EXPECT_LE(BusFactor(c.collective, w) * db / (dt * 1e3), kMaxBusBandwidthGBps * (1 + 1e-9))
+            << b.file << " segment " << k - 1;
+      }
     }
     EXPECT_GT(c.tail_busbw_GBps, 0) << b.file;
     EXPECT_LE(c.tail_busbw_GBps, kMaxBusBandwidthGBps) << b.file;
   }
-}
-
-// Leave every other size out (at sizes >= 64 KB), fit on the rest, predict the sizes left out.
-// Measured with this code (held-out median / max |error| %, and the single alpha-beta line's max
-// on the same rows): ag 16xH100 GKE 1.25 / 10.56 (line 24.68); ag 8xA100 1.66 / 10.32 (40.54);
-// ag 8xH100 ring 2.19 / 11.01 (18.74); ag 8xH100 nvls 1.52 / 16.32 (20.10); ar 8xH100 ring
-// 0.90 / 41.04 (44.24: a 524288 B row measured 69 us between 38 and 47); rs 8xA100 1.45 / 16.23
-// (50.62); rs 8xH100 ring 1.16 / 3.04 (10.74); rs 8xH100 nvls 2.47 / 8.63 (14.18).
-// Every GPU output must reach a median of 3% and no output may be worse than the line at its
-// maximum. The CPU runs of bench-gather on this shared machine scatter by tens of percent (their
-// median is not held to 3%; their maximum still is to the line's).
-TEST(Calibration, HeldOutEveryOtherSize) {
-  std::vector<Block> blocks = AllBlocks();
-  for (const Block& b : blocks) {
-    NcclTestsResult train = b.result;
-    train.rows.clear();
-    std::vector<NcclTestsRow> held;
-    int k = 0;
-    for (const NcclTestsRow& row : b.result.rows) {
-      if (row.size_bytes < 65536) {
-        train.rows.push_back(row);
-      } else if (k++ % 2 == 0) {
-        train.rows.push_back(row);
-      } else {
-        held.push_back(row);
-      }
-    }
-    if (held.size() < 2) continue;
-    StatusOr<CollectiveFit> fit = FitNcclTests(train, TierKind::kIntra, FitOptions{});
-    ASSERT_TRUE(fit.ok()) << b.file << ": " << fit.status().ToString();
-    std::vector<double> err, line_err;
-    for (const NcclTestsRow& row : held) {
-      double m = row.out_of_place->time_us;
-      err.push_back(100 *
-                    std::abs(CurveTimeUs(fit->curve, row.size_bytes, b.result.ranks) / m - 1));
-      line_err.push_back(100 *
-                         std::abs(RingTimeUs(fit->line, row.size_bytes, b.result.ranks) / m - 1));
-    }
-    double med = Median(err), max = *std::max_element(err.begin(), err.end());
-    double line_max = *std::max_element(line_err.begin(), line_err.end());
-    std::cout << fmt::format(
-        "held-out {} {}: median {:.2f}% max {:.2f}% (line median {:.2f}% max "
-        "{:.2f}%)\n",
-        b.result.source, b.result.collective_name, med, max, Median(line_err), line_max);
-    if (!IsHostBench(b.result)) {
-      EXPECT_LE(med, 3.0) << b.result.source;
-    }
-    EXPECT_LE(max, line_max + 1e-9) << b.result.source;
-  }
+  EXPECT_EQ(with_falls,
+            (std::set<std::string>{"ag_16xB200_2node_gke-a4-roce_dranet.txt",
+                                   "ar_4xH100NVL_2node_slingshot_linear-a_nccl-issue2441.txt",
+                                   "ar_4xH100NVL_2node_slingshot_linear-b_nccl-issue2441.txt"}));
 }
 
 // A linearly spaced sweep (nccl-tests -i 1M: 1, 2, ..., 64 MiB) on 8 ranks, across a protocol
 // switch (time = the larger of 35 + 7/8 b / 100e3 and 140 + 7/8 b / 300e3 us, continuous at
 // 12 MB), with a deterministic +-3% scatter on each half of each row (out of place x (1 + 0.03
 // sin 2.3i), in place x (1 + 0.03 cos 1.7i)): the curve must not chase the scatter between
-// close sizes (each segment spans at least 2x in size). Held out: every other size. Measured:
-// 6 knots, median 2.02%, max 4.58%; the single line's max 18.93%.
+// close sizes (the cross-validation keeps the knots that predict the sizes left out). Held out:
+// every other size. Measured: 6 knots, median 2.28%, max 4.86%; the single line's max 18.93%.
 TEST(Calibration, HeldOutOnANoisyLinearSweep) {
   std::string t =
       "# Collective test starting: all_gather_perf\n"
@@ -370,7 +343,8 @@ TEST(Calibration, HalvesThatTimeTwoOperationsAreNotRepeats) {
   StatusOr<CollectiveFit> fit = FitNcclTests(*r, TierKind::kIntra, FitOptions{});
   ASSERT_TRUE(fit.ok()) << fit.status().ToString();
   // Taking the halves as repeats read a noise of 0.71 x |1 - 0.3| / 0.65 = 76% and left a single
-  // line 40-50% off in the middle. The noise is the jitter's (~2%) and every size within 3x it.
+  // line 40-50% off in the middle. The noise is the jitter's (~2%), and the curve follows the
+  // bend within it.
   EXPECT_LT(fit->noise_pct, 5.0);
   EXPECT_LE(fit->max_error_pct, 6.0);
   EXPECT_GE(fit->curve.knots.size(), 3u);
@@ -572,8 +546,94 @@ TEST(Calibration, ReplicaAllReduceUsesTheAllReduceCurve) {
 
 TEST(Calibration, RejectsWhatCannotBeFitted) {
   EXPECT_FALSE(FitCostCurve({{1024, 10.0}, {2048, 11.0}}, CollectiveKind::kAllGather, 1).ok());
-  EXPECT_FALSE(FitCostCurve({{0, 1.0}, {1024, 10.0}}, CollectiveKind::kAllGather, 8).ok());
+  EXPECT_FALSE(FitCostCurve({{0, 1.0}}, CollectiveKind::kAllGather, 8).ok());  // no size
   EXPECT_FALSE(FitCostCurve({{1024, 0.0}, {2048, 11.0}}, CollectiveKind::kAllGather, 8).ok());
+}
+
+// One measured size (a workload whose units are all one size, `bench-gather --trace`): the curve
+// is exact there; a smaller size costs its time and a larger one grows at its algbw, both upper
+// bounds, and the band is what an alpha-beta ring through the point allows; a warning says so.
+TEST(Calibration, OneSizeIsExactThereAndBoundedElsewhere) {
+  // 64 MiB over 4 ranks in 1000 us: algbw 67.1 GB/s, busbw 3/4 of it.
+  const Bytes b0 = Bytes{64} << 20;
+  StatusOr<CurveFit> fit = FitCostCurve({{b0, 1000.0}}, CollectiveKind::kAllGather, 4);
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  ASSERT_EQ(fit->curve.knots.size(), 1u);
+  EXPECT_FALSE(fit->tail_measured);
+  ASSERT_EQ(fit->warnings.size(), 1u);
+  EXPECT_NE(fit->warnings[0].find("one size measured"), std::string::npos) << fit->warnings[0];
+  EXPECT_NE(fit->warnings[0].find("extrapolated"), std::string::npos) << fit->warnings[0];
+  // Exact at the size: 1000 us, and the band is the point.
+  CurvePoint at = EvaluateCurve(fit->curve, b0, 4);
+  EXPECT_DOUBLE_EQ(at.time_us, 1000.0);
+  EXPECT_DOUBLE_EQ(at.low_us, 1000.0);
+  EXPECT_DOUBLE_EQ(at.high_us, 1000.0);
+  // A quarter of it: the time (an upper bound), band 250 .. 1000 us.
+  CurvePoint below = EvaluateCurve(fit->curve, b0 / 4, 4);
+  EXPECT_DOUBLE_EQ(below.time_us, 1000.0);
+  EXPECT_DOUBLE_EQ(below.low_us, 250.0);
+  EXPECT_DOUBLE_EQ(below.high_us, 1000.0);
+  // Four times it: 4000 us at the algbw (an upper bound), band 1000 .. 4000 us.
+  CurvePoint beyond = EvaluateCurve(fit->curve, 4 * b0, 4);
+  EXPECT_NEAR(beyond.time_us, 4000.0, 1e-6);
+  EXPECT_DOUBLE_EQ(beyond.low_us, 1000.0);
+  EXPECT_NEAR(beyond.high_us, 4000.0, 1e-6);
+  // Through a cluster file and the simulator's cost, as `fsdplab cost` asks.
+  CollectiveFit cf;
+  cf.world_size = 4;
+  cf.curve = fit->curve;
+  CalibratedCluster cluster;
+  cluster.world_size = 4;
+  cluster.fits = {cf};
+  StatusOr<Cluster> c = ParseClusterJson(CalibratedClusterJson(cluster));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  sim::CollectiveCost cost = c->Cost(CollectiveKind::kAllGather, b0 / 4, 4);
+  EXPECT_DOUBLE_EQ(cost.time_us, 1000.0);
+  EXPECT_DOUBLE_EQ(cost.low_us, 250.0);
+  EXPECT_DOUBLE_EQ(cost.high_us, 1000.0);
+}
+
+// The band travels through the cluster file, and the simulator costs at either end of it: a
+// curve with one range of 10% below / 20% above up to its last knot, and 30% / 40% beyond.
+TEST(Calibration, BandThroughTheClusterFileAndEitherEnd) {
+  CostCurve curve;
+  curve.collective = CollectiveKind::kAllGather;
+  curve.world_size = 8;
+  curve.knots = {{1024, 20.0}, {Bytes{1} << 30, 4020.0}};
+  curve.tail_busbw_GBps = 200;
+  curve.band.ranges = {{Bytes{1} << 30, 10, 20, 5}};
+  curve.band.beyond_low_pct = 30;
+  curve.band.beyond_high_pct = 40;
+  StatusOr<CostCurve> back =
+      ParseCostCurveJson(CostCurveJson(curve), CollectiveKind::kAllGather, "test");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, curve);
+  // At 1 MiB: 20 + (1048576 - 1024) / (2^30 - 1024) x 4000 = 23.90 us; band x0.9 .. x1.2.
+  const double t = 20 + (1048576.0 - 1024) / (1073741824.0 - 1024) * 4000;
+  CurvePoint p = EvaluateCurve(curve, 1048576, 8);
+  EXPECT_NEAR(p.time_us, t, 1e-9);
+  EXPECT_NEAR(p.low_us, 0.9 * t, 1e-9);
+  EXPECT_NEAR(p.high_us, 1.2 * t, 1e-9);
+  // Beyond the last knot: the beyond band.
+  CurvePoint q = EvaluateCurve(curve, Bytes{2} << 30, 8);
+  EXPECT_NEAR(q.low_us, 0.7 * q.time_us, 1e-9);
+  EXPECT_NEAR(q.high_us, 1.4 * q.time_us, 1e-9);
+  // The simulator at each end: intra curve over 8 ranks, 1 MiB.
+  Cluster c;
+  c.all_gather.intra.curve = curve;
+  c.band_end = sim::BandEnd::kLow;
+  EXPECT_NEAR(c.CollectiveUs(CollectiveKind::kAllGather, 1048576), 0.9 * t, 1e-9);
+  c.band_end = sim::BandEnd::kHigh;
+  EXPECT_NEAR(c.CollectiveUs(CollectiveKind::kAllGather, 1048576), 1.2 * t, 1e-9);
+  EXPECT_NEAR(c.Cost(CollectiveKind::kAllGather, 1048576, 8).time_us, 1.2 * t, 1e-9);
+  // A malformed band names the field.
+  StatusOr<CostCurve> bad = ParseCostCurveJson(
+      R"({"world_size": 8, "knots": [{"bytes": 1024, "time_us": 20}], "tail_busbw_GBps": 100,
+          "band": {"ranges": [{"max_bytes": 1024, "low_pct": "x", "high_pct": 1}]}})",
+      CollectiveKind::kAllGather, "cluster.calibration.all_gather.intra");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("band.ranges[0].low_pct"), std::string::npos)
+      << bad.status().message();
 }
 
 }  // namespace

@@ -130,7 +130,21 @@ TEST_F(CliTest, CostPrintsTimeBandwidthTierAndSegment) {
   EXPECT_NE(mid["detail"].get<std::string>().find("segment"), std::string::npos);
   // 16 GiB is beyond the sweep: the asymptotic bandwidth.
   EXPECT_NE(j["sizes"][2]["detail"].get<std::string>().find("asymptotic"), std::string::npos);
-  // reduce_scatter was not calibrated: the intra line, and the notes say why.
+  // Every size carries the band the calibration's cross-validated error gives: around the time,
+  // and wider than nothing (the fit's own sizes were left out and predicted within a few %).
+  for (const nlohmann::json& size : j["sizes"]) {
+    const double time = size["time_us"].get<double>();
+    EXPECT_LT(size["low_us"].get<double>(), time) << size.dump();
+    EXPECT_GT(size["high_us"].get<double>(), time) << size.dump();
+    EXPECT_GT(size["low_us"].get<double>(), 0.5 * time) << size.dump();
+    EXPECT_LT(size["high_us"].get<double>(), 2.0 * time) << size.dump();
+  }
+  // reduce_scatter was not calibrated: the intra line (no band: low = high = time), and the notes
+  // say why.
+  ASSERT_EQ(Run("cost --cluster " + cluster + " --collective reduce_scatter --bytes 1M --json"), 0);
+  const nlohmann::json line = nlohmann::json::parse(Slurp("out"))["sizes"][0];
+  EXPECT_EQ(line["low_us"], line["time_us"]);
+  EXPECT_EQ(line["high_us"], line["time_us"]);
   ASSERT_EQ(Run("cost --cluster " + cluster + " --collective reduce_scatter --bytes 1M"), 0);
   EXPECT_NE(Slurp("out").find("intra line"), std::string::npos) << Slurp("out");
   EXPECT_NE(Slurp("out").find("reduce_scatter intra: no curve"), std::string::npos);
@@ -139,6 +153,69 @@ TEST_F(CliTest, CostPrintsTimeBandwidthTierAndSegment) {
   EXPECT_EQ(Run("cost --cluster " + (dir_ / "missing.json").string() +
                 " --collective all_gather --bytes 1M"),
             2);
+}
+
+// Rows timed outside fsdplab (bench/fsdp2_prediction.py's torch.distributed timings) become
+// nccl-tests text through the one writer of it, and calibrate reads them back exactly.
+TEST_F(CliTest, BenchGatherRowsFormatsRowsTimedElsewhere) {
+  const std::string rows = (dir_ / "ag.rows").string();
+  const std::string nccl = (dir_ / "ag.txt").string();
+  ASSERT_TRUE(WriteFileAtomic(rows, "# size time\n65536 51.25\n\n262144 80.5\n1048576 170\n").ok());
+  ASSERT_EQ(Run("bench-gather --rows " + rows + " --op all_gather --world-size 2 -d float " +
+                "--nccl-out " + nccl),
+            0)
+      << Slurp("err");
+  const std::string cluster = (dir_ / "cluster.json").string();
+  ASSERT_EQ(Run("calibrate " + nccl + " --json -o " + cluster), 0) << Slurp("err");
+  const nlohmann::json fit = nlohmann::json::parse(Slurp("out"))["fits"][0];
+  EXPECT_EQ(fit["collective"], "all_gather");
+  EXPECT_EQ(fit["world_size"], 2);
+  ASSERT_EQ(fit["points"].size(), 3u);
+  // The times as given (nccl-tests prints 2 decimals): 51.25, 80.50, 170.00 us.
+  EXPECT_DOUBLE_EQ(fit["points"][0]["measured_us"].get<double>(), 51.25);
+  EXPECT_DOUBLE_EQ(fit["points"][1]["measured_us"].get<double>(), 80.5);
+  EXPECT_DOUBLE_EQ(fit["points"][2]["measured_us"].get<double>(), 170.0);
+  // A malformed line: invalid input (2) naming the file and the line; no output file.
+  ASSERT_TRUE(WriteFileAtomic(rows, "65536 51.25\n262144 fast\n").ok());
+  const std::string bad = (dir_ / "bad.txt").string();
+  EXPECT_EQ(Run("bench-gather --rows " + rows + " --op all_gather --nccl-out " + bad), 2);
+  EXPECT_NE(Slurp("err").find("ag.rows:2"), std::string::npos) << Slurp("err");
+  EXPECT_FALSE(std::filesystem::exists(bad));
+  // Not with --trace, nor for --op concurrent: usage errors (1).
+  EXPECT_EQ(Run("bench-gather --rows " + rows + " --op concurrent"), 1);
+}
+
+// simulate --band: one run with every calibrated collective at the fast end of its band and one
+// at the slow end; the report notes both step times beside the nominal one, in that order.
+TEST_F(CliTest, SimulateBandNotesTheStepTimeAtEitherEnd) {
+  const std::string cluster = (dir_ / "cluster.json").string();
+  ASSERT_EQ(Run("calibrate " + kNccl + "ag_8xH100_together-ring.txt " + kNccl +
+                "rs_8xH100_together-ring.txt -o " + cluster),
+            0)
+      << Slurp("err");
+  const std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json";
+  ASSERT_EQ(Run("simulate " + trace + " --cluster " + cluster + " --band --json"), 0)
+      << Slurp("err");
+  const nlohmann::json report = nlohmann::json::parse(Slurp("out"));
+  std::string note;
+  for (const auto& n : report["notes"]) {
+    if (n.get<std::string>().find("collective cost band") != std::string::npos) note = n;
+  }
+  ASSERT_FALSE(note.empty()) << report["notes"].dump();
+  double low = 0, high = 0, nominal = 0;
+  ASSERT_EQ(std::sscanf(note.c_str(),
+                        "collective cost band (--band): step time %lf us with every calibrated "
+                        "collective at the fast end of its cross-validated error band, %lf us at "
+                        "the slow end (%lf us",
+                        &low, &high, &nominal),
+            3)
+      << note;
+  EXPECT_LT(low, nominal);
+  EXPECT_GT(high, nominal);
+  EXPECT_NEAR(nominal, report["summary"]["step_time_us"].get<double>(), 0.05);
+  // Without --band, no such note: the report is what it was.
+  ASSERT_EQ(Run("simulate " + trace + " --cluster " + cluster + " --json"), 0);
+  EXPECT_EQ(Slurp("out").find("collective cost band"), std::string::npos);
 }
 
 TEST_F(CliTest, CalibrateErrors) {

@@ -11,6 +11,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "fsdplab/calib/bench_gather_format.h"
 #include "fsdplab/calib/calibration.h"
 #include "fsdplab/calib/nccl_tests.h"
 #include "fsdplab/calib/plot.h"
@@ -28,9 +29,14 @@ constexpr std::string_view kDescription =
     "test or of a script that ran several, mpirun/srun-tagged lines, the JSON file of\n"
     "nccl-tests 2.19+) and `fsdplab bench-gather`'s output (table, --json or --nccl-out). Each\n"
     "collective's blocks are fitted separately, merged across files by collective and tier, with\n"
-    "a continuous, monotone cost curve (time never falls with size; beyond the largest size it\n"
-    "grows at the measured asymptotic bandwidth). Prints measured vs fitted time per size with\n"
-    "the error, beside one alpha-beta line's, warns about noisy data and sweeps too narrow to\n"
+    "a continuous cost curve: knots at measured sizes, as many as predict best when each size is\n"
+    "left out and predicted from the others (cross-validation); time falls with size only where\n"
+    "the log shows a protocol's regime change; beyond the largest size it grows at the measured\n"
+    "asymptotic bandwidth. A single size gives a curve exact there, with a warning on how other\n"
+    "sizes are extrapolated. Prints measured, fitted and left-out-and-predicted time per size,\n"
+    "beside one alpha-beta line, the nodes and from which size the collective is bandwidth-bound,\n"
+    "the cross-validated error per size range (the band the cluster file carries; `fsdplab cost`\n"
+    "and `simulate --band` use it), warns about noisy data and sweeps too narrow to\n"
     "extrapolate, and writes a cluster file for `fsdplab simulate --cluster` and `fsdplab cost`.\n"
     "The collective, the number of ranks and the tier come from the file when it says them\n"
     "(`Collective test starting`, the binary's name, the device list, the file name); the flags\n"
@@ -50,98 +56,6 @@ std::optional<int> GpusPerNodeFromDevices(const std::vector<calib::NcclTestsResu
     for (const auto& [host, n] : per_host) best = std::max(best.value_or(0), n);
   }
   return best;
-}
-
-// The contention measured by `fsdplab bench-gather --op concurrent -J FILE`.
-struct MeasuredContention {
-  calib::CommContention factors;
-  std::optional<int> world_size;
-  std::string statistic;           // how the file summarised its rows (bench-gather: time-weighted)
-  std::vector<std::string> notes;  // values clamped to 0
-  std::optional<calib::StreamWake> stream_wake;  // host benches only
-};
-
-// Reads the bench-gather JSON (format "fsdplab.bench_gather", op "concurrent"); errors name the
-// file and the field.
-StatusOr<MeasuredContention> ReadContentionFile(const std::string& path) {
-  using nlohmann::json;
-  FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  auto bad = [&](std::string_view what) {
-    return InvalidInput(
-        fmt::format("{}: {} (expected the -J output of `fsdplab bench-gather --op "
-                    "concurrent`)",
-                    path, what));
-  };
-  if (doc.is_discarded()) return bad("not valid JSON");
-  if (!doc.is_object()) return bad("expected a JSON object");
-  auto string_field = [&](std::string_view key) -> std::optional<std::string> {
-    auto it = doc.find(std::string(key));
-    if (it == doc.end() || !it->is_string()) return std::nullopt;
-    return it->get<std::string>();
-  };
-  if (std::optional<std::string> f = string_field("format"); f != "fsdplab.bench_gather") {
-    return bad(fmt::format("format: '{}', not fsdplab.bench_gather", f.value_or("(missing)")));
-  }
-  if (auto it = doc.find("version"); it != doc.end() && *it != 1) {
-    return bad(fmt::format("version: {} (this fsdplab reads version 1)", it->dump()));
-  }
-  if (std::optional<std::string> op = string_field("op"); op != "concurrent") {
-    return bad(fmt::format("op: '{}', not concurrent (only --op concurrent measures contention)",
-                           op.value_or("(missing)")));
-  }
-  MeasuredContention m;
-  if (auto it = doc.find("world_size"); it != doc.end()) {
-    if (!it->is_number_integer() || it->get<std::int64_t>() < 1 ||
-        it->get<std::int64_t>() > std::numeric_limits<int>::max()) {
-      return bad(fmt::format("world_size: expected a positive integer, got {}", it->dump()));
-    }
-    m.world_size = static_cast<int>(it->get<std::int64_t>());
-  }
-  // Results that were wrong say nothing about the time correct ones take.
-  if (auto rows = doc.find("rows"); rows != doc.end() && rows->is_array()) {
-    for (std::size_t i = 0; i < rows->size(); ++i) {
-      const json& row = (*rows)[i];
-      if (row.is_object() && row.contains("wrong") && row["wrong"].is_number() &&
-          row["wrong"].get<double>() > 0) {
-        return bad(fmt::format("rows[{}].wrong: {} elements differ from the expected values", i,
-                               row["wrong"].dump()));
-      }
-    }
-  }
-  auto cc = doc.find("comm_contention");
-  if (cc == doc.end()) return bad("comm_contention: missing");
-  if (!cc->is_object()) return bad("comm_contention: expected an object");
-  if (auto st = cc->find("statistic"); st != cc->end() && st->is_string()) {
-    m.statistic = st->get<std::string>();
-  }
-  for (auto [key, target] : {std::pair{"all_gather", &m.factors.all_gather},
-                             std::pair{"reduce_scatter", &m.factors.reduce_scatter}}) {
-    auto v = cc->find(key);
-    if (v == cc->end()) return bad(fmt::format("comm_contention.{}: missing", key));
-    if (!v->is_number()) {
-      return bad(fmt::format("comm_contention.{}: expected a number, got {}", key, v->dump()));
-    }
-    double d = v->get<double>();
-    if (!std::isfinite(d)) return bad(fmt::format("comm_contention.{}: not finite", key));
-    // A collective that ran alone and together at the same speed measures a slowdown around 0,
-    // and timing noise puts half of such measurements below it. Running beside another
-    // collective cannot make one faster, so a negative value is noise: the simulator gets 0.
-    if (d < 0) {
-      m.notes.push_back(fmt::format(
-          "{}: comm_contention.{} {:.4g} is negative (timing noise: running beside the other "
-          "collective cannot speed it up); using 0",
-          path, key, d));
-      d = 0;
-    }
-    *target = d;
-  }
-  if (auto w = doc.find("stream_wake_us"); w != doc.end()) {
-    StatusOr<calib::StreamWake> wake = calib::ParseStreamWakeJson(w->dump(), "stream_wake_us");
-    if (!wake.ok()) return bad(wake.status().message());
-    m.stream_wake = *wake;
-  }
-  return m;
 }
 
 Status Run(const Args& args) {
@@ -228,7 +142,7 @@ Status Run(const Args& args) {
   }
   nlohmann::ordered_json contention_json;
   if (contention_file) {
-    FSDP_ASSIGN_OR_RETURN(MeasuredContention m, ReadContentionFile(*contention_file));
+    FSDP_ASSIGN_OR_RETURN(calib::MeasuredContention m, calib::ReadContentionFile(*contention_file));
     if (m.world_size) {
       if (groups.empty()) {
         cluster.world_size = *m.world_size;

@@ -25,7 +25,9 @@ constexpr std::string_view kDescription =
     "and busbw = algbw x (W-1)/W (x 2(W-1)/W for all_reduce), and where the time came from: the\n"
     "tier (intra, inter, or inter+intra for the hierarchical model), the calibrated curve and its\n"
     "segment (latency below the smallest measured size, asymptotic bandwidth beyond the largest),\n"
-    "or the tier line it fell back to. Sizes take suffixes K M G (powers of 1024).";
+    "or the tier line it fell back to, and the band around the time: the range the calibration's\n"
+    "own cross-validated error allows (low .. high; the time itself where the model has no band:\n"
+    "tier lines, old cluster files). Sizes take suffixes K M G (powers of 1024).";
 
 std::vector<std::string> SplitCommas(const std::string& s) {
   std::vector<std::string> out;
@@ -75,16 +77,19 @@ Status Run(const Args& args) {
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   std::string text = fmt::format("{} over {} ranks ({} per node), cluster {}\n",
                                  CollectiveKindName(*kind), world, cluster.gpus_per_node, *file);
-  text += fmt::format("  {:>14}  {:>12}  {:>11}  {:>11}  {:<11}  {}\n", "size (B)", "time us",
-                      "algbw GB/s", "busbw GB/s", "tier", "from");
+  text += fmt::format("  {:>14}  {:>12}  {:>23}  {:>11}  {:>11}  {:<11}  {}\n", "size (B)",
+                      "time us", "band us", "algbw GB/s", "busbw GB/s", "tier", "from");
   for (Bytes b : sizes) {
     sim::CollectiveCost c = cluster.Cost(*kind, b, world);
     double algbw = c.time_us > 0 ? static_cast<double>(b) / (c.time_us * 1e3) : 0.0;
     double busbw = algbw * factor;
-    text += fmt::format("  {:>14}  {:>12.2f}  {:>11.2f}  {:>11.2f}  {:<11}  {}: {}\n", b, c.time_us,
-                        algbw, busbw, c.tier, c.source, c.detail);
+    text += fmt::format("  {:>14}  {:>12.2f}  {:>23}  {:>11.2f}  {:>11.2f}  {:<11}  {}: {}\n", b,
+                        c.time_us, fmt::format("{:.2f} .. {:.2f}", c.low_us, c.high_us), algbw,
+                        busbw, c.tier, c.source, c.detail);
     rows.push_back({{"bytes", b},
                     {"time_us", c.time_us},
+                    {"low_us", c.low_us},
+                    {"high_us", c.high_us},
                     {"algbw_GBps", algbw},
                     {"busbw_GBps", busbw},
                     {"tier", c.tier},

@@ -258,6 +258,10 @@ int RunSimulate(const Argv& argv) {
   args.Declare("--timeline", ArgKind::kValue,
                "write a Chrome trace (Perfetto, chrome://tracing) of the simulated timeline",
                "FILE");
+  args.Declare("--band", ArgKind::kSwitch,
+               "also run with every calibrated collective at the fast and at the slow end of "
+               "its error band (`fsdplab calibrate`'s cross-validated error) and report the step "
+               "time at each (a note)");
   args.Declare("--explain", ArgKind::kSwitch,
                "the critical path: the chain of operations that sets the run's length, grouped "
                "by unit and kind; every gather's slack; the top causes with what-if savings "
@@ -269,7 +273,7 @@ int RunSimulate(const Argv& argv) {
   if (args.help()) {
     return PrintHelp(
         "fsdplab simulate TRACE [policy flags] [cluster flags] [--json] [-o FILE] "
-        "[--timeline FILE] [--explain]",
+        "[--timeline FILE] [--explain] [--band]",
         "Replays the trace's steps through the scheduler in virtual time: a host thread that\n"
         "issues commands, a compute stream and all-gather / reduce-scatter streams per rank,\n"
         "collectives that synchronise the ranks, and memory per rank. Prints per step the\n"
@@ -307,6 +311,25 @@ int RunSimulate(const Argv& argv) {
       loaded->per_rank ? sim::SimulateToReport(ptrs, opt) : sim::SimulateToReport(first, opt);
   if (!run.ok()) return Fail(kCmd, run.status());
   const sim::SimResult& result = run->result;
+  if (args.Has("--band")) {
+    // The step time at either end of the calibrated curves' error bands: one run at each.
+    TimeUs at[2] = {0, 0};
+    for (int i = 0; i < 2; ++i) {
+      sim::SimOptions o = opt;
+      o.cluster.band_end = i == 0 ? sim::BandEnd::kLow : sim::BandEnd::kHigh;
+      o.critical_path = false;
+      StatusOr<sim::SimulatedRun> r =
+          loaded->per_rank ? sim::SimulateToReport(ptrs, o) : sim::SimulateToReport(first, o);
+      if (!r.ok()) return Fail(kCmd, r.status());
+      at[i] = r->report.summary.step_time_us;
+    }
+    run->report.notes.push_back(fmt::format(
+        "collective cost band (--band): step time {:.1f} us with every calibrated collective at "
+        "the fast end of its cross-validated error band, {:.1f} us at the slow end ({:.1f} us "
+        "on the curves){}",
+        at[0], at[1], run->report.summary.step_time_us,
+        at[0] == at[1] ? "; no calibrated curve with a band costs this run's collectives" : ""));
+  }
   std::string text;
   if (result.critical_path) {
     text = "\n" + sim::CriticalPathToText(*result.critical_path, first.model);

@@ -1,6 +1,7 @@
-// Calibration of the collective cost model from nccl-tests output: one continuous, monotone cost
-// curve (calib/cost_curve.h) per collective and tier, the report that shows the fit, and the
-// cluster file the simulator reads (sim/cluster.h).
+// Calibration of the collective cost model from nccl-tests output: one continuous cost curve
+// (calib/cost_curve.h, fitted by calib/curve_fit.h) per collective and tier, the report that
+// shows the fit and its cross-validation, and the cluster file the simulator reads
+// (sim/cluster.h).
 //
 //   StatusOr<std::vector<NcclTestsResult>> blocks = ReadNcclTestsBlocks("ag.txt");
 //   StatusOr<CollectiveFit> fit = FitNcclTests(blocks->front(), TierKind::kIntra, FitOptions{});
@@ -9,14 +10,22 @@
 //
 // Fitting. The out-of-place times (or in-place, FitOptions::in_place) of every size of every
 // block given (repeated runs on one cluster: their sizes pooled, repeats averaged) are fitted with
-// FitCostCurve; the measurement noise comes from every size timed twice (the out-of-place and
-// in-place halves, repeats across blocks). A row whose two halves disagree by more than 15% is
-// fitted with the half in line with the sizes beside it (the other caught a disturbance, which
-// the monotone curve would otherwise carry to every larger size). The fit keeps, for the report,
-// each size's measured and fitted time and error, the single alpha-beta line fitted to the same
-// points (the baseline), and warnings: noisy data (a size timed twice differing by more than 15%,
-// the time falling by more than 5% from one size to the next, a residual above 10%), and a sweep
-// too narrow to extrapolate.
+// FitCostCurve (calib/curve_fit.h: the knots chosen by cross-validation, the band from it); the
+// measurement noise comes from every size timed twice (the out-of-place and in-place halves,
+// repeats across blocks). The other half is not averaged in: an in-place call can be
+// systematically faster (it skips a copy), and a prediction of one half is asked for. A row whose
+// two halves disagree by more than 15% is fitted with the half in line with the sizes beside it
+// (the other caught a disturbance, which would otherwise pull a knot). The fit keeps, for the
+// report, each size's measured, fitted and cross-validated (left out) time and error, the error
+// per size range with the band, the single alpha-beta line fitted to the same points (the
+// baseline), and warnings: noisy data (a size timed twice differing by more than 15%, the time
+// falling by more than 5% from one size to the next, a residual above 10%), and a sweep too
+// narrow to extrapolate.
+//
+// Structure of the run. The device list's hostnames give the nodes (`nodes`). Every fit says from
+// which size on the collective is bandwidth-bound (every measured size from there on moves at
+// least half the asymptotic bus bandwidth); for a run over several nodes that is the inter-node
+// regime, whose slope is the tail and sets the inter tier line below.
 //
 // Tiers. An `intra` fit describes a collective whose ranks are all on one node; an `inter` fit
 // describes the measured collective over ranks that span nodes, as one flat ring over all its W
@@ -30,7 +39,12 @@
 //    "compute_scale": 1.0,
 //    "calibration": {"all_gather": {"intra": {"world_size": 8,
 //                                             "knots": [{"bytes": 128, "time_us": 35.05}, ...],
-//                                             "tail_busbw_GBps": 360.4}},
+//                                             "tail_busbw_GBps": 360.4,
+//                                             "band": {"ranges": [{"max_bytes": 32768,
+//                                                      "low_pct": 2.1, "high_pct": 3.0,
+//                                                      "sizes": 9}, ...],
+//                                                      "beyond": {"low_pct": 4.0,
+//                                                                 "high_pct": 6.2}}}},
 //                    "reduce_scatter": {...}, "all_reduce": {...}},
 //    "notes": ["inter: not measured; the default line 45 GB/s 20 us", ...],
 //    "comm_contention": {"all_gather": 0.48, "reduce_scatter": 0.41}}
@@ -52,6 +66,7 @@
 #include <vector>
 
 #include "fsdplab/calib/cost_curve.h"
+#include "fsdplab/calib/curve_fit.h"
 #include "fsdplab/calib/nccl_tests.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
@@ -80,6 +95,9 @@ struct FitPoint final {
   TimeUs fitted_us = 0;
   double error_pct = 0;  // 100 * (fitted - measured) / measured
   int segment = 0;       // as CurvePoint::segment
+  // The size left out: the curve fitted on the other sizes predicted this (HeldOutSize).
+  TimeUs held_out_us = 0;
+  double held_out_error_pct = 0;
 };
 
 struct CollectiveFit final {
@@ -94,8 +112,16 @@ struct CollectiveFit final {
   Segment line;                  // the single alpha-beta line on the same points
   double line_max_error_pct = 0;
   double line_median_error_pct = 0;
-  double noise_pct = 0;               // the noise the curve was fitted against
-  bool tail_measured = true;          // false: the sweep is too narrow to extrapolate
+  double noise_pct = 0;            // the noise the curve was fitted against
+  bool tail_measured = true;       // false: the sweep is too narrow to extrapolate
+  std::vector<ModelScore> models;  // the cross-validation's candidates
+  int chosen = 0;                  // index into models
+  std::vector<RangeError> ranges;  // the cross-validated error and band per size range
+  std::vector<Bytes> falls;        // knots where the curve falls (regime changes kept)
+  int nodes = 0;                   // hosts in the device list; 0 when it has none
+  // The smallest size from which every measured size moves at least half the asymptotic bus
+  // bandwidth (across nodes for an inter fit); nullopt when none does (a latency-bound sweep).
+  std::optional<Bytes> bandwidth_bound_from;
   std::vector<std::string> warnings;  // noisy data, narrow sweep
 };
 
@@ -115,13 +141,17 @@ StatusOr<CollectiveFit> FitNcclTests(const std::vector<const NcclTestsResult*>& 
 StatusOr<CollectiveFit> FitNcclTests(const NcclTestsResult& result, TierKind tier,
                                      const FitOptions& options);
 
-// The table printed by `fsdplab calibrate`: the curve's knots, then per size measured, fitted and
-// error, the summary beside the single line's, and the warnings.
+// The table printed by `fsdplab calibrate`: the curve's knots, the structure of the run (nodes,
+// from which size it is bandwidth-bound), then per size measured, fitted and error and the
+// size's cross-validated prediction (left out), the summary beside the single line's, the
+// cross-validation (candidates, the one chosen, the error per size range and the band), and the
+// warnings.
 std::string FormatFit(const CollectiveFit& fit);
 // One fit as a JSON object (curve, points, errors, warnings) for `--json`.
 std::string FitToJson(const CollectiveFit& fit);
 
-// The cost curve's object in the cluster file, and back (errors name `where` and the field).
+// The cost curve's object in the cluster file, and back (errors name `where` and the field; a
+// curve without "band" has none, as files written before bands).
 std::string CostCurveJson(const CostCurve& curve);
 StatusOr<CostCurve> ParseCostCurveJson(std::string_view json_text, CollectiveKind collective,
                                        std::string_view where);

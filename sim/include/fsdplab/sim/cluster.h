@@ -18,7 +18,8 @@
 //                    "reduce_scatter": {...}, "all_reduce": {...}},
 //    "notes": ["inter: not measured; the default line 45 GB/s 20 us", ...],
 //    "comm_contention": {"all_gather": 0.42, "reduce_scatter": 0.9}}
-// "calibration" is optional: per collective and tier a cost curve (calib/cost_curve.h), or, in a
+// "calibration" is optional: per collective and tier a cost curve (calib/cost_curve.h, with its
+// error band when the fit measured one), or, in a
 // version-1 file, a list of segments [{"min_bytes", "max_bytes", "latency_us",
 // "bandwidth_GBps"}, ...] each costed as its own ring line (calib::PredictCollectiveUs).
 // "notes" (optional) says which collectives and tiers fell back to lines, and why; it is printed
@@ -34,7 +35,7 @@
 //
 // Cost model. `bytes` is the collective's full (unsharded) buffer: the all-gather output or the
 // reduce-scatter input on one rank. A ring over n ranks of one tier with latency a (us) and bus
-// bandwidth B (GB/s = 1e3 bytes/us) costs
+// bandwidth B (GB/s = 1e3 bytes/us) costs (calib::RingTimeUs, the one copy of the formula)
 //     ring(n, bytes) = (n-1) * a + (n-1)/n * bytes / (B * 1e3).
 // A group within one node (W <= gpus_per_node) is one intra ring, or, when the cluster has an
 // intra calibration for that collective, its curve at W ranks: the measured curve replaces the
@@ -50,6 +51,7 @@
 // line gave a time (`fsdplab cost` prints it).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -77,13 +79,18 @@ struct LinkTier final {
   friend bool operator==(const LinkTier&, const LinkTier&) = default;
 };
 
+// Which end of the calibrated curves' error bands (calib/cost_curve.h) a cluster costs with: the
+// curve itself, or the fastest or the slowest the band allows (`simulate --band` runs one of
+// each). Tier lines and version-1 segments have no band: the same at every end.
+enum class BandEnd : std::uint8_t { kNominal, kLow, kHigh };
+
 // One collective's measured cost on one tier: a cost curve (version-2 files) or the per-segment
 // ring lines of a version-1 file. Empty when not measured.
 struct TierModel final {
   CostCurve curve;
   std::vector<Segment> segments;
   bool empty() const { return curve.empty() && segments.empty(); }
-  TimeUs Us(Bytes bytes, int world_size) const;
+  TimeUs Us(Bytes bytes, int world_size, BandEnd end = BandEnd::kNominal) const;
   // "curve segment 3: 4194304 .. 8388608 B", "version-1 segment 1", ...
   std::string Describe(Bytes bytes, int world_size) const;
   friend bool operator==(const TierModel&, const TierModel&) = default;
@@ -99,6 +106,8 @@ struct TierCalibration final {
 // A collective's time and where it came from.
 struct CollectiveCost final {
   TimeUs time_us = 0;
+  TimeUs low_us = 0;  // the band's ends (calibrated curves); time_us where there is no band
+  TimeUs high_us = 0;
   std::string tier;    // "intra", "inter", "inter+intra" (hierarchical); "" for one rank
   std::string source;  // "all_gather intra curve", "intra line (default)", ...
   std::string detail;  // the segment of the curve, or the line's parameters
@@ -125,6 +134,8 @@ struct Cluster final {
   std::optional<StreamWake> stream_wake;
   // True when nothing described the cluster (no file, no flag): the report says so.
   bool defaults_used = true;
+  // The end of the calibrated curves' bands that collectives cost at (not part of the file).
+  BandEnd band_end = BandEnd::kNominal;
 
   static Cluster Default() { return Cluster{}; }
 
@@ -144,9 +155,6 @@ struct Cluster final {
 
   friend bool operator==(const Cluster&, const Cluster&) = default;
 };
-
-// One ring over `ranks` ranks with this latency and bandwidth (the formula above).
-TimeUs RingUs(int ranks, Bytes bytes, TimeUs latency_us, double bandwidth_GBps);
 
 // Parses a cluster file's JSON; every field is optional and defaults as in Cluster{}. Unknown
 // keys, wrong types and impossible values (bandwidth <= 0, world not a multiple of the node size
