@@ -6,9 +6,9 @@
 #pragma once
 
 #include "backends.h"
+#include "fsdplab/core/status.h"
 #include "fsdplab/live/gather_bench.h"
 #include "fsdplab/live/live.h"
-#include "fsdplab/core/status.h"
 
 namespace fsdplab::cli {
 

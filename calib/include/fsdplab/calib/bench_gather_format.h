@@ -24,10 +24,10 @@
 #include <vector>
 
 #include "fsdplab/calib/calibration.h"
-#include "fsdplab/live/gather_bench.h"
-#include "fsdplab/live/live.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/timeline.h"
+#include "fsdplab/live/gather_bench.h"
+#include "fsdplab/live/live.h"
 
 namespace fsdplab::calib {
 
