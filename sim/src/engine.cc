@@ -64,6 +64,9 @@ void Engine::Run(Timeline& timeline) {
   });
   end_time_ = last_time_;
   if (failure_.ok()) CheckQuiescent();
+  for (RankState& r : ranks_) {
+    if (r.allocator_after) ReplayAllocator(r);
+  }
 }
 
 // ---- memory ----
@@ -79,15 +82,60 @@ void Engine::InitMemory(RankState& r) {
     }
     r.deps.issued.assign(r.prog->commands.size(), 0);
   }
-  r.gather_id.assign(r.prog->timeline.size(), -1);
-  r.gather_flowed.assign(r.prog->timeline.size(), 0);
+  if (r.recorded) {  // timeline links, drawn for recorded ranks only
+    r.gather_id.assign(r.prog->timeline.size(), -1);
+    r.gather_flowed.assign(r.prog->timeline.size(), 0);
+  }
   r.mem = r.prog->initial_memory;
-  if (opt_.allocator_model) {
+  // Each rank's allocator is a few hundred blocks and free lists; touched in turn by thousands
+  // of ranks at every instant, they leave the caches and the cost per event grows with the
+  // ranks. Ranks whose memory the timeline does not keep replay theirs afterwards, one rank at
+  // a time (same operations, same order, same peak).
+  r.allocator_after = opt_.allocator_model && !opt_.memory_cap && !r.recorded;
+  if (opt_.allocator_model && !r.allocator_after) {
     for (const ProgOp& a : r.prog->initial_allocs) {
       (void)r.allocator.Alloc(a.stream, a.buffer, a.category, a.unit, a.bytes, std::nullopt);
     }
   }
   Sample(r, 0, 0, kNoUnit);
+}
+
+void Engine::LogMemoryOp(RankState& r, int stream) {
+  static_assert(kNumStreams <= 4, "a stream must fit in 2 bits");
+  const std::uint32_t i = r.memory_ops++;
+  if (i % 4 == 0) r.memory_order.push_back(0);
+  r.memory_order.back() |= static_cast<std::uint8_t>(stream << (2 * (i % 4)));
+}
+
+// The allocator of a rank that logged its memory operations (allocator_after): the same calls
+// in the same order as the engine would have made them, so the same peak.
+void Engine::ReplayAllocator(RankState& r) const {
+  PlanMemoryReplay a;
+  for (const ProgOp& op : r.prog->initial_allocs) {
+    (void)a.Alloc(op.stream, op.buffer, op.category, op.unit, op.bytes, std::nullopt);
+  }
+  Bytes peak = a.allocator().reserved();
+  std::array<std::size_t, kNumStreams> next{};  // per stream: its next entry to look at
+  for (std::uint32_t i = 0; i < r.memory_ops; ++i) {
+    const int s = (r.memory_order[i / 4] >> (2 * (i % 4))) & 3;
+    const std::vector<std::uint32_t>& entries = r.prog->stream_ops[Idx(s)];
+    std::size_t& e = next[Idx(s)];
+    // The stream's next allocation or free that moves bytes (the ones the engine logged).
+    while (e < entries.size()) {
+      const ProgOp& op = r.prog->ops[entries[e]];
+      if ((op.type == PlanOpKind::kAlloc || op.type == PlanOpKind::kFree) && op.bytes > 0) break;
+      ++e;
+    }
+    const ProgOp& op = r.prog->ops[entries[e++]];
+    if (op.type == PlanOpKind::kAlloc) {
+      (void)a.Alloc(op.stream, op.buffer, op.category, op.unit, op.bytes, std::nullopt);
+    } else {
+      a.Free(op.buffer, op.category, op.unit, op.bytes);
+    }
+    peak = std::max(peak, a.allocator().reserved());
+  }
+  r.peak_reserved = std::max(r.peak_reserved, peak);
+  r.memory_order = {};
 }
 
 void Engine::Sample(RankState& r, TimeUs now, int step, UnitId unit) {
@@ -130,7 +178,9 @@ bool Engine::TensorsFit(const RankState& r, Bytes bytes) const {
 bool Engine::DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op) {
   if (op.bytes == 0) return true;
   bool fits = true;
-  if (opt_.allocator_model) {
+  if (r.allocator_after) {
+    LogMemoryOp(r, op.stream);
+  } else if (opt_.allocator_model) {
     // The cap applies to what the caching allocator reserves.
     fits = r.allocator.Alloc(op.stream, op.buffer, op.category, op.unit, op.bytes, opt_.memory_cap);
   } else {
@@ -165,7 +215,11 @@ void Engine::Free(RankState& r, TimeUs now, const ProgOp& op, std::int64_t entry
   if (op.bytes == 0) return;
   Bytes& b = r.mem[static_cast<std::size_t>(op.category)];
   b -= std::min(b, op.bytes);
-  if (opt_.allocator_model) r.allocator.Free(op.buffer, op.category, op.unit, op.bytes);
+  if (r.allocator_after) {
+    LogMemoryOp(r, op.stream);
+  } else if (opt_.allocator_model) {
+    r.allocator.Free(op.buffer, op.category, op.unit, op.bytes);
+  }
   Sample(r, now, op.step, op.unit);
   r.deps.last_free = entry;
 }

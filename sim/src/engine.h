@@ -95,6 +95,12 @@ struct RankState {
   // The caching allocator (SimOptions::allocator_model): what the rank's device reserves.
   PlanMemoryReplay allocator;
   Bytes peak_reserved = 0;
+  // Without a memory cap the allocator only observes; a rank that keeps no timeline needs only
+  // its peak, so its allocator runs after the engine (Engine::ReplayAllocator) from the order in
+  // which its streams reached their allocations and frees: 2 bits (the stream) per operation.
+  bool allocator_after = false;
+  std::vector<std::uint8_t> memory_order;
+  std::uint32_t memory_ops = 0;
   // Timeline links: per plan timeline op of a gather, the id it got; whether an arrow was drawn.
   std::vector<std::int64_t> gather_id;
   std::vector<std::uint8_t> gather_flowed;
@@ -165,6 +171,8 @@ class Engine {
 
   // memory
   void InitMemory(RankState& r);
+  void LogMemoryOp(RankState& r, int stream);
+  void ReplayAllocator(RankState& r) const;
   void Sample(RankState& r, TimeUs now, int step, UnitId unit);
   bool DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op);
   void Free(RankState& r, TimeUs now, const ProgOp& op, std::int64_t entry);
