@@ -1,14 +1,19 @@
 // Simulator speed (DESIGN §5): events per second per core including handler work, one step of
-// 1,024 ranks x 128 units (folded when the ranks are identical, every rank when one straggles),
-// cost against size at three sizes, and the simulator's own peak memory at the largest size.
+// ranks x 128 units: every rank distinct (each its own compute speed, so no two fold into a
+// rank class and every rank is simulated) at 64 to 4,096 ranks, with the cost per distinct rank
+// (time_per_rank, flat when the cost is linear in the ranks); identical ranks (folded onto one);
+// and the simulator's own peak memory. A case that cannot run as described (an error, or ranks
+// that folded when they should not) fails the binary (bench_main.h).
 //
 //   build/bench/sim_benchmark --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
+#include <fmt/format.h>
 #include <sys/resource.h>
 
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "fsdplab/core/model.h"
 #include "fsdplab/core/trace.h"
@@ -66,7 +71,9 @@ Trace LayeredTrace(int layers) {
   return t;
 }
 
-SimOptions Options(int ranks, bool straggler) {
+// One step on `ranks` ranks; `distinct`: each rank its own compute speed (log-normal, sigma
+// 0.05, seeded), as `--rank-jitter 0.05:1`.
+SimOptions Options(int ranks, bool distinct) {
   SimOptions o;
   o.cluster.world_size = ranks;
   o.cluster.gpus_per_node = 8;
@@ -74,8 +81,22 @@ SimOptions Options(int ranks, bool straggler) {
   o.steps = 1;
   o.record_host_ops = false;
   o.max_recorded_ranks = 1;  // the report reads rank 0; the others only keep their peaks
-  if (straggler) o.stragglers = {{ranks - 1, 1.05}};
+  if (distinct) {
+    StatusOr<std::vector<double>> scales = RankComputeScales("0.05:1", ranks);
+    if (scales.ok()) o.rank_compute_scales = *std::move(scales);
+  }
   return o;
+}
+
+// The run, or why the case failed (the benchmark then reports an error and the binary fails).
+std::optional<std::string> Failure(const StatusOr<SimResult>& r, int expect_simulated) {
+  if (!r.ok()) return r.status().ToString();
+  if (!r->status.ok()) return "the simulated step failed: " + r->status.ToString();
+  if (expect_simulated > 0 && r->ranks_simulated != expect_simulated) {
+    return fmt::format("{} ranks simulated, expected {}: the ranks are not what the case measures",
+                       r->ranks_simulated, expect_simulated);
+  }
+  return std::nullopt;
 }
 
 long PeakRssKiB() {
@@ -95,18 +116,18 @@ void Report(benchmark::State& state, std::uint64_t events, std::uint64_t command
   state.counters["peak_rss_MiB"] = static_cast<double>(PeakRssKiB()) / 1024.0;
 }
 
-// Every rank simulated (one straggles, so the ranks differ): ranks x 128 units. The cost should
-// grow linearly with the ranks (events grow linearly).
-void BM_StepAllRanks(benchmark::State& state) {
-  int ranks = static_cast<int>(state.range(0));
+// Every rank distinct, every rank simulated: ranks x 128 units. time_per_rank is the cost of one
+// distinct rank; it stays flat when the cost grows linearly with the ranks.
+void BM_StepDistinctRanks(benchmark::State& state) {
+  const int ranks = static_cast<int>(state.range(0));
   Trace t = LayeredTrace(127);  // + the root: 128 units
-  SimOptions o = Options(ranks, /*straggler=*/true);
+  SimOptions o = Options(ranks, /*distinct=*/true);
   std::uint64_t events = 0;
   std::uint64_t commands = 0;
   for (auto _ : state) {
     StatusOr<SimResult> r = Simulate(t, o);
-    if (!r.ok() || !r->status.ok() || r->ranks_simulated != ranks) {
-      state.SkipWithError("simulation failed");
+    if (std::optional<std::string> failed = Failure(r, ranks)) {
+      state.SkipWithError(failed->c_str());
       return;
     }
     events = r->events;
@@ -114,21 +135,29 @@ void BM_StepAllRanks(benchmark::State& state) {
     benchmark::DoNotOptimize(r->timeline.ops.data());
   }
   Report(state, events, commands);
+  state.counters["time_per_rank"] =
+      benchmark::Counter(static_cast<double>(ranks) * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
-BENCHMARK(BM_StepAllRanks)->Arg(64)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_StepDistinctRanks)
+    ->Arg(64)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Arg(4096)
+    ->Unit(benchmark::kMillisecond);
 
 // Identical ranks: rank 0 is simulated and the others folded onto it.
 void BM_StepFolded(benchmark::State& state) {
   int ranks = static_cast<int>(state.range(0));
   Trace t = LayeredTrace(127);
-  SimOptions o = Options(ranks, /*straggler=*/false);
+  SimOptions o = Options(ranks, /*distinct=*/false);
   o.record_host_ops = true;
   std::uint64_t events = 0;
   std::uint64_t commands = 0;
   for (auto _ : state) {
     StatusOr<SimResult> r = Simulate(t, o);
-    if (!r.ok() || !r->status.ok()) {
-      state.SkipWithError("simulation failed");
+    if (std::optional<std::string> failed = Failure(r, /*expect_simulated=*/1)) {
+      state.SkipWithError(failed->c_str());
       return;
     }
     events = r->events;
@@ -170,5 +199,3 @@ BENCHMARK(BM_EventQueue)->Arg(3072)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace fsdplab::sim
-
-BENCHMARK_MAIN();
