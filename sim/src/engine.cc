@@ -60,9 +60,10 @@ void Engine::Run(Timeline& timeline) {
                           [&](const CollectiveDoneEv& e) { OnCollectiveDone(now, e); },
                           [&](const StreamWakeEv& e) { OnStreamWake(now, e); }},
                ev);
-    return failure_.ok();
+    return failure_.ok() && prune_broken_.empty();
   });
   end_time_ = last_time_;
+  if (!prune_broken_.empty()) return;
   if (failure_.ok()) CheckQuiescent();
   for (RankState& r : ranks_) {
     if (r.allocator_after) ReplayAllocator(r);
@@ -515,7 +516,12 @@ void Engine::StartCompute(RankState& r, const ProgOp& op, TimeUs now) {
   StreamState& st = r.streams[kComputeStream];
   st.busy = true;
   st.start = now;
-  r.compute_remaining = op.us * r.compute_factor;
+  if (r.step_factor.empty()) {
+    r.compute_remaining = op.us * r.compute_factor;
+  } else {
+    const auto steps = static_cast<int>(r.step_factor.size());
+    r.compute_remaining = op.us * r.step_factor[Idx(std::clamp(op.step, 0, steps - 1))];
+  }
   r.compute_rate = ComputeRate(r);
   r.compute_last = now;
   ++r.compute_version;
@@ -561,12 +567,35 @@ void Engine::OnComputeDone(TimeUs now, const ComputeDoneEv& e) {
 
 // ---- collectives ----
 
+// Rank pruning: the ranks of a tie group must arrive together (see RankState::tie_group).
+void Engine::CheckTie(int s, const RankState& r, const ProgOp& op, TimeUs now) {
+  const std::uint64_t key = (static_cast<std::uint64_t>(s) << 60) |
+                            (static_cast<std::uint64_t>(r.tie_group) << 32) | op.coll_seq;
+  auto [it, added] = tie_arrivals_.try_emplace(key, now);
+  if (added || it->second == now) return;
+  prune_broken_ = fmt::format(
+      "rank {} reached the {} at {:.3f} us, another rank of its shard group at {:.3f} us", r.id,
+      DescribeOp(r, op), now, it->second);
+}
+
 void Engine::Arrive(int s, const RankState& r, const ProgOp& op, TimeUs now) {
+  if (r.tie_group >= 0 && ((r.tie_streams >> s) & 1)) CheckTie(s, r, op, now);
   const int gi = r.group[Idx(s)];
   CommGroup& group = groups_[Idx(s)][Idx(gi)];
   PendingCollective& p = group.pending[op.coll_seq];
   ++p.arrived;
+  TimeUs& latest = r.stand_in ? p.stand_in_at : p.latest_real;
+  latest = std::max(latest, now);
   if (p.arrived < static_cast<int>(group.members.size())) return;
+  if (p.stand_in_at > p.latest_real) {
+    // Rank pruning: the stand-in arrives no earlier than any real rank; arriving after every
+    // simulated one, it might be after every real rank too.
+    prune_broken_ = fmt::format(
+        "the rank that computes at each step's slowest speed reached the {} at {:.3f} us, after "
+        "every simulated rank (the last at {:.3f} us)",
+        DescribeOp(r, op), p.stand_in_at, p.latest_real);
+    return;
+  }
   // Every rank of the group is at the head of this stream with its k-th collective: they must
   // agree.
   for (int m : group.members) {
