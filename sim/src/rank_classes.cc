@@ -240,19 +240,17 @@ PrunedRanks PruneRanks(const RankClassing& classing, const SimOptions& options,
     if (always >= 0) {
       keep[Idx(always)] = 1;
       why_exact = fmt::format(
-          "rank {}, whose compute is the slowest (x{:.6g}): every collective spans the world, "
-          "and with the same collective times a rank of slower compute never reaches a "
-          "collective earlier, so no other rank can be the last to arrive",
+          "rank {}, the slowest compute (x{:.6g}). Every collective spans the world, and a "
+          "slower rank never reaches one earlier, so no other rank is ever the last to arrive",
           classes[Idx(always)].first_rank, speeds.slowest.empty() ? 1.0 : speeds.slowest[0]);
     } else {
       out.envelope = speeds.slowest;
       for (int s = 0; s < steps; ++s) keep[Idx(speeds.slowest_class[Idx(s)])] = 1;
       why_exact =
-          "each step's slowest rank, and one rank more that stands for none: in every step it "
-          "computes at that step's slowest speed (the upper envelope of all ranks), so with the "
-          "same collective times it reaches each collective no earlier than any rank (every "
-          "collective spans the world); at every collective a simulated rank arrived with it, "
-          "so that is when the last of all ranks arrived";
+          "each step's slowest rank, and a stand-in for none that computes at each step's "
+          "slowest speed. Every collective spans the world; no rank reaches one after the "
+          "stand-in, and at every collective a simulated rank arrived with it, so that is when "
+          "the last rank arrived";
     }
   } else {
     // Per shard group (row key): its slowest class sets its collectives; its fastest is kept
@@ -275,12 +273,11 @@ PrunedRanks PruneRanks(const RankClassing& classing, const SimOptions& options,
     }
     out.one_all_reduce_group = true;
     why_exact = fmt::format(
-        "the slowest and the fastest rank of each of the {} shard groups: a shard group's "
-        "gathers and reduce-scatters span it alone, and with the same all-reduce times a rank "
-        "of slower compute never reaches one earlier, so its slowest rank is the last to "
-        "arrive; each group's slowest and fastest rank reached every replica all-reduce "
-        "together, hence so did every rank between them, and every replica column's all-reduces "
-        "started at the same times (one all-reduce group stands for all {} columns)",
+        "the slowest and the fastest rank of each of the {} shard groups. Each group's slowest "
+        "and fastest reached every replica all-reduce together, so every rank did and the {} "
+        "replica columns' all-reduces started together; with the same all-reduce times a "
+        "slower rank never reaches its group's gathers and reduce-scatters earlier, so each "
+        "group's slowest rank is the last to arrive",
         world / shard_group, shard_group);
   }
   std::size_t kept = 0;
@@ -301,9 +298,9 @@ PrunedRanks PruneRanks(const RankClassing& classing, const SimOptions& options,
   }
   const std::size_t kept_recorded = std::min(recorded, kept);
   out.note = fmt::format(
-      "--prune-ranks: the {} ranks form {} rank classes, of which {} were simulated: the {} the "
-      "timeline keeps and {}. The others cannot change any collective's start, so every result "
-      "is the one simulating all of them gives",
+      "--prune-ranks: the {} ranks form {} rank classes; {} simulated: the {} the timeline "
+      "keeps and {}. The others cannot change when any collective starts: every result is "
+      "the one simulating all of them gives",
       world, n, kept + (out.envelope.empty() ? 0 : 1), kept_recorded, why_exact);
   return out;
 }

@@ -109,6 +109,23 @@ void DeclareEngineFlags(Args& args) {
                "per-rank compute scales from a seeded log-normal distribution, exp(SIGMA z): "
                "every rank a speed of its own (SEED default 0)",
                "SIGMA[:SEED]");
+  args.Declare("--step-jitter", ArgKind::kValue,
+               "per-step variation of every rank's compute: in each step rank r's compute is "
+               "scaled by exp(SIGMA z), z drawn anew per rank and step from SEED (default 0), on "
+               "top of --rank-jitter (the persistent part); with --steps N the report gives the "
+               "step-time distribution (p50, p90, p99, max), the ranks, nodes and shard groups "
+               "slowest most often, and the cost against a uniform cluster",
+               "SIGMA[:SEED]");
+  args.Declare("--step-stragglers", ArgKind::kValue,
+               "in each step K ranks drawn at random (from SEED, default 0) compute FACTOR times "
+               "slower; reported as --step-jitter is",
+               "K:FACTOR[:SEED]");
+  args.Declare("--prune-ranks", ArgKind::kSwitch,
+               "simulate only the ranks that can be the last to reach a collective (the slowest "
+               "of each step, of each shard group) and the ones the timeline keeps: exact, and "
+               "what makes 100,000+ distinct ranks take seconds; where it cannot hold (memory "
+               "cap, per-rank traces, --explain, ...) every rank is simulated and a note says "
+               "why");
   args.Declare("--timeline-ranks", ArgKind::kValue,
                "keep the timeline (ops, memory samples) of the first N simulated ranks or rank "
                "classes only; the others keep their peaks (default 64)",
@@ -169,6 +186,13 @@ Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& o) {
   if (std::optional<std::string> v = args.Get("--rank-jitter")) {
     FSDP_ASSIGN_OR_RETURN(o.rank_compute_scales, sim::RankComputeScales(*v, o.cluster.world_size));
   }
+  if (std::optional<std::string> v = args.Get("--step-jitter")) {
+    FSDP_RETURN_IF_ERROR(sim::ParseStepJitter(*v, o.step_variation));
+  }
+  if (std::optional<std::string> v = args.Get("--step-stragglers")) {
+    FSDP_RETURN_IF_ERROR(sim::ParseStepStragglers(*v, o.step_variation));
+  }
+  o.prune_ranks = args.Has("--prune-ranks");
   o.max_recorded_ranks = 64;
   if (std::optional<std::string> v = args.Get("--timeline-ranks")) {
     FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--timeline-ranks"));
@@ -275,7 +299,17 @@ int RunSimulate(const Argv& argv) {
         "collectives that synchronise the ranks, and memory per rank. Prints per step the\n"
         "time, compute, exposed communication, overlap and peak memory, and per unit why and\n"
         "how long it was gathered. Exit status 3 (report still written) when the step would\n"
-        "fail: missing plane, divergence, deadlock, out of memory.",
+        "fail: missing plane, divergence, deadlock, out of memory.\n"
+        "\n"
+        "Ranks of different speeds: --straggler and --rank-jitter (drawn once per rank),\n"
+        "--step-jitter and --step-stragglers (drawn anew each step). With a per-step part the\n"
+        "report adds the step-time distribution over the --steps simulated (JSON:\n"
+        "variability): p50/p90/p99/max step time, the ranks, nodes and shard groups whose\n"
+        "compute was the slowest most often, and what the spread costs per step against a\n"
+        "uniform cluster. --prune-ranks simulates only the ranks that can set a collective's\n"
+        "start; e.g. 131,072 distinct ranks, 100 steps:\n"
+        "  fsdplab simulate T.json --world-size 131072 --steps 100 --rank-jitter 0.02:1 \\\n"
+        "      --step-jitter 0.03:2 --step-stragglers 4:1.3 --prune-ranks --timeline-ranks 1",
         args);
   }
   StatusOr<LoadedTraces> loaded = LoadTraces(args);
@@ -329,6 +363,9 @@ int RunSimulate(const Argv& argv) {
   }
   if (result->critical_path) {
     report.critical_path_json = sim::CriticalPathToJson(*result->critical_path, first.model);
+  }
+  if (Status s = sim::AddStepVariability(report, *result, opt, simulate); !s.ok()) {
+    return Fail(kCmd, s);
   }
 
   if (std::optional<std::string> tl = args.Get("--timeline")) {
