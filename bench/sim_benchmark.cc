@@ -2,8 +2,9 @@
 // ranks x 128 units: every rank distinct (each its own compute speed, so no two fold into a
 // rank class and every rank is simulated) at 64 to 4,096 ranks, with the cost per distinct rank
 // (time_per_rank, flat when the cost is linear in the ranks); identical ranks (folded onto one);
-// and the simulator's own peak memory. A case that cannot run as described (an error, or ranks
-// that folded when they should not) fails the binary (bench_main.h).
+// the same pruned to the ranks that can be the last to reach a collective (1,024 to 131,072
+// ranks); and the simulator's own peak memory. A case that cannot run as described (an error,
+// or ranks that folded or were pruned when they should not) fails the binary (bench_main.h).
 //
 //   build/bench/sim_benchmark --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
@@ -145,6 +146,38 @@ BENCHMARK(BM_StepDistinctRanks)
     ->Arg(1024)
     ->Arg(4096)
     ->Unit(benchmark::kMillisecond);
+
+// Every rank distinct, pruned (SimOptions::prune_ranks): only the slowest rank and the one the
+// timeline keeps are simulated, exactly (tests/sim/distinct_ranks_test.cc holds it to every rank
+// simulated). time_per_rank is then the cost per distinct rank of the whole run: the speed
+// draws, the rank classes and the choice of the ranks to simulate.
+void BM_StepPrunedRanks(benchmark::State& state) {
+  const int ranks = static_cast<int>(state.range(0));
+  Trace t = LayeredTrace(127);
+  SimOptions o = Options(ranks, /*distinct=*/true);
+  o.prune_ranks = true;
+  std::uint64_t events = 0;
+  std::uint64_t commands = 0;
+  int simulated = 0;
+  for (auto _ : state) {
+    StatusOr<SimResult> r = Simulate(t, o);
+    // Rank 0 (kept in the timeline) and the slowest rank.
+    if (std::optional<std::string> failed = Failure(r, /*expect_simulated=*/2)) {
+      state.SkipWithError(failed->c_str());
+      return;
+    }
+    events = r->events;
+    commands = r->commands;
+    simulated = r->ranks_simulated;
+    benchmark::DoNotOptimize(r->timeline.ops.data());
+  }
+  Report(state, events, commands);
+  state.counters["ranks_simulated"] = simulated;
+  state.counters["time_per_rank"] =
+      benchmark::Counter(static_cast<double>(ranks) * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_StepPrunedRanks)->Arg(1024)->Arg(16384)->Arg(131072)->Unit(benchmark::kMillisecond);
 
 // Identical ranks: rank 0 is simulated and the others folded onto it.
 void BM_StepFolded(benchmark::State& state) {
