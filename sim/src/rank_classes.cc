@@ -173,18 +173,15 @@ StepSpeeds ComputeStepSpeeds(const RankClassing& classing, const StepFactors& st
 // Why the pruning argument (docs/design.md, "Distinct ranks at scale") does not hold for these
 // options; empty when it does.
 //
-// It needs: every rank runs the same program, so that ranks differ only in compute durations;
-// a rank's arrival at each collective is then a max-plus expression of its compute durations
-// and of its collective groups' start and end times, non-decreasing in each. Under zero3 every
-// collective spans the world, so all ranks see the same group times, and with them a slower
-// rank never arrives earlier. Under hsdp that holds within a shard group while every replica
-// column's all-reduces start at the same times (checked as the run goes).
-std::string WhyNotPruned(const SimOptions& options, const StepFactors& step_factors, bool one_trace,
-                         bool hsdp) {
-  if (!one_trace) {
-    return "per-rank traces: each rank runs a program of its own, so no single speed orders "
-           "one rank's arrivals against another's";
-  }
+// It needs ranks that differ only in how long their computes take: a rank's arrival at each
+// collective is then a max-plus expression of its compute durations and of its collective
+// groups' start and end times, non-decreasing in each. Under zero3 every collective spans the
+// world, so all ranks see the same group times, and with them a rank whose every compute takes
+// at least as long never arrives earlier. Under hsdp that holds within a shard group while every
+// replica column's all-reduces start at the same times (checked as the run goes).
+std::string WhyNotPruned(const RankClassing& classing,
+                         const std::vector<const SimProgram*>& programs, const SimOptions& options,
+                         const StepFactors& step_factors, bool one_trace, bool hsdp) {
   if (options.memory_cap) {
     return "a memory cap: a gather waits until a free makes room, so when a rank reaches a "
            "collective depends on its memory, not only on its speed";
@@ -194,6 +191,20 @@ std::string WhyNotPruned(const SimOptions& options, const StepFactors& step_fact
            "rank's other streams do at that instant, which speed does not order";
   }
   if (options.critical_path) return "--explain: the critical path is built over every rank";
+  if (!one_trace) {
+    if (hsdp || step_factors.any()) {
+      return "per-rank traces are pruned under zero3 without per-step variation only";
+    }
+    for (const RankClass& c : classing.classes) {
+      if (!SameButComputeTimes(*programs[Idx(c.program)],
+                               *programs[Idx(classing.classes.front().program)])) {
+        return fmt::format(
+            "per-rank traces: rank {}'s commands differ from rank {}'s (not only in how long "
+            "its computes take), so no speed orders their arrivals",
+            c.first_rank, classing.classes.front().first_rank);
+      }
+    }
+  }
   if (hsdp && step_factors.any()) {
     return "hsdp with per-step variation: each shard group's slowest rank changes from step to "
            "step";
@@ -208,14 +219,54 @@ std::string WhyNotPruned(const SimOptions& options, const StepFactors& step_fact
   return {};
 }
 
-PrunedRanks PruneRanks(const RankClassing& classing, const SimOptions& options,
-                       const StepFactors& step_factors, const StepSpeeds& speeds, bool one_trace,
-                       int world, int shard_group, int steps) {
+// Per-rank traces (same commands, own compute times), zero3: the classes no other class
+// dominates (every compute at least as long), found greedily in order of total compute (a
+// dominating class has at least the total of the one it dominates, so comes first). -1 entries:
+// more than kMaxFront classes are each the slowest somewhere, and pruning would gain little.
+std::vector<int> UndominatedClasses(const RankClassing& classing,
+                                    const std::vector<const SimProgram*>& programs) {
+  constexpr std::size_t kMaxFront = 64;
+  const std::vector<RankClass>& classes = classing.classes;
+  std::vector<std::vector<double>> d(classes.size());
+  std::vector<double> total(classes.size(), 0);
+  for (std::size_t i = 0; i < classes.size(); ++i) {
+    const SimProgram& p = *programs[Idx(classes[i].program)];
+    for (const ProgOp& op : p.ops) {
+      if (op.type != PlanOpKind::kCompute) continue;
+      d[i].push_back(op.us * classes[i].factor);  // as the engine computes it
+      total[i] += d[i].back();
+    }
+  }
+  std::vector<int> order(classes.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return total[Idx(a)] > total[Idx(b)]; });
+  std::vector<int> front;
+  for (int c : order) {
+    bool dominated = false;
+    for (std::size_t f = 0; f < front.size() && !dominated; ++f) {
+      const std::vector<double>& a = d[Idx(front[f])];
+      const std::vector<double>& b = d[Idx(c)];
+      dominated = true;
+      for (std::size_t o = 0; o < b.size() && dominated; ++o) dominated = a[o] >= b[o];
+    }
+    if (dominated) continue;
+    front.push_back(c);
+    if (front.size() > kMaxFront) return {-1};
+  }
+  return front;
+}
+
+PrunedRanks PruneRanks(const RankClassing& classing, const std::vector<const SimProgram*>& programs,
+                       const SimOptions& options, const StepFactors& step_factors,
+                       const StepSpeeds& speeds, bool one_trace, int world, int shard_group,
+                       int steps) {
   PrunedRanks out;
   const std::vector<RankClass>& classes = classing.classes;
   if (!options.prune_ranks || classes.size() <= 1) return out;
   const bool hsdp = shard_group < world;
-  if (std::string why = WhyNotPruned(options, step_factors, one_trace, hsdp); !why.empty()) {
+  if (std::string why = WhyNotPruned(classing, programs, options, step_factors, one_trace, hsdp);
+      !why.empty()) {
     out.note = "--prune-ranks: every rank class was simulated: " + why;
     return out;
   }
@@ -225,7 +276,21 @@ PrunedRanks PruneRanks(const RankClassing& classing, const SimOptions& options,
   std::vector<std::uint8_t> keep(n, 0);
   for (std::size_t i = 0; i < recorded; ++i) keep[i] = 1;
   std::string why_exact;
-  if (!hsdp) {
+  if (!one_trace) {
+    const std::vector<int> front = UndominatedClasses(classing, programs);
+    if (!front.empty() && front.front() < 0) {
+      out.note =
+          "--prune-ranks: every rank class was simulated: more than 64 rank traces are each the "
+          "slowest at some compute, so pruning would leave out few";
+      return out;
+    }
+    for (int c : front) keep[Idx(c)] = 1;
+    why_exact = fmt::format(
+        "the {} whose computes no other rank's all take at least as long. Every collective "
+        "spans the world, and a rank whose every compute takes at least as long never reaches "
+        "one earlier, so no other rank is ever the last to arrive",
+        front.size() == 1 ? "rank" : fmt::format("{} ranks", front.size()));
+  } else if (!hsdp) {
     // A class that is the slowest in every step stands for every rank; else the envelope does,
     // checked against each step's slowest class.
     int always = -1;

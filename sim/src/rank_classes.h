@@ -10,6 +10,7 @@
 
 #include "fsdplab/sim/simulator.h"
 #include "fsdplab/sim/variability.h"
+#include "program.h"
 
 namespace fsdplab::sim {
 
@@ -67,8 +68,10 @@ struct PrunedRanks {
 };
 
 // The classes that must be simulated for every result to be what simulating all of them gives.
-PrunedRanks PruneRanks(const RankClassing& classing, const SimOptions& options,
-                       const StepFactors& step_factors, const StepSpeeds& speeds, bool one_trace,
-                       int world, int shard_group, int steps);
+// `programs`: each class's program (by RankClass::program).
+PrunedRanks PruneRanks(const RankClassing& classing, const std::vector<const SimProgram*>& programs,
+                       const SimOptions& options, const StepFactors& step_factors,
+                       const StepSpeeds& speeds, bool one_trace, int world, int shard_group,
+                       int steps);
 
 }  // namespace fsdplab::sim

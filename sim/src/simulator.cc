@@ -222,8 +222,17 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
     result.slowest_rank_by_step.push_back(classes[Idx(speeds.slowest_class[s])].first_rank);
     result.slowest_factor_by_step.push_back(speeds.slowest[s]);
   }
-  const PrunedRanks pruned =
-      PruneRanks(classing, options, step_factors, speeds, one_trace, world, shard_group, steps);
+  std::vector<RankProgram> programs;
+  if (one_trace) {
+    programs.push_back(BuildProgram(first, options.policy, world, steps));
+  } else {
+    for (const Trace* t : traces)
+      programs.push_back(BuildProgram(*t, options.policy, world, steps));
+  }
+  std::vector<const SimProgram*> program_ptrs;
+  for (const RankProgram& rp : programs) program_ptrs.push_back(rp.program.get());
+  const PrunedRanks pruned = PruneRanks(classing, program_ptrs, options, step_factors, speeds,
+                                        one_trace, world, shard_group, steps);
   std::vector<int> simulate_classes;  // indices into `classes`
   if (pruned.pruned) {
     simulate_classes = pruned.classes;
@@ -233,14 +242,6 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
     }
   }
   const int simulated = static_cast<int>(simulate_classes.size());
-
-  std::vector<RankProgram> programs;
-  if (one_trace) {
-    programs.push_back(BuildProgram(first, options.policy, world, steps));
-  } else {
-    for (const Trace* t : traces)
-      programs.push_back(BuildProgram(*t, options.policy, world, steps));
-  }
 
   std::array<std::uint32_t, kNumStreams> max_colls{};
   for (const RankProgram& rp : programs) {

@@ -203,6 +203,57 @@ INSTANTIATE_TEST_SUITE_P(DistinctRanks, PruneRanksTest,
 
                          [](const ::testing::TestParamInfo<PruneCase>& p) { return p.param.name; });
 
+// Per-rank traces that record the same step with compute times of their own: rank r's computes
+// take s_r = 1 + 0.001 x ((37 r) mod 48) times the base trace's (48 distinct values, 1.000 to
+// 1.047); the ranks r with r mod 7 = 3 (3, 10, ..., 45) take 1.3 s_r in their first compute and
+// 0.9 s_r in the others. A rank is left out when another's every compute takes at least as long.
+// Among the regular ranks the one of the largest s_r dominates the rest; the odd ranks dominate
+// each other in order of s_r; neither of the two largest dominates the other (1.3 x 1.0 > 1.047
+// in the first compute, 0.9 x 1.047 < 1.0 in the others). So 3 ranks are simulated: rank 0 (the
+// timeline keeps it; it is neither, s_0 = 1.000), the regular and the odd rank of the largest s_r.
+TEST(DistinctRanks, PerRankTracesArePrunedToTheUndominated) {
+  const Trace base = SmallSynthTrace(1);
+  constexpr int kRanks = 48;
+  std::vector<Trace> traces;
+  for (int r = 0; r < kRanks; ++r) {
+    Trace t = base;
+    t.meta.rank = r;
+    const double scale = 1 + 0.001 * ((37 * r) % 48);
+    bool first = true;
+    for (Step& st : t.steps) {
+      for (Microbatch& mb : st.microbatches) {
+        for (Event& e : mb.events) {
+          if (e.op != Op::kCompute) continue;
+          const double odd = r % 7 == 3 ? (first ? 1.3 : 0.9) : 1.0;
+          e.us *= scale * odd;
+          first = false;
+        }
+      }
+    }
+    traces.push_back(std::move(t));
+  }
+  std::vector<const Trace*> ptrs;
+  for (const Trace& t : traces) ptrs.push_back(&t);
+  SimOptions opt;
+  opt.cluster.defaults_used = false;
+  opt.steps = 2;
+  opt.max_recorded_ranks = 1;
+  StatusOr<SimResult> every = SimulateRanks(ptrs, opt);
+  opt.prune_ranks = true;
+  StatusOr<SimResult> pruned = SimulateRanks(ptrs, opt);
+  ASSERT_TRUE(every.ok() && pruned.ok());
+  ASSERT_TRUE(every->status.ok() && pruned->status.ok());
+  EXPECT_EQ(every->ranks_simulated, kRanks);
+  EXPECT_EQ(pruned->ranks_simulated, 3);
+  EXPECT_TRUE(HasNote(*pruned, "whose computes no other rank's all take at least as long"));
+  EXPECT_EQ(ResultsOf(*pruned), ResultsOf(*every));
+  // Traces whose commands differ (rank 5 records two microbatches) are not pruned.
+  traces[5].steps[0].microbatches.push_back(traces[5].steps[0].microbatches.front());
+  StatusOr<SimResult> differ = SimulateRanks(ptrs, opt);
+  ASSERT_TRUE(differ.ok());
+  EXPECT_TRUE(HasNote(*differ, "rank 5's commands differ from rank 0's"));
+}
+
 // Where the argument does not hold, every rank is simulated and a note says why.
 TEST(DistinctRanks, PruningFallsBackToEveryRankWhereItDoesNotHold) {
   const Trace trace = SmallSynthTrace(1);
