@@ -117,28 +117,42 @@ void Report(benchmark::State& state, std::uint64_t events, std::uint64_t command
   state.counters["peak_rss_MiB"] = static_cast<double>(PeakRssKiB()) / 1024.0;
 }
 
+// One simulation per iteration, then the counters; the case fails (and so the binary) when a run
+// fails or simulates other than `expect_simulated` ranks. Returns the ranks simulated (0: failed).
+int MeasureSteps(benchmark::State& state, const Trace& t, const SimOptions& o,
+                 int expect_simulated) {
+  std::uint64_t events = 0;
+  std::uint64_t commands = 0;
+  int simulated = 0;
+  for (auto _ : state) {
+    StatusOr<SimResult> r = Simulate(t, o);
+    if (std::optional<std::string> failed = Failure(r, expect_simulated)) {
+      state.SkipWithError(failed->c_str());
+      return 0;
+    }
+    events = r->events;
+    commands = r->commands;
+    simulated = r->ranks_simulated;
+    benchmark::DoNotOptimize(r->timeline.ops.data());
+  }
+  Report(state, events, commands);
+  return simulated;
+}
+
+// The run's time over `ranks`.
+benchmark::Counter TimePerRank(const benchmark::State& state, int ranks) {
+  return benchmark::Counter(static_cast<double>(ranks) * static_cast<double>(state.iterations()),
+                            benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
 // Every rank distinct, every rank simulated: ranks x 128 units. time_per_rank is the cost of one
 // distinct rank; it stays flat when the cost grows linearly with the ranks.
 void BM_StepDistinctRanks(benchmark::State& state) {
   const int ranks = static_cast<int>(state.range(0));
   Trace t = LayeredTrace(127);  // + the root: 128 units
-  SimOptions o = Options(ranks, /*distinct=*/true);
-  std::uint64_t events = 0;
-  std::uint64_t commands = 0;
-  for (auto _ : state) {
-    StatusOr<SimResult> r = Simulate(t, o);
-    if (std::optional<std::string> failed = Failure(r, ranks)) {
-      state.SkipWithError(failed->c_str());
-      return;
-    }
-    events = r->events;
-    commands = r->commands;
-    benchmark::DoNotOptimize(r->timeline.ops.data());
+  if (MeasureSteps(state, t, Options(ranks, /*distinct=*/true), ranks) > 0) {
+    state.counters["time_per_rank"] = TimePerRank(state, ranks);
   }
-  Report(state, events, commands);
-  state.counters["time_per_rank"] =
-      benchmark::Counter(static_cast<double>(ranks) * static_cast<double>(state.iterations()),
-                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_StepDistinctRanks)
     ->Arg(64)
@@ -156,48 +170,21 @@ void BM_StepPrunedRanks(benchmark::State& state) {
   Trace t = LayeredTrace(127);
   SimOptions o = Options(ranks, /*distinct=*/true);
   o.prune_ranks = true;
-  std::uint64_t events = 0;
-  std::uint64_t commands = 0;
-  int simulated = 0;
-  for (auto _ : state) {
-    StatusOr<SimResult> r = Simulate(t, o);
-    // Rank 0 (kept in the timeline) and the slowest rank.
-    if (std::optional<std::string> failed = Failure(r, /*expect_simulated=*/2)) {
-      state.SkipWithError(failed->c_str());
-      return;
-    }
-    events = r->events;
-    commands = r->commands;
-    simulated = r->ranks_simulated;
-    benchmark::DoNotOptimize(r->timeline.ops.data());
+  // Rank 0 (kept in the timeline) and the slowest rank.
+  if (const int simulated = MeasureSteps(state, t, o, /*expect_simulated=*/2); simulated > 0) {
+    state.counters["ranks_simulated"] = simulated;
+    state.counters["time_per_rank"] = TimePerRank(state, ranks);
   }
-  Report(state, events, commands);
-  state.counters["ranks_simulated"] = simulated;
-  state.counters["time_per_rank"] =
-      benchmark::Counter(static_cast<double>(ranks) * static_cast<double>(state.iterations()),
-                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_StepPrunedRanks)->Arg(1024)->Arg(16384)->Arg(131072)->Unit(benchmark::kMillisecond);
 
 // Identical ranks: rank 0 is simulated and the others folded onto it.
 void BM_StepFolded(benchmark::State& state) {
-  int ranks = static_cast<int>(state.range(0));
+  const int ranks = static_cast<int>(state.range(0));
   Trace t = LayeredTrace(127);
   SimOptions o = Options(ranks, /*distinct=*/false);
   o.record_host_ops = true;
-  std::uint64_t events = 0;
-  std::uint64_t commands = 0;
-  for (auto _ : state) {
-    StatusOr<SimResult> r = Simulate(t, o);
-    if (std::optional<std::string> failed = Failure(r, /*expect_simulated=*/1)) {
-      state.SkipWithError(failed->c_str());
-      return;
-    }
-    events = r->events;
-    commands = r->commands;
-    benchmark::DoNotOptimize(r->timeline.ops.data());
-  }
-  Report(state, events, commands);
+  MeasureSteps(state, t, o, /*expect_simulated=*/1);
 }
 BENCHMARK(BM_StepFolded)->Arg(1024)->Unit(benchmark::kMillisecond);
 
