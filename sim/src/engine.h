@@ -262,7 +262,7 @@ class Engine {
   }
 
   void Executed(const RankState& r, const ProgOp& op) {
-    if (!opt_.log_executed_ops || op.type == PlanOpKind::kRecord) return;
+    if (!opt_.log_executed_ops || op.type == PlanOpKind::kRecord || r.stand_in) return;
     executed_.push_back(ExecutedOp{.rank = r.id,
                                    .stream = op.stream,
                                    .kind = op.type,

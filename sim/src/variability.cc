@@ -99,7 +99,7 @@ std::vector<StepVariability::Count> Top(const std::map<int, int>& counts, std::s
 std::string Ms(TimeUs us) { return fmt::format("{:.3f} ms", us / 1e3); }
 
 std::string Percent(TimeUs part, TimeUs whole) {
-  return whole > 0 ? fmt::format("{:+.1f}%", 100.0 * part / whole) : std::string("n/a");
+  return whole > 0 ? fmt::format("{:+.2f}%", 100.0 * part / whole) : std::string("n/a");
 }
 
 }  // namespace
