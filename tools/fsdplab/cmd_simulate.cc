@@ -120,12 +120,6 @@ void DeclareEngineFlags(Args& args) {
                "in each step K ranks drawn at random (from SEED, default 0) compute FACTOR times "
                "slower; reported as --step-jitter is",
                "K:FACTOR[:SEED]");
-  args.Declare("--prune-ranks", ArgKind::kSwitch,
-               "simulate only the ranks that can be the last to reach a collective (the slowest "
-               "of each step, of each shard group) and the ones the timeline keeps: exact, and "
-               "what makes 100,000+ distinct ranks take seconds; where it cannot hold (memory "
-               "cap, per-rank traces, --explain, ...) every rank is simulated and a note says "
-               "why");
   args.Declare("--timeline-ranks", ArgKind::kValue,
                "keep the timeline (ops, memory samples) of the first N simulated ranks or rank "
                "classes only; the others keep their peaks (default 64)",
@@ -192,7 +186,6 @@ Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& o) {
   if (std::optional<std::string> v = args.Get("--step-stragglers")) {
     FSDP_RETURN_IF_ERROR(sim::ParseStepStragglers(*v, o.step_variation));
   }
-  o.prune_ranks = args.Has("--prune-ranks");
   o.max_recorded_ranks = 64;
   if (std::optional<std::string> v = args.Get("--timeline-ranks")) {
     FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--timeline-ranks"));
@@ -286,6 +279,13 @@ int RunSimulate(const Argv& argv) {
                "the critical path: the chain of operations that sets the run's length, grouped "
                "by unit and kind; every gather's slack; the top causes with what-if savings "
                "(report JSON: critical_path; timeline: a flow through the path)");
+  // Not for sweep and tune: they take the peak over every rank, which pruning does not simulate.
+  args.Declare("--prune-ranks", ArgKind::kSwitch,
+               "simulate only the ranks that can be the last to reach a collective (the slowest "
+               "of each step, of each shard group) and the ones the timeline keeps: the report "
+               "is exactly the one every rank simulated gives, and 100,000+ distinct ranks take "
+               "seconds; where that cannot hold (memory cap, --explain, hsdp with per-step "
+               "variation, ...) every rank is simulated and a note says why");
   DeclarePolicyFlags(args);
   DeclareClusterFlags(args);
   DeclareEngineFlags(args);
@@ -327,6 +327,7 @@ int RunSimulate(const Argv& argv) {
   if (Status s = EngineOptionsFromArgs(args, opt); !s.ok()) return Fail(kCmd, s);
   if (opt.steps == 0) opt.steps = std::max<int>(2, static_cast<int>(first.steps.size()));
   opt.critical_path = args.Has("--explain");
+  opt.prune_ranks = args.Has("--prune-ranks");
 
   auto simulate = [&](const sim::SimOptions& o) -> StatusOr<sim::SimResult> {
     if (!loaded->per_rank) return sim::Simulate(first, o);

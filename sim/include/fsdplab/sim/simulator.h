@@ -150,7 +150,9 @@ struct SimResult final {
   TimeUs memory_cap_lower_bound_us = 0;
   // The bytes the collectives of every rank walk (CollectiveFootprintBytes, summed over ranks).
   Bytes collective_footprint_bytes = 0;
-  std::vector<Bytes> peak_memory_by_rank;    // every simulated rank, recorded or not
+  // Every simulated rank, recorded or not (with prune_ranks the ranks left out have none: their
+  // collective times are known, their memory peaks are not).
+  std::vector<Bytes> peak_memory_by_rank;
   std::vector<Bytes> peak_reserved_by_rank;  // the caching allocator's (allocator_model)
   // With log_executed_ops: every plan operation but the records, in the order each stream of
   // each simulated rank carried it out.
