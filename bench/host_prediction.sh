@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Predicted vs measured step time on the host backend (issue: simulator within 5% of the host
-# executor). Runs every sample trace live with --compute timed, calibrates the collective model
-# from `bench-gather --backend host` (the all-gather and reduce-scatter curves, measured before
-# and after the live runs, and with --op concurrent how much each slows the other while both
-# run), simulates the same steps with the calibrated cluster, and prints the error per trace
-# and the median |error|.
+# Predicted vs measured step time on the host backend (docs/design.md §5: the simulator within
+# 5% of the host executor). Runs every sample trace live with --compute timed, calibrates the
+# collective model from `bench-gather --backend host` (the all-gather and reduce-scatter curves,
+# measured before and after the live runs, and with --op concurrent how much each slows the
+# other while both run), simulates the same steps with the calibrated cluster, and prints the
+# error per trace and the median |error|.
 #
 #   bench/host_prediction.sh [BUILD_DIR] [COMM_CONTENTION]
 #   bench/host_prediction.sh --grid [--seed N] [--count N] [--build DIR]
 #
 # MPI_NP=N: the ranks as N processes (`mpirun -np N`, collectives over MPI) for both the
-# bench-gather calibration and the live runs, instead of threads of one process (issue 18).
+# bench-gather calibration and the live runs, instead of threads of one process.
 # TORCHRUN_NP=N: the same under torchrun (`torchrun --nproc-per-node N --no-python`, collectives
 # over Gloo; TORCHRUN overrides the torch 2.x environment's torchrun).
 # TRACES="gpt_small two_microbatches": only those sample traces.

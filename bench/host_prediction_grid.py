@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Predicted against measured step time on the host backend over a seeded grid of synthetic
-workloads (issue 11), so that the prediction is shown off the bundled traces.
+workloads, so that the prediction is shown off the bundled traces (what it gave: bench/README.md).
 
     bench/host_prediction.sh --grid [--seed N] [--count N] [--build DIR]
 
@@ -87,22 +87,40 @@ def log_stratified(lo, hi, n, rng):
     return out
 
 
-def layer_bytes(hidden, ffn, dtype):
-    # synth's layer: q, k, v, o (hidden x hidden, k/v heads = heads), gate/up/down (hidden x
-    # ffn), two RMSNorms (hidden). MXFP8 projections: 1 byte per element per plane, two planes,
-    # plus one scale byte per 32 elements per plane; norms stay bf16.
-    proj = 4 * hidden * hidden + 3 * hidden * ffn
-    if dtype == "mxfp8":
-        return 2 * (proj + proj // 32) + 2 * 2 * hidden
-    return 2 * (proj + 2 * hidden)
+def layer_bytes(f, hidden, ffn, dtype, _cache={}):
+    # A synth layer's parameter bytes as fsdplab counts them (both planes of its MXFP8
+    # projections, scales included): `fsdplab simulate --json` of a one-layer trace on one rank,
+    # the layer kept from forward to backward, gathers each plane once (its gather_bytes).
+    key = (hidden, ffn, dtype)
+    if key not in _cache:
+        with tempfile.TemporaryDirectory() as d:
+            trace = os.path.join(d, "layer.json")
+            run([f, "synth", "--layers", "1", "--hidden", str(hidden), "--ffn", str(ffn),
+                 "--heads", "8", "--vocab", "512", "--dtype", dtype, "--steps", "1",
+                 "--world-size", "1", "-o", trace])
+            report = json.loads(run([f, "simulate", trace, "--json", "--world-size", "1",
+                                     "--steps", "1", "--reshard-after-forward", "false"]))
+        _cache[key] = next(u["gather_bytes"] for u in report["units"]
+                           if u["unit"] == "model.layers.0")
+    return _cache[key]
 
 
-def shape_for(target_bytes, dtype):
-    # hidden a multiple of 64, ffn = 4 x hidden rounded to 64: the size nearest the target.
+def shape_for(f, target_bytes, dtype):
+    # hidden a multiple of 64, ffn = 4, 3 or 2 x hidden: the size nearest the target. A layer's
+    # bytes grow with hidden, so per ffn ratio a bisection finds the two sizes around the target.
+    hiddens = range(64, 4096 + 1, 64)
     best = None
-    for hidden in range(64, 4096 + 1, 64):
-        for ffn in (4 * hidden, 3 * hidden, 2 * hidden):
-            b = layer_bytes(hidden, ffn, dtype)
+    for ratio in (4, 3, 2):
+        lo, hi = 0, len(hiddens) - 1
+        while lo < hi:  # the first hidden whose layer reaches the target
+            mid = (lo + hi) // 2
+            if layer_bytes(f, hiddens[mid], ratio * hiddens[mid], dtype) < target_bytes:
+                lo = mid + 1
+            else:
+                hi = mid
+        for i in sorted({max(lo - 1, 0), lo}):
+            hidden, ffn = hiddens[i], ratio * hiddens[i]
+            b = layer_bytes(f, hidden, ffn, dtype)
             score = abs(math.log(b / target_bytes))
             if best is None or score < best[0]:
                 best = (score, hidden, ffn, b)
@@ -192,7 +210,7 @@ def main():
     workloads = []
     for i in range(n):
         dtype = dtypes[i]
-        hidden, ffn, ubytes = shape_for(sizes[i] * MiB, dtype)
+        hidden, ffn, ubytes = shape_for(f, sizes[i] * MiB, dtype)
         w = worlds[i]
         ag_us = all_gather_us(f, f"{work}/provisional{w}.json", w, ubytes)
         # Forward FLOPs of a layer: 2 x parameters x tokens; its compute should last ratio x the
@@ -264,7 +282,7 @@ def measure(f, work, name, trace, w, policy, repeat, sized, again=False):
     # `repeat`), so that the curves sample the minutes the runs ran in rather than only their
     # two ends. Predictions of one workload from the bench before its runs alone and from the
     # one after alone differed by a median 1.7% but up to 26% (seed 89, the communication-bound
-    # ones); on 16 measurements of eight of them (2026-12-04), the same runs predicted from the
+    # ones); on 16 measurements of eight of them, the same runs predicted from the
     # first and last of these benches against all four: mean |error| 7.9% -> 5.7%, p90 17.1%
     # -> 11.2%, largest 27.1% -> 14.0%. `sized`: the workload's sizing. `again`: the files of
     # a second measurement (AGAIN), sized as the first.
@@ -283,8 +301,8 @@ def measure(f, work, name, trace, w, policy, repeat, sized, again=False):
         # compute (bench-gather --trace): the curves the beside prediction uses. A bench that
         # rotates copies of one size over the bytes the collectives walk read seed 151's
         # small-unit workloads' live collectives 12-24% slow (their shards and pool buffers
-        # stay in the caches); predicted from it, four of them came out +9% to +26% on
-        # 2026-12-05, from this one -1% to -11%.
+        # stay in the caches); predicted from it, four of them came out +9% to +26%, from this
+        # one -1% to -11%.
         run([f, "bench-gather", "--backend", "host", "--world-size", str(w), "--trace", trace,
              *policy, "-n", str(trace_steps), "--nccl-out", f"{out}.trace.{tag}.txt"])
 

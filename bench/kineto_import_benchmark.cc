@@ -1,5 +1,5 @@
-// Kineto import throughput (issue: >= 150 MB/s of uncompressed JSON on one core, memory well
-// below the file size).
+// Kineto import throughput (docs/design.md §5: profile reading >= 200 MB/s of uncompressed JSON
+// on one core; memory well below the file size).
 //
 // Writes, streaming, a Kineto-like profile of an FSDP2 run as torch.profiler exports it
 // (pretty-printed events with record_shapes arguments): ProfilerStep#N ranges, a root and 32

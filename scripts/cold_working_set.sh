@@ -9,12 +9,11 @@
 #                                            # at most the cold size
 #
 # A live step walks its collectives' footprint, and a bench that walks more than that measures
-# colder buffers than the step finds. On a machine with a 480 MiB L3 (shared with other tenants)
-# the cold 3840M read gpt_small's 24 MiB all-gather 10-35% slower than its live step, walking 951
-# MiB, ran it; and with a floor of 256M (this script's until then), the 2-rank all-gathers of
-# workloads walking 99-198 MB ran live at 0.55-0.64x their curve and were over-predicted by 15-36%
-# (seed 151). On a 32 MiB L3 the footprint and the cold size gave the same predictions within the
-# runs' noise (seed 107; docs/design.md §7, "the working set a workload walks").
+# colder buffers than the step finds; one that walks less, hotter ones. What a process keeps in a
+# shared last-level cache can be far less than the cache (where the L3 reads 480 MiB, shared with
+# other tenants, a 24 MiB all-gather already ran cold over a 512M working set), so a workload's
+# benches walk its own footprint, capped by the cold size. The measurements behind it are in
+# bench/README.md ("Host bench-gather" and the grid's history).
 #
 # A fixed size is machine-specific: 256M is 8x a 32 MiB L3 but fits in the 1 GiB L3 of a
 # stacked-cache server, where "cold" curves would come out hot. The cache size comes from sysfs

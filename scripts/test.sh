@@ -38,10 +38,11 @@ cmake --preset tsan >/dev/null
 cmake --build --preset tsan -j"$jobs" --target fsdplab_host_tests
 ctest --preset tsan -j"$jobs"
 
-phase "core, sim, inputs, host and fuzz corpora under AddressSanitizer + UBSan"
+phase "core, report, live, sim, inputs, host and fuzz corpora under AddressSanitizer + UBSan"
 cmake --preset asan >/dev/null
 # Only what the asan test preset runs (its labels): the suites' binaries and the fuzz replays.
-cmake --build --preset asan -j"$jobs" --target fsdplab_core_tests fsdplab_sim_tests \
+cmake --build --preset asan -j"$jobs" --target fsdplab_core_tests fsdplab_report_tests \
+  fsdplab_live_tests fsdplab_sim_tests \
   fsdplab_inputs_tests fsdplab_host_tests fsdplab_fuzz_trace_reader_replay \
   fsdplab_fuzz_policy_cluster_replay fsdplab_fuzz_nccl_tests_replay fsdplab_fuzz_kineto_replay \
   fsdplab_fuzz_args_replay

@@ -490,8 +490,8 @@ Status CudaExecutor::Impl::RunPart(RankState& r, const PlanOp& op, const Collect
   cudaStream_t stream = r.streams[static_cast<std::size_t>(op.stream)].get();
   DeviceBuffer& out = r.buffers[static_cast<std::size_t>(part.buffer)];
   DeviceBuffer& in = r.buffers[static_cast<std::size_t>(part.src_buffer)];
-  const std::string where = fmt::format("rank {}, step {}, unit '{}', {}", r.rank, op.origin.step,
-                                        model_.NameOf(op.unit), CollectiveOpName(op.collective));
+  const std::string where =
+      DescribePosition(r.rank, op.origin, model_.NameOf(op.unit), CollectiveOpName(op.collective));
   if (op.emulated) {
     auto* o = out.as<unsigned char>();
     const auto* i = in.as<unsigned char>();
@@ -596,15 +596,15 @@ Status CudaExecutor::Impl::RunCompute(RankState& r, const PlanOp& op) {
       if (info.group == g && info.plane == plane) id = b;
     }
     if (id < 0 && no_shard) id = r.program->sharded_buffer(op.unit, g, plane);
+    const GroupLayout& gl = layout_.group(op.unit, g);
     if (id < 0) {
       return StepFailed(
-          fmt::format("rank {}, step {}, unit '{}', compute ({}): no unsharded {} "
-                      "plane of group {}",
-                      r.rank, op.origin.step, unit.name(), PhaseName(op.phase),
-                      plane == 0 ? "rowwise" : "columnwise", g));
+          fmt::format("{}: no unsharded {} plane of group {}",
+                      DescribePosition(r.rank, op.origin, unit.name(),
+                                       fmt::format("compute ({})", PhaseName(op.phase))),
+                      PlaneName(gl, plane), g));
     }
     const auto* base = r.buffers[static_cast<std::size_t>(id)].as<unsigned char>();
-    const GroupLayout& gl = layout_.group(op.unit, g);
     for (const ParamLayout& pl : gl.params) {
       if (!pl.matrix || pl.rows <= 1) continue;
       const struct { std::int64_t rows, cols; } shape{pl.rows, pl.cols};
@@ -638,8 +638,8 @@ std::string CudaExecutor::Impl::DescribeStuck(std::size_t rank_index) const {
     if (cudaEventQuery(r.events[static_cast<std::size_t>(end)].get()) == cudaSuccess) continue;
     (void)cudaGetLastError();
     const TimelineOp& op = ops[i];
-    return fmt::format("rank {}, step {}, microbatch {}, unit '{}', {}", r.rank, op.step,
-                       op.microbatch, model_.NameOf(op.unit), OpKindName(op.kind));
+    return DescribePosition(r.rank, CommandOrigin{.step = op.step, .microbatch = op.microbatch},
+                            model_.NameOf(op.unit), OpKindName(op.kind));
   }
   return fmt::format("rank {}", r.rank);
 }

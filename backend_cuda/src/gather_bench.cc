@@ -1,6 +1,6 @@
-// bench-gather on CUDA: the hooks of the shared harness (core/gather_bench.h) on CUDA streams,
+// bench-gather on CUDA: the hooks of the shared harness (live/gather_bench.h) on CUDA streams,
 // NCCL collectives and cuBLAS GEMMs, timed with CUDA events.
-#include "fsdplab/core/gather_bench.h"
+#include "fsdplab/live/gather_bench.h"
 
 #include <cuda_bf16.h>
 #include <fmt/format.h>

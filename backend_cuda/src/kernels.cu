@@ -103,13 +103,14 @@ __global__ void SpinKernel(std::uint64_t ns) {
 
 __global__ void DequantizeKernel(const __nv_fp8_e4m3* data, const unsigned char* scales,
                                  std::int64_t rows, std::int64_t cols, __nv_bfloat16* out) {
+  constexpr auto kBlock = static_cast<std::int64_t>(kMxfp8ScaleBlock);
   const std::int64_t n = rows * cols;
-  const std::int64_t blocks_per_row = (cols + 31) / 32;
+  const std::int64_t blocks_per_row = (cols + kBlock - 1) / kBlock;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = i / cols;
     const std::int64_t c = i % cols;
-    const int e = scales[r * blocks_per_row + c / 32];
+    const int e = scales[r * blocks_per_row + c / kBlock];
     out[i] = __float2bfloat16(static_cast<float>(data[i]) * exp2f(static_cast<float>(e - 127)));
   }
 }

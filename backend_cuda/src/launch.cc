@@ -3,7 +3,7 @@
 #include <memory>
 #include <utility>
 
-#include "fsdplab/core/rendezvous.h"
+#include "fsdplab/live/rendezvous.h"
 
 namespace fsdplab::cuda {
 

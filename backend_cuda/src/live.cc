@@ -8,14 +8,14 @@
 #include <tuple>
 #include <utility>
 
-#include "fsdplab/core/launch.h"
 #include "fsdplab/core/scheduler.h"
-#include "fsdplab/core/trace_recorder.h"
 #include "fsdplab/cuda/check.h"
 #include "fsdplab/cuda/device.h"
 #include "fsdplab/cuda/executor.h"
 #include "fsdplab/cuda/launch.h"
-#include "fsdplab/mpi/mpi.h"
+#include "fsdplab/live/launch.h"
+#include "fsdplab/live/mpi.h"
+#include "fsdplab/live/trace_recorder.h"
 
 namespace fsdplab::cuda {
 namespace {
@@ -104,15 +104,19 @@ StatusOr<Topology> Connect(const LiveOptions& options, const CudaRunOptions& cud
 
 StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options,
                                   const CudaRunOptions& cuda_options) {
-  if (options.steps < 1)
-    return UsageError(fmt::format("steps {} must be at least 1", options.steps));
-  if (trace.steps.empty()) return InvalidInput("the trace has no steps to run");
-  if (!options.fail_op.empty() && options.fail_op != "compute" && options.fail_op != "mismatch" &&
-      options.fail_op != "hang") {
-    return UsageError(
-        fmt::format("unknown fault '{}': expected compute, mismatch or hang", options.fail_op));
+  {
+    // The ranks this run will have: emulated on one GPU, the launcher's, or the option's.
+    FSDP_ASSIGN_OR_RETURN(const LaunchInfo launch, DetectLaunch());
+    LiveOptions checked = options;
+    if (cuda_options.emulate_world_size.value_or(0) >= 1) {
+      checked.world_size = *cuda_options.emulate_world_size;
+    } else if (launch.multi_process()) {
+      checked.world_size = launch.world_size;
+    }
+    FSDP_RETURN_IF_ERROR(ValidateLiveOptions(
+        trace, checked, "die ends a rank's process, which only the host backend does"));
   }
-  FSDP_RETURN_IF_ERROR(ValidatePolicy(options.policy, trace.model));
+  FSDP_ASSIGN_OR_RETURN(const UnitId fault_unit, FaultUnit(trace.model, options));
   FSDP_ASSIGN_OR_RETURN(std::vector<DeviceInfo> devices, VisibleDevices());
   FSDP_ASSIGN_OR_RETURN(Topology topo, Connect(options, cuda_options, devices));
   ExecutorConfig& cfg = topo.config;
@@ -124,14 +128,7 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   cfg.fault.rank = options.fail_rank;
   cfg.fault.op = options.fail_op;
   cfg.fault.step = options.fail_step;
-  if (!options.fail_unit.empty()) {
-    std::optional<UnitId> u = trace.model.Find(options.fail_unit);
-    if (!u.has_value()) {
-      return UsageError(
-          fmt::format("fail_unit: '{}' is not a unit of the trace", options.fail_unit));
-    }
-    cfg.fault.unit = *u;
-  }
+  cfg.fault.unit = fault_unit;
   cfg.unified_comm_stream = options.policy.unified_comm_stream;
   FSDP_ASSIGN_OR_RETURN(ModelLayout layout,
                         ModelLayout::Create(trace.model, options.policy, cfg.world_size));

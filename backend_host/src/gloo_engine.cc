@@ -1,5 +1,5 @@
 // The Gloo engine of the host backend's process group: processes that torchrun's or fsdplab's
-// variables started (Open MPI cannot join them). The ranks meet at core's TCP rendezvous, which
+// variables started (Open MPI cannot join them). The ranks meet at live's TCP rendezvous, which
 // serves as Gloo's store while each channel's Gloo context connects its full mesh of TCP pairs
 // (the world's; under hsdp, each shard group's and replica column's among its members, under a
 // key prefix of its own). The store stays open while the engine lives (until the process ends),
@@ -18,7 +18,7 @@
 #include <thread>
 #include <tuple>
 
-#include "fsdplab/core/rendezvous.h"
+#include "fsdplab/live/rendezvous.h"
 #include "internal/engine.h"
 
 #ifdef FSDPLAB_HAVE_GLOO
@@ -39,7 +39,7 @@ namespace {
 
 using gloo::transport::UnboundBuffer;
 
-// Gloo's store interface over core's rendezvous; Gloo expects failures as exceptions.
+// Gloo's store interface over live's rendezvous; Gloo expects failures as exceptions.
 class StoreAdapter final : public gloo::rendezvous::Store {
  public:
   StoreAdapter(RendezvousStore& store, std::string prefix)

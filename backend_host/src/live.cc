@@ -11,64 +11,30 @@
 #include <thread>
 #include <unordered_map>
 
-#include "fsdplab/core/launch.h"
 #include "fsdplab/core/scheduler.h"
-#include "fsdplab/core/trace_recorder.h"
 #include "fsdplab/host/executor.h"
 #include "fsdplab/host/numerics.h"
 #include "fsdplab/host/process_group.h"
 #include "fsdplab/host/runtime.h"
+#include "fsdplab/live/launch.h"
+#include "fsdplab/live/trace_recorder.h"
+#include "fsdplab/live/wire.h"
 
 namespace fsdplab::host {
 namespace {
 
-constexpr int kMaxWorldSize = 256;
-
+// The host backend's own options, after the ones every backend takes (ValidateLiveOptions).
 Status CheckOptions(const Trace& trace, const LiveOptions& o, const HostRunOptions& h,
                     bool multi_process) {
-  if (o.world_size < 1 || o.world_size > kMaxWorldSize) {
-    return UsageError(fmt::format("world_size: {} is outside 1..{}", o.world_size, kMaxWorldSize));
-  }
-  if (o.steps < 1) return UsageError(fmt::format("steps: {} is not positive", o.steps));
-  if (!(o.timeout_us > 0) || !std::isfinite(o.timeout_us)) {
-    return UsageError(fmt::format("timeout_us: {} must be positive", o.timeout_us));
-  }
-  if (!(o.compute_scale > 0) || !std::isfinite(o.compute_scale)) {
-    return UsageError(fmt::format("compute_scale: {} must be positive", o.compute_scale));
-  }
+  FSDP_RETURN_IF_ERROR(ValidateLiveOptions(
+      trace, o,
+      multi_process ? ""
+                    : "die ends the rank's process, which needs one process per rank "
+                      "(mpirun or torchrun)"));
   if (h.gemm_tokens < 1 || h.gemm_tokens > (1 << 20)) {
     return UsageError(fmt::format("gemm_tokens: {} is outside 1..{}", h.gemm_tokens, 1 << 20));
   }
-  if (!o.fail_op.empty() && o.fail_op != "compute" && o.fail_op != "mismatch" &&
-      o.fail_op != "hang" && o.fail_op != "die") {
-    return UsageError(
-        fmt::format("fail_op: unknown fault '{}' (compute, mismatch, hang or die)", o.fail_op));
-  }
-  if (o.fail_op == "die" && !multi_process) {
-    return UsageError(
-        "fail_op: die ends the rank's process, which needs one process per rank (mpirun or "
-        "torchrun)");
-  }
-  if (o.fail_rank && (*o.fail_rank < 0 || *o.fail_rank >= o.world_size)) {
-    return UsageError(
-        fmt::format("fail_rank: {} is not one of the {} ranks", *o.fail_rank, o.world_size));
-  }
-  if (trace.steps.empty()) return InvalidInput("the trace has no steps to run");
-  return ValidatePolicy(o.policy, trace.model);
-}
-
-StatusOr<UnitId> FaultUnit(const Model& model, const LiveOptions& o) {
-  if (!o.fail_rank) return kNoUnit;
-  if (!o.fail_unit.empty()) {
-    std::optional<UnitId> id = model.Find(o.fail_unit);
-    if (!id)
-      return InvalidInput(fmt::format("fail_unit: '{}' is not a unit of the model", o.fail_unit));
-    return *id;
-  }
-  for (const Unit& u : model.units()) {
-    if (u.has_params()) return u.id();
-  }
-  return InvalidInput("the model has no unit with parameters to inject a fault into");
+  return Status::Ok();
 }
 
 // One rank's host thread: its scheduler over the trace, issuing into its executor.
@@ -296,77 +262,8 @@ struct RankOutput {
   std::uint64_t grad_digest = 0;
 };
 
-// Plain bytes of the values a RankOutput holds, for MPI (every rank runs the same binary).
-class Packer {
- public:
-  template <typename T>
-  void Pod(const T& v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    out_.append(reinterpret_cast<const char*>(&v), sizeof v);
-  }
-  void Str(const std::string& s) {
-    Pod(static_cast<std::uint64_t>(s.size()));
-    out_ += s;
-  }
-  template <typename T>
-  void PodVector(const std::vector<T>& v) {
-    Pod(static_cast<std::uint64_t>(v.size()));
-    out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-  }
-  std::string Take() { return std::move(out_); }
-
- private:
-  std::string out_;
-};
-
-class Unpacker {
- public:
-  explicit Unpacker(std::string_view in) : in_(in) {}
-  template <typename T>
-  T Pod() {
-    static_assert(std::is_trivially_copyable_v<T>);
-    T v{};
-    if (pos_ + sizeof v > in_.size()) {
-      bad_ = true;
-      return v;
-    }
-    std::memcpy(&v, in_.data() + pos_, sizeof v);
-    pos_ += sizeof v;
-    return v;
-  }
-  std::string Str() {
-    const auto n = static_cast<std::size_t>(Pod<std::uint64_t>());
-    if (bad_ || pos_ + n > in_.size()) {
-      bad_ = true;
-      return {};
-    }
-    std::string s(in_.substr(pos_, n));
-    pos_ += n;
-    return s;
-  }
-  template <typename T>
-  std::vector<T> PodVector() {
-    const auto n = static_cast<std::size_t>(Pod<std::uint64_t>());
-    if (bad_ || n > (in_.size() - pos_) / std::max<std::size_t>(sizeof(T), 1)) {
-      bad_ = true;
-      return {};
-    }
-    std::vector<T> v(n);
-    std::memcpy(v.data(), in_.data() + pos_, n * sizeof(T));
-    pos_ += n * sizeof(T);
-    return v;
-  }
-  bool ok() const { return !bad_ && pos_ == in_.size(); }
-  bool bad() const { return bad_; }
-
- private:
-  std::string_view in_;
-  std::size_t pos_ = 0;
-  bool bad_ = false;
-};
-
 std::string Pack(const RankOutput& o) {
-  Packer p;
+  WireWriter p;
   p.Pod(static_cast<std::uint64_t>(o.ops.size()));
   for (const TimelineOp& op : o.ops) {
     p.Pod(op.id);
@@ -403,7 +300,7 @@ std::string Pack(const RankOutput& o) {
 }
 
 StatusOr<RankOutput> Unpack(std::string_view bytes, int rank) {
-  Unpacker u(bytes);
+  WireReader u(bytes);
   RankOutput o;
   const auto ops = u.Pod<std::uint64_t>();
   for (std::uint64_t i = 0; i < ops && !u.bad(); ++i) {
@@ -732,7 +629,7 @@ StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
   }
   // Every rank's output (or where it stopped) to rank 0. After a failure the others have
   // already been told and are stopping too.
-  Packer p;
+  WireWriter p;
   p.Pod(static_cast<std::uint8_t>(failed.ok() ? 1 : 0));
   if (failed.ok()) {
     p.Str(Pack(mine));
@@ -761,7 +658,7 @@ StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
   std::vector<Status> errors(static_cast<std::size_t>(w));
   bool any_failed = !failed.ok();
   for (int q = 0; q < w; ++q) {
-    Unpacker u((*parts)[static_cast<std::size_t>(q)]);
+    WireReader u((*parts)[static_cast<std::size_t>(q)]);
     const bool ok = u.Pod<std::uint8_t>() == 1;
     if (ok) {
       const std::string packed = u.Str();

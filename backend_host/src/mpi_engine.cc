@@ -14,7 +14,7 @@
 #include <thread>
 #include <tuple>
 
-#include "fsdplab/mpi/mpi.h"
+#include "fsdplab/live/mpi.h"
 #include "internal/engine.h"
 
 #ifdef FSDPLAB_HAVE_MPI

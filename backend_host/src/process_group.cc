@@ -10,8 +10,10 @@
 #include <cstring>
 #include <mutex>
 
+#include "fsdplab/core/text_format.h"
 #include "fsdplab/host/numerics.h"
-#include "fsdplab/mpi/mpi.h"
+#include "fsdplab/live/mpi.h"
+#include "fsdplab/live/wire.h"
 #include "internal/engine.h"
 
 namespace fsdplab::host {
@@ -82,8 +84,6 @@ StatusOr<Engine*> ProcessEngine(const LaunchInfo& launch, TimeUs timeout_us) {
 namespace {
 
 constexpr int kClockRounds = 8;
-
-std::string Seconds(TimeUs us) { return fmt::format("{:g} s", us / 1e6); }
 
 // What a rank says it calls, exchanged before the data (fixed size, plain bytes).
 struct WireDesc {
@@ -290,20 +290,18 @@ class GroupBarrier final : public StepBarrier {
 
 // An abort message: the status code, then the message.
 std::string PackAbort(const Status& status) {
-  std::string msg(sizeof(std::int32_t), '\0');
+  WireWriter w;
   const auto code = static_cast<std::int32_t>(status.code());
-  std::memcpy(msg.data(), &code, sizeof code);
-  msg += status.message().substr(0, internal::kAbortMessageBytes - sizeof code);
-  return msg;
+  w.Pod(code);
+  w.Raw(std::string_view(status.message()).substr(0, internal::kAbortMessageBytes - sizeof code));
+  return w.Take();
 }
 
 Status UnpackAbort(int rank, std::string_view msg) {
-  if (msg.size() < sizeof(std::int32_t)) {
-    return StepFailed(fmt::format("rank {} failed (its message was cut short)", rank));
-  }
-  std::int32_t code = 0;
-  std::memcpy(&code, msg.data(), sizeof code);
-  return Status(static_cast<StatusCode>(code), std::string(msg.substr(sizeof code)));
+  WireReader r(msg);
+  const auto code = r.Pod<std::int32_t>();
+  if (r.bad()) return StepFailed(fmt::format("rank {} failed (its message was cut short)", rank));
+  return Status(static_cast<StatusCode>(code), std::string(r.Rest()));
 }
 
 }  // namespace

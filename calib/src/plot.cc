@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "fsdplab/core/text_format.h"
+
 namespace fsdplab::calib {
 namespace {
 
@@ -20,19 +22,6 @@ std::string SizeLabel(double bytes) {
     ++u;
   }
   return fmt::format("{:g}{}", bytes, units[u]);
-}
-
-std::string Escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      default: out.push_back(c);
-    }
-  }
-  return out;
 }
 
 std::string Panel(const CollectiveFit& fit, double y0) {
@@ -114,7 +103,7 @@ std::string Panel(const CollectiveFit& fit, double y0) {
   s += fmt::format(
       "<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#555\">dots: measured; blue: the curve "
       "(dashed: extrapolated); dotted: one alpha-beta line; from {}</text>\n",
-      kLeft + 6, y0 + kTop + 14, Escape(fmt::format("{}", fmt::join(fit.sources, ", "))));
+      kLeft + 6, y0 + kTop + 14, XmlEscape(fmt::format("{}", fmt::join(fit.sources, ", "))));
   return s;
 }
 

@@ -4,6 +4,8 @@
 
 #include <type_traits>
 
+#include "fsdplab/core/text_format.h"
+
 namespace fsdplab {
 
 std::string_view StreamName(Stream stream) {
@@ -26,14 +28,6 @@ std::string_view GatherReasonName(GatherReason reason) {
 
 namespace {
 
-std::string HumanBytes(Bytes b) {
-  const double v = static_cast<double>(b);
-  if (b >= (1ull << 30)) return fmt::format("{:.2f} GiB", v / (1ull << 30));
-  if (b >= (1ull << 20)) return fmt::format("{:.2f} MiB", v / (1ull << 20));
-  if (b >= (1ull << 10)) return fmt::format("{:.2f} KiB", v / (1ull << 10));
-  return fmt::format("{} B", b);
-}
-
 std::string PiecePlanes(const std::vector<PlanePiece>& pieces, const Unit& unit) {
   std::string out;
   for (const PlanePiece& p : pieces) {
@@ -49,6 +43,12 @@ std::string PiecePlanes(const std::vector<PlanePiece>& pieces, const Unit& unit)
 }
 
 }  // namespace
+
+std::string DescribePosition(int rank, const CommandOrigin& origin, std::string_view unit,
+                             std::string_view what) {
+  return fmt::format("rank {}, step {}, microbatch {}, unit '{}', {}", rank, origin.step,
+                     origin.microbatch, unit, what);
+}
 
 std::string DescribeCommand(const Command& command, const Model& model) {
   return std::visit(

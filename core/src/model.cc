@@ -11,10 +11,6 @@
 namespace fsdplab {
 namespace {
 
-constexpr Bytes kScaleBlock = 32;  // elements per E8M0 scale byte
-
-Bytes CeilDiv(Bytes a, Bytes b) { return (a + b - 1) / b; }
-
 // The product of the dims, or nullopt when a dim is negative or the product overflows.
 std::optional<Elements> ShapeNumel(const std::vector<std::int64_t>& shape) {
   Elements n = 1;
@@ -106,20 +102,24 @@ Elements ParamSpec::Numel() const {
   return ShapeNumel(shape).value_or(0);
 }
 
+Bytes Mxfp8ScaleBytes(Elements rows, Elements cols, bool matrix, bool columnwise) {
+  if (!matrix) return CeilDiv(rows * cols, kMxfp8ScaleBlock);
+  return columnwise ? cols * CeilDiv(rows, kMxfp8ScaleBlock)
+                    : rows * CeilDiv(cols, kMxfp8ScaleBlock);
+}
+
 Bytes ParamSpec::RowwiseBytes() const {
   Elements n = Numel();
   if (dtype != DType::kMxfp8) return n * DTypeElementBytes(dtype);
   Matrix m = AsMatrix(*this);
-  if (m.vector) return n + CeilDiv(n, kScaleBlock);
-  return n + m.rows * CeilDiv(m.cols, kScaleBlock);
+  return n + Mxfp8ScaleBytes(m.rows, m.cols, !m.vector, /*columnwise=*/false);
 }
 
 Bytes ParamSpec::ColumnwiseBytes() const {
   Elements n = Numel();
   if (dtype != DType::kMxfp8) return n * DTypeElementBytes(dtype);
   Matrix m = AsMatrix(*this);
-  if (m.vector) return n + CeilDiv(n, kScaleBlock);
-  return n + m.cols * CeilDiv(m.rows, kScaleBlock);
+  return n + Mxfp8ScaleBytes(m.rows, m.cols, !m.vector, /*columnwise=*/true);
 }
 
 Bytes ParamGroup::PlaneBytes(PlaneSet planes) const {

@@ -3,11 +3,6 @@
 #include <fmt/format.h>
 
 namespace fsdplab {
-namespace {
-
-Bytes CeilDiv(Bytes a, Bytes b) { return (a + b - 1) / b; }
-
-}  // namespace
 
 Bytes GroupLayout::gathered_bytes(int plane) const {
   const auto p = static_cast<std::size_t>(plane);
@@ -28,6 +23,11 @@ std::vector<int> PlanesOf(const GroupLayout& group, PlaneSet planes) {
 
 PlaneSet PlaneBit(int plane) {
   return plane == kRowwisePlane ? PlaneSet::Rowwise() : PlaneSet::Columnwise();
+}
+
+std::string_view PlaneName(const GroupLayout& group, int plane) {
+  if (group.num_planes == 1) return DTypeName(group.dtype);
+  return plane == kRowwisePlane ? "rowwise" : "columnwise";
 }
 
 StatusOr<int> ShardGroupSize(const Policy& policy, int world_size) {
@@ -84,11 +84,11 @@ StatusOr<ModelLayout> ModelLayout::Create(const Model& model, const Policy& poli
           pl.cols = static_cast<std::int64_t>(pl.numel);
         }
         if (gl.num_planes == 2) {
-          const auto rows = static_cast<Bytes>(pl.rows);
-          const auto cols = static_cast<Bytes>(pl.cols);
+          const auto rows = static_cast<Elements>(pl.rows);
+          const auto cols = static_cast<Elements>(pl.cols);
           pl.data_bytes = pl.numel;
-          pl.scale_bytes[0] = pl.matrix ? rows * CeilDiv(cols, 32) : CeilDiv(pl.numel, 32);
-          pl.scale_bytes[1] = pl.matrix ? cols * CeilDiv(rows, 32) : CeilDiv(pl.numel, 32);
+          pl.scale_bytes[0] = Mxfp8ScaleBytes(rows, cols, pl.matrix, /*columnwise=*/false);
+          pl.scale_bytes[1] = Mxfp8ScaleBytes(rows, cols, pl.matrix, /*columnwise=*/true);
         } else {
           pl.data_bytes = pl.numel * DTypeElementBytes(gl.dtype);
         }

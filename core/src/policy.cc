@@ -680,4 +680,26 @@ Status ApplyTraceMetaPolicy(std::string_view meta_json, Policy& policy) {
   return Status::Ok();
 }
 
+StatusOr<Policy> LayerPolicy(const PolicyLayers& layers) {
+  Policy policy = layers.base;
+  FSDP_RETURN_IF_ERROR(ApplyTraceMetaPolicy(layers.trace_meta_json, policy));
+  if (layers.file_text) {
+    if (Status s = ApplyPolicyJson(*layers.file_text, policy); !s.ok()) {
+      return InvalidInput(fmt::format("{}: {}", layers.file_name, s.message()));
+    }
+  }
+  for (const auto& [key, value] : layers.keys) {
+    if (Status s = ApplyPolicyKey(key, value, policy); !s.ok()) {
+      return layers.key_error ? layers.key_error(s) : s;
+    }
+  }
+  return policy;
+}
+
+StatusOr<Policy> ResolvePolicy(const PolicyLayers& layers, const Model& model) {
+  FSDP_ASSIGN_OR_RETURN(Policy policy, LayerPolicy(layers));
+  FSDP_RETURN_IF_ERROR(ValidatePolicy(policy, model));
+  return policy;
+}
+
 }  // namespace fsdplab

@@ -10,11 +10,6 @@
 namespace fsdplab {
 namespace {
 
-std::string_view PlaneName(const GroupLayout& group, int plane) {
-  if (group.num_planes == 1) return "only";
-  return plane == kRowwisePlane ? "rowwise" : "columnwise";
-}
-
 // The timeline op the plan records for one command: what it is and where it came from.
 TimelineOp Planned(Track track, OpKind kind, UnitId unit, Phase phase, const CommandOrigin& o) {
   TimelineOp t;
@@ -257,8 +252,7 @@ bool StreamPlanner::Faulty(const CommandOrigin& origin, UnitId unit, std::string
 
 std::string StreamPlanner::Where(const CommandOrigin& origin, UnitId unit,
                                  std::string_view op) const {
-  return fmt::format("rank {}, step {}, microbatch {}, unit '{}', {}", config_.rank, origin.step,
-                     origin.microbatch, model_.NameOf(unit), op);
+  return DescribePosition(config_.rank, origin, model_.NameOf(unit), op);
 }
 
 int StreamPlanner::NewTimelineOp(TimelineOp op, OpSlots slots) {

@@ -15,7 +15,8 @@
 
 #include "fsdplab/core/limits.h"
 #include "fsdplab/kineto/kineto.h"
-#include "internal/intervals.h"
+#include "fsdplab/report/intervals.h"
+#include "internal/point_masses.h"
 #include "internal/vocabulary.h"
 
 namespace fsdplab::kineto {
@@ -24,8 +25,6 @@ namespace {
 using internal::ElementBytes;
 using internal::FsdpRange;
 using internal::Hook;
-using internal::Interval;
-using internal::IntervalSet;
 using internal::IsForwardOp;
 using internal::IsUnitHook;
 using internal::ParamDType;
@@ -608,7 +607,8 @@ class Importer final {
     measured.compute_us =
         gpu_ ? gpu_busy_.Between(s.start, s.end) : cpu_busy_.Between(s.start, s.end);
     measured.exposed_comm_us =
-        IntervalSet(std::move(comm)).Minus(gpu_ ? gpu_busy_ : cpu_busy_).Between(s.start, s.end);
+        ExposedComm(IntervalSet(std::move(comm)), gpu_ ? gpu_busy_ : cpu_busy_)
+            .Between(s.start, s.end);
 
     StepBuilder sb(*this, s.start);
     TimeUs prev = s.start;

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "fsdplab/core/file_util.h"
+#include "internal/cluster_json.h"
 
 namespace fsdplab::sim {
 namespace {
@@ -397,7 +398,9 @@ StatusOr<Cluster> ReadClusterFile(const std::string& path) {
   return c;
 }
 
-std::string ClusterToJson(const Cluster& c) {
+namespace internal {
+
+json ClusterJson(const Cluster& c) {
   json doc = {
       {"format", "fsdplab.cluster"},
       {"version", 2},
@@ -420,8 +423,12 @@ std::string ClusterToJson(const Cluster& c) {
   }
   if (c.stream_wake) doc["stream_wake_us"] = json::parse(calib::StreamWakeJson(*c.stream_wake));
   doc["defaults_used"] = c.defaults_used;
-  return doc.dump();
+  return doc;
 }
+
+}  // namespace internal
+
+std::string ClusterToJson(const Cluster& c) { return internal::ClusterJson(c).dump(); }
 
 std::string DescribeCluster(const Cluster& c) {
   std::string s = fmt::format(

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "event_queue_types.h"
-#include "fsdplab/core/allocator_model.h"
 #include "fsdplab/core/model.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/timeline.h"
+#include "fsdplab/sim/allocator_model.h"
 #include "fsdplab/sim/event_queue.h"
 #include "fsdplab/sim/simulator.h"
 #include "program.h"

@@ -9,7 +9,9 @@
 #include <mutex>
 #include <thread>
 
-#include "fsdplab/core/report.h"
+#include "fsdplab/core/text_format.h"
+#include "fsdplab/report/report.h"
+#include "fsdplab/sim/simulate_report.h"
 
 namespace fsdplab::sim {
 
@@ -20,17 +22,13 @@ SweepRow SimulatePolicy(const Trace& trace, const Policy& policy, const SimOptio
   opt.policy = policy;
   opt.record_host_ops = false;
   opt.max_recorded_ranks = 1;
-  StatusOr<SimResult> r = Simulate(trace, opt);
-  if (!r.ok()) {
-    row.status = r.status();
+  StatusOr<SimulatedRun> run = SimulateToReport(trace, opt);
+  if (!run.ok()) {
+    row.status = run.status();
     return row;
   }
-  ReportInputs in;
-  in.model = &trace.model;
-  in.policy = &opt.policy;
-  in.order = &r->order;
-  in.memory_cap_lower_bound_us = r->memory_cap_lower_bound_us;
-  Report rep = BuildReport(r->timeline, in);
+  const SimResult* r = &run->result;
+  const Report& rep = run->report;
   row.status = r->status;
   row.step_time_us = rep.summary.step_time_us;
   row.exposed_comm_us = rep.summary.exposed_comm_us;
@@ -59,7 +57,7 @@ namespace {
 std::string StepText(const SweepRow& row) {
   if (!row.ok()) return "fails (" + row.status.message() + ")";
   if (row.step_time_us >= 1e6) return fmt::format("{:.2f} s", row.step_time_us / 1e6);
-  return fmt::format("{:.3f} ms", row.step_time_us / 1e3);
+  return Ms(row.step_time_us);
 }
 
 }  // namespace
@@ -85,20 +83,6 @@ std::string CsvField(const std::string& s) {
     out += c;
   }
   return out + "\"";
-}
-
-std::string XmlEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
 }
 
 // A "nice" tick step for a range (1, 2 or 5 times a power of ten).
@@ -218,20 +202,18 @@ std::string FragileUnderCap(const SweepRow& row, Bytes cap, const Model& model) 
   if (held_if <= cap) return "";
   const std::string_view kind = OpKindName(race.op.kind);
   const char* article = kind.find_first_of("aeiou") == 0 ? "an" : "a";
-  const double gib = static_cast<double>(held_if) / (1024.0 * 1024 * 1024);
   if (race.gates) {
     return fmt::format(
-        "Fragile: {} {} of {} {:.3f} ms sooner than simulated ({:.0f}% of it) lets the "
-        "compute that waited for it allocate beside earlier buffers: reserved {:.3f} GiB, over "
-        "the cap.",
-        article, kind, model.NameOf(race.op.unit), race.margin_us / 1e3,
-        100.0 * race.margin_fraction(), gib);
+        "Fragile: {} {} of {} {} sooner than simulated ({:.0f}% of it) lets the compute that "
+        "waited for it allocate beside earlier buffers: reserved {}, over the cap.",
+        article, kind, model.NameOf(race.op.unit), Ms(race.margin_us),
+        100.0 * race.margin_fraction(), GiB(held_if));
   }
   return fmt::format(
-      "Fragile: {} {} of {} {:.0f}% slower than simulated ({:.3f} ms late) puts the "
-      "reserved memory at {:.3f} GiB, over the cap.",
-      article, kind, model.NameOf(race.op.unit), 100.0 * race.margin_fraction(),
-      race.margin_us / 1e3, gib);
+      "Fragile: {} {} of {} {:.0f}% slower than simulated ({} late) puts the reserved memory at "
+      "{}, over the cap.",
+      article, kind, model.NameOf(race.op.unit), 100.0 * race.margin_fraction(), Ms(race.margin_us),
+      GiB(held_if));
 }
 
 StatusOr<CapPeak> ParseCapPeak(std::string_view text, std::string_view flag) {

@@ -11,6 +11,8 @@
 #include <set>
 #include <utility>
 
+#include "fsdplab/core/text_format.h"
+
 namespace fsdplab::sim {
 
 TimeUs TuneObjectiveOf(const SweepRow& row, TuneObjective objective) {
@@ -564,15 +566,11 @@ class Search {
         saved.push_back(fmt::format("{} gathers only the columnwise plane in backward", name));
       }
     }
-    const double gib = static_cast<double>(1ull << 30);
     const bool late = opt_.cap_peak == CapPeak::kOneLate;
-    result_.why.push_back(
-        fmt::format("peak memory{} {:.3f} GiB (global {:.3f} GiB, cap {:.3f} GiB){}{}",
-                    late ? " if one collective ends late" : "",
-                    static_cast<double>(PeakFor(t, opt_.cap_peak)) / gib,
-                    static_cast<double>(PeakFor(g, opt_.cap_peak)) / gib,
-                    static_cast<double>(opt_.memory_cap) / gib,
-                    saved.empty() ? "" : "; memory saved at: ", fmt::join(saved, ", ")));
+    result_.why.push_back(fmt::format(
+        "peak memory{} {} (global {}, cap {}){}{}", late ? " if one collective ends late" : "",
+        GiB(PeakFor(t, opt_.cap_peak)), GiB(PeakFor(g, opt_.cap_peak)), GiB(opt_.memory_cap),
+        saved.empty() ? "" : "; memory saved at: ", fmt::join(saved, ", ")));
   }
 
   const Trace& trace_;

@@ -1,4 +1,4 @@
-// The NCCL id broadcast over core's TCP rendezvous, on the CPU (the rendezvous itself:
+// The NCCL id broadcast over live's TCP rendezvous, on the CPU (the rendezvous itself:
 // tests/core/rendezvous_test.cc).
 #include "fsdplab/cuda/launch.h"
 

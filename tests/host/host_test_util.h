@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "fsdplab/core/live.h"
 #include "fsdplab/core/model.h"
 #include "fsdplab/core/trace.h"
+#include "fsdplab/live/live.h"
 
 namespace fsdplab::host::testing {
 

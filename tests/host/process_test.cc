@@ -13,11 +13,11 @@
 #include <tuple>
 #include <vector>
 
-#include "fsdplab/core/launch.h"
 #include "fsdplab/core/param_layout.h"
 #include "fsdplab/core/policy.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/host/live.h"
+#include "fsdplab/live/launch.h"
 #include "host_test_util.h"
 
 namespace fsdplab::host {

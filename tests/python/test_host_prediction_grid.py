@@ -71,6 +71,20 @@ class AloneRatiosTest(unittest.TestCase):
         self.assertEqual(got, {})
 
 
+class ShapeForTest(unittest.TestCase):
+    # The layer sizes come from fsdplab itself (simulate --json), not from a copy of its rules.
+    def test_bf16_layer_nearest_two_mib(self):
+        # hidden 256, ffn 1024: q, k, v, o (4 x 256 x 256) and gate, up, down (3 x 256 x 1024)
+        # and two norms (2 x 256), 2 bytes each: 2 x 1049088 = 2098176 B, 0.05% above 2 MiB.
+        self.assertEqual(grid.shape_for(FSDPLAB, 2 * grid.MiB, "bf16"), (256, 1024, 2098176))
+
+    def test_mxfp8_layer_counts_both_planes_and_their_scales(self):
+        # hidden 320, ffn 640: projections 4 x 320 x 320 + 3 x 320 x 640 = 1024000 elements, one
+        # byte each per plane plus one scale byte per 32 (32000), two planes: 2112000 B; the
+        # bf16 norms 2 x 2 x 320 = 1280 B: 2113280 B.
+        self.assertEqual(grid.shape_for(FSDPLAB, 2 * grid.MiB, "mxfp8"), (320, 640, 2113280))
+
+
 class MeasurementLengthTest(unittest.TestCase):
     # RUN_SECONDS 2.5, MAX_STEPS 96, BENCH_LOOP_US 30000, MAX_BENCH_ITERS 100.
     def test_short_steps_get_a_run_of_at_least_the_window(self):

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdplab/core/report.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/sim/simulator.h"
 #include "fsdplab/sim/variability.h"
 #include "fsdplab/synth/synth.h"

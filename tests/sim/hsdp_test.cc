@@ -11,7 +11,7 @@
 
 #include "fsdplab/core/param_layout.h"
 #include "fsdplab/core/policy.h"
-#include "fsdplab/core/report.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/sim/simulator.h"
 #include "sim_test_util.h"
 

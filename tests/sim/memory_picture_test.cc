@@ -3,7 +3,7 @@
 // Llama-2-7B-shaped synthetic model, against bytes computed by hand.
 #include <gtest/gtest.h>
 
-#include "fsdplab/core/report.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/sim/simulator.h"
 #include "fsdplab/synth/synth.h"
 

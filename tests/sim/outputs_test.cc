@@ -6,8 +6,8 @@
 #include <set>
 #include <variant>
 
-#include "fsdplab/core/chrome_trace.h"
-#include "fsdplab/core/report.h"
+#include "fsdplab/report/chrome_trace.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/sim/cluster.h"
 #include "fsdplab/sim/event_queue.h"
 #include "fsdplab/sim/simulator.h"

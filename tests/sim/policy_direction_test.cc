@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "fsdplab/core/report.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/sim/simulator.h"
 
 namespace fsdplab::sim {

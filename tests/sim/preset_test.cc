@@ -1,14 +1,15 @@
-// The framework presets (core/preset.h): each one's policy, derived by hand from the framework's
-// rules (docs/design.md, "Framework presets"), and what it makes the simulated step gather.
-#include "fsdplab/core/preset.h"
+// The framework presets (frameworks/preset.h): each one's policy, derived by hand from the
+// framework's rules (docs/design.md, "Framework presets"), and what it makes the simulated step
+// gather.
+#include "fsdplab/frameworks/preset.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "fsdplab/core/framework_export.h"
-#include "fsdplab/core/report.h"
 #include "fsdplab/core/scheduler.h"
+#include "fsdplab/frameworks/framework_export.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/sim/simulator.h"
 #include "sim_test_util.h"
 

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "fsdplab/core/report.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/sim/simulator.h"
 #include "sim_test_util.h"
 

@@ -1,7 +1,7 @@
 // Failing steps: deadlock between ranks, out of memory under a cap, scheduler errors.
 #include <gtest/gtest.h>
 
-#include "fsdplab/core/report.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/sim/simulator.h"
 #include "sim_test_util.h"
 

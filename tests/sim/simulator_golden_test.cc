@@ -4,7 +4,7 @@
 #include <string>
 #include <string_view>
 
-#include "fsdplab/core/report.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/sim/simulator.h"
 #include "sim_test_util.h"
 

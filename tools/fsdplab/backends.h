@@ -5,7 +5,7 @@
 #include <string>
 
 #include "args.h"
-#include "fsdplab/core/backend.h"
+#include "fsdplab/live/backend.h"
 
 namespace fsdplab::cli {
 

@@ -27,31 +27,26 @@ const PolicyField* FieldOfFlag(std::string_view flag) {
   return f != nullptr && FlagName(f->key) == flag ? f : nullptr;
 }
 
-// Defaults (or the --preset framework's), then what the trace's meta says of training
-// (optimizer, master weights), then --policy FILE.
-StatusOr<Policy> BasePolicy(const Args& args, const Trace& trace) {
-  Policy policy;
+// Errors name the flag where the policy names its field.
+Status FlagError(const Status& s) { return UsageError(InFlags(s, FlagScope::kPolicy).message()); }
+
+// The layers under the flags (ResolvePolicy): --preset's framework defaults, the trace's meta,
+// --policy FILE; the flags are left to the caller.
+StatusOr<PolicyLayers> LayersFromArgs(const Args& args, const Trace& trace) {
+  PolicyLayers layers;
   FSDP_ASSIGN_OR_RETURN(std::optional<Framework> preset, PresetFromArgs(args));
   if (preset) {
     StatusOr<Policy> p = PresetPolicy(*preset, trace);
     if (!p.ok()) return p.status().WithContext(fmt::format("--preset {}", FrameworkName(*preset)));
-    policy = *std::move(p);
+    layers.base = *std::move(p);
   }
-  FSDP_RETURN_IF_ERROR(ApplyTraceMetaPolicy(trace.meta.extra_json, policy));
+  layers.trace_meta_json = trace.meta.extra_json;
   if (std::optional<std::string> file = args.Get("--policy")) {
-    FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(*file));
-    if (Status s = ApplyPolicyJson(text, policy); !s.ok()) {
-      return InvalidInput(fmt::format("--policy {}: {}", *file, s.message()));
-    }
+    FSDP_ASSIGN_OR_RETURN(layers.file_text, ReadFile(*file));
+    layers.file_name = "--policy " + *file;
   }
-  return policy;
-}
-
-// Errors name the flag where the policy names its field.
-Status ApplyFlag(std::string_view key, std::string_view value, Policy& policy) {
-  Status s = ApplyPolicyKey(key, value, policy);
-  if (s.ok()) return s;
-  return UsageError(InFlags(s, FlagScope::kPolicy).message());
+  layers.key_error = FlagError;
+  return layers;
 }
 
 // The policy flags given, last occurrence of each, in command-line order of those occurrences.
@@ -110,21 +105,22 @@ std::optional<std::string> FirstPolicyFlag(const Args& args) {
 }
 
 StatusOr<Policy> PolicyFromArgs(const Args& args, const Trace& trace) {
-  const Model& model = trace.model;
-  FSDP_ASSIGN_OR_RETURN(Policy policy, BasePolicy(args, trace));
+  FSDP_ASSIGN_OR_RETURN(PolicyLayers layers, LayersFromArgs(args, trace));
   for (const auto& [flag, value] : args.Given()) {
-    const PolicyField* f = FieldOfFlag(flag);
-    if (f == nullptr) continue;
-    FSDP_RETURN_IF_ERROR(ApplyFlag(f->key, value, policy));
+    if (const PolicyField* f = FieldOfFlag(flag)) layers.keys.emplace_back(f->key, value);
   }
-  FSDP_RETURN_IF_ERROR(ValidatePolicy(policy, model));
-  return policy;
+  return ResolvePolicy(layers, trace.model);
 }
 
 StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Trace& trace,
                                                  std::vector<std::string>* varied_keys) {
   const Model& model = trace.model;
-  FSDP_ASSIGN_OR_RETURN(Policy base, BasePolicy(args, trace));
+  FSDP_ASSIGN_OR_RETURN(PolicyLayers layers, LayersFromArgs(args, trace));
+  // What lies under the flags, once (its errors come first); each combination of flags then
+  // applies over it.
+  FSDP_ASSIGN_OR_RETURN(layers.base, LayerPolicy(layers));
+  layers.trace_meta_json = {};
+  layers.file_text.reset();
   struct Dim {
     std::string_view key;
     std::vector<std::string> values;
@@ -139,8 +135,8 @@ StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Trace& 
     Dim d{key, Split(value, sep)};
     // Check every alternative alone, so an error names the bad one.
     for (const std::string& v : d.values) {
-      Policy probe = base;
-      FSDP_RETURN_IF_ERROR(ApplyFlag(key, v, probe));
+      Policy probe = layers.base;
+      if (Status s = ApplyPolicyKey(key, v, probe); !s.ok()) return FlagError(s);
     }
     if (d.values.size() > 1 && varied_keys != nullptr) varied_keys->emplace_back(key);
     dims.push_back(std::move(d));
@@ -160,10 +156,11 @@ StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Trace& 
   }
   Status first_error;
   for (std::size_t c = 0; c < combos; ++c) {
-    Policy p = base;
+    layers.keys.clear();
     for (std::size_t k = 0; k < dims.size(); ++k) {
-      FSDP_RETURN_IF_ERROR(ApplyFlag(dims[k].key, dims[k].values[idx[k]], p));
+      layers.keys.emplace_back(dims[k].key, dims[k].values[idx[k]]);
     }
+    FSDP_ASSIGN_OR_RETURN(Policy p, LayerPolicy(layers));
     Status s = ValidatePolicy(p, model);
     if (s.ok()) {
       grid.push_back(std::move(p));

@@ -10,18 +10,17 @@
 #include "args.h"
 #include "fsdplab/core/model.h"
 #include "fsdplab/core/policy.h"
-#include "fsdplab/core/preset.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
+#include "fsdplab/frameworks/preset.h"
 
 namespace fsdplab::cli {
 
 // Declares --preset NAME, --policy FILE and one flag per policy key (`--forward-prefetch`, ...).
 void DeclarePolicyFlags(Args& args);
-// Builds the policy: the defaults or --preset's framework defaults, then the trace's
-// meta.optimizer and meta.master_weights, then --policy FILE (its keys replace the preset's, its
-// "units" the preset's units), then the flags in command-line order.
-// Validates it against the trace's model.
+// Builds the policy from the command line's layers (ResolvePolicy, core/policy.h, decides how
+// they stack): --preset's framework defaults, the trace's meta, --policy FILE, then the policy
+// flags in command-line order; validated against the trace's model.
 StatusOr<Policy> PolicyFromArgs(const Args& args, const Trace& trace);
 // The first policy flag given (--preset, --policy or a policy key), if any: for commands that
 // take them only in some modes.

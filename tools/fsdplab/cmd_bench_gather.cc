@@ -19,11 +19,11 @@
 #include "commands.h"
 #include "fsdplab/calib/calibration.h"
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/gather_bench.h"
-#include "fsdplab/core/launch.h"
-#include "fsdplab/core/live.h"
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/core/trace.h"
+#include "fsdplab/live/gather_bench.h"
+#include "fsdplab/live/launch.h"
+#include "fsdplab/live/live.h"
 #include "fsdplab/synth/synth.h"
 
 namespace fsdplab::cli {
@@ -415,8 +415,8 @@ StatusOr<Timeline> ProbeLiveRun(const GatherBenchOptions& o, const ChosenBackend
 
 // The host streams' own work between two collectives: the live probe with no compute to wait
 // for, prefetching two units ahead, so that every collective is ready before the one ahead of it
-// on its stream ends (the gaps are the stream's, not the schedule's). Measured 2026-12-03
-// beside seed 71's 24 workloads (2-3 ranks): 37-165 us after an all-gather, 18-76 us after a
+// on its stream ends (the gaps are the stream's, not the schedule's). Measured beside a grid's
+// 24 workloads (2-3 ranks; bench/README.md): 37-165 us after an all-gather, 18-76 us after a
 // reduce-scatter, where the bench's own back-to-back loop leaves 1-16 us (inside the curve:
 // counted twice, a few us).
 StatusOr<CollectiveGaps> ProbeCollectiveGaps(const GatherBenchOptions& o,
@@ -431,7 +431,7 @@ StatusOr<CollectiveGaps> ProbeCollectiveGaps(const GatherBenchOptions& o,
 // 250 us (a step's short computes, as the wake-up probes' 150-350 us), so that every forward
 // gather waits for the kernel before it. From that kernel's end to the gather's start the
 // stream wakes, runs its releases and allocations, takes the buffer from the pool and meets the
-// other ranks: on seed 97's budget-0 workloads (2026-12-04) 48-297 us (medians), where the idle
+// other ranks: on a grid's budget-0 workloads 48-297 us (medians; bench/README.md), where the idle
 // wake-up probe beside them read 28 us and the simulator, charging it, 21-144 us.
 StatusOr<DemandGatherStarts> ProbeDemandGathers(const GatherBenchOptions& o,
                                                 const ChosenBackend& chosen) {
@@ -567,8 +567,8 @@ Status RunDrift(const Args& args, GatherBenchOptions o, const ChosenBackend& cho
 // --trace: the collectives of a trace's units, timed on the executor's own buffers. A bench on
 // rotated copies of one size walks its working set evenly, call after call; a step does not: its
 // shards and reduced gradients come round once a step while its gathered planes and gradient
-// buffers are the pool's, recycled within a unit or two. On seed 151's small-unit workloads
-// (2026-12-05) the live collectives ran at 0.76-0.88x the curves benched on the bytes their
+// buffers are the pool's, recycled within a unit or two. On a grid's small-unit workloads
+// (bench/README.md) the live collectives ran at 0.76-0.88x the curves benched on the bytes their
 // collectives walk, and a 5.2 MB all-gather of one of them took 432-443 us serialized here
 // against 457-466 us live beside a 131M-working-set bench's 541-609 us. So the executor runs the
 // trace itself, as `run --compute timed` would, with the compute scaled to nothing and both kinds

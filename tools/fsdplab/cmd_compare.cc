@@ -1,7 +1,8 @@
 // fsdplab compare SIM.json MEASURED.json: predicted vs measured, per step and per op.
 //
 // Both files are fsdplab.report v1 documents (`simulate -o`, `run -o`); the comparison itself is
-// core's (report_compare.h): this command reads the files, the flags, and writes the result.
+// the report room's (report/report_compare.h): this command reads the files, the flags, and writes
+// the result.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -10,7 +11,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/report_compare.h"
+#include "fsdplab/report/report_compare.h"
 
 namespace fsdplab::cli {
 namespace {

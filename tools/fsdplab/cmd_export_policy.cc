@@ -6,7 +6,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/framework_export.h"
+#include "fsdplab/frameworks/framework_export.h"
 
 namespace fsdplab::cli {
 

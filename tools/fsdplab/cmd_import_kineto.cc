@@ -11,11 +11,12 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/report.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/core/trace_structure.h"
 #include "fsdplab/kineto/kineto.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/simulate_report.h"
 #include "fsdplab/sim/simulator.h"
 #include "sim_flags.h"
 
@@ -63,17 +64,11 @@ Status RunCheck(const Args& args, const std::vector<kineto::Imported>& ranks) {
   if (opt.steps == 0) opt.steps = static_cast<int>(first.steps.size());
   std::vector<const Trace*> traces;
   for (const kineto::Imported& r : ranks) traces.push_back(&r.trace);
-  FSDP_ASSIGN_OR_RETURN(sim::SimResult result,
-                        per_rank ? sim::SimulateRanks(traces, opt) : sim::Simulate(first, opt));
-  ReportInputs in;
-  in.model = &first.model;
-  in.policy = &opt.policy;
-  in.order = &result.order;
-  in.cluster_json = sim::ClusterToJson(opt.cluster);
-  in.cluster_text = sim::DescribeCluster(opt.cluster);
-  Report report = BuildReport(result.timeline, in);
+  FSDP_ASSIGN_OR_RETURN(const sim::SimulatedRun run, per_rank ? sim::SimulateToReport(traces, opt)
+                                                              : sim::SimulateToReport(first, opt));
+  const Report& report = run.report;
   fmt::print("check: measured (profiler, rank {}) against predicted (simulated on {})\n",
-             first.meta.rank, in.cluster_text);
+             first.meta.rank, report.cluster_text);
   fmt::print("{:>6} {:>14} {:>14} {:>8} {:>16} {:>16} {:>16}\n", "step", "measured_us",
              "predicted_us", "error%", "meas_exposed_us", "pred_exposed_us", "meas_compute_us");
   const std::vector<kineto::MeasuredStep>& measured = ranks.front().steps;
@@ -93,7 +88,7 @@ Status RunCheck(const Args& args, const std::vector<kineto::Imported>& ranks) {
       "meas_compute_us is the compute the trace carries (kernel or operator time): a step longer\n"
       "than it spent time outside operators (Python, the profiler) that no simulation predicts.\n");
   for (const std::string& e : report.errors) fmt::print("simulation error: {}\n", e);
-  if (!result.status.ok()) return result.status;
+  if (!run.result.status.ok()) return run.result.status;
   return Status::Ok();
 }
 

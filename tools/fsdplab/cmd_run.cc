@@ -8,18 +8,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "backends.h"
 #include "cli_common.h"
 #include "commands.h"
-#include "fsdplab/core/chrome_trace.h"
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/launch.h"
-#include "fsdplab/core/live.h"
-#include "fsdplab/core/report.h"
 #include "fsdplab/core/trace.h"
+#include "fsdplab/live/launch.h"
+#include "fsdplab/live/live.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/synth/synth.h"
+#include "report_output.h"
 
 namespace fsdplab::cli {
 namespace {
@@ -202,11 +203,12 @@ StatusOr<LiveOptions> LiveOptionsFromArgs(const Args& args, const Trace& trace) 
   return o;
 }
 
-std::string LiveClusterJson(const std::string& backend, const LiveOptions& o) {
-  return fmt::format(
-      R"({{"backend": "{}", "world_size": {}, "compute": "{}", "compute_scale": {}, "host_cores": {}}})",
-      backend, o.world_size, o.compute == ComputeMode::kGemm ? "gemm" : "timed", o.compute_scale,
-      std::thread::hardware_concurrency());
+nlohmann::ordered_json LiveCluster(const std::string& backend, const LiveOptions& o) {
+  return {{"backend", backend},
+          {"world_size", o.world_size},
+          {"compute", o.compute == ComputeMode::kGemm ? "gemm" : "timed"},
+          {"compute_scale", o.compute_scale},
+          {"host_cores", std::thread::hardware_concurrency()}};
 }
 
 Status Run(const Args& args, bool record) {
@@ -268,7 +270,7 @@ Status Run(const Args& args, bool record) {
     in.model = &trace.model;
     in.policy = &options.policy;
     in.order = &result.order;
-    in.cluster_json = LiveClusterJson(backend, options);
+    in.cluster = LiveCluster(backend, options);
     in.cluster_text =
         fmt::format("{} ranks on the {} backend, {} compute", options.world_size, backend,
                     options.compute == ComputeMode::kGemm ? "GEMM" : "timed");
@@ -297,19 +299,7 @@ Status Run(const Args& args, bool record) {
       }
     }
     for (const std::string& e : check_errors) report.errors.push_back(e);
-    if (std::optional<std::string> tl = args.Get("--timeline")) {
-      FSDP_RETURN_IF_ERROR(
-          WriteFileAtomic(*tl, TimelineToChromeTrace(result.timeline, trace.model)));
-    }
-    const std::string json = ReportToJson(report);
-    if (std::optional<std::string> out = args.Get("-o")) {
-      FSDP_RETURN_IF_ERROR(WriteFileAtomic(*out, json));
-    }
-    if (args.Has("--json")) {
-      if (!args.Get("-o")) fmt::print("{}", json);
-    } else {
-      fmt::print("{}", ReportToText(report));
-    }
+    FSDP_RETURN_IF_ERROR(EmitReport(args, report, result.timeline, trace.model));
   }
   if (!check_errors.empty()) {
     return InternalError("live check failed: " + check_errors.front());

@@ -9,13 +9,13 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "fsdplab/core/chrome_trace.h"
-#include "fsdplab/core/file_util.h"
 #include "fsdplab/core/limits.h"
-#include "fsdplab/core/report.h"
 #include "fsdplab/core/trace.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/simulate_report.h"
 #include "fsdplab/sim/simulator.h"
+#include "report_output.h"
 #include "sim_flags.h"
 
 namespace fsdplab::cli {
@@ -329,63 +329,27 @@ int RunSimulate(const Argv& argv) {
   opt.critical_path = args.Has("--explain");
   opt.prune_ranks = args.Has("--prune-ranks");
 
-  auto simulate = [&](const sim::SimOptions& o) -> StatusOr<sim::SimResult> {
-    if (!loaded->per_rank) return sim::Simulate(first, o);
+  std::vector<const Trace*> ptrs;
+  if (loaded->per_rank) {
     if (args.Get("--world-size") &&
         opt.cluster.world_size != static_cast<int>(loaded->traces.size())) {
-      return UsageError(fmt::format("--world-size {} but {} rank traces were given",
-                                    opt.cluster.world_size, loaded->traces.size()));
+      return Fail(kCmd, UsageError(fmt::format("--world-size {} but {} rank traces were given",
+                                               opt.cluster.world_size, loaded->traces.size())));
     }
-    std::vector<const Trace*> ptrs;
     for (const Trace& t : loaded->traces) ptrs.push_back(&t);
-    return sim::SimulateRanks(ptrs, o);
-  };
-  StatusOr<sim::SimResult> result = simulate(opt);
-  if (!result.ok()) return Fail(kCmd, result.status());
-  if (result->critical_path) {
-    if (Status s = sim::ExplainCauses(*result->critical_path, first.model, opt, simulate);
-        !s.ok()) {
-      return Fail(kCmd, s);
-    }
   }
-  LabelTimeline(result->timeline, first);
-
-  ReportInputs in;
-  in.model = &first.model;
-  in.policy = &opt.policy;
-  in.order = &result->order;
-  in.cluster_json = sim::ClusterToJson(opt.cluster);
-  in.cluster_text = sim::DescribeCluster(opt.cluster);
-  in.memory_cap_lower_bound_us = result->memory_cap_lower_bound_us;
-  in.collective_footprint_bytes = result->collective_footprint_bytes;
-  Report report = BuildReport(result->timeline, in);
-  if (opt.memory_cap) {
-    report.notes.push_back(fmt::format("memory cap: {} bytes per rank", *opt.memory_cap));
+  StatusOr<sim::SimulatedRun> run =
+      loaded->per_rank ? sim::SimulateToReport(ptrs, opt) : sim::SimulateToReport(first, opt);
+  if (!run.ok()) return Fail(kCmd, run.status());
+  const sim::SimResult& result = run->result;
+  std::string text;
+  if (result.critical_path) {
+    text = "\n" + sim::CriticalPathToText(*result.critical_path, first.model);
   }
-  if (result->critical_path) {
-    report.critical_path_json = sim::CriticalPathToJson(*result->critical_path, first.model);
-  }
-  if (Status s = sim::AddStepVariability(report, *result, opt, simulate); !s.ok()) {
+  if (Status s = EmitReport(args, run->report, result.timeline, first.model, text); !s.ok()) {
     return Fail(kCmd, s);
   }
-
-  if (std::optional<std::string> tl = args.Get("--timeline")) {
-    std::string chrome = TimelineToChromeTrace(result->timeline, first.model);
-    if (Status s = WriteFileAtomic(*tl, chrome); !s.ok()) return Fail(kCmd, s);
-  }
-  std::string json = ReportToJson(report);
-  if (std::optional<std::string> out = args.Get("-o")) {
-    if (Status s = WriteFileAtomic(*out, json); !s.ok()) return Fail(kCmd, s);
-  }
-  if (args.Has("--json")) {
-    if (!args.Get("-o")) fmt::print("{}", json);
-  } else {
-    fmt::print("{}", ReportToText(report));
-    if (result->critical_path) {
-      fmt::print("\n{}", sim::CriticalPathToText(*result->critical_path, first.model));
-    }
-  }
-  if (!result->status.ok()) return Fail(kCmd, result->status);
+  if (!result.status.ok()) return Fail(kCmd, result.status);
   return 0;
 }
 

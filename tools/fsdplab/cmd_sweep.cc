@@ -9,15 +9,13 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/core/file_util.h"
+#include "fsdplab/core/text_format.h"
 #include "fsdplab/sim/cluster.h"
 #include "fsdplab/sim/sweep.h"
 #include "sim_flags.h"
 
 namespace fsdplab::cli {
 namespace {
-
-std::string Ms(TimeUs us) { return fmt::format("{:.3f}", us / 1e3); }
-std::string GiB(Bytes b) { return fmt::format("{:.3f}", static_cast<double>(b) / (1ull << 30)); }
 
 std::string Describe(const sim::SweepResult& r, std::size_t i) {
   const sim::SweepRow& row = r.rows[i];
@@ -85,8 +83,9 @@ int RunSweep(const Argv& argv) {
   auto held_text = [&](const sim::SweepRow& r) {
     const Bytes held = sim::PeakFor(r, sim::CapPeak::kSimulated);
     const Bytes if_late = sim::PeakFor(r, sim::CapPeak::kOneLate);
-    return late && if_late > held ? fmt::format("{} ({} if late)", GiB(held), GiB(if_late))
-                                  : GiB(held);
+    return late && if_late > held
+               ? fmt::format("{} ({} if late)", GiBValue(held), GiBValue(if_late))
+               : GiBValue(held);
   };
   if (base.steps == 0) base.steps = std::max<int>(2, static_cast<int>(trace.steps.size()));
   int jobs = 0;
@@ -126,12 +125,12 @@ int RunSweep(const Argv& argv) {
     const sim::SweepRow& r = result.rows[i];
     std::vector<std::string> row = r.values;
     if (r.ok()) {
-      row.push_back(Ms(r.step_time_us));
-      row.push_back(Ms(r.exposed_comm_us));
+      row.push_back(MsValue(r.step_time_us));
+      row.push_back(MsValue(r.exposed_comm_us));
       row.push_back(fmt::format("{:.0f}%", 100 * r.overlap_ratio));
-      row.push_back(GiB(r.peak_memory_bytes));
+      row.push_back(GiBValue(r.peak_memory_bytes));
       row.push_back(held_text(r));
-      row.push_back(Ms(r.lower_bound_us));
+      row.push_back(MsValue(r.lower_bound_us));
       std::string note = on_front[i] ? "pareto" : "";
       if (cap && !sim::FitsUnderCap(r, *cap, *cap_peak)) {
         const char* over =
@@ -180,19 +179,19 @@ int RunSweep(const Argv& argv) {
       fmt::print(
           "No policy fits under the memory cap of {} GiB ({} bytes): the least reserved{} "
           "is {} GiB.\n",
-          GiB(*cap), *cap, late ? " if one collective ends late" : "",
-          smallest ? GiB(*smallest) : std::string("-"));
+          GiBValue(*cap), *cap, late ? " if one collective ends late" : "",
+          smallest ? GiBValue(*smallest) : std::string("-"));
       exit_code = 3;
     } else {
       const sim::SweepRow& b = result.rows[*best];
       fmt::print(
           "Best under the memory cap of {} GiB{}: {}\n  step {} ms, peak {} GiB, reserved {} GiB{} "
           "({:.0f}% of the cap).\n",
-          GiB(*cap), late ? " even if one collective ends late" : "", Describe(result, *best),
-          Ms(b.step_time_us), GiB(b.peak_memory_bytes),
-          GiB(sim::PeakFor(b, sim::CapPeak::kSimulated)),
+          GiBValue(*cap), late ? " even if one collective ends late" : "", Describe(result, *best),
+          MsValue(b.step_time_us), GiBValue(b.peak_memory_bytes),
+          GiBValue(sim::PeakFor(b, sim::CapPeak::kSimulated)),
           late ? fmt::format(", {} GiB if one collective ends late",
-                             GiB(sim::PeakFor(b, sim::CapPeak::kOneLate)))
+                             GiBValue(sim::PeakFor(b, sim::CapPeak::kOneLate)))
                : std::string(),
           100.0 * static_cast<double>(PeakFor(b, *cap_peak)) / static_cast<double>(*cap));
       std::vector<std::string> faster;
@@ -201,7 +200,7 @@ int RunSweep(const Argv& argv) {
         const sim::SweepRow& r = result.rows[i];
         if (!r.ok()) continue;
         faster.push_back(fmt::format("{} ({} ms, reserved {} GiB)", Describe(result, i),
-                                     Ms(r.step_time_us), held_text(r)));
+                                     MsValue(r.step_time_us), held_text(r)));
       }
       if (const std::string fragile = sim::FragileUnderCap(b, *cap, trace.model);
           !fragile.empty()) {
@@ -218,7 +217,7 @@ int RunSweep(const Argv& argv) {
     }
   } else if (!order.empty() && result.rows[order.front()].ok()) {
     fmt::print("\nFastest: {} ({} ms).\n", Describe(result, order.front()),
-               Ms(result.rows[order.front()].step_time_us));
+               MsValue(result.rows[order.front()].step_time_us));
   }
 
   // With --preset: the chosen policy against what the framework does when left alone.

@@ -9,17 +9,13 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/core/file_util.h"
+#include "fsdplab/core/text_format.h"
 #include "fsdplab/sim/cluster.h"
 #include "fsdplab/sim/tune.h"
 #include "sim_flags.h"
 
 namespace fsdplab::cli {
 namespace {
-
-std::string Ms(TimeUs us) { return fmt::format("{:.3f} ms", us / 1e3); }
-std::string GiB(Bytes b) {
-  return fmt::format("{:.3f} GiB", static_cast<double>(b) / static_cast<double>(1ull << 30));
-}
 
 StatusOr<std::vector<Budget::Kind>> ParseKinds(const std::string& text) {
   std::vector<Budget::Kind> out;

@@ -18,9 +18,9 @@
 #include <string>
 #include <string_view>
 
-#include "fsdplab/core/launch.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/host/runtime.h"
+#include "fsdplab/live/launch.h"
 
 namespace fsdplab::host::internal {
 
@@ -113,7 +113,7 @@ class Engine {
 };
 
 // The process's engine for `launch`, made on first use and kept until the process ends: MPI under
-// mpirun or srun (mpi::Init done), Gloo over core's TCP rendezvous for torchrun's or fsdplab's
+// mpirun or srun (mpi::Init done), Gloo over live's TCP rendezvous for torchrun's or fsdplab's
 // variables (joining waits at most `timeout_us`).
 StatusOr<Engine*> ProcessEngine(const LaunchInfo& launch, TimeUs timeout_us);
 StatusOr<std::unique_ptr<Engine>> OpenMpiEngine();

@@ -1,9 +1,9 @@
 // Registers the CUDA backend ("cuda": CUDA streams, NCCL collectives, cuBLAS GEMMs) with a
-// backend registry (core/backend.h). Called from the list CMake generates for the tools when
+// backend registry (live/backend.h). Called from the list CMake generates for the tools when
 // backend_cuda was built.
 #pragma once
 
-#include "fsdplab/core/backend.h"
+#include "fsdplab/live/backend.h"
 
 namespace fsdplab::cuda {
 

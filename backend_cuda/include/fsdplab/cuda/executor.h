@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "fsdplab/core/command.h"
-#include "fsdplab/core/live.h"
 #include "fsdplab/core/model.h"
 #include "fsdplab/core/param_layout.h"
 #include "fsdplab/core/status.h"
@@ -32,6 +31,7 @@
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/cuda/resources.h"
+#include "fsdplab/live/live.h"
 
 namespace fsdplab::cuda {
 

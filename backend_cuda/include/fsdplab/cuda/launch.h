@@ -1,13 +1,13 @@
 // How the ranks of a live CUDA run find each other (which launcher started the process is
-// core's DetectLaunch, core/launch.h):
+// live's DetectLaunch, live/launch.h):
 //
 // - No launcher: one process driving every visible GPU; one communicator per GPU, created
 //   together (ncclCommInitAll).
 // - mpirun (or srun with PMIx): one process per GPU; the NCCL unique id goes out with MPI_Bcast
-//   (fsdplab/mpi/mpi.h).
+//   (fsdplab/live/mpi.h).
 // - torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) or fsdplab's
-//   (FSDPLAB_RANK, ...): one process per GPU; the NCCL unique id goes through core's TCP
-//   rendezvous (core/rendezvous.h), served by rank 0 on the rendezvous port. The GPU is the local
+//   (FSDPLAB_RANK, ...): one process per GPU; the NCCL unique id goes through live's TCP
+//   rendezvous (live/rendezvous.h), served by rank 0 on the rendezvous port. The GPU is the local
 //   rank (default: the rank modulo the visible GPUs).
 //
 // This header has no CUDA in it: the TCP exchange is tested on any machine.
@@ -21,9 +21,9 @@
 #include <string_view>
 #include <vector>
 
-#include "fsdplab/core/launch.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/units.h"
+#include "fsdplab/live/launch.h"
 
 namespace fsdplab::cuda {
 

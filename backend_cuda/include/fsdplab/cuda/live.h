@@ -1,5 +1,5 @@
 // Live steps and the gather benchmark on CUDA GPUs: the entry points of `fsdplab run|record
-// --backend cuda` and `fsdplab bench-gather --backend cuda` (contract: core/live.h).
+// --backend cuda` and `fsdplab bench-gather --backend cuda` (contract: live/live.h).
 //
 //   LiveOptions opt{.world_size = 2, .steps = 3};
 //   StatusOr<LiveResult> r = cuda::RunLiveSteps(trace, opt);
@@ -15,9 +15,9 @@
 #include <optional>
 #include <vector>
 
-#include "fsdplab/core/live.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
+#include "fsdplab/live/live.h"
 
 namespace fsdplab::cuda {
 
@@ -38,6 +38,6 @@ StatusOr<std::vector<GatherBenchRow>> RunGatherBench(const GatherBenchOptions& o
                                                      std::optional<int> emulate_world_size);
 
 // The benchmark's device-free pieces (sizes, bandwidths, types) are the shared harness's:
-// core/gather_bench.h.
+// live/gather_bench.h.
 
 }  // namespace fsdplab::cuda

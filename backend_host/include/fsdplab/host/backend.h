@@ -1,8 +1,8 @@
 // Registers the host backend ("host": CPU threads as streams, in-process collectives) with a
-// backend registry (core/backend.h). Called from the list CMake generates for the tools.
+// backend registry (live/backend.h). Called from the list CMake generates for the tools.
 #pragma once
 
-#include "fsdplab/core/backend.h"
+#include "fsdplab/live/backend.h"
 
 namespace fsdplab::host {
 

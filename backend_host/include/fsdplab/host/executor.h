@@ -31,12 +31,12 @@
 #include <vector>
 
 #include "fsdplab/core/command.h"
-#include "fsdplab/core/live.h"
 #include "fsdplab/core/model.h"
 #include "fsdplab/core/param_layout.h"
 #include "fsdplab/core/stream_plan.h"
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/host/runtime.h"
+#include "fsdplab/live/live.h"
 
 namespace fsdplab::host {
 

@@ -20,10 +20,10 @@
 #include <optional>
 #include <vector>
 
-#include "fsdplab/core/launch.h"
-#include "fsdplab/core/live.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
+#include "fsdplab/live/launch.h"
+#include "fsdplab/live/live.h"
 
 namespace fsdplab::host {
 
@@ -32,7 +32,7 @@ struct HostRunOptions final {
   // Rows of the activations in `--compute gemm` (tokens per microbatch): forward y = x W^T with
   // x of [gemm_tokens, in].
   std::int64_t gemm_tokens = 16;
-  // Which launcher started the process (core/launch.h); unset: DetectLaunch(). No launcher: every
+  // Which launcher started the process (live/launch.h); unset: DetectLaunch(). No launcher: every
   // rank is a thread of this process. mpirun or srun: this process is one rank, the collectives
   // go over MPI, and rank 0's result holds every rank (the others' have report_rank false).
   std::optional<LaunchInfo> launch;

@@ -1,5 +1,5 @@
 // The host backend across processes: one process per rank, its collectives over an engine that
-// joins processes (MPI under mpirun or srun; Gloo over core's TCP rendezvous under torchrun's or
+// joins processes (MPI under mpirun or srun; Gloo over live's TCP rendezvous under torchrun's or
 // fsdplab's variables). The executor is the same; only its Transports and the barrier between
 // steps differ from the in-process run, and which engine carries them matters to nobody else.
 //
@@ -33,11 +33,11 @@
 #include <string_view>
 #include <vector>
 
-#include "fsdplab/core/launch.h"
 #include "fsdplab/core/param_layout.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/units.h"
 #include "fsdplab/host/runtime.h"
+#include "fsdplab/live/launch.h"
 
 namespace fsdplab::host {
 

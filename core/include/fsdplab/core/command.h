@@ -122,6 +122,11 @@ struct Command final {
 // "gather model.layers.1 rowwise 8.25 MB (prefetch)"
 std::string DescribeCommand(const Command& command, const Model& model);
 
+// Where an operation of a run is, as every message that names one says it (the plan, the
+// executors): "rank 1, step 0, microbatch 0, unit 'model.layers.1', <what>".
+std::string DescribePosition(int rank, const CommandOrigin& origin, std::string_view unit,
+                             std::string_view what);
+
 // Receives commands in host program order. Implementations: executors, and CommandLog for tests.
 class CommandSink {
  public:

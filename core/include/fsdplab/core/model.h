@@ -33,6 +33,14 @@ std::optional<DType> ParseDType(std::string_view name);  // inverse of DTypeName
 // Bytes per element of the data (1 for mxfp8; scales are counted separately).
 Bytes DTypeElementBytes(DType dtype);
 
+// MXFP8 scales (DESIGN §2.2): one E8M0 byte per kMxfp8ScaleBlock elements along a row (rowwise
+// plane) or a column (columnwise plane) of the tensor seen as a matrix [rows, cols]; a vector
+// (`matrix` false: numel alone or one dimension; rows 1, cols numel) scales both planes as one run
+// of elements. Every reader of the bytes (the model, the parameter layout, the executors' decoders
+// and kernels) asks these.
+inline constexpr Elements kMxfp8ScaleBlock = 32;
+Bytes Mxfp8ScaleBytes(Elements rows, Elements cols, bool matrix, bool columnwise);
+
 // Which weight planes a gather moves or a compute needs. Single-plane dtypes treat any non-empty
 // set as "the tensor".
 class PlaneSet final {

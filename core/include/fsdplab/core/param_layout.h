@@ -85,6 +85,9 @@ struct GroupLayout final {
 // has plane 0 only, for any non-empty set.
 std::vector<int> PlanesOf(const GroupLayout& group, PlaneSet planes);
 PlaneSet PlaneBit(int plane);
+// The name of plane `plane` of `group` in messages: "rowwise" or "columnwise", or the dtype
+// ("bf16") of a single-plane group, whose one plane is the tensor.
+std::string_view PlaneName(const GroupLayout& group, int plane);
 
 // The ranks a gather and a reduce-scatter span under `policy` in a world of `world_size`: the
 // world, or under hsdp Policy::shard_group_size, checked (given, from 1 to the world, dividing

@@ -9,10 +9,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fsdplab/core/model.h"
@@ -156,6 +158,29 @@ std::string_view MasterWeightsName(MasterWeights m);      // "none" | "fp32"
 // "master_weights", as the recorder writes them), applied to `policy`; `meta_json` is the meta's
 // extra keys (TraceMeta::extra_json). Errors name meta.<key>.
 Status ApplyTraceMetaPolicy(std::string_view meta_json, Policy& policy);
+
+// The layers a run's policy is made of, in the order they apply (ResolvePolicy).
+struct PolicyLayers final {
+  // Where the layers start: a framework's defaults (frameworks/preset.h, PresetPolicy) or
+  // Policy's own. (The core does not know the frameworks: their policy comes in here.)
+  Policy base;
+  // TraceMeta::extra_json: what the trace's meta says of training (ApplyTraceMetaPolicy).
+  std::string_view trace_meta_json;
+  // A policy file's JSON (ApplyPolicyJson): its keys replace the base's, its "units" the base's
+  // units. Its errors are invalid input named "<file_name>: ...".
+  std::optional<std::string> file_text;
+  std::string file_name;
+  // key=value settings (the command line's policy flags), in the order given.
+  std::vector<std::pair<std::string, std::string>> keys;
+  // How a caller names a key's error (the command line: by its flag); unset, as it is.
+  std::function<Status(const Status&)> key_error;
+};
+
+// The one policy layering: base -> trace meta -> policy file -> keys, then ValidatePolicy against
+// the model.
+StatusOr<Policy> ResolvePolicy(const PolicyLayers& layers, const Model& model);
+// The same layers, not yet checked against a model (a sweep checks each combination of keys).
+StatusOr<Policy> LayerPolicy(const PolicyLayers& layers);
 
 // The gradient dtype a group is reduced in under `policy`.
 DType ReduceDType(const Policy& policy, DType param_dtype);

@@ -87,7 +87,7 @@ struct MemorySample final {
   std::array<Bytes, kNumMemoryCategories> bytes{};  // indexed by MemoryCategory
   int step = 0;
   UnitId unit = kNoUnit;  // the unit whose allocation or free caused the change
-  // The caching allocator's view (core/allocator_model.h) where the executor models it, else 0:
+  // The caching allocator's view (sim/allocator_model.h) where the executor models it, else 0:
   // bytes in blocks handed out (rounded) and bytes of segments held from the device.
   Bytes allocated = 0;
   Bytes reserved = 0;

@@ -115,7 +115,7 @@ struct SimOptions final {
   // why. See rank pruning in docs/design.md.
   bool prune_ranks = false;
   std::optional<Bytes> memory_cap;
-  // Model PyTorch's caching allocator (core/allocator_model.h): samples carry its allocated and
+  // Model PyTorch's caching allocator (sim/allocator_model.h): samples carry its allocated and
   // reserved bytes, and memory_cap applies to what it reserves (block rounding, segments, per-
   // stream pools). Off: the cap applies to the sum of the memory categories (exact bytes).
   bool allocator_model = true;

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "fsdplab/core/policy.h"
-#include "fsdplab/core/report.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
+#include "fsdplab/report/report.h"
 #include "fsdplab/sim/simulator.h"
 
 namespace fsdplab::sim {
@@ -40,7 +40,7 @@ struct SweepRow final {
   // peak_if_late_bytes of rank 0, every step), never below peak_memory_bytes.
   Bytes peak_if_late_bytes = 0;
   TimeUs lower_bound_us = 0;
-  // The late peak race (core/report.h) with the smallest margin, as a fraction of its
+  // The late peak race (report/report.h) with the smallest margin, as a fraction of its
   // collective, over the steps after the first: how little slower a collective must run for the
   // peak to be higher. Unset when no step has one.
   std::optional<PeakRace> nearest_race;

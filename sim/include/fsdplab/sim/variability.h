@@ -27,9 +27,9 @@
 #include <string_view>
 #include <vector>
 
-#include "fsdplab/core/report.h"
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/units.h"
+#include "fsdplab/report/report.h"
 
 namespace fsdplab::sim {
 

@@ -1,0 +1,60 @@
+#include "fsdplab/sim/simulate_report.h"
+
+#include <fmt/format.h>
+
+#include <functional>
+
+#include "fsdplab/core/timeline.h"
+#include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/critical_path.h"
+#include "fsdplab/sim/variability.h"
+#include "internal/cluster_json.h"
+
+namespace fsdplab::sim {
+namespace {
+
+using SimulateFn = std::function<StatusOr<SimResult>(const SimOptions&)>;
+
+StatusOr<SimulatedRun> Assemble(const Trace& first, const SimOptions& options,
+                                const SimulateFn& simulate) {
+  SimulatedRun run;
+  FSDP_ASSIGN_OR_RETURN(run.result, simulate(options));
+  SimResult& r = run.result;
+  if (r.critical_path) {
+    FSDP_RETURN_IF_ERROR(ExplainCauses(*r.critical_path, first.model, options, simulate));
+  }
+  LabelTimeline(r.timeline, first);
+  ReportInputs in;
+  in.model = &first.model;
+  in.policy = &options.policy;
+  in.order = &r.order;
+  in.cluster = nlohmann::ordered_json(internal::ClusterJson(options.cluster));
+  in.cluster_text = DescribeCluster(options.cluster);
+  in.memory_cap_lower_bound_us = r.memory_cap_lower_bound_us;
+  in.collective_footprint_bytes = r.collective_footprint_bytes;
+  run.report = BuildReport(r.timeline, in);
+  if (options.memory_cap) {
+    run.report.notes.push_back(fmt::format("memory cap: {} bytes per rank", *options.memory_cap));
+  }
+  if (r.critical_path) {
+    run.report.critical_path_json = CriticalPathToJson(*r.critical_path, first.model);
+  }
+  // With per-step variation: the step-time distribution and its cost against a uniform cluster.
+  FSDP_RETURN_IF_ERROR(AddStepVariability(run.report, r, options, simulate));
+  return run;
+}
+
+}  // namespace
+
+StatusOr<SimulatedRun> SimulateToReport(const Trace& trace, const SimOptions& options) {
+  return Assemble(trace, options, [&](const SimOptions& o) { return Simulate(trace, o); });
+}
+
+StatusOr<SimulatedRun> SimulateToReport(const std::vector<const Trace*>& rank_traces,
+                                        const SimOptions& options) {
+  if (rank_traces.empty()) return UsageError("no rank traces to simulate");
+  return Assemble(*rank_traces.front(), options,
+                  [&](const SimOptions& o) { return SimulateRanks(rank_traces, o); });
+}
+
+}  // namespace fsdplab::sim
