@@ -144,6 +144,50 @@ TEST(CliSimulate, ExplainAndTunedPolicyFile) {
   EXPECT_EQ(RunCli("simulate " + trace + " --policy " + bad), 2);
 }
 
+// Per-step variation through the binary. --steps 6 leaves 5 steps after the warm-up step; with
+// 5 values the nearest-rank p50 is the 3rd smallest (ceil(0.5 x 5) = 3) and p90 and p99 are the
+// largest (ceil(0.9 x 5) = ceil(0.99 x 5) = 5); the mean is the summary's step time; each of the
+// 5 steps has one slowest rank.
+TEST(CliSimulate, ReportsTheStepTimeDistribution) {
+  std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json";
+  std::string rep = Tmp("sim_cli_variability.json");
+  const std::string flags = " --world-size 256 --steps 6 --rank-jitter 0.02:1 --step-jitter 0.05:2";
+  ASSERT_EQ(
+      RunCli("simulate " + trace + flags + " --step-stragglers 2:1.5:3 --prune-ranks -o " + rep),
+      0);
+  nlohmann::json r = ReadJson(rep);
+  ASSERT_TRUE(r.contains("variability"));
+  const nlohmann::json& v = r["variability"];
+  EXPECT_EQ(v["steps"], 5);
+  std::vector<double> times;
+  for (std::size_t i = 1; i < r["steps"].size(); ++i) times.push_back(r["steps"][i]["time_us"]);
+  ASSERT_EQ(times.size(), 5u);
+  std::sort(times.begin(), times.end());
+  EXPECT_EQ(v["step_time_us"]["p50"], times[2]);
+  EXPECT_EQ(v["step_time_us"]["p90"], times[4]);
+  EXPECT_EQ(v["step_time_us"]["p99"], times[4]);
+  EXPECT_EQ(v["step_time_us"]["max"], times[4]);
+  EXPECT_DOUBLE_EQ(v["step_time_us"]["mean"].get<double>(), r["summary"]["step_time_us"]);
+  EXPECT_GT(v["uniform_step_time_us"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(v["tail_cost_us"].get<double>(), v["step_time_us"]["mean"].get<double>() -
+                                                        v["uniform_step_time_us"].get<double>());
+  int slowest_steps = 0;
+  for (const nlohmann::json& c : v["slowest"]["ranks"]) slowest_steps += c["steps"].get<int>();
+  EXPECT_EQ(slowest_steps, 5);  // at most 5 listed, each step's slowest rank counted once
+  bool pruned = false;
+  for (const nlohmann::json& n : r["notes"]) {
+    pruned = pruned || n.get<std::string>().find("--prune-ranks: the 256 ranks") == 0;
+  }
+  EXPECT_TRUE(pruned);
+  // Without a per-step part there is no distribution to give.
+  ASSERT_EQ(RunCli("simulate " + trace + " --world-size 256 --rank-jitter 0.02:1 -o " + rep), 0);
+  EXPECT_FALSE(ReadJson(rep).contains("variability"));
+  // Bad values are usage errors.
+  EXPECT_EQ(RunCli("simulate " + trace + " --step-jitter 2"), 1);
+  EXPECT_EQ(RunCli("simulate " + trace + " --step-stragglers 3"), 1);
+  EXPECT_EQ(RunCli("simulate " + trace + " --world-size 8 --step-stragglers 9:1.5"), 1);
+}
+
 }  // namespace
 
 // --preset and export-policy through the binary: exit codes, the written file, no half file.

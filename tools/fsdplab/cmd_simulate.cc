@@ -109,6 +109,17 @@ void DeclareEngineFlags(Args& args) {
                "per-rank compute scales from a seeded log-normal distribution, exp(SIGMA z): "
                "every rank a speed of its own (SEED default 0)",
                "SIGMA[:SEED]");
+  args.Declare("--step-jitter", ArgKind::kValue,
+               "per-step variation of every rank's compute: in each step rank r's compute is "
+               "scaled by exp(SIGMA z), z drawn anew per rank and step from SEED (default 0), on "
+               "top of --rank-jitter (the persistent part); with --steps N the report gives the "
+               "step-time distribution (p50, p90, p99, max), the ranks, nodes and shard groups "
+               "slowest most often, and the cost against a uniform cluster",
+               "SIGMA[:SEED]");
+  args.Declare("--step-stragglers", ArgKind::kValue,
+               "in each step K ranks drawn at random (from SEED, default 0) compute FACTOR times "
+               "slower; reported as --step-jitter is",
+               "K:FACTOR[:SEED]");
   args.Declare("--timeline-ranks", ArgKind::kValue,
                "keep the timeline (ops, memory samples) of the first N simulated ranks or rank "
                "classes only; the others keep their peaks (default 64)",
@@ -168,6 +179,12 @@ Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& o) {
   }
   if (std::optional<std::string> v = args.Get("--rank-jitter")) {
     FSDP_ASSIGN_OR_RETURN(o.rank_compute_scales, sim::RankComputeScales(*v, o.cluster.world_size));
+  }
+  if (std::optional<std::string> v = args.Get("--step-jitter")) {
+    FSDP_RETURN_IF_ERROR(sim::ParseStepJitter(*v, o.step_variation));
+  }
+  if (std::optional<std::string> v = args.Get("--step-stragglers")) {
+    FSDP_RETURN_IF_ERROR(sim::ParseStepStragglers(*v, o.step_variation));
   }
   o.max_recorded_ranks = 64;
   if (std::optional<std::string> v = args.Get("--timeline-ranks")) {
@@ -266,6 +283,13 @@ int RunSimulate(const Argv& argv) {
                "the critical path: the chain of operations that sets the run's length, grouped "
                "by unit and kind; every gather's slack; the top causes with what-if savings "
                "(report JSON: critical_path; timeline: a flow through the path)");
+  // Not for sweep and tune: they take the peak over every rank, which pruning does not simulate.
+  args.Declare("--prune-ranks", ArgKind::kSwitch,
+               "simulate only the ranks that can be the last to reach a collective (the slowest "
+               "of each step, of each shard group) and the ones the timeline keeps: the report "
+               "is exactly the one every rank simulated gives, and 100,000+ distinct ranks take "
+               "seconds; where that cannot hold (memory cap, --explain, hsdp with per-step "
+               "variation, ...) every rank is simulated and a note says why");
   DeclarePolicyFlags(args);
   DeclareClusterFlags(args);
   DeclareEngineFlags(args);
@@ -279,7 +303,17 @@ int RunSimulate(const Argv& argv) {
         "collectives that synchronise the ranks, and memory per rank. Prints per step the\n"
         "time, compute, exposed communication, overlap and peak memory, and per unit why and\n"
         "how long it was gathered. Exit status 3 (report still written) when the step would\n"
-        "fail: missing plane, divergence, deadlock, out of memory.",
+        "fail: missing plane, divergence, deadlock, out of memory.\n"
+        "\n"
+        "Ranks of different speeds: --straggler and --rank-jitter (drawn once per rank),\n"
+        "--step-jitter and --step-stragglers (drawn anew each step). With a per-step part the\n"
+        "report adds the step-time distribution over the --steps simulated (JSON:\n"
+        "variability): p50/p90/p99/max step time, the ranks, nodes and shard groups whose\n"
+        "compute was the slowest most often, and what the spread costs per step against a\n"
+        "uniform cluster. --prune-ranks simulates only the ranks that can set a collective's\n"
+        "start; e.g. 131,072 distinct ranks, 100 steps:\n"
+        "  fsdplab simulate T.json --world-size 131072 --steps 100 --rank-jitter 0.02:1 \\\n"
+        "      --step-jitter 0.03:2 --step-stragglers 4:1.3 --prune-ranks --timeline-ranks 1",
         args);
   }
   StatusOr<LoadedTraces> loaded = LoadTraces(args);
@@ -297,6 +331,7 @@ int RunSimulate(const Argv& argv) {
   if (Status s = EngineOptionsFromArgs(args, opt); !s.ok()) return Fail(kCmd, s);
   if (opt.steps == 0) opt.steps = std::max<int>(2, static_cast<int>(first.steps.size()));
   opt.critical_path = args.Has("--explain");
+  opt.prune_ranks = args.Has("--prune-ranks");
 
   std::vector<const Trace*> ptrs;
   if (loaded->per_rank) {
