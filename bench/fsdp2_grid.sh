@@ -2,8 +2,8 @@
 # Real FSDP2 runs of models this project did not write, measured and predicted: the grid every
 # change to the FSDP2 model, the memory model and the profiler importer is judged by.
 #
-#   bench/fsdp2_grid.sh [BUILD_DIR]              the full grid (39 runs, about 45 min, idle machine)
-#   bench/fsdp2_grid.sh --quick [BUILD_DIR]      the CI size: the encoder, two configurations
+#   bench/fsdp2_grid.sh [BUILD_DIR]              the full grid (30 runs, about 45-60 min)
+#   bench/fsdp2_grid.sh --quick [BUILD_DIR]      CI size: the encoder, two configurations, ~1 min
 #   bench/fsdp2_grid.sh --regrade DIR [BUILD_DIR]  the table again from DIR's kept raw files,
 #                                                with this build's predictions (seconds)
 #
