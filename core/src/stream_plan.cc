@@ -560,7 +560,24 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
   for (std::int64_t id : std::exchange(pending_waited_on_, {})) t.waited_on.push_back(id);
   NewTimelineOp(std::move(t), OpSlots{start, end});
   Free(kPlanCompute, -1, MemoryCategory::kActivations, cmd.freed_bytes, origin, cmd.unit);
+  if (cmd.phase == Phase::kOptimizer) FreeShardedGrads(origin);
   return Status::Ok();
+}
+
+void StreamPlanner::FreeShardedGrads(const CommandOrigin& origin) {
+  for (UnitId u = 0; u < layout_.num_units(); ++u) {
+    const std::vector<GroupLayout>& groups = layout_.groups(u);
+    for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
+      int& b = sharded_grads_[static_cast<std::size_t>(GroupSlot(u, g))];
+      if (b < 0) continue;
+      OrderAfterUses(kPlanCompute, b, origin, u, "optimizer");
+      Free(kPlanCompute, b, MemoryCategory::kShardedGrads,
+           buffers_[static_cast<std::size_t>(b)].bytes, origin, u, g);
+      Free(kPlanCompute, -1, MemoryCategory::kGradAccumulation,
+           groups[static_cast<std::size_t>(g)].accumulation_bytes, origin, u, g);
+      b = -1;
+    }
+  }
 }
 
 Status StreamPlanner::LowerStreamWait(const StreamWaitCmd& cmd) {

@@ -18,6 +18,8 @@
 //                 since its last reduce-scatter, its unsharded gradients (kUnshardedGrads, one
 //                 buffer per group); record start; compute; record end; free the activations the
 //                 compute releases. Every plane it reads must be unsharded and ordered before it.
+//                 The optimizer step (phase optimizer, no unit) then frees every sharded
+//                 gradient and gradient accumulator (zero_grad's set_to_none).
 //   StreamWait    record on the signaler; the waiter waits (nothing when both are one stream).
 //   Release       free the unsharded planes on the all-gather stream, after every stream that
 //                 used them has passed an event: the planner tracks, per stream, which positions
@@ -26,7 +28,8 @@
 //                 protective_waits()).
 //   ReduceScatter on the reduce-scatter stream (the all-gather stream when unified): alloc the
 //                 reduce-scatter output (kReduceScatterBuffers) and, at the unit's first
-//                 reduction, its sharded gradients (kShardedGrads, kept for good); record start;
+//                 reduction, its sharded gradients (kShardedGrads, kept until an optimizer step
+//                 frees them); record start;
 //                 one collective over every group; record end; free the output and the unsharded
 //                 gradients.
 //                 Under hsdp with more than one replica the reduced shard is not final yet:
@@ -283,6 +286,10 @@ class StreamPlanner final : public CommandSink {
   Status LowerGather(const GatherCmd& cmd, const CommandOrigin& origin);
   Status LowerWaitGather(const WaitGatherCmd& cmd);
   Status LowerCompute(const ComputeCmd& cmd, const CommandOrigin& origin);
+  // After the optimizer step's compute: every sharded gradient (and its fp32 accumulator) is
+  // freed on the compute stream, as zero_grad(set_to_none=True) does; the next reduction of a
+  // unit allocates them again.
+  void FreeShardedGrads(const CommandOrigin& origin);
   Status LowerStreamWait(const StreamWaitCmd& cmd);
   Status LowerRelease(const ReleaseCmd& cmd, const CommandOrigin& origin);
   Status LowerReduceScatter(const ReduceScatterCmd& cmd, const CommandOrigin& origin);
