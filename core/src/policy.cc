@@ -329,6 +329,13 @@ constexpr PolicyField kPolicyFields[] = {
      .json = PolicyJson::kBool,
      .parse = ParseBoolField<&Policy::unified_comm_stream>,
      .print = PrintBoolField<&Policy::unified_comm_stream>},
+    {.key = "comm_on_compute_stream",
+     .meta = "BOOL",
+     .help = "true|false (false): collectives run on the compute stream where the host calls "
+             "them, as FSDP2's on a CPU (gloo): nothing overlaps them",
+     .json = PolicyJson::kBool,
+     .parse = ParseBoolField<&Policy::comm_on_compute_stream>,
+     .print = PrintBoolField<&Policy::comm_on_compute_stream>},
     {.key = "on_divergence",
      .meta = "ACTION",
      .help = "error (default) or rerecord: what a pass that leaves the recorded order does",
@@ -554,6 +561,11 @@ Status ValidatePolicy(const Policy& policy, const Model& model) {
     return UsageError(
         "recompute_aware: needs order=recorded (the registration order has no recompute events)");
   }
+  if (policy.comm_on_compute_stream && policy.sharding == Sharding::kHsdp) {
+    return UsageError(
+        "comm_on_compute_stream: not with sharding hsdp (the replica all-reduce has a group of "
+        "its own, which the compute stream cannot hold)");
+  }
   return Status::Ok();
 }
 
@@ -678,6 +690,27 @@ Status ApplyTraceMetaPolicy(std::string_view meta_json, Policy& policy) {
     }
   }
   return Status::Ok();
+}
+
+TraceDevice TraceDeviceOf(std::string_view meta_json, std::string_view source) {
+  using Json = nlohmann::json;
+  const Json meta = Json::parse(meta_json, nullptr, /*allow_exceptions=*/false);
+  if (meta.is_object()) {
+    auto device = meta.find("device");
+    if (device != meta.end() && device->is_string()) {
+      if (*device == "cpu") return TraceDevice::kCpu;
+      if (*device == "cuda") return TraceDevice::kCuda;
+    }
+    auto kineto = meta.find("kineto");
+    if (kineto != meta.end() && kineto->is_object()) {
+      auto compute = kineto->find("compute");
+      if (compute != kineto->end() && *compute == "cpu operators") return TraceDevice::kCpu;
+      if (compute != kineto->end() && *compute == "gpu kernels") return TraceDevice::kCuda;
+    }
+  }
+  if (source == "live-host") return TraceDevice::kCpu;
+  if (source == "live-cuda") return TraceDevice::kCuda;
+  return TraceDevice::kUnknown;
 }
 
 StatusOr<Policy> LayerPolicy(const PolicyLayers& layers) {

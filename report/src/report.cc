@@ -105,7 +105,11 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     a.first = std::min(a.first, op->start_us);
     a.last = std::max(a.last, op->end_us);
     if (op->kind == OpKind::kCompute) a.compute_sum += op->end_us - op->start_us;
-    if (IsCollective(op->kind)) a.track_busy[op->track] += op->end_us - op->start_us;
+    // A stream's busy time: its collectives, and the compute stream's computes too (collectives
+    // that run on the compute stream queue with them).
+    if (IsCollective(op->kind) || op->kind == OpKind::kCompute) {
+      a.track_busy[op->track] += op->end_us - op->start_us;
+    }
   }
 
   const internal::PeakRaceFinder races(r.ops);

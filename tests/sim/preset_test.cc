@@ -77,6 +77,44 @@ TEST(Presets, Fsdp2IsRecordedOrderOneAheadRootKeeps) {
   EXPECT_EQ(s.allgather.bytes, 1'800'000u);
 }
 
+TEST(Presets, Fsdp2OnACpuDeviceOverlapsNothing) {
+  // meta.device "cpu" (the recorder's, gloo): every collective on the compute stream, no forward
+  // prefetch. On TwoRankCluster a collective of B bytes takes B / 2000 us: gathers model 100, a
+  // 200, b 200 in forward (each at its own pre_forward), b 200 and a 200 in backward; the
+  // reduce-scatters b 200, a 200, model 100: 1,400 us of communication in host order between
+  // 6,000 us of compute, nothing hidden: a 7,400 us step. The same trace recorded on a GPU
+  // (device "cuda") keeps its streams and hides part of it.
+  Trace t = ThreeUnitTrace();
+  t.meta.extra_json = R"({"device": "cpu"})";
+  const Policy p = Preset(Framework::kFsdp2, t);
+  EXPECT_TRUE(p.comm_on_compute_stream);
+  EXPECT_EQ(p.forward_prefetch, (Budget{Budget::Kind::kUnits, 0}));
+  EXPECT_EQ(p.backward_prefetch, (Budget{Budget::Kind::kUnits, 1}));
+  const StepReport cpu = SecondStep(t, p);
+  EXPECT_EQ(cpu.allgather.count, 5);
+  EXPECT_EQ(cpu.allgather.bytes, 1'800'000u);
+  EXPECT_DOUBLE_EQ(cpu.time_us, 7400);
+  EXPECT_DOUBLE_EQ(cpu.compute_us, 6000);
+  EXPECT_DOUBLE_EQ(cpu.exposed_comm_us, 1400);
+
+  t.meta.extra_json = R"({"device": "cuda"})";
+  const Policy gpu = Preset(Framework::kFsdp2, t);
+  EXPECT_FALSE(gpu.comm_on_compute_stream);
+  EXPECT_LT(SecondStep(t, gpu).exposed_comm_us, 1400);
+}
+
+TEST(Presets, TheTracesDeviceIsItsMetaElseItsSource) {
+  EXPECT_EQ(TraceDeviceOf(R"({"device": "cpu"})", "torch"), TraceDevice::kCpu);
+  EXPECT_EQ(TraceDeviceOf(R"({"device": "cuda"})", "live-host"), TraceDevice::kCuda);
+  EXPECT_EQ(TraceDeviceOf(R"({"kineto": {"compute": "cpu operators"}})", "torch"),
+            TraceDevice::kCpu);
+  EXPECT_EQ(TraceDeviceOf(R"({"kineto": {"compute": "gpu kernels"}})", "torch"),
+            TraceDevice::kCuda);
+  EXPECT_EQ(TraceDeviceOf("{}", "live-host"), TraceDevice::kCpu);
+  EXPECT_EQ(TraceDeviceOf("{}", "live-cuda"), TraceDevice::kCuda);
+  EXPECT_EQ(TraceDeviceOf("{}", "hand"), TraceDevice::kUnknown);
+}
+
 TEST(Presets, MegatronFsdpIsRegistrationOrderAndTheRootReshards) {
   const Trace t = ThreeUnitTrace();
   const Policy p = Preset(Framework::kMegatronFsdp, t);

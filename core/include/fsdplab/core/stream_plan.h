@@ -47,6 +47,9 @@
 //                 master_weights); a unit's first reduction also allocates its fp32 gradient
 //                 accumulator (kGradAccumulation) when the reduce dtype is not fp32.
 //   StepEnd       record an end marker on every stream in use.
+// With comm_on_compute_stream every stream above is the compute stream (the host's own thread, as
+// FSDP2's collectives on a CPU): gathers, releases and reduce-scatters run in host order between
+// the computes, and the waits between streams vanish.
 // Memory is the sum of the alloc and free operations a stream has passed: every executor applies
 // them where its stream reaches them, so the categories agree by construction.
 #pragma once
@@ -199,6 +202,8 @@ struct FaultInjection final {
 struct PlanConfig final {
   int rank = 0;
   bool unified_comm_stream = false;
+  // Every collective on the compute stream (Policy::comm_on_compute_stream): one stream per rank.
+  bool comm_on_compute_stream = false;
   bool emulated = false;       // collectives replaced by device copies (one GPU)
   bool check = false;          // add fill and check operations for the checked step
   bool memory_samples = true;  // memory_samples(): for executors that time memory by events
@@ -238,6 +243,7 @@ class StreamPlanner final : public CommandSink {
   int stream_for(Stream stream) const;
   // Whether the plan puts anything on physical stream s.
   bool stream_used(int s) const {
+    if (config_.comm_on_compute_stream) return s == kPlanCompute;
     if (s == kPlanReduceScatter) return !config_.unified_comm_stream;
     if (s == kPlanAllReduce) return replica_all_reduce();
     return s >= 0 && s < kPlanStreams;
