@@ -88,7 +88,7 @@ int RunTune(const Argv& argv) {
   const Trace& trace = loaded->traces.front();
 
   sim::TuneOptions opt;
-  StatusOr<sim::Cluster> cluster = ClusterFromArgs(args, trace.meta.world_size);
+  StatusOr<sim::Cluster> cluster = ClusterFromArgs(args, {&trace}, trace.meta.world_size);
   if (!cluster.ok()) return Fail(kCmd, cluster.status());
   opt.base.cluster = *cluster;
   if (Status s = EngineOptionsFromArgs(args, opt.base); !s.ok()) return Fail(kCmd, s);
