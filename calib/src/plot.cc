@@ -24,9 +24,16 @@ std::string SizeLabel(double bytes) {
   return fmt::format("{:g}{}", bytes, units[u]);
 }
 
+double LogLo(const CollectiveFit& fit) {
+  return std::log10(static_cast<double>(fit.curve.knots.front().bytes) / 4);
+}
+double LogHi(const CollectiveFit& fit) {
+  return std::log10(static_cast<double>(fit.curve.knots.back().bytes) * 4);
+}
+
 std::string Panel(const CollectiveFit& fit, double y0) {
-  const double x_lo = std::log10(static_cast<double>(fit.curve.knots.front().bytes) / 4);
-  const double x_hi = std::log10(static_cast<double>(fit.curve.knots.back().bytes) * 4);
+  const double x_lo = LogLo(fit);
+  const double x_hi = LogHi(fit);
   double t_lo = 1e300, t_hi = 0;
   auto track = [&](double t) {
     if (t > 0) {
@@ -108,6 +115,17 @@ std::string Panel(const CollectiveFit& fit, double y0) {
 }
 
 }  // namespace
+
+std::vector<Bytes> PlotSizes(const CollectiveFit& fit, int n) {
+  std::vector<Bytes> out;
+  if (fit.curve.empty() || n < 2) return out;
+  const double lo = LogLo(fit), hi = LogHi(fit);
+  for (int i = 0; i < n; ++i) {
+    const auto b = static_cast<Bytes>(std::max(1.0, std::pow(10.0, lo + (hi - lo) * i / (n - 1))));
+    if (out.empty() || b > out.back()) out.push_back(b);
+  }
+  return out;
+}
 
 std::string FitPlotSvg(const std::vector<CollectiveFit>& fits) {
   const double height = kPanelHeight * static_cast<double>(std::max<std::size_t>(1, fits.size()));

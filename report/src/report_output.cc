@@ -210,6 +210,7 @@ std::string ReportToJson(const Report& r) {
   if (!r.critical_path_json.empty()) {
     doc["critical_path"] = ParseOr(r.critical_path_json, Json::object());
   }
+  if (!r.timeline.is_null()) doc["timeline"] = r.timeline;
   doc["notes"] = r.notes;
   return doc.dump(2) + "\n";
 }

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "fsdplab/core/text_format.h"
@@ -259,6 +261,175 @@ std::string SweepCsv(const SweepResult& result) {
         CsvField(r.ok() ? std::string("ok") : r.status.ToString()));
   }
   return out;
+}
+
+namespace {
+
+// The fields of one CSV line (SweepCsv's quoting: a field with a comma, quote or newline is
+// quoted, quotes doubled); nullopt when a quote is left open.
+std::optional<std::vector<std::string>> CsvLine(std::string_view line) {
+  std::vector<std::string> out(1);
+  bool quoted = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        out.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        out.back() += c;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      out.emplace_back();
+    } else if (c != '\r') {
+      out.back() += c;
+    }
+  }
+  if (quoted) return std::nullopt;
+  return out;
+}
+
+std::string RowLabel(const SweepResult& result, const SweepRow& row) {
+  std::string label;
+  for (std::size_t k = 0; k < row.values.size() && k < result.varied_keys.size(); ++k) {
+    label += fmt::format("{}{}={}", k ? " " : "", result.varied_keys[k], row.values[k]);
+  }
+  return label.empty() ? std::string("(the one policy)") : label;
+}
+
+}  // namespace
+
+StatusOr<SweepResult> ParseSweepCsv(std::string_view text, std::string_view file) {
+  static constexpr std::string_view kFigures[] = {"step_time_us",
+                                                  "exposed_comm_us",
+                                                  "overlap_ratio",
+                                                  "peak_memory_bytes",
+                                                  "peak_memory_if_late_bytes",
+                                                  "peak_reserved_bytes",
+                                                  "cap_holds_if_late_bytes",
+                                                  "lower_bound_us",
+                                                  "status"};
+  constexpr std::size_t kN = std::size(kFigures);
+  SweepResult result;
+  std::size_t line_no = 0;
+  std::size_t columns = 0;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) nl = text.size();
+    const std::string_view line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++line_no;
+    if (line.empty() || line == "\r") continue;
+    std::optional<std::vector<std::string>> f = CsvLine(line);
+    if (!f) return InvalidInput(fmt::format("{}:{}: a quoted field is not closed", file, line_no));
+    if (columns == 0) {
+      columns = f->size();
+      if (columns < kN || !std::equal(std::begin(kFigures), std::end(kFigures), f->end() - kN)) {
+        return InvalidInput(fmt::format(
+            "{}:{}: not a sweep's CSV (`fsdplab sweep --csv`): the header must end with {}", file,
+            line_no, fmt::join(kFigures, ",")));
+      }
+      result.varied_keys.assign(f->begin(), f->end() - kN);
+      continue;
+    }
+    if (f->size() != columns) {
+      return InvalidInput(
+          fmt::format("{}:{}: {} fields, the header has {}", file, line_no, f->size(), columns));
+    }
+    SweepRow row;
+    const std::size_t k = columns - kN;
+    row.values.assign(f->begin(), f->begin() + static_cast<std::ptrdiff_t>(k));
+    double v[kN - 1] = {};
+    for (std::size_t i = 0; i + 1 < kN; ++i) {
+      const std::string& field = (*f)[k + i];
+      char* end = nullptr;
+      v[i] = std::strtod(field.c_str(), &end);
+      if (field.empty() || end != field.c_str() + field.size() || !std::isfinite(v[i]) ||
+          v[i] < 0) {
+        return InvalidInput(
+            fmt::format("{}:{}: {}: '{}' is not a number >= 0", file, line_no, kFigures[i], field));
+      }
+    }
+    row.step_time_us = v[0];
+    row.exposed_comm_us = v[1];
+    row.overlap_ratio = v[2];
+    row.peak_memory_bytes = static_cast<Bytes>(v[3]);
+    row.peak_if_late_bytes = static_cast<Bytes>(v[4]);
+    // What the cap holds: the reserved bytes (or, without the allocator model, the tensors').
+    row.peak_reserved_bytes =
+        static_cast<Bytes>(v[5]) == row.peak_memory_bytes ? 0 : static_cast<Bytes>(v[5]);
+    row.lower_bound_us = v[7];
+    const std::string& status = f->back();
+    if (status != "ok") row.status = Status(StatusCode::kStepFailed, status);
+    result.rows.push_back(std::move(row));
+  }
+  if (columns == 0) return InvalidInput(fmt::format("{}: empty, not a sweep's CSV", file));
+  result.policies_known = false;
+  return result;
+}
+
+SweepResult SweepOfPolicies(std::vector<SweepRow> rows) {
+  SweepResult result;
+  std::vector<std::string> keys;
+  for (std::string_view key : PolicyKeys()) keys.emplace_back(key);
+  keys.emplace_back("units");
+  auto value = [](const SweepRow& row, const std::string& key) {
+    return key == "units" ? UnitOverridesText(row.policy) : PolicyKeyValue(row.policy, key);
+  };
+  for (const std::string& key : keys) {
+    std::set<std::string> seen;
+    for (const SweepRow& row : rows) seen.insert(value(row, key));
+    if (seen.size() > 1) result.varied_keys.push_back(key);
+  }
+  for (SweepRow& row : rows) {
+    row.values.clear();
+    for (const std::string& key : result.varied_keys) row.values.push_back(value(row, key));
+  }
+  result.rows = std::move(rows);
+  return result;
+}
+
+std::string SweepToJson(const SweepResult& result, std::optional<Bytes> cap, CapPeak which,
+                        std::optional<std::size_t> chosen, std::string_view kind,
+                        std::string_view chosen_why, std::string_view title) {
+  using Json = nlohmann::ordered_json;
+  std::vector<bool> on_front(result.rows.size(), false);
+  for (std::size_t i : ParetoFront(result.rows)) on_front[i] = true;
+  Json rows = Json::array();
+  for (std::size_t i = 0; i < result.rows.size(); ++i) {
+    const SweepRow& r = result.rows[i];
+    Json row{{"label", RowLabel(result, r)}, {"values", r.values}};
+    row["policy"] = result.policies_known ? Json::parse(PolicyToJson(r.policy)) : Json(nullptr);
+    row["ok"] = r.ok();
+    row["error"] = r.ok() ? "" : r.status.message();
+    row["step_time_us"] = r.step_time_us;
+    row["exposed_comm_us"] = r.exposed_comm_us;
+    row["overlap_ratio"] = r.overlap_ratio;
+    row["peak_memory_bytes"] = r.peak_memory_bytes;
+    row["peak_memory_if_late_bytes"] = std::max(r.peak_memory_bytes, r.peak_if_late_bytes);
+    row["memory_bytes"] = PeakFor(r, CapPeak::kSimulated);
+    row["cap_holds_bytes"] = PeakFor(r, which);
+    row["lower_bound_us"] = r.lower_bound_us;
+    row["pareto"] = static_cast<bool>(on_front[i]);
+    row["fits_cap"] = cap ? Json(r.ok() && FitsUnderCap(r, *cap, which)) : Json(nullptr);
+    rows.push_back(std::move(row));
+  }
+  Json doc{{"format", "fsdplab.sweep"},
+           {"version", 1},
+           {"kind", kind},
+           {"title", title},
+           {"varied_keys", result.varied_keys},
+           {"memory_cap_bytes", cap ? Json(*cap) : Json(nullptr)},
+           {"cap_peak", which == CapPeak::kOneLate ? "late" : "simulated"},
+           {"chosen", chosen ? Json(*chosen) : Json(nullptr)},
+           {"chosen_why", chosen ? Json(chosen_why) : Json(nullptr)},
+           {"rows", rows}};
+  return doc.dump(2) + "\n";
 }
 
 std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap, const std::string& title,

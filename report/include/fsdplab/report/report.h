@@ -231,6 +231,9 @@ struct Report final {
   std::vector<std::string> unit_names;  // for the text form
   // A JSON object printed as "critical_path" when set (simulate --explain; the simulator's).
   std::string critical_path_json;
+  // What a report page draws of the timeline (timeline_view.h), printed as "timeline" when set:
+  // the commands' --html put it in.
+  nlohmann::ordered_json timeline;
 };
 
 Report BuildReport(const Timeline& timeline, const ReportInputs& inputs);
