@@ -294,7 +294,7 @@
 
   function drawTimeline() {
     const M = timelineModel();
-    if (!M.ops.length) return;
+    if (!M.ops.length) return false;
     const sec = section('timeline', 'Timeline',
       'Each stream of each rank shown, coloured by kind. The "exposed" lane marks when a ' +
       'collective runs and no compute does; the black line is the critical path. Hover an op ' +
@@ -377,7 +377,7 @@
   function drawMemory() {
     const T = R.timeline;
     const mem = T && T.memory;
-    if (!mem || !mem.t_us.length) return;
+    if (!mem || !mem.t_us.length) return false;
     const s = R.summary;
     const cap = memoryCap();
     const top = Math.max(s.peak_memory_if_late_bytes || 0, s.peak_memory_bytes, cap || 0,
@@ -449,7 +449,7 @@
   // ---- Per unit ----
   function drawUnits() {
     const units = (R.units || []).filter((u) => u.gathers > 0);
-    if (!units.length) return;
+    if (!units.length) return false;
     const slack = {};
     const cp = R.critical_path;
     if (cp && cp.gathers) {
@@ -519,7 +519,7 @@
   // ---- Predicted against measured ----
   function drawMeasured() {
     const C = D.comparison;
-    if (!C) return;
+    if (!C) return false;
     const sec = section('measured', 'Predicted against measured',
       'The prediction (' + C.predicted.file + ') beside the measured run (' + C.measured.file +
       '): per step, and per kind of op summed over the run. Error = (predicted - measured) / ' +
@@ -608,7 +608,7 @@
 
   function drawSweep() {
     const S = D.sweep;
-    if (!S) return;
+    if (!S) return false;
     const tune = S.kind === 'tune';
     const rows = S.rows.map((r, i) => Object.assign({n: i + 1}, r));
     const ok = rows.filter((r) => r.ok);
@@ -692,7 +692,7 @@
   // ---- Calibration ----
   function drawCalibration() {
     const C = D.calibration;
-    if (!C) return;
+    if (!C) return false;
     const sec = section('calibration', 'Calibration',
       'The collective cost model against what was measured: per size the measured time (dots), ' +
       'the fitted curve, and one alpha-beta line through the same points (dashed), on log ' +
@@ -786,8 +786,7 @@
     ['sweep', drawSweep, D.sweep], ['calibration', drawCalibration, D.calibration]]) {
     if (!needs) continue;
     try {
-      draw();
-      drawn.push(name);
+      if (draw() !== false) drawn.push(name);
     } catch (e) {
       // One section's failure leaves the others drawn, and says so (the browser tests fail on it).
       console.error('fsdplab report page: the ' + name + ' section failed: ' + e.stack);

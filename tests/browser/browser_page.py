@@ -104,6 +104,8 @@ FACTS = r"""
     sweepPoints: points('sweep-chart', 'policy'),
     sweepChosen: points('sweep-chart', 'chosen'),
     sweepRows: document.querySelectorAll('#sweep-table tbody tr').length,
+    sweepFailed: [...document.querySelectorAll('#sweep-table tbody tr')].filter((tr) =>
+      tr.lastChild.textContent.includes('fails:')).length,
     measuredRows: [...document.querySelectorAll('#measured-table tbody tr')].map((tr) => ({
       step: Number(tr.getAttribute('data-step')),
       predicted: Number(tr.querySelector('[data-key=predicted_us]').getAttribute('data-value')),
@@ -247,6 +249,8 @@ class _Browser:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        for f in (self.w, self.r, self.proc.stderr):
+            f.close()
 
 
 def _tab(browser):
