@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -434,7 +435,13 @@ std::string SweepToJson(const SweepResult& result, std::optional<Bytes> cap, Cap
 
 std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap, const std::string& title,
                      CapPeak which) {
-  constexpr double kW = 760, kH = 480, kLeft = 80, kRight = 30, kTop = 50, kBottom = 70;
+  // The plot, then below it the x axis's title, the legend (one entry a row, so no entry runs
+  // past the right edge) and what the points' labels are.
+  constexpr double kW = 800, kLeft = 80, kRight = 40, kTop = 50, kPlotH = 360;
+  // Text is measured at about 0.6 of the font size per character (sans-serif at 11-12 px).
+  auto text_width = [](std::string_view text, double font) {
+    return 0.6 * font * static_cast<double>(text.size());
+  };
   const std::vector<SweepRow>& rows = result.rows;
   double gib = static_cast<double>(1ull << 30);
   double xmin = 1e300, xmax = -1e300, ymin = 1e300, ymax = -1e300;
@@ -462,9 +469,47 @@ std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap, const 
   };
   pad(xmin, xmax);
   pad(ymin, ymax);
-  double pw = kW - kLeft - kRight, ph = kH - kTop - kBottom;
+  const double pw = kW - kLeft - kRight, ph = kPlotH;
   auto sx = [&](double x) { return kLeft + (x - xmin) / (xmax - xmin) * pw; };
   auto sy = [&](double y) { return kTop + ph - (y - ymin) / (ymax - ymin) * ph; };
+
+  // The legend's rows and the labels' key decide the height.
+  struct Entry {
+    std::string mark, text;
+  };
+  std::vector<Entry> legend = {
+      {"<circle cx=\"{0}\" cy=\"{1}\" r=\"5\" fill=\"#1f77b4\"/>",
+       "Pareto front (nothing is both faster and smaller)"},
+      {"<circle cx=\"{0}\" cy=\"{1}\" r=\"3.5\" fill=\"#999\"/>", "other policies"}};
+  std::optional<std::size_t> best;
+  if (cap) {
+    best = BestUnderCap(rows, *cap, which);
+    legend.push_back(
+        {"<circle cx=\"{0}\" cy=\"{1}\" r=\"7\" fill=\"none\" stroke=\"#2ca02c\" "
+         "stroke-width=\"2\"/>",
+         "fastest under the cap"});
+    legend.push_back(
+        {"<line x1=\"{2}\" y1=\"{1}\" x2=\"{3}\" y2=\"{1}\" stroke=\"#c00\" "
+         "stroke-dasharray=\"6 4\"/>",
+         fmt::format("memory cap ({:.3f} GiB)", static_cast<double>(*cap) / gib)});
+  }
+  // Each point is labelled with its varied values ("1/2"), or "#n" (its row of the CSV's
+  // order) when there are many or they are long; points on one spot share a label.
+  std::size_t ok_rows = 0;
+  bool short_values = true;
+  for (const SweepRow& r : rows) {
+    if (!r.ok()) continue;
+    ++ok_rows;
+    short_values = short_values && fmt::format("{}", fmt::join(r.values, "/")).size() <= 14;
+  }
+  const bool values_as_labels = ok_rows <= 40 && short_values && !result.varied_keys.empty();
+  const std::string key =
+      values_as_labels
+          ? fmt::format("points labelled {}", fmt::join(result.varied_keys, "/"))
+          : "points labelled #n: the row of the sweep's table (sorted by step time) and CSV";
+  const double axis_title_y = kTop + ph + 40;
+  const double legend_y = axis_title_y + 26;
+  const double kH = legend_y + 18.0 * static_cast<double>(legend.size()) + 30;
 
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} "
@@ -472,16 +517,19 @@ std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap, const 
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       "<text x=\"{2}\" y=\"24\" font-size=\"15\" text-anchor=\"middle\">{3}</text>\n",
       kW, kH, kW / 2, XmlEscape(title));
-  // Axes, ticks, grid.
+  // Axes, ticks, grid. A tick label that would pass the picture's edge is anchored at its end.
   svg += fmt::format(
       "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"black\"/>\n",
       kLeft, kTop, pw, ph);
   double xs = TickStep(xmax - xmin, 6);
   for (double t = std::ceil(xmin / xs) * xs; t <= xmax + 1e-12; t += xs) {
+    const std::string label = fmt::format("{:g}", std::round(t / xs) * xs);
+    const double half = text_width(label, 12) / 2;
+    const char* anchor = sx(t) + half > kW - 2 ? "end" : sx(t) - half < 2 ? "start" : "middle";
     svg += fmt::format(
         "<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>"
-        "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4:g}</text>\n",
-        sx(t), kTop, kTop + ph, kTop + ph + 16, std::round(t / xs) * xs);
+        "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"{4}\">{5}</text>\n",
+        sx(t), kTop, kTop + ph, kTop + ph + 16, anchor, label);
   }
   double ys = TickStep(ymax - ymin, 6);
   for (double t = std::ceil(ymin / ys) * ys; t <= ymax + 1e-12; t += ys) {
@@ -495,13 +543,13 @@ std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap, const 
       "allocator reserves</text>\n"
       "<text x=\"18\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {})\">step time "
       "(ms)</text>\n",
-      kLeft + pw / 2, kH - 30, kTop + ph / 2, kTop + ph / 2);
+      kLeft + pw / 2, axis_title_y, kTop + ph / 2, kTop + ph / 2);
   if (cap) {
     double x = sx(static_cast<double>(*cap) / gib);
     svg += fmt::format(
         "<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#c00\" "
-        "stroke-dasharray=\"6 4\"/><text x=\"{3:.1f}\" y=\"{4}\" fill=\"#c00\">memory cap</text>\n",
-        x, kTop, kTop + ph, x + 4, kTop + 14);
+        "stroke-dasharray=\"6 4\"/>\n",
+        x, kTop, kTop + ph);
   }
   // Pareto front.
   std::vector<std::size_t> front = ParetoFront(rows);
@@ -516,43 +564,54 @@ std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap, const 
   }
   std::vector<bool> on_front(rows.size(), false);
   for (std::size_t i : front) on_front[i] = true;
+  std::vector<std::size_t> rank_of(rows.size(), 0);  // "#n": the row in the table's order
+  {
+    const std::vector<std::size_t> order = SortedByStepTime(rows);
+    for (std::size_t n = 0; n < order.size(); ++n) rank_of[order[n]] = n + 1;
+  }
+  std::map<std::pair<long, long>, std::pair<std::pair<double, double>, std::vector<std::string>>>
+      spots;  // labels by the point's pixel
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const SweepRow& r = rows[i];
     if (!r.ok()) continue;
-    std::string label;
-    for (std::size_t k = 0; k < r.values.size() && k < result.varied_keys.size(); ++k) {
-      label += fmt::format("{}{}={}", k ? " " : "", result.varied_keys[k], r.values[k]);
-    }
+    const double x = sx(static_cast<double>(PeakFor(r, CapPeak::kSimulated)) / gib);
+    const double y = sy(r.step_time_us / 1e3);
     svg += fmt::format(
-        "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\"><title>{}: {:.3f} ms, {:.3f} "
-        "GiB</title></circle>\n",
-        sx(static_cast<double>(PeakFor(r, CapPeak::kSimulated)) / gib), sy(r.step_time_us / 1e3),
-        on_front[i] ? 5 : 3.5, on_front[i] ? "#1f77b4" : "#999", XmlEscape(label),
-        r.step_time_us / 1e3, static_cast<double>(PeakFor(r, CapPeak::kSimulated)) / gib);
+        "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\"><title>#{} {}: {:.3f} ms, "
+        "{:.3f} GiB</title></circle>\n",
+        x, y, on_front[i] ? 5 : 3.5, on_front[i] ? "#1f77b4" : "#999", rank_of[i],
+        XmlEscape(RowLabel(result, r)), r.step_time_us / 1e3,
+        static_cast<double>(PeakFor(r, CapPeak::kSimulated)) / gib);
+    auto& spot = spots[{std::lround(x), std::lround(y)}];
+    spot.first = {x, y};
+    spot.second.push_back(values_as_labels ? fmt::format("{}", fmt::join(r.values, "/"))
+                                           : fmt::format("#{}", rank_of[i]));
   }
-  if (cap) {
-    if (std::optional<std::size_t> best = BestUnderCap(rows, *cap, which)) {
-      const SweepRow& r = rows[*best];
-      svg += fmt::format(
-          "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"9\" fill=\"none\" stroke=\"#2ca02c\" "
-          "stroke-width=\"2\"/>\n",
-          sx(static_cast<double>(PeakFor(r, CapPeak::kSimulated)) / gib), sy(r.step_time_us / 1e3));
-    }
-  }
-  // Legend.
-  double lx = kLeft + pw - 230, ly = kTop + 10;
-  svg += fmt::format(
-      "<circle cx=\"{0}\" cy=\"{1}\" r=\"5\" fill=\"#1f77b4\"/><text x=\"{2}\" y=\"{3}\">Pareto "
-      "front (nothing is both faster and smaller)</text>\n"
-      "<circle cx=\"{0}\" cy=\"{4}\" r=\"3.5\" fill=\"#999\"/><text x=\"{2}\" y=\"{5}\">other "
-      "policies</text>\n",
-      lx, ly, lx + 10, ly + 4, ly + 18, ly + 22);
-  if (cap) {
+  for (const auto& [pixel, spot] : spots) {
+    const std::string text = fmt::format("{}", fmt::join(spot.second, ", "));
+    const auto [x, y] = spot.first;
+    const bool left = x + 7 + text_width(text, 11) > kLeft + pw;
     svg += fmt::format(
-        "<circle cx=\"{0}\" cy=\"{1}\" r=\"7\" fill=\"none\" stroke=\"#2ca02c\" "
-        "stroke-width=\"2\"/><text x=\"{2}\" y=\"{3}\">fastest under the cap</text>\n",
-        lx, ly + 36, lx + 10, ly + 40);
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#333\" "
+        "text-anchor=\"{}\">{}</text>\n",
+        left ? x - 7 : x + 7, y - 6, left ? "end" : "start", XmlEscape(text));
   }
+  if (best) {
+    const SweepRow& r = rows[*best];
+    svg += fmt::format(
+        "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"9\" fill=\"none\" stroke=\"#2ca02c\" "
+        "stroke-width=\"2\"/>\n",
+        sx(static_cast<double>(PeakFor(r, CapPeak::kSimulated)) / gib), sy(r.step_time_us / 1e3));
+  }
+  // Legend, below the axis title.
+  for (std::size_t k = 0; k < legend.size(); ++k) {
+    const double y = legend_y + 18.0 * static_cast<double>(k);
+    svg += fmt::format(fmt::runtime(legend[k].mark), kLeft + 8, y - 4, kLeft, kLeft + 16);
+    svg += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>\n", kLeft + 24, y,
+                       XmlEscape(legend[k].text));
+  }
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"#555\">{}</text>\n", kLeft,
+                     legend_y + 18.0 * static_cast<double>(legend.size()) + 4, XmlEscape(key));
   svg += "</svg>\n";
   return svg;
 }
