@@ -88,7 +88,6 @@
   // ---- Summary ----
   function memoryCap() {
     if (R && R.timeline && R.timeline.memory_cap_bytes) return R.timeline.memory_cap_bytes;
-    if (D.sweep && D.sweep.memory_cap_bytes) return D.sweep.memory_cap_bytes;
     for (const n of (R && R.notes) || []) {
       const m = /^memory cap: (\d+) bytes per rank/.exec(n);
       if (m) return Number(m[1]);
