@@ -198,7 +198,7 @@
       options: {indexAxis: 'y', scales: {
         x: {stacked: true, title: {display: true, text: 'time in the step (ms)'},
             ticks: {callback: (v) => v / 1000}},
-        y: {stacked: true}},
+        y: {stacked: true, ticks: {autoSkip: false}}},
         plugins: {title: {display: true, text: 'Where the step goes'},
                   tooltip: {callbacks: {label: (c) => c.dataset.label + ': ' + fmtUs(c.raw)}}}}
     });

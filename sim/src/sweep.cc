@@ -380,7 +380,9 @@ SweepResult SweepOfPolicies(std::vector<SweepRow> rows) {
   for (std::string_view key : PolicyKeys()) keys.emplace_back(key);
   keys.emplace_back("units");
   auto value = [](const SweepRow& row, const std::string& key) {
-    return key == "units" ? UnitOverridesText(row.policy) : PolicyKeyValue(row.policy, key);
+    if (key != "units") return PolicyKeyValue(row.policy, key);
+    const std::string units = UnitOverridesText(row.policy);
+    return units.empty() ? std::string("none") : units;
   };
   for (const std::string& key : keys) {
     std::set<std::string> seen;

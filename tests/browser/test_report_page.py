@@ -60,7 +60,8 @@ class ReportPageTest(unittest.TestCase):
         name = self.id().rsplit(".", 1)[-1]
         if OUT:
             os.makedirs(OUT, exist_ok=True)
-            with open(os.path.join(OUT, name + ".png"), "wb") as f:
+            shot = "%s.%s.png" % (name, os.path.splitext(os.path.basename(html))[0])
+            with open(os.path.join(OUT, shot), "wb") as f:
                 f.write(page.png)
         print("%s: %.1f KiB, drawn in %.0f ms" % (name, size / 1024, page.facts["renderMs"]))
         f = page.facts
