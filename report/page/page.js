@@ -529,32 +529,28 @@
     const left = el('div');
     const right = el('div');
     row.append(left, right);
-    charts.measuredSteps = new Chart(chartBox(left, 'measured-steps-chart', 300), {
-      type: 'bar',
-      data: {labels: steps.map((s) => 'step ' + s.index), datasets: [
-        {label: 'predicted', data: steps.map((s) => s.predicted_us / 1000),
-         backgroundColor: '#4e79a7'},
-        {label: 'measured', data: steps.map((s) => s.measured_us / 1000),
-         backgroundColor: '#f28e2b'}]},
-      options: {plugins: {title: {display: true, text: 'Step time per step'},
-        tooltip: {callbacks: {afterBody: (items) => 'error ' +
-          steps[items[0].dataIndex].error_pct.toFixed(1) + '%'}}},
-        scales: {y: {beginAtZero: true, title: {display: true, text: 'ms'}}}}
-    });
-    const kinds = C.op_kinds || [];
-    if (kinds.length) {
-      charts.measuredKinds = new Chart(chartBox(right, 'measured-kinds-chart', 300), {
+    // Predicted beside measured, one pair of bars per row (rows: predicted_us, measured_us,
+    // error_pct), in ms.
+    function pairs(parent, id, rows, labels, title) {
+      return new Chart(chartBox(parent, id, 300), {
         type: 'bar',
-        data: {labels: kinds.map((k) => k.kind), datasets: [
-          {label: 'predicted', data: kinds.map((k) => k.predicted_us / 1000),
+        data: {labels: labels, datasets: [
+          {label: 'predicted', data: rows.map((r) => r.predicted_us / 1000),
            backgroundColor: '#4e79a7'},
-          {label: 'measured', data: kinds.map((k) => k.measured_us / 1000),
+          {label: 'measured', data: rows.map((r) => r.measured_us / 1000),
            backgroundColor: '#f28e2b'}]},
-        options: {plugins: {title: {display: true, text: 'Time per op kind (all steps)'},
+        options: {plugins: {title: {display: true, text: title},
           tooltip: {callbacks: {afterBody: (items) => 'error ' +
-            kinds[items[0].dataIndex].error_pct.toFixed(1) + '%'}}},
+            rows[items[0].dataIndex].error_pct.toFixed(1) + '%'}}},
           scales: {y: {beginAtZero: true, title: {display: true, text: 'ms'}}}}
       });
+    }
+    charts.measuredSteps = pairs(left, 'measured-steps-chart', steps,
+                                 steps.map((s) => 'step ' + s.index), 'Step time per step');
+    const kinds = C.op_kinds || [];
+    if (kinds.length) {
+      charts.measuredKinds = pairs(right, 'measured-kinds-chart', kinds, kinds.map((k) => k.kind),
+                                   'Time per op kind (all steps)');
     }
     const table = el('table', {class: 'grid', id: 'measured-table'}, el('thead', {}, el('tr', {},
       el('th', {text: 'step'}), el('th', {text: 'predicted'}), el('th', {text: 'measured'}),

@@ -6,6 +6,7 @@
 #include <string_view>
 #include <utility>
 
+#include "fsdplab/core/text_format.h"
 #include "fsdplab/report/report_compare.h"
 #include "internal/page_assets.h"
 
@@ -13,20 +14,6 @@ namespace fsdplab {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-std::string HtmlEscape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 // JSON that can stand inside a <script> element: every '<' (only ever inside a string) written
 // as its \u escape, so no "</script>" or "<!--" can end or change the element.
@@ -77,23 +64,24 @@ StatusOr<Json> ParseObject(std::string_view text, std::string_view file) {
   return doc;
 }
 
-Status CheckSweep(const Json& sweep) {
+Status CheckSweep(const Json& sweep, std::string_view file) {
   if (!sweep.is_object() || sweep.value("format", "") != "fsdplab.sweep") {
-    return InvalidInput("sweep: format is not 'fsdplab.sweep'");
+    return InvalidInput(fmt::format("{}: format is not 'fsdplab.sweep'", file));
   }
   if (!sweep.contains("rows") || !sweep["rows"].is_array()) {
-    return InvalidInput("sweep: rows: missing or not a list");
+    return InvalidInput(fmt::format("{}: rows: missing or not a list", file));
   }
   return Status::Ok();
 }
 
-Status CheckCalibration(const Json& c) {
+Status CheckCalibration(const Json& c, std::string_view file) {
   const bool fits = c.is_object() && c.contains("fits") && c["fits"].is_array();
   const bool cluster = c.is_object() && c.contains("calibration") && c["calibration"].is_object();
   if (!fits && !cluster) {
     return InvalidInput(
-        "calibration: neither `fsdplab calibrate --json` output (a list of fits) nor a cluster "
-        "file with a calibration");
+        fmt::format("{}: neither `fsdplab calibrate --json` output (a list of fits) nor a "
+                    "cluster file with a calibration",
+                    file));
   }
   return Status::Ok();
 }
@@ -123,17 +111,17 @@ StatusOr<std::string> ReportPageHtml(const PageInputs& in) {
     FSDP_ASSIGN_OR_RETURN(data["comparison"], ParseObject(comparison, "comparison"));
   }
   if (!in.sweep.is_null()) {
-    FSDP_RETURN_IF_ERROR(CheckSweep(in.sweep));
+    FSDP_RETURN_IF_ERROR(CheckSweep(in.sweep, in.sweep_file));
     data["sweep"] = in.sweep;
   }
   if (!in.calibration.is_null()) {
-    FSDP_RETURN_IF_ERROR(CheckCalibration(in.calibration));
+    FSDP_RETURN_IF_ERROR(CheckCalibration(in.calibration, in.calibration_file));
     data["calibration"] = in.calibration;
   }
   if (!data.contains("report") && !data.contains("sweep") && !data.contains("calibration")) {
     return InvalidInput("nothing to draw: give a report, a sweep or a calibration");
   }
-  const std::string title = HtmlEscape(in.title.empty() ? "fsdplab report" : in.title);
+  const std::string title = XmlEscape(in.title.empty() ? "fsdplab report" : in.title);
   const std::string json = ScriptSafeJson(data);
   return Fill(internal::PageTemplate(), {{"title", title},
                                          {"style", internal::PageStyle()},

@@ -93,12 +93,14 @@ Status Run(const Args& args) {
   }
   if (std::optional<std::string> s = args.Get("--sweep")) {
     FSDP_ASSIGN_OR_RETURN(page.sweep, SweepFile(*s, cap));
+    page.sweep_file = *s;
     named.push_back(*s);
   } else if (cap) {
     return UsageError("--memory-cap: only for --sweep FILE.csv");
   }
   if (std::optional<std::string> c = args.Get("--calibration")) {
     FSDP_ASSIGN_OR_RETURN(page.calibration, JsonFile(*c));
+    page.calibration_file = *c;
     named.push_back(*c);
   }
   if (named.empty()) {

@@ -29,8 +29,10 @@ struct PageInputs final {
   std::string report_file = "report";        // named in errors
   std::optional<std::string> measured_json;  // fsdplab.report v1 text of a measured run
   std::string measured_file = "measured";
-  nlohmann::ordered_json sweep;        // fsdplab.sweep v1 (null: none)
+  nlohmann::ordered_json sweep;  // fsdplab.sweep v1 (null: none)
+  std::string sweep_file = "sweep";
   nlohmann::ordered_json calibration;  // `calibrate --json` output or fsdplab.cluster (null: none)
+  std::string calibration_file = "calibration";
 };
 
 // The page, or invalid input naming the file and what is wrong with it.
