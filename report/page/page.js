@@ -330,7 +330,7 @@
         interaction: {mode: 'nearest', intersect: true},
         scales: {
           x: {type: 'linear', min: t0, max: t1, title: {display: true, text: 'time (ms)'},
-              ticks: {callback: (v) => (v / 1000).toLocaleString()}},
+              ticks: {includeBounds: false, callback: (v) => (v / 1000).toLocaleString()}},
           y: {type: 'category', ticks: {autoSkip: false}}
         },
         plugins: {
@@ -432,7 +432,7 @@
         interaction: {mode: 'nearest', axis: 'x', intersect: false},
         scales: {
           x: {type: 'linear', min: t0, max: t1, title: {display: true, text: 'time (ms)'},
-              ticks: {callback: (v) => (v / 1000).toLocaleString()}},
+              ticks: {includeBounds: false, callback: (v) => (v / 1000).toLocaleString()}},
           y: {stacked: true, beginAtZero: true, title: {display: true, text: unitName + ' per rank'}}
         },
         plugins: {

@@ -39,6 +39,7 @@ class Page:
         self.requests = []    # every URL the page asked for that is not the page itself
         self.facts = {}       # what the DOM held (FACTS below)
         self.shot = {}        # the screenshot's statistics (SHOT_STATS below)
+        self.interaction = {}  # what hovering, zooming and sorting showed (INTERACT below)
         self.png = b""
 
 
@@ -120,6 +121,35 @@ FACTS = r"""
     innerWidth: innerWidth,
     height: document.documentElement.scrollHeight,
   };
+})()
+"""
+
+# What a person does on the page: hover the first all-gather of the timeline (its tooltip's
+# lines), zoom to the last step (the x axis's range after), sort the units by exposed time
+# (their order after). Run after FACTS; it changes the page.
+INTERACT = r"""
+(() => {
+  const out = {};
+  const tl = Chart.getChart(document.getElementById('timeline-chart'));
+  if (tl) {
+    const ds = tl.data.datasets.findIndex((d) => d.label === 'all_gather');
+    if (ds >= 0) {
+      const el = tl.getDatasetMeta(ds).data[0];
+      tl.tooltip.setActiveElements([{datasetIndex: ds, index: 0}], {x: el.x, y: el.y});
+      tl.update();
+      out.tooltip = tl.tooltip.body.flatMap((b) => b.lines);
+    }
+    const buttons = [...document.querySelectorAll('#timeline .controls button')];
+    buttons[buttons.length - 1].click();
+    out.zoomed = {min: tl.scales.x.min, max: tl.scales.x.max};
+  }
+  const units = document.getElementById('units-sort');
+  if (units) {
+    units.value = 'exposed';
+    units.dispatchEvent(new Event('change'));
+    out.unitsByExposed = Chart.getChart(document.getElementById('units-chart')).data.labels;
+  }
+  return out;
 })()
 """
 
@@ -306,6 +336,7 @@ def load(path, binary=None, timeout=60):
                     req = p.get("request", {}).get("url", "")
                     if req != url and not req.startswith("data:"):
                         page.requests.append(req)
+            page.interaction = b.evaluate(INTERACT, s)
             # The screenshot's statistics, from a blank tab.
             s2 = _tab(b)
             regions = [c for c in page.facts["canvases"] if c["y"] + c["h"] <= height]

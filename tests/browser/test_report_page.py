@@ -113,6 +113,20 @@ class ReportPageTest(unittest.TestCase):
         self.assertGreaterEqual(f["memoryCategories"], len(at_peak))
         self.assertIn("peak", f["memoryMarks"])
         self.assertEqual(f["unitBars"], len(report["units"]))
+        # Hovering the first all-gather names its unit, step, microbatch, bytes and reason (the
+        # report's first all-gather of rank 0: its ops are the timeline's, in the same order).
+        first = next(o for o in report["ops"] if o["kind"] == "all_gather")
+        tip = "\n".join(page.interaction["tooltip"])
+        self.assertIn("all_gather %s (%s)" % (first["unit"], first["phase"]), tip)
+        self.assertIn("step %d, microbatch %d" % (first["step"], first["microbatch"]), tip)
+        self.assertIn("issued: " + first["reason"], tip)
+        self.assertIn("%.1f MiB" % (first["bytes"] / 2**20), tip)
+        # The last step's button shows that step's window; sorting puts the most exposed first.
+        last = report["steps"][-1]
+        self.assertEqual(page.interaction["zoomed"], {"min": last["start_us"], "max": last["end_us"]})
+        by_exposed = sorted(report["units"], key=lambda u: -u["exposed_us"])
+        self.assertEqual([l.split(" (")[0] for l in page.interaction["unitsByExposed"]],
+                         [u["unit"] for u in by_exposed])
         # The JSON written beside the page draws the same page.
         again = self.path("again.html")
         fsdplab("report", js, "-o", again)
