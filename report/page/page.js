@@ -605,7 +605,8 @@
     const S = D.sweep;
     if (!S) return false;
     const tune = S.kind === 'tune';
-    const rows = S.rows.map((r, i) => Object.assign({n: i + 1}, r));
+    // #n: the policy's row in the command's table and CSV (by step time).
+    const rows = S.rows.map((r, i) => Object.assign({n: r.rank || i + 1, index: i}, r));
     const ok = rows.filter((r) => r.ok);
     const cap = S.memory_cap_bytes;
     const sec = section('sweep', tune ? 'Tune' : 'Sweep',
@@ -666,14 +667,14 @@
       el('th', {text: '#'}), el('th', {text: 'policy'}), el('th', {text: 'step time'}),
       el('th', {text: 'exposed'}), el('th', {text: 'reserved'}), el('th', {text: 'note'}))));
     const body = el('tbody');
-    const order = rows.slice().sort((a, b) => (b.ok - a.ok) || (a.step_time_us - b.step_time_us));
+    const order = rows.slice().sort((a, b) => a.n - b.n);
     for (const r of order) {
       const notes = [];
       if (r.pareto) notes.push('Pareto front');
       if (chosen && r.n === chosen.n) notes.push('chosen');
       if (r.fits_cap === false && r.ok) notes.push('over the cap');
       if (!r.ok) notes.push('fails: ' + r.error);
-      body.append(el('tr', {'data-row': String(r.n - 1)}, el('td', {text: '#' + r.n}),
+      body.append(el('tr', {'data-row': String(r.index)}, el('td', {text: '#' + r.n}),
         el('td', {text: r.label, title: r.policy ? JSON.stringify(r.policy) : null}),
         r.ok ? numCell(r.step_time_us, fmtUs(r.step_time_us), 'step_time_us') : el('td'),
         r.ok ? numCell(r.exposed_comm_us, fmtUs(r.exposed_comm_us), 'exposed_comm_us') : el('td'),

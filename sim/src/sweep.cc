@@ -403,10 +403,13 @@ std::string SweepToJson(const SweepResult& result, std::optional<Bytes> cap, Cap
   using Json = nlohmann::ordered_json;
   std::vector<bool> on_front(result.rows.size(), false);
   for (std::size_t i : ParetoFront(result.rows)) on_front[i] = true;
+  std::vector<std::size_t> rank(result.rows.size(), 0);  // the row of the table and CSV
+  const std::vector<std::size_t> order = SortedByStepTime(result.rows);
+  for (std::size_t n = 0; n < order.size(); ++n) rank[order[n]] = n + 1;
   Json rows = Json::array();
   for (std::size_t i = 0; i < result.rows.size(); ++i) {
     const SweepRow& r = result.rows[i];
-    Json row{{"label", RowLabel(result, r)}, {"values", r.values}};
+    Json row{{"label", RowLabel(result, r)}, {"rank", rank[i]}, {"values", r.values}};
     row["policy"] = result.policies_known ? Json::parse(PolicyToJson(r.policy)) : Json(nullptr);
     row["ok"] = r.ok();
     row["error"] = r.ok() ? "" : r.status.message();

@@ -203,7 +203,8 @@ TEST(Sweep, ParetoFrontAndBestUnderCap) {
 // as above (A, B, C, D failed), with values of two varied keys, one of them quoted because it
 // holds a comma. The CSV lists them by step time: B, C, A, then D; reading it back gives the
 // same figures in that order, D failed with its message, and no policies (only values).
-// The JSON: the front is A and B; with cap 75 the chosen row is B, C is over the cap.
+// The JSON: the front is A and B; with cap 75 the chosen row is B, C is over the cap; each row
+// carries its place in the CSV's order.
 TEST(Sweep, CsvReadsBackAndTheJsonMarksTheFrontAndTheChosen) {
   SweepResult res;
   res.varied_keys = {"forward_prefetch", "units"};
@@ -242,6 +243,10 @@ TEST(Sweep, CsvReadsBackAndTheJsonMarksTheFrontAndTheChosen) {
   EXPECT_EQ(doc["rows"][2]["fits_cap"], false);
   EXPECT_EQ(doc["rows"][3]["ok"], false);
   EXPECT_EQ(doc["rows"][0]["memory_bytes"], 50);
+  // "rank": the row of the table and CSV (B, C, A, then the failed D).
+  EXPECT_EQ(doc["rows"][1]["rank"], 1);
+  EXPECT_EQ(doc["rows"][0]["rank"], 3);
+  EXPECT_EQ(doc["rows"][3]["rank"], 4);
 
   EXPECT_EQ(ParseSweepCsv("a,b\n1,2\n", "x.csv").status().code(), StatusCode::kInvalidInput);
   const std::string bad = SweepCsv(res) + "9,-,abc,1,1,1,1,1,1,1,ok\n";
