@@ -235,6 +235,9 @@ struct Report final {
   // object printed as "variability", and its text lines (the simulator's, sim/variability.h).
   std::string variability_json;
   std::string variability_text;
+  // What a report page draws of the timeline (timeline_view.h), printed as "timeline" when set:
+  // the commands' --html put it in.
+  nlohmann::ordered_json timeline;
 };
 
 Report BuildReport(const Timeline& timeline, const ReportInputs& inputs);
