@@ -54,5 +54,3 @@ BENCHMARK(BM_GatherCopy)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace fsdplab::host
-
-BENCHMARK_MAIN();

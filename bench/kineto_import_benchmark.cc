@@ -18,13 +18,15 @@
 #include <filesystem>
 #include <string>
 
+#include "bench_main.h"
 #include "fsdplab/kineto/kineto.h"
 
 namespace fsdplab::kineto {
 namespace {
 
 constexpr int kLayers = 32;
-constexpr std::size_t kTargetBytes = std::size_t{110} << 20;
+// The profile's size: 110 MB, 1 MB under --smoke.
+std::size_t TargetBytes() { return (bench::Smoke() ? std::size_t{1} : std::size_t{110}) << 20; }
 
 class Writer final {
  public:
@@ -140,7 +142,7 @@ std::size_t WriteProfile(const std::string& path, bool gzip) {
   std::string chunk;
   double t = 5216488009730.359;
   bool first = true;
-  for (int step = 0; total < kTargetBytes; ++step) {
+  for (int step = 0; total < TargetBytes(); ++step) {
     chunk.clear();
     Writer w(chunk, first);
     first = false;
@@ -259,4 +261,3 @@ struct Cleanup {
 
 }  // namespace
 }  // namespace fsdplab::kineto
-BENCHMARK_MAIN();

@@ -7,8 +7,9 @@
 #   2. the same under HSDP (sharding hsdp, shard groups of 8 and of 64 ranks): a straggler
 #      splits only its shard group and its replica column, so 4 stragglers make at most
 #      (4 + 1) x (4 + 1) classes (target under 2 s and 1 GB resident);
-#   3. every rank a compute speed of its own (--rank-jitter 0.02:1: 131,072 classes; target
-#      under 60 s and 8 GB, or the bound explained). Skipped unless ALL_DISTINCT=1: it is long.
+#   3. every rank a compute speed of its own (--rank-jitter 0.02:1: 131,072 classes), with
+#      --prune-ranks (only the slowest rank and the timeline's are simulated; target under 30 s
+#      and 4 GB). Skipped unless ALL_DISTINCT=1; bench/distinct_ranks.sh has the scaling table.
 #
 #   bench/rank_classes.sh [BUILD_DIR] [WORLD]       # WORLD default 131072
 set -euo pipefail
@@ -42,5 +43,6 @@ for group in 8 64; do
     --sharding hsdp --shard-group-size "$group"
 done
 if [[ "${ALL_DISTINCT:-0}" == 1 ]]; then
-  measure "every rank distinct (--rank-jitter 0.02:1)" --rank-jitter 0.02:1 --timeline-ranks 1
+  measure "every rank distinct (--rank-jitter 0.02:1 --prune-ranks)" --rank-jitter 0.02:1 \
+    --prune-ranks --timeline-ranks 1
 fi

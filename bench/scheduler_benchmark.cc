@@ -104,5 +104,3 @@ BENCHMARK(BM_SchedulerHook)
 
 }  // namespace
 }  // namespace fsdplab
-
-BENCHMARK_MAIN();

@@ -160,5 +160,3 @@ BENCHMARK(BM_WriteTrace)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace fsdplab
-
-BENCHMARK_MAIN();

@@ -210,6 +210,9 @@ std::string ReportToJson(const Report& r) {
   if (!r.critical_path_json.empty()) {
     doc["critical_path"] = ParseOr(r.critical_path_json, Json::object());
   }
+  if (!r.variability_json.empty()) {
+    doc["variability"] = ParseOr(r.variability_json, Json::object());
+  }
   doc["notes"] = r.notes;
   return doc.dump(2) + "\n";
 }
@@ -389,6 +392,10 @@ std::string ReportToText(const Report& r) {
     for (const auto& [label, acc] : labelled) {
       line(fmt::format("{:<{}}  {:>5}  {:>11}", label, width, acc.first, FormatUs(acc.second)));
     }
+  }
+  if (!r.variability_text.empty()) {
+    line("");
+    out += r.variability_text;
   }
   if (!r.notes.empty()) {
     line("");

@@ -60,10 +60,14 @@ void Engine::Run(Timeline& timeline) {
                           [&](const CollectiveDoneEv& e) { OnCollectiveDone(now, e); },
                           [&](const StreamWakeEv& e) { OnStreamWake(now, e); }},
                ev);
-    return failure_.ok();
+    return failure_.ok() && prune_broken_.empty();
   });
   end_time_ = last_time_;
+  if (!prune_broken_.empty()) return;
   if (failure_.ok()) CheckQuiescent();
+  for (RankState& r : ranks_) {
+    if (r.allocator_after) ReplayAllocator(r);
+  }
 }
 
 // ---- memory ----
@@ -79,15 +83,60 @@ void Engine::InitMemory(RankState& r) {
     }
     r.deps.issued.assign(r.prog->commands.size(), 0);
   }
-  r.gather_id.assign(r.prog->timeline.size(), -1);
-  r.gather_flowed.assign(r.prog->timeline.size(), 0);
+  if (r.recorded) {  // timeline links, drawn for recorded ranks only
+    r.gather_id.assign(r.prog->timeline.size(), -1);
+    r.gather_flowed.assign(r.prog->timeline.size(), 0);
+  }
   r.mem = r.prog->initial_memory;
-  if (opt_.allocator_model) {
+  // Each rank's allocator is a few hundred blocks and free lists; touched in turn by thousands
+  // of ranks at every instant, they leave the caches and the cost per event grows with the
+  // ranks. Ranks whose memory the timeline does not keep replay theirs afterwards, one rank at
+  // a time (same operations, same order, same peak).
+  r.allocator_after = opt_.allocator_model && !opt_.memory_cap && !r.recorded;
+  if (opt_.allocator_model && !r.allocator_after) {
     for (const ProgOp& a : r.prog->initial_allocs) {
       (void)r.allocator.Alloc(a.stream, a.buffer, a.category, a.unit, a.bytes, std::nullopt);
     }
   }
   Sample(r, 0, 0, kNoUnit);
+}
+
+void Engine::LogMemoryOp(RankState& r, int stream) {
+  static_assert(kNumStreams <= 4, "a stream must fit in 2 bits");
+  const std::uint32_t i = r.memory_ops++;
+  if (i % 4 == 0) r.memory_order.push_back(0);
+  r.memory_order.back() |= static_cast<std::uint8_t>(stream << (2 * (i % 4)));
+}
+
+// The allocator of a rank that logged its memory operations (allocator_after): the same calls
+// in the same order as the engine would have made them, so the same peak.
+void Engine::ReplayAllocator(RankState& r) const {
+  PlanMemoryReplay a;
+  for (const ProgOp& op : r.prog->initial_allocs) {
+    (void)a.Alloc(op.stream, op.buffer, op.category, op.unit, op.bytes, std::nullopt);
+  }
+  Bytes peak = a.allocator().reserved();
+  std::array<std::size_t, kNumStreams> next{};  // per stream: its next entry to look at
+  for (std::uint32_t i = 0; i < r.memory_ops; ++i) {
+    const int s = (r.memory_order[i / 4] >> (2 * (i % 4))) & 3;
+    const std::vector<std::uint32_t>& entries = r.prog->stream_ops[Idx(s)];
+    std::size_t& e = next[Idx(s)];
+    // The stream's next allocation or free that moves bytes (the ones the engine logged).
+    while (e < entries.size()) {
+      const ProgOp& op = r.prog->ops[entries[e]];
+      if ((op.type == PlanOpKind::kAlloc || op.type == PlanOpKind::kFree) && op.bytes > 0) break;
+      ++e;
+    }
+    const ProgOp& op = r.prog->ops[entries[e++]];
+    if (op.type == PlanOpKind::kAlloc) {
+      (void)a.Alloc(op.stream, op.buffer, op.category, op.unit, op.bytes, std::nullopt);
+    } else {
+      a.Free(op.buffer, op.category, op.unit, op.bytes);
+    }
+    peak = std::max(peak, a.allocator().reserved());
+  }
+  r.peak_reserved = std::max(r.peak_reserved, peak);
+  r.memory_order = {};
 }
 
 void Engine::Sample(RankState& r, TimeUs now, int step, UnitId unit) {
@@ -130,7 +179,9 @@ bool Engine::TensorsFit(const RankState& r, Bytes bytes) const {
 bool Engine::DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op) {
   if (op.bytes == 0) return true;
   bool fits = true;
-  if (opt_.allocator_model) {
+  if (r.allocator_after) {
+    LogMemoryOp(r, op.stream);
+  } else if (opt_.allocator_model) {
     // The cap applies to what the caching allocator reserves.
     fits = r.allocator.Alloc(op.stream, op.buffer, op.category, op.unit, op.bytes, opt_.memory_cap);
   } else {
@@ -165,7 +216,11 @@ void Engine::Free(RankState& r, TimeUs now, const ProgOp& op, std::int64_t entry
   if (op.bytes == 0) return;
   Bytes& b = r.mem[static_cast<std::size_t>(op.category)];
   b -= std::min(b, op.bytes);
-  if (opt_.allocator_model) r.allocator.Free(op.buffer, op.category, op.unit, op.bytes);
+  if (r.allocator_after) {
+    LogMemoryOp(r, op.stream);
+  } else if (opt_.allocator_model) {
+    r.allocator.Free(op.buffer, op.category, op.unit, op.bytes);
+  }
   Sample(r, now, op.step, op.unit);
   r.deps.last_free = entry;
 }
@@ -461,7 +516,12 @@ void Engine::StartCompute(RankState& r, const ProgOp& op, TimeUs now) {
   StreamState& st = r.streams[kComputeStream];
   st.busy = true;
   st.start = now;
-  r.compute_remaining = op.us * r.compute_factor;
+  if (r.step_factor.empty()) {
+    r.compute_remaining = op.us * r.compute_factor;
+  } else {
+    const auto steps = static_cast<int>(r.step_factor.size());
+    r.compute_remaining = op.us * r.step_factor[Idx(std::clamp(op.step, 0, steps - 1))];
+  }
   r.compute_rate = ComputeRate(r);
   r.compute_last = now;
   ++r.compute_version;
@@ -507,12 +567,35 @@ void Engine::OnComputeDone(TimeUs now, const ComputeDoneEv& e) {
 
 // ---- collectives ----
 
+// Rank pruning: the ranks of a tie group must arrive together (see RankState::tie_group).
+void Engine::CheckTie(int s, const RankState& r, const ProgOp& op, TimeUs now) {
+  const std::uint64_t key = (static_cast<std::uint64_t>(s) << 60) |
+                            (static_cast<std::uint64_t>(r.tie_group) << 32) | op.coll_seq;
+  auto [it, added] = tie_arrivals_.try_emplace(key, now);
+  if (added || it->second == now) return;
+  prune_broken_ = fmt::format(
+      "rank {} reached the {} at {:.3f} us, another rank of its shard group at {:.3f} us", r.id,
+      DescribeOp(r, op), now, it->second);
+}
+
 void Engine::Arrive(int s, const RankState& r, const ProgOp& op, TimeUs now) {
+  if (r.tie_group >= 0 && ((r.tie_streams >> s) & 1)) CheckTie(s, r, op, now);
   const int gi = r.group[Idx(s)];
   CommGroup& group = groups_[Idx(s)][Idx(gi)];
   PendingCollective& p = group.pending[op.coll_seq];
   ++p.arrived;
+  TimeUs& latest = r.stand_in ? p.stand_in_at : p.latest_real;
+  latest = std::max(latest, now);
   if (p.arrived < static_cast<int>(group.members.size())) return;
+  if (p.stand_in_at > p.latest_real) {
+    // Rank pruning: the stand-in arrives no earlier than any real rank; arriving after every
+    // simulated one, it might be after every real rank too.
+    prune_broken_ = fmt::format(
+        "the rank that computes at each step's slowest speed reached the {} at {:.3f} us, after "
+        "every simulated rank (the last at {:.3f} us)",
+        DescribeOp(r, op), p.stand_in_at, p.latest_real);
+    return;
+  }
   // Every rank of the group is at the head of this stream with its k-th collective: they must
   // agree.
   for (int m : group.members) {

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -79,7 +80,17 @@ struct RankState {
   // all-reduce stream).
   std::array<int, kNumStreams> group{};
   double compute_factor = 1.0;
+  // Per step, the compute factor (it replaces compute_factor) when the rank's speed changes
+  // from step to step; empty otherwise.
+  std::vector<double> step_factor;
   bool recorded = false;
+  // Rank pruning (rank_classes.h, PruneRanks); else the pruned run does not hold
+  // (Engine::prune_broken). A stand-in simulates no real rank (no peaks, no timeline) and must
+  // never be the only last arrival at a collective. The ranks of one tie group must reach each
+  // collective on the streams in tie_streams (a bit per stream) at the same time.
+  bool stand_in = false;
+  int tie_group = -1;
+  std::uint8_t tie_streams = 0;
   std::uint32_t pc = 0;  // next command to issue
   std::array<StreamState, kNumStreams> streams{};
   int active_collectives = 0;
@@ -95,6 +106,12 @@ struct RankState {
   // The caching allocator (SimOptions::allocator_model): what the rank's device reserves.
   PlanMemoryReplay allocator;
   Bytes peak_reserved = 0;
+  // Without a memory cap the allocator only observes; a rank that keeps no timeline needs only
+  // its peak, so its allocator runs after the engine (Engine::ReplayAllocator) from the order in
+  // which its streams reached their allocations and frees: 2 bits (the stream) per operation.
+  bool allocator_after = false;
+  std::vector<std::uint8_t> memory_order;
+  std::uint32_t memory_ops = 0;
   // Timeline links: per plan timeline op of a gather, the id it got; whether an arrow was drawn.
   std::vector<std::int64_t> gather_id;
   std::vector<std::uint8_t> gather_flowed;
@@ -124,6 +141,9 @@ class Engine {
   void Run(Timeline& timeline);
 
   const Status& failure() const { return failure_; }
+  // Why a pruned run does not hold (a stand-in arrived last, alone, or two ranks of a tie group
+  // arrived apart); empty when it does. The run stops there.
+  const std::string& prune_broken() const { return prune_broken_; }
   std::uint64_t events() const { return queue_.processed(); }
   std::uint64_t commands() const { return commands_; }
   const std::vector<RankState>& ranks() const { return ranks_; }
@@ -133,6 +153,8 @@ class Engine {
   struct PendingCollective {
     int arrived = 0;
     bool started = false;
+    TimeUs latest_real = -1;  // the last arrival of a rank that is not a stand-in
+    TimeUs stand_in_at = -1;  // the stand-in's arrival (rank pruning)
   };
   struct CollClock {
     bool active = false;
@@ -165,6 +187,8 @@ class Engine {
 
   // memory
   void InitMemory(RankState& r);
+  void LogMemoryOp(RankState& r, int stream);
+  void ReplayAllocator(RankState& r) const;
   void Sample(RankState& r, TimeUs now, int step, UnitId unit);
   bool DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op);
   void Free(RankState& r, TimeUs now, const ProgOp& op, std::int64_t entry);
@@ -198,6 +222,7 @@ class Engine {
   void OnComputeDone(TimeUs now, const ComputeDoneEv& e);
   // collectives
   void Arrive(int s, const RankState& r, const ProgOp& op, TimeUs now);
+  void CheckTie(int s, const RankState& r, const ProgOp& op, TimeUs now);
   void StartCollectiveClock(int s, int group, std::uint32_t seq, TimeUs cost, TimeUs now);
   void RepriceCollectives(int s, int group, TimeUs now);
   void OnCollectiveDone(TimeUs now, const CollectiveDoneEv& e);
@@ -218,6 +243,9 @@ class Engine {
   Timeline* timeline_ = nullptr;
   std::int64_t next_op_id_ = 0;
   Status failure_;
+  std::string prune_broken_;
+  // Per (stream, tie group, collective): the first checked arrival.
+  std::unordered_map<std::uint64_t, TimeUs> tie_arrivals_;
   TimeUs last_time_ = 0;
   TimeUs end_time_ = 0;
   std::uint64_t commands_ = 0;
@@ -234,7 +262,7 @@ class Engine {
   }
 
   void Executed(const RankState& r, const ProgOp& op) {
-    if (!opt_.log_executed_ops || op.type == PlanOpKind::kRecord) return;
+    if (!opt_.log_executed_ops || op.type == PlanOpKind::kRecord || r.stand_in) return;
     executed_.push_back(ExecutedOp{.rank = r.id,
                                    .stream = op.stream,
                                    .kind = op.type,

@@ -81,6 +81,27 @@ std::shared_ptr<const SimProgram> CompilePlan(const StreamPlanner& plan) {
   return prog;
 }
 
+bool SameButComputeTimes(const SimProgram& a, const SimProgram& b) {
+  if (a.ops.size() != b.ops.size() || a.commands.size() != b.commands.size()) return false;
+  for (std::size_t i = 0; i < a.ops.size(); ++i) {
+    const ProgOp& x = a.ops[i];
+    const ProgOp& y = b.ops[i];
+    const bool same = x.type == y.type && x.stream == y.stream && x.wait_stream == y.wait_stream &&
+                      x.kind == y.kind && x.category == y.category && x.phase == y.phase &&
+                      x.reason == y.reason && x.planes == y.planes && x.unit == y.unit &&
+                      x.step == y.step && x.microbatch == y.microbatch && x.event == y.event &&
+                      x.wait_count == y.wait_count && x.coll_seq == y.coll_seq &&
+                      x.bytes == y.bytes && x.buffer == y.buffer;
+    if (!same || (x.type != PlanOpKind::kCompute && x.us != y.us)) return false;
+  }
+  for (std::size_t i = 0; i < a.commands.size(); ++i) {
+    const ProgCommand& x = a.commands[i];
+    const ProgCommand& y = b.commands[i];
+    if (x.first != y.first || x.end != y.end || x.host_cost != y.host_cost) return false;
+  }
+  return true;
+}
+
 // ---------------------------------------------------------------------------------------------
 // SimExecutor: the scheduler's sink; lowers commands into the plan.
 

@@ -63,4 +63,8 @@ class SimProgram {
 // Compiles a finished plan.
 std::shared_ptr<const SimProgram> CompilePlan(const StreamPlanner& plan);
 
+// Whether two programs issue the same commands and operations and differ at most in how long
+// their computes take (ProgOp::us): two ranks' recordings of one training step.
+bool SameButComputeTimes(const SimProgram& a, const SimProgram& b);
+
 }  // namespace fsdplab::sim

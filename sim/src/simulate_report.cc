@@ -7,6 +7,7 @@
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/sim/cluster.h"
 #include "fsdplab/sim/critical_path.h"
+#include "fsdplab/sim/variability.h"
 #include "internal/cluster_json.h"
 
 namespace fsdplab::sim {
@@ -38,6 +39,8 @@ StatusOr<SimulatedRun> Assemble(const Trace& first, const SimOptions& options,
   if (r.critical_path) {
     run.report.critical_path_json = CriticalPathToJson(*r.critical_path, first.model);
   }
+  // With per-step variation: the step-time distribution and its cost against a uniform cluster.
+  FSDP_RETURN_IF_ERROR(AddStepVariability(run.report, r, options, simulate));
   return run;
 }
 

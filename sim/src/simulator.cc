@@ -21,6 +21,7 @@
 #include "fsdplab/core/param_layout.h"
 #include "memory_bound.h"
 #include "program.h"
+#include "rank_classes.h"
 
 namespace fsdplab::sim {
 
@@ -92,125 +93,6 @@ struct RankProgram {
   std::vector<std::string> warnings;  // the plan's (protective waits it had to add)
   Bytes collective_footprint = 0;     // CollectiveFootprintBytes of this rank's plan
 };
-
-// A class of ranks simulated as one: the same program (trace) at the same compute speed, and
-// under hsdp the same place in the mesh where that matters (below).
-struct RankClass {
-  int program = 0;     // index into the programs
-  double factor = 1;   // compute scale x straggler factors x the rank's own scale
-  int first_rank = 0;  // the rank that stands for the class
-  int members = 0;
-  int row = 0;     // its collective group on the communication streams (shard group key)
-  int column = 0;  // its group on the all-reduce stream (replica column key)
-};
-
-struct RankClassing {
-  std::vector<RankClass> classes;
-  int rows_split = 0;     // hsdp: shard groups that hold a rank unlike the common one
-  int columns_split = 0;  // hsdp: replica columns that do
-};
-
-// The classes of `world` ranks, ordered by their first rank. Unfolded (one class per rank) when
-// the options ask every rank to be simulated.
-//
-// Without hsdp every collective spans the world: ranks of one speed and trace meet every
-// collective at the same virtual time, so (program, speed) is the class. Under hsdp a rank's
-// gathers and reduce-scatters wait only for its shard group (row r = rank / S) and its replica
-// all-reduce only for its replica column (c = rank mod S). Call a rank "common" when it has the
-// most frequent (program, speed), a row or column "split" when it holds an uncommon rank. The
-// run is invariant under any permutation of the unsplit rows among themselves and of the
-// unsplit columns among themselves (each such permutation maps the mesh's groups onto groups and
-// every rank onto a rank of the same program and speed), so ranks in one orbit run identical
-// timelines: the class key is (program, speed, row if split else "any unsplit row", column if
-// split else "any unsplit column"), exact, not an approximation. A group of classes on a stream
-// then stands for one real group: the classes of an unsplit row are exactly the ranks of any one
-// unsplit row.
-RankClassing RankClasses(const SimOptions& options, int world, bool one_trace, int shard_group) {
-  std::vector<double> factor(Idx(world), options.cluster.compute_scale);
-  for (const Straggler& s : options.stragglers) factor[Idx(s.rank)] *= s.factor;
-  for (std::size_t i = 0; i < options.rank_compute_scales.size() && i < factor.size(); ++i) {
-    factor[i] *= options.rank_compute_scales[i];
-  }
-  const bool fold = options.fold_symmetric_ranks || (one_trace && world == 1);
-  const bool hsdp = shard_group < world;
-  RankClassing out;
-  // Under hsdp: which rows and columns hold an uncommon rank (each gets its own key).
-  std::vector<int> row_key;
-  std::vector<int> column_key;
-  if (hsdp) {
-    std::map<std::pair<int, double>, int> count;
-    for (int r = 0; r < world; ++r) ++count[{one_trace ? 0 : r, factor[Idx(r)]}];
-    std::pair<int, double> common = count.begin()->first;
-    for (const auto& [key, n] : count) {
-      if (n > count[common]) common = key;
-    }
-    const int rows = world / shard_group;
-    row_key.assign(Idx(rows), -1);
-    column_key.assign(Idx(shard_group), -1);
-    for (int r = 0; r < world; ++r) {
-      if (fold && std::pair{one_trace ? 0 : r, factor[Idx(r)]} == common) continue;
-      row_key[Idx(ShardGroupOf(r, shard_group))] = ShardGroupOf(r, shard_group);
-      column_key[Idx(ShardRankOf(r, shard_group))] = ShardRankOf(r, shard_group);
-    }
-    for (int k : row_key) out.rows_split += k >= 0 ? 1 : 0;
-    for (int k : column_key) out.columns_split += k >= 0 ? 1 : 0;
-  }
-  // Group indices in order of appearance (so that all-gather and reduce-scatter groups of a row
-  // share one index).
-  std::map<int, int> row_index;
-  std::map<int, int> column_index;
-  std::map<std::tuple<int, double, int, int>, std::size_t> index;
-  for (int r = 0; r < world; ++r) {
-    const int program = one_trace ? 0 : r;
-    const int row = hsdp ? row_key[Idx(ShardGroupOf(r, shard_group))] : 0;
-    const int column = hsdp ? column_key[Idx(ShardRankOf(r, shard_group))] : 0;
-    auto [it, added] =
-        index.try_emplace({program, factor[Idx(r)], row, column}, out.classes.size());
-    if (added || !fold) {
-      if (!added) it->second = out.classes.size();
-      const int ri = row_index.try_emplace(row, static_cast<int>(row_index.size())).first->second;
-      const int ci =
-          column_index.try_emplace(column, static_cast<int>(column_index.size())).first->second;
-      out.classes.push_back(RankClass{program, factor[Idx(r)], r, 0, ri, ci});
-    }
-    ++out.classes[it->second].members;
-  }
-  return out;
-}
-
-std::string ClassesNote(const RankClassing& classing, int world, int recorded, int shard_group) {
-  const std::vector<RankClass>& classes = classing.classes;
-  std::string list;
-  constexpr std::size_t kListed = 6;
-  for (std::size_t i = 0; i < classes.size() && i < kListed; ++i) {
-    const RankClass& c = classes[i];
-    list += fmt::format("{}rank {}{}{}", i == 0 ? "" : ", ", c.first_rank,
-                        c.members > 1 ? fmt::format(" (+{} ranks)", c.members - 1) : "",
-                        c.factor != 1.0 ? fmt::format(" compute x{:g}", c.factor) : "");
-  }
-  if (classes.size() > kListed) list += fmt::format(", ... {} more", classes.size() - kListed);
-  const std::string recorded_text =
-      recorded < static_cast<int>(classes.size())
-          ? fmt::format(" ({} recorded in the timeline: --timeline-ranks)", recorded)
-          : std::string();
-  if (shard_group < world) {
-    const int rows = world / shard_group;
-    return fmt::format(
-        "the {} ranks (hsdp: {} shard groups of {} ranks, {} replicas) form {} rank classes, "
-        "one rank of each simulated, each collective costed over its own group; a shard "
-        "group's gathers and reduce-scatters wait only for its ranks, a replica all-reduce only "
-        "for its column, so classes are split where they diverge: {} of {} shard groups and {} "
-        "of {} replica columns hold a rank of another trace or speed and were unfolded into "
-        "classes of their own: {}{}",
-        world, rows, shard_group, rows, classes.size(), classing.rows_split, rows,
-        classing.columns_split, shard_group, list, recorded_text);
-  }
-  return fmt::format(
-      "the {} ranks form {} rank classes (same trace, same compute speed), one rank of each "
-      "simulated and collectives costed over all {} ranks; every collective spans the world, so "
-      "the classes never diverge and none was unfolded: {}{}",
-      world, classes.size(), world, list, recorded_text);
-}
 
 RankProgram BuildProgram(const Trace& trace, const Policy& policy, int world, int steps) {
   Scheduler sched(trace.model, policy, world);
@@ -329,11 +211,17 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
   // the same virtual times (every collective spans the world, so each waits for the same
   // slowest class), so one of each class is simulated and collectives are costed over `world`.
   FSDP_ASSIGN_OR_RETURN(const int shard_group, ShardGroupSize(options.policy, world));
-  const RankClassing classing = RankClasses(options, world, one_trace, shard_group);
+  FSDP_ASSIGN_OR_RETURN(const StepFactors step_factors,
+                        StepFactors::Create(options.step_variation, world, steps));
+  const RankClassing classing = RankClasses(options, step_factors, world, one_trace, shard_group);
   const std::vector<RankClass>& classes = classing.classes;
   const bool symmetric = classes.size() == 1;
-  const int simulated = static_cast<int>(classes.size());
-
+  // Per step, the slowest compute (who, and how slow), and which classes to simulate.
+  const StepSpeeds speeds = ComputeStepSpeeds(classing, step_factors, steps);
+  for (std::size_t s = 0; s < speeds.slowest_class.size(); ++s) {
+    result.slowest_rank_by_step.push_back(classes[Idx(speeds.slowest_class[s])].first_rank);
+    result.slowest_factor_by_step.push_back(speeds.slowest[s]);
+  }
   std::vector<RankProgram> programs;
   if (one_trace) {
     programs.push_back(BuildProgram(first, options.policy, world, steps));
@@ -341,6 +229,19 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
     for (const Trace* t : traces)
       programs.push_back(BuildProgram(*t, options.policy, world, steps));
   }
+  std::vector<const SimProgram*> program_ptrs;
+  for (const RankProgram& rp : programs) program_ptrs.push_back(rp.program.get());
+  const PrunedRanks pruned = PruneRanks(classing, program_ptrs, options, step_factors, speeds,
+                                        one_trace, world, shard_group, steps);
+  std::vector<int> simulate_classes;  // indices into `classes`
+  if (pruned.pruned) {
+    simulate_classes = pruned.classes;
+  } else {
+    for (std::size_t i = 0; i < classes.size(); ++i) {
+      simulate_classes.push_back(static_cast<int>(i));
+    }
+  }
+  const int simulated = static_cast<int>(simulate_classes.size());
 
   std::array<std::uint32_t, kNumStreams> max_colls{};
   for (const RankProgram& rp : programs) {
@@ -349,20 +250,48 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
           max_colls[Idx(s)], static_cast<std::uint32_t>(rp.program->collectives[Idx(s)].size()));
     }
   }
-  std::vector<RankState> ranks(static_cast<std::size_t>(simulated));
+  // A rank whose speed changes from step to step computes at its factor of each step.
+  auto step_factor_of = [&](const RankClass& c) {
+    std::vector<double> f;
+    if (!c.varies) return f;
+    for (int s = 0; s < steps; ++s) f.push_back(ClassFactor(c, step_factors, s));
+    return f;
+  };
+  const bool envelope = !pruned.envelope.empty();
+  std::vector<RankState> ranks(Idx(simulated + (envelope ? 1 : 0)));
   for (int i = 0; i < simulated; ++i) {
     RankState& r = ranks[Idx(i)];
-    const RankClass& c = classes[Idx(i)];
+    const int ci = simulate_classes[Idx(i)];
+    const RankClass& c = classes[Idx(ci)];
     const RankProgram& rp = programs[Idx(c.program)];
     r.prog = rp.program.get();
     r.model = rp.model;
     r.rank = i;
     r.id = c.first_rank;
     r.members = c.members;
-    r.recorded = i < options.max_recorded_ranks;
+    r.recorded = ci < options.max_recorded_ranks;
     r.compute_factor = c.factor;
+    r.step_factor = step_factor_of(c);
     for (int s = 0; s < kNumStreams; ++s)
       r.group[Idx(s)] = s == kAllReduceStream ? c.column : c.row;
+    if (pruned.one_all_reduce_group) {
+      // Every column's all-reduces start together (checked): one group stands for them all,
+      // and the ranks of a shard group must reach each all-reduce at the same time.
+      r.group[kAllReduceStream] = 0;
+      r.tie_group = c.row;
+      r.tie_streams = 1u << kAllReduceStream;
+    }
+  }
+  if (envelope) {
+    // The upper envelope of the per-step speeds: a rank that stands for none.
+    RankState& r = ranks.back();
+    r.prog = programs.front().program.get();
+    r.model = programs.front().model;
+    r.rank = simulated;
+    r.id = classes[Idx(speeds.slowest_class.front())].first_rank;
+    r.members = 0;
+    r.stand_in = true;
+    r.step_factor = pruned.envelope;
   }
   // Gathers and reduce-scatters span a shard group (the world but under hsdp), the replica
   // all-reduce a column of world / shard_group ranks, shard_group apart.
@@ -371,12 +300,25 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
   shapes[kAllReduceStream] = StreamGroupShape{.size = world / shard_group, .stride = shard_group};
   Engine engine(options, shapes, std::move(ranks), max_colls);
   engine.Run(tl);
+  if (!engine.prune_broken().empty()) {
+    // The pruned run's check failed: simulate every class instead, and say so.
+    SimOptions every = options;
+    every.prune_ranks = false;
+    FSDP_ASSIGN_OR_RETURN(SimResult full, RunSimulation(traces, one_trace, every));
+    full.timeline.notes.push_back(fmt::format(
+        "--prune-ranks: every rank class was simulated: in the pruned run {}, so the ranks left "
+        "out could have been the last to arrive",
+        engine.prune_broken()));
+    return full;
+  }
 
   result.events = engine.events();
   result.commands = engine.commands();
   result.ranks_simulated = simulated;
-  tl.ranks_recorded = std::min(simulated, options.max_recorded_ranks);
+  const int recorded = std::min(static_cast<int>(classes.size()), options.max_recorded_ranks);
+  tl.ranks_recorded = recorded;
   for (const RankState& r : engine.ranks()) {
+    if (r.stand_in) continue;
     result.peak_memory_by_rank.push_back(r.peak);
     result.peak_reserved_by_rank.push_back(r.peak_reserved);
   }
@@ -390,7 +332,10 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
   result.memory_cap_lower_bound_us =
       MemoryCapLowerBound(*programs.front().program, *programs.front().model, options, shard_group);
 
-  if (symmetric && world > 1) {
+  const int class_count = static_cast<int>(classes.size());
+  if (pruned.pruned) {
+    tl.notes.push_back(pruned.note);
+  } else if (symmetric && world > 1) {
     tl.notes.push_back(fmt::format(
         "all {} ranks run the same trace at the same speed: rank 0 was simulated and ranks 1-{} "
         "folded onto it ({})",
@@ -400,7 +345,7 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
                           "ranks, all-reduces over the {} replicas",
                           shard_group, world / shard_group)
             : fmt::format("collectives are costed over all {} ranks", world)));
-  } else if (world > 1 && simulated < world) {
+  } else if (world > 1 && class_count < world) {
     tl.notes.push_back(ClassesNote(classing, world, tl.ranks_recorded, shard_group));
   } else if (world > 1) {
     tl.notes.push_back(fmt::format(
@@ -408,6 +353,7 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
         tl.ranks_recorded < world ? fmt::format(" ({} recorded in the timeline)", tl.ranks_recorded)
                                   : std::string()));
   }
+  if (!pruned.pruned && !pruned.note.empty()) tl.notes.push_back(pruned.note);
   if (options.cluster.defaults_used) {
     tl.notes.push_back(
         "cluster: defaults (one 8-GPU NVLink node, H100-like); describe yours with --cluster "

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -82,6 +83,39 @@ TEST(CliSimulate, BadInputAndUsage) {
   EXPECT_EQ(RunCli("simulate " + trace + " --straggler nonsense"), 1);
 }
 
+// --rank-trace DIR takes the directory's fsdplab.trace files only: a report, a policy and a
+// profile beside the two rank traces are left out (the same report as the two files given one
+// by one); a directory without a trace is invalid input.
+TEST(CliSimulate, RankTraceDirectoryTakesOnlyTraces) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(Tmp("sim_cli_rank_dir"));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  nlohmann::json trace = ReadJson(std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json");
+  trace["meta"]["world_size"] = 2;
+  for (int r : {1, 0}) {  // rank 1 first: the reader orders by meta.rank
+    trace["meta"]["rank"] = r;
+    std::ofstream(dir / ("trace.rank" + std::to_string(r) + ".json")) << trace.dump();
+  }
+  const std::string one_by_one = Tmp("sim_cli_rank_files.json");
+  ASSERT_EQ(RunCli("simulate --rank-trace " + (dir / "trace.rank0.json").string() +
+                   " --rank-trace " + (dir / "trace.rank1.json").string() + " -o " + one_by_one),
+            0);
+  std::ofstream(dir / "a_policy.json") << R"({"forward_prefetch": "2", "format": 3})";
+  std::ofstream(dir / "report.json") << ReadJson(one_by_one).dump();
+  std::ofstream(dir / "profile.json") << R"({"traceEvents": [], "format": {"x": 1}})";
+  std::ofstream(dir / "broken.json") << R"({"steps": [)";
+  const std::string from_dir = Tmp("sim_cli_rank_dir_report.json");
+  ASSERT_EQ(RunCli("simulate --rank-trace " + dir.string() + " -o " + from_dir), 0);
+  nlohmann::json a = ReadJson(one_by_one);
+  nlohmann::json b = ReadJson(from_dir);
+  EXPECT_EQ(a["summary"], b["summary"]);
+  EXPECT_EQ(a["steps"], b["steps"]);
+  for (const char* f : {"trace.rank0.json", "trace.rank1.json"}) fs::remove(dir / f);
+  EXPECT_EQ(RunCli("simulate --rank-trace " + dir.string()), 2);
+  fs::remove_all(dir);
+}
+
 // A trace whose fields are fine but whose structure the scheduler cannot replay (a pre_forward
 // never closed) is invalid input for every replaying command: exit 2, the event named, and no
 // report written.
@@ -142,6 +176,50 @@ TEST(CliSimulate, ExplainAndTunedPolicyFile) {
   std::string bad = Tmp("sim_cli_bad_units.json");
   std::ofstream(bad) << R"({"units": {"no.such.unit": {"forward_prefetch": "2"}}})";
   EXPECT_EQ(RunCli("simulate " + trace + " --policy " + bad), 2);
+}
+
+// Per-step variation through the binary. --steps 6 leaves 5 steps after the warm-up step; with
+// 5 values the nearest-rank p50 is the 3rd smallest (ceil(0.5 x 5) = 3) and p90 and p99 are the
+// largest (ceil(0.9 x 5) = ceil(0.99 x 5) = 5); the mean is the summary's step time; each of the
+// 5 steps has one slowest rank.
+TEST(CliSimulate, ReportsTheStepTimeDistribution) {
+  std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json";
+  std::string rep = Tmp("sim_cli_variability.json");
+  const std::string flags = " --world-size 256 --steps 6 --rank-jitter 0.02:1 --step-jitter 0.05:2";
+  ASSERT_EQ(
+      RunCli("simulate " + trace + flags + " --step-stragglers 2:1.5:3 --prune-ranks -o " + rep),
+      0);
+  nlohmann::json r = ReadJson(rep);
+  ASSERT_TRUE(r.contains("variability"));
+  const nlohmann::json& v = r["variability"];
+  EXPECT_EQ(v["steps"], 5);
+  std::vector<double> times;
+  for (std::size_t i = 1; i < r["steps"].size(); ++i) times.push_back(r["steps"][i]["time_us"]);
+  ASSERT_EQ(times.size(), 5u);
+  std::sort(times.begin(), times.end());
+  EXPECT_EQ(v["step_time_us"]["p50"], times[2]);
+  EXPECT_EQ(v["step_time_us"]["p90"], times[4]);
+  EXPECT_EQ(v["step_time_us"]["p99"], times[4]);
+  EXPECT_EQ(v["step_time_us"]["max"], times[4]);
+  EXPECT_DOUBLE_EQ(v["step_time_us"]["mean"].get<double>(), r["summary"]["step_time_us"]);
+  EXPECT_GT(v["uniform_step_time_us"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(v["tail_cost_us"].get<double>(), v["step_time_us"]["mean"].get<double>() -
+                                                        v["uniform_step_time_us"].get<double>());
+  int slowest_steps = 0;
+  for (const nlohmann::json& c : v["slowest"]["ranks"]) slowest_steps += c["steps"].get<int>();
+  EXPECT_EQ(slowest_steps, 5);  // at most 5 listed, each step's slowest rank counted once
+  bool pruned = false;
+  for (const nlohmann::json& n : r["notes"]) {
+    pruned = pruned || n.get<std::string>().find("--prune-ranks: the 256 ranks") == 0;
+  }
+  EXPECT_TRUE(pruned);
+  // Without a per-step part there is no distribution to give.
+  ASSERT_EQ(RunCli("simulate " + trace + " --world-size 256 --rank-jitter 0.02:1 -o " + rep), 0);
+  EXPECT_FALSE(ReadJson(rep).contains("variability"));
+  // Bad values are usage errors.
+  EXPECT_EQ(RunCli("simulate " + trace + " --step-jitter 2"), 1);
+  EXPECT_EQ(RunCli("simulate " + trace + " --step-stragglers 3"), 1);
+  EXPECT_EQ(RunCli("simulate " + trace + " --world-size 8 --step-stragglers 9:1.5"), 1);
 }
 
 }  // namespace

@@ -2,13 +2,16 @@
 //
 // Also holds the flag helpers of sim_flags.h, shared with `fsdplab sweep`.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "cli_common.h"
 #include "commands.h"
+#include "fsdplab/core/file_util.h"
 #include "fsdplab/core/limits.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/report/report.h"
@@ -109,6 +112,17 @@ void DeclareEngineFlags(Args& args) {
                "per-rank compute scales from a seeded log-normal distribution, exp(SIGMA z): "
                "every rank a speed of its own (SEED default 0)",
                "SIGMA[:SEED]");
+  args.Declare("--step-jitter", ArgKind::kValue,
+               "per-step variation of every rank's compute: in each step rank r's compute is "
+               "scaled by exp(SIGMA z), z drawn anew per rank and step from SEED (default 0), on "
+               "top of --rank-jitter (the persistent part); with --steps N the report gives the "
+               "step-time distribution (p50, p90, p99, max), the ranks, nodes and shard groups "
+               "slowest most often, and the cost against a uniform cluster",
+               "SIGMA[:SEED]");
+  args.Declare("--step-stragglers", ArgKind::kValue,
+               "in each step K ranks drawn at random (from SEED, default 0) compute FACTOR times "
+               "slower; reported as --step-jitter is",
+               "K:FACTOR[:SEED]");
   args.Declare("--timeline-ranks", ArgKind::kValue,
                "keep the timeline (ops, memory samples) of the first N simulated ranks or rank "
                "classes only; the others keep their peaks (default 64)",
@@ -169,6 +183,12 @@ Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& o) {
   if (std::optional<std::string> v = args.Get("--rank-jitter")) {
     FSDP_ASSIGN_OR_RETURN(o.rank_compute_scales, sim::RankComputeScales(*v, o.cluster.world_size));
   }
+  if (std::optional<std::string> v = args.Get("--step-jitter")) {
+    FSDP_RETURN_IF_ERROR(sim::ParseStepJitter(*v, o.step_variation));
+  }
+  if (std::optional<std::string> v = args.Get("--step-stragglers")) {
+    FSDP_RETURN_IF_ERROR(sim::ParseStepStragglers(*v, o.step_variation));
+  }
   o.max_recorded_ranks = 64;
   if (std::optional<std::string> v = args.Get("--timeline-ranks")) {
     FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--timeline-ranks"));
@@ -186,16 +206,64 @@ Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& o) {
 
 namespace {
 
+// Whether a JSON document's top-level "format" is "fsdplab.trace". Read with a SAX parser that
+// stops at that key's value (the first key of every trace fsdplab and the recorder write), so a
+// large trace is not parsed twice; text that is not JSON, or has no such key, is not a trace.
+bool IsTraceDocument(const std::string& text) {
+  using Json = nlohmann::json;
+  struct Sax final : nlohmann::json_sax<Json> {
+    int depth = 0;
+    bool format_next = false;
+    bool found = false;
+    bool Value() { return !format_next; }  // the format key's value (not a string) ends it
+    bool null() override { return Value(); }
+    bool boolean(bool) override { return Value(); }
+    bool number_integer(Json::number_integer_t) override { return Value(); }
+    bool number_unsigned(Json::number_unsigned_t) override { return Value(); }
+    bool number_float(Json::number_float_t, const Json::string_t&) override { return Value(); }
+    bool binary(Json::binary_t&) override { return Value(); }
+    bool string(Json::string_t& v) override {
+      if (!format_next) return true;
+      found = v == "fsdplab.trace";
+      return false;
+    }
+    bool start_object(std::size_t) override { return Value() && ++depth > 0; }
+    bool end_object() override { return --depth >= 0; }
+    bool start_array(std::size_t) override { return Value() && ++depth > 0; }
+    bool end_array() override { return --depth >= 0; }
+    bool key(Json::string_t& k) override {
+      format_next = depth == 1 && k == "format";
+      return true;
+    }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+      return false;
+    }
+  } sax;
+  Json::sax_parse(text, &sax, nlohmann::detail::input_format_t::json, false);
+  return sax.found;
+}
+
+// The fsdplab.trace documents among a directory's *.json files (reports, policies, clusters or
+// profiles beside them are not traces and are left out), in file-name order.
 StatusOr<std::vector<Trace>> ReadDirectory(const std::string& dir) {
   std::vector<std::string> files;
+  std::vector<std::string> others;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    if (entry.is_regular_file() && entry.path().extension() == ".json") {
-      files.push_back(entry.path().string());
-    }
+    if (!entry.is_regular_file() || entry.path().extension() != ".json") continue;
+    FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(entry.path().string()));
+    (IsTraceDocument(text) ? files : others).push_back(entry.path().filename().string());
   }
   if (ec) return NotFound(fmt::format("{}: {}", dir, ec.message()));
-  if (files.empty()) return InvalidInput(fmt::format("{}: no *.json traces in the directory", dir));
+  if (files.empty()) {
+    std::sort(others.begin(), others.end());
+    return InvalidInput(fmt::format(
+        "{}: no fsdplab.trace files in the directory{}", dir,
+        others.empty()
+            ? std::string(" (no *.json at all)")
+            : fmt::format(" ({} other *.json: {})", others.size(), fmt::join(others, ", "))));
+  }
+  for (std::string& f : files) f = (std::filesystem::path(dir) / f).string();
   std::sort(files.begin(), files.end());
   std::vector<Trace> traces;
   for (const std::string& f : files) {
@@ -250,9 +318,11 @@ StatusOr<LoadedTraces> LoadTraces(const Args& args) {
 int RunSimulate(const Argv& argv) {
   constexpr std::string_view kCmd = "simulate";
   Args args(argv);
-  args.Declare("--rank-trace", ArgKind::kRepeated,
-               "one trace per rank, in rank order (repeat it, or give a directory of *.json)",
-               "FILE");
+  args.Declare(
+      "--rank-trace", ArgKind::kRepeated,
+      "one trace per rank, in rank order (repeat it, or give a directory: its *.json files "
+      "whose format is fsdplab.trace)",
+      "FILE");
   args.Declare("--json", ArgKind::kSwitch, "print the fsdplab.report v1 JSON instead of text");
   args.Declare("-o", ArgKind::kValue, "write the fsdplab.report v1 JSON to FILE", "FILE");
   args.Declare("--timeline", ArgKind::kValue,
@@ -266,6 +336,13 @@ int RunSimulate(const Argv& argv) {
                "the critical path: the chain of operations that sets the run's length, grouped "
                "by unit and kind; every gather's slack; the top causes with what-if savings "
                "(report JSON: critical_path; timeline: a flow through the path)");
+  // Not for sweep and tune: they take the peak over every rank, which pruning does not simulate.
+  args.Declare("--prune-ranks", ArgKind::kSwitch,
+               "simulate only the ranks that can be the last to reach a collective (the slowest "
+               "of each step, of each shard group) and the ones the timeline keeps: the report "
+               "is exactly the one every rank simulated gives, and 100,000+ distinct ranks take "
+               "seconds; where that cannot hold (memory cap, --explain, hsdp with per-step "
+               "variation, ...) every rank is simulated and a note says why");
   DeclarePolicyFlags(args);
   DeclareClusterFlags(args);
   DeclareEngineFlags(args);
@@ -279,7 +356,17 @@ int RunSimulate(const Argv& argv) {
         "collectives that synchronise the ranks, and memory per rank. Prints per step the\n"
         "time, compute, exposed communication, overlap and peak memory, and per unit why and\n"
         "how long it was gathered. Exit status 3 (report still written) when the step would\n"
-        "fail: missing plane, divergence, deadlock, out of memory.",
+        "fail: missing plane, divergence, deadlock, out of memory.\n"
+        "\n"
+        "Ranks of different speeds: --straggler and --rank-jitter (drawn once per rank),\n"
+        "--step-jitter and --step-stragglers (drawn anew each step). With a per-step part the\n"
+        "report adds the step-time distribution over the --steps simulated (JSON:\n"
+        "variability): p50/p90/p99/max step time, the ranks, nodes and shard groups whose\n"
+        "compute was the slowest most often, and what the spread costs per step against a\n"
+        "uniform cluster. --prune-ranks simulates only the ranks that can set a collective's\n"
+        "start; e.g. 131,072 distinct ranks, 100 steps:\n"
+        "  fsdplab simulate T.json --world-size 131072 --steps 100 --rank-jitter 0.02:1 \\\n"
+        "      --step-jitter 0.03:2 --step-stragglers 4:1.3 --prune-ranks --timeline-ranks 1",
         args);
   }
   StatusOr<LoadedTraces> loaded = LoadTraces(args);
@@ -297,6 +384,7 @@ int RunSimulate(const Argv& argv) {
   if (Status s = EngineOptionsFromArgs(args, opt); !s.ok()) return Fail(kCmd, s);
   if (opt.steps == 0) opt.steps = std::max<int>(2, static_cast<int>(first.steps.size()));
   opt.critical_path = args.Has("--explain");
+  opt.prune_ranks = args.Has("--prune-ranks");
 
   std::vector<const Trace*> ptrs;
   if (loaded->per_rank) {

@@ -231,6 +231,10 @@ struct Report final {
   std::vector<std::string> unit_names;  // for the text form
   // A JSON object printed as "critical_path" when set (simulate --explain; the simulator's).
   std::string critical_path_json;
+  // The step-time distribution of a run whose ranks' speeds change from step to step: a JSON
+  // object printed as "variability", and its text lines (the simulator's, sim/variability.h).
+  std::string variability_json;
+  std::string variability_text;
 };
 
 Report BuildReport(const Timeline& timeline, const ReportInputs& inputs);

@@ -43,7 +43,10 @@
 // class and are simulated once: every collective spans the world, so all ranks of a class reach
 // each collective at the same virtual time and see it start when the slowest class arrives; a
 // class stands for all its ranks exactly (the timeline's notes list the classes). Stragglers,
-// per-rank scales and per-rank traces make more classes; identical ranks make one.
+// per-rank scales and per-rank traces make more classes; identical ranks make one. With
+// prune_ranks, classes that can never be the last to reach a collective and that the timeline
+// does not keep are not simulated at all (every result unchanged; rank_classes.h).
+// Rank speeds may also change from step to step (StepVariation, variability.h).
 #pragma once
 
 #include <cstdint>
@@ -63,6 +66,7 @@
 #include "fsdplab/core/trace.h"
 #include "fsdplab/sim/cluster.h"
 #include "fsdplab/sim/critical_path.h"
+#include "fsdplab/sim/variability.h"
 
 namespace fsdplab::sim {
 
@@ -100,8 +104,16 @@ struct SimOptions final {
   std::optional<double> comm_contention;
   std::vector<Straggler> stragglers;
   // Per-rank compute scales (rank i's compute takes this many times longer; missing ranks: 1),
-  // e.g. from a seeded distribution (RankComputeScales).
+  // e.g. from a seeded distribution (RankComputeScales). Drawn once: the persistent part of a
+  // rank's speed.
   std::vector<double> rank_compute_scales;
+  // The parts of the ranks' speeds that change from step to step (variability.h).
+  StepVariation step_variation;
+  // Simulate only the ranks that can be the last to reach a collective (and those the timeline
+  // keeps): every result is still exactly what simulating every rank gives. Where that argument
+  // does not hold (a memory cap, per-rank traces, ...) every rank is simulated and a note says
+  // why. See rank pruning in docs/design.md.
+  bool prune_ranks = false;
   std::optional<Bytes> memory_cap;
   // Model PyTorch's caching allocator (sim/allocator_model.h): samples carry its allocated and
   // reserved bytes, and memory_cap applies to what it reserves (block rounding, segments, per-
@@ -129,12 +141,18 @@ struct SimResult final {
   std::uint64_t events = 0;             // engine events handled
   std::uint64_t commands = 0;           // commands issued, over every simulated rank
   int ranks_simulated = 0;
+  // Per simulated step: the rank whose compute was the slowest (the largest compute factor; the
+  // lowest rank on ties), and that factor.
+  std::vector<int> slowest_rank_by_step;
+  std::vector<double> slowest_factor_by_step;
   // Per step: compute time plus the gathers a memory cap keeps from overlapping the compute
   // before them (0 without a cap). See MemoryCapLowerBoundUs.
   TimeUs memory_cap_lower_bound_us = 0;
   // The bytes the collectives of every rank walk (CollectiveFootprintBytes, summed over ranks).
   Bytes collective_footprint_bytes = 0;
-  std::vector<Bytes> peak_memory_by_rank;    // every simulated rank, recorded or not
+  // Every simulated rank, recorded or not (with prune_ranks the ranks left out have none: their
+  // collective times are known, their memory peaks are not).
+  std::vector<Bytes> peak_memory_by_rank;
   std::vector<Bytes> peak_reserved_by_rank;  // the caching allocator's (allocator_model)
   // With log_executed_ops: every plan operation but the records, in the order each stream of
   // each simulated rank carried it out.
