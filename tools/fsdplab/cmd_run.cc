@@ -15,11 +15,11 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/trace.h"
 #include "fsdplab/live/launch.h"
 #include "fsdplab/live/live.h"
 #include "fsdplab/report/report.h"
 #include "fsdplab/synth/synth.h"
+#include "fsdplab/trace/trace_io.h"
 #include "report_output.h"
 
 namespace fsdplab::cli {

@@ -52,8 +52,8 @@ struct SweepRow final {
 // peak with --allocator exact). kOneLate: that plus what one collective ending late (up to its
 // own duration) could add to the tensors' peak (peak_if_late_bytes - peak_memory_bytes; the
 // allocator's rounding of the extra bytes is left out). A run of many steps has many chances for
-// one, and on the host grids (bench/host_prediction.sh --grid) the run's live peak exceeded the
-// simulated one by more than 2% in 108 of 288 runs, and lay between the two (within 2%) in 273.
+// one, so a live peak above the simulated one is to be expected (the host grids' counts are in
+// bench/README.md, "host_prediction.sh --grid", memory).
 enum class CapPeak : std::uint8_t { kSimulated, kOneLate };
 // "simulated" or "late"; an error names `flag` and the choices.
 StatusOr<CapPeak> ParseCapPeak(std::string_view text, std::string_view flag);
