@@ -770,7 +770,9 @@ class RecorderBehaviourTest(unittest.TestCase):
             finally:
                 os.chdir(cwd)
         self.assertTrue(out["files"][0]["valid"], out["files"][0]["problems"])
-        self.assertEqual(out["files"][0]["events"], 2 * len(MICROBATCH_EVENTS))
+        # Two microbatches' events and the step's optimizer compute (the snippet runs
+        # opt.step() and opt.zero_grad() inside rec.step()).
+        self.assertEqual(out["files"][0]["events"], 2 * len(MICROBATCH_EVENTS) + 1)
         self.assertEqual(scope["rec"].trace()["meta"]["optimizer"], "adam")
 
     def test_readme_example_runs_as_copied(self):
@@ -796,8 +798,9 @@ class RecorderBehaviourTest(unittest.TestCase):
             path = os.path.join(tmp, "trace.json")
             out = fsdplab_json(self, "validate", path, "--json")
             # Root + 4 layers; per microbatch: 5 forward pairs and computes (15), the loss (1), 5
-            # backward pairs and computes (15), backward_end (1) = 32; two microbatches.
-            self.assertEqual((out["files"][0]["units"], out["files"][0]["events"]), (5, 64))
+            # backward pairs and computes (15), backward_end (1) = 32; two microbatches; the
+            # step's optimizer compute after the last one: 65.
+            self.assertEqual((out["files"][0]["units"], out["files"][0]["events"]), (5, 65))
             report = fsdplab_json(self, "simulate", path, "--order", "recorded", "--json")
             self.assertEqual(report["errors"], [])
 
