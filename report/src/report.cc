@@ -168,7 +168,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
       std::size_t peak = 0;
       while (win[peak]->total() != s.peak_memory_bytes) ++peak;
       s.peak_memory_at_us = std::max(win[peak]->t_us, s.start_us);
-      races.Find(s, win, peak);
+      if (in.peak_races) races.Find(s, win, peak);
     }
     TimeUs lb = std::max(acc.compute_sum, in.memory_cap_lower_bound_us);
     for (const auto& [track, busy] : acc.track_busy) lb = std::max(lb, busy);
