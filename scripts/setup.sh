@@ -3,15 +3,17 @@
 # test.sh; safe to run again.
 #
 #   bash scripts/setup.sh            Debian's packages (python3-torch is torch 1.13)
-#   bash scripts/setup.sh --torch2   also a virtual environment with torch 2.x from PyPI, for the
-#                                    recorder's tests under current torch (real FSDP2, checkpoint
-#                                    early stop, selective checkpoints)
+#   bash scripts/setup.sh --torch2   also a virtual environment with torch 2.x and transformers
+#                                    from PyPI, for the recorder's tests under current torch (real
+#                                    FSDP2, checkpoint early stop, selective checkpoints) and the
+#                                    FSDP2 grid (bench/fsdp2_grid.sh: HF Llama and GPT-2)
 #
 # The torch 2.x environment lives outside the clone, in
 # ${XDG_CACHE_HOME:-$HOME/.cache}/fsdplab/torch2-venv (FSDPLAB_TORCH2_VENV overrides it), so every
 # clone on the machine shares one. Made once: `pip install torch numpy` took 5 min 46 s here and
-# the environment is 5.4 GB (PyPI's torch brings its CUDA libraries, unused on the CPU). It is
-# complete when its marker file exists; an interrupted install is removed and made again.
+# the environment is 5.4 GB (PyPI's torch brings its CUDA libraries, unused on the CPU);
+# transformers adds about 40 s and 210 MB. It is complete when its marker file lists what it
+# holds; an interrupted install is removed and made again.
 set -euo pipefail
 
 # libopenmpi-dev and openmpi-bin: one process per rank for live runs (mpirun -np N fsdplab run).
@@ -35,24 +37,34 @@ fi
 if [ "${1:-}" = "--torch2" ]; then
   venv="${FSDPLAB_TORCH2_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/fsdplab/torch2-venv}"
   marker="$venv/.fsdplab-complete"
-  if [ -f "$marker" ] && "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
+  # What the environment holds: torch 2.x (real FSDP2) and HF transformers (bench/fsdp2_grid.sh
+  # builds Llama and GPT-2 from config objects). The marker lists them, so that an environment
+  # made before a package was added here gets it on the next run.
+  want="torch transformers"
+  imports() { "$venv/bin/python" -c "import ${1// /, }" >/dev/null 2>&1; }
+  # transformers takes seconds to import: where the marker says it is there, finding it is enough.
+  found() { "$venv/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('$1') is None)" \
+    >/dev/null 2>&1; }
+  if [ -f "$marker" ] && [ "$(cat "$marker")" = "$want" ] && imports torch && found transformers; then
     :
-  else
-    # Made before this marker existed (or by hand): kept when its torch imports.
-    if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
-      touch "$marker"
-    else
-      echo "fsdplab setup: making $venv with torch 2.x from PyPI (once; about 6 min and" \
-        "5.4 GB)" >&2
-      rm -rf "$venv"
-      mkdir -p "$(dirname "$venv")"
-      start=$SECONDS
-      /usr/bin/python3 -m venv "$venv"
-      "$venv/bin/python" -m pip install -q --disable-pip-version-check torch numpy >&2
-      touch "$marker"
-      echo "fsdplab setup: $("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)')" \
-        "in $((SECONDS - start)) s, $(du -sh "$venv" | cut -f1)" >&2
+  elif [ -x "$venv/bin/python" ] && imports torch; then
+    # Made before this marker listed its packages (or by hand): kept, what is missing added.
+    if ! imports transformers; then
+      echo "fsdplab setup: adding transformers to $venv (once; about 40 s and 210 MB)" >&2
+      "$venv/bin/python" -m pip install -q --disable-pip-version-check transformers >&2
     fi
+    echo "$want" >"$marker"
+  else
+    echo "fsdplab setup: making $venv with torch 2.x and transformers from PyPI (once; about" \
+      "7 min and 5.6 GB)" >&2
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    start=$SECONDS
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check torch numpy transformers >&2
+    echo "$want" >"$marker"
+    echo "fsdplab setup: $("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)')" \
+      "in $((SECONDS - start)) s, $(du -sh "$venv" | cut -f1)" >&2
   fi
   echo "$venv/bin/python"
 fi

@@ -201,6 +201,23 @@ R Reader::ParseMeta(od::value& v) {
       }
       return R::kOk;
     }
+    if (key == "device" || key == "backend") {
+      // Where a recorded run ran (cpu | cuda) and its process group's backend (gloo, nccl, ...):
+      // checked here, kept verbatim with the other keys.
+      std::string_view text;
+      R x = Str(fv, text, fwhere);
+      if (x != R::kOk) return x;
+      if (key == "device" && text != "cpu" && text != "cuda") {
+        Add(fmt::format("meta.device: '{}' is not a device (cpu or cuda)", text));
+        return R::kBad;
+      }
+      if (text.empty()) {
+        Add("meta.backend: empty (the process group's backend, e.g. gloo or nccl)");
+        return R::kBad;
+      }
+      extra[std::string(key)] = std::string(text);
+      return R::kOk;
+    }
     // Any other key is kept verbatim.
     od::json_type t;
     if (auto err = fv.type().get(t)) return Fatal(err, fwhere());

@@ -203,6 +203,17 @@ TEST(TraceReader, KeepsUnknownMetaKeys) {
   EXPECT_EQ(back->meta.extra_json, t->meta.extra_json);
 }
 
+TEST(TraceReader, KeepsTheRecordedDeviceAndBackend) {
+  // What the recorder writes for a CPU run over gloo: kept verbatim, in document order.
+  StatusOr<Trace> t =
+      ParseTrace(Edit(R"("rank": 0})", R"("rank": 0, "device": "cpu", "backend": "gloo"})"));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->meta.extra_json, R"({"device":"cpu","backend":"gloo"})");
+  StatusOr<Trace> back = ParseTrace(WriteTrace(*t));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->meta.extra_json, t->meta.extra_json);
+}
+
 TEST(TraceReader, AcceptsStepsBeforeUnits) {
   std::string text = R"({"steps": [{"microbatches": [{"events": [
       {"op": "pre_forward", "unit": "a"}, {"op": "post_forward", "unit": "a"},
@@ -431,6 +442,12 @@ TEST(TraceReject, BadMeta) {
             "meta.world_size: must be a positive integer, got 0");
   EXPECT_EQ(FirstError(Edit(R"("rank": 0)", R"("rank": 8)")),
             "meta.rank: rank 8 is outside 0..7 (world_size 8)");
+  EXPECT_EQ(FirstError(Edit(R"("rank": 0)", R"("rank": 0, "device": "tpu")")),
+            "meta.device: 'tpu' is not a device (cpu or cuda)");
+  EXPECT_EQ(FirstError(Edit(R"("rank": 0)", R"("rank": 0, "backend": "")")),
+            "meta.backend: empty (the process group's backend, e.g. gloo or nccl)");
+  EXPECT_EQ(FirstError(Edit(R"("rank": 0)", R"("rank": 0, "device": 1)")).rfind("meta.device", 0),
+            0u);
 }
 
 TEST(TraceValidate, CollectsEveryProblem) {

@@ -155,7 +155,7 @@ TEST_F(CliTest, CostPrintsTimeBandwidthTierAndSegment) {
             2);
 }
 
-// Rows timed outside fsdplab (bench/fsdp2_prediction.py's torch.distributed timings) become
+// Rows timed outside fsdplab (e.g. a user's torch.distributed timings) become
 // nccl-tests text through the one writer of it, and calibrate reads them back exactly.
 TEST_F(CliTest, BenchGatherRowsFormatsRowsTimedElsewhere) {
   const std::string rows = (dir_ / "ag.rows").string();

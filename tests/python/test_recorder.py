@@ -256,6 +256,9 @@ class TinyLMTraceTest(unittest.TestCase):
         self.assertEqual(os.path.basename(self.path), "tinylm.json")
         meta = self.trace["meta"]
         self.assertEqual((meta["source"], meta["world_size"], meta["rank"]), ("torch", 1, 0))
+        # A CPU model outside any process group: the device, and no backend to name.
+        self.assertEqual(meta["device"], "cpu")
+        self.assertNotIn("backend", meta)
         self.assertEqual(meta["recorder"]["units_from"], "module-list")
         self.assertEqual(meta["recorder"]["timing"], "cpu")
         self.assertGreater(meta["recorder"]["hook_calls"], 0)
@@ -752,8 +755,10 @@ class RecorderBehaviourTest(unittest.TestCase):
             cwd = os.getcwd()
             os.chdir(tmp)
             try:
+                model = TinyLM()
                 scope = {
-                    "model": TinyLM(),
+                    "model": model,
+                    "opt": torch.optim.AdamW(model.parameters()),
                     "batches": self.batches(),
                     "loss_fn": lambda logits, ids: nn.functional.cross_entropy(
                         logits.reshape(-1, V), ids.reshape(-1)
@@ -766,6 +771,7 @@ class RecorderBehaviourTest(unittest.TestCase):
                 os.chdir(cwd)
         self.assertTrue(out["files"][0]["valid"], out["files"][0]["problems"])
         self.assertEqual(out["files"][0]["events"], 2 * len(MICROBATCH_EVENTS))
+        self.assertEqual(scope["rec"].trace()["meta"]["optimizer"], "adam")
 
     def test_readme_example_runs_as_copied(self):
         # The README's recording example, run as written by this test's Python (it runs from the
@@ -1112,6 +1118,9 @@ class ProcessGroupTest(unittest.TestCase):
                 with open(path, encoding="utf-8") as f:
                     meta = json.load(f)["meta"]
                 self.assertEqual((meta["world_size"], meta["rank"]), (2, r))
+                # The group RANK_SCRIPT made: gloo, CPU tensors.
+                self.assertEqual((meta["device"], meta["backend"]), ("cpu", "gloo"))
+                self.assertEqual(fsdplab("validate", path)[0], 0)
             # Both ranks' traces replay together in the simulator.
             report = fsdplab_json(
                 self, "simulate", "--rank-trace", os.path.join(tmp, "traces"), "--json"

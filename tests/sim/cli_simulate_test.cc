@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -80,6 +81,39 @@ TEST(CliSimulate, BadInputAndUsage) {
   EXPECT_EQ(RunCli("simulate"), 1);
   std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json";
   EXPECT_EQ(RunCli("simulate " + trace + " --straggler nonsense"), 1);
+}
+
+// --rank-trace DIR takes the directory's fsdplab.trace files only: a report, a policy and a
+// profile beside the two rank traces are left out (the same report as the two files given one
+// by one); a directory without a trace is invalid input.
+TEST(CliSimulate, RankTraceDirectoryTakesOnlyTraces) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(Tmp("sim_cli_rank_dir"));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  nlohmann::json trace = ReadJson(std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json");
+  trace["meta"]["world_size"] = 2;
+  for (int r : {1, 0}) {  // rank 1 first: the reader orders by meta.rank
+    trace["meta"]["rank"] = r;
+    std::ofstream(dir / ("trace.rank" + std::to_string(r) + ".json")) << trace.dump();
+  }
+  const std::string one_by_one = Tmp("sim_cli_rank_files.json");
+  ASSERT_EQ(RunCli("simulate --rank-trace " + (dir / "trace.rank0.json").string() +
+                   " --rank-trace " + (dir / "trace.rank1.json").string() + " -o " + one_by_one),
+            0);
+  std::ofstream(dir / "a_policy.json") << R"({"forward_prefetch": "2", "format": 3})";
+  std::ofstream(dir / "report.json") << ReadJson(one_by_one).dump();
+  std::ofstream(dir / "profile.json") << R"({"traceEvents": [], "format": {"x": 1}})";
+  std::ofstream(dir / "broken.json") << R"({"steps": [)";
+  const std::string from_dir = Tmp("sim_cli_rank_dir_report.json");
+  ASSERT_EQ(RunCli("simulate --rank-trace " + dir.string() + " -o " + from_dir), 0);
+  nlohmann::json a = ReadJson(one_by_one);
+  nlohmann::json b = ReadJson(from_dir);
+  EXPECT_EQ(a["summary"], b["summary"]);
+  EXPECT_EQ(a["steps"], b["steps"]);
+  for (const char* f : {"trace.rank0.json", "trace.rank1.json"}) fs::remove(dir / f);
+  EXPECT_EQ(RunCli("simulate --rank-trace " + dir.string()), 2);
+  fs::remove_all(dir);
 }
 
 // A trace whose fields are fine but whose structure the scheduler cannot replay (a pre_forward

@@ -2,13 +2,16 @@
 //
 // Also holds the flag helpers of sim_flags.h, shared with `fsdplab sweep`.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "cli_common.h"
 #include "commands.h"
+#include "fsdplab/core/file_util.h"
 #include "fsdplab/core/limits.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/report/report.h"
@@ -203,16 +206,64 @@ Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& o) {
 
 namespace {
 
+// Whether a JSON document's top-level "format" is "fsdplab.trace". Read with a SAX parser that
+// stops at that key's value (the first key of every trace fsdplab and the recorder write), so a
+// large trace is not parsed twice; text that is not JSON, or has no such key, is not a trace.
+bool IsTraceDocument(const std::string& text) {
+  using Json = nlohmann::json;
+  struct Sax final : nlohmann::json_sax<Json> {
+    int depth = 0;
+    bool format_next = false;
+    bool found = false;
+    bool Value() { return !format_next; }  // the format key's value (not a string) ends it
+    bool null() override { return Value(); }
+    bool boolean(bool) override { return Value(); }
+    bool number_integer(Json::number_integer_t) override { return Value(); }
+    bool number_unsigned(Json::number_unsigned_t) override { return Value(); }
+    bool number_float(Json::number_float_t, const Json::string_t&) override { return Value(); }
+    bool binary(Json::binary_t&) override { return Value(); }
+    bool string(Json::string_t& v) override {
+      if (!format_next) return true;
+      found = v == "fsdplab.trace";
+      return false;
+    }
+    bool start_object(std::size_t) override { return Value() && ++depth > 0; }
+    bool end_object() override { return --depth >= 0; }
+    bool start_array(std::size_t) override { return Value() && ++depth > 0; }
+    bool end_array() override { return --depth >= 0; }
+    bool key(Json::string_t& k) override {
+      format_next = depth == 1 && k == "format";
+      return true;
+    }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+      return false;
+    }
+  } sax;
+  Json::sax_parse(text, &sax, nlohmann::detail::input_format_t::json, false);
+  return sax.found;
+}
+
+// The fsdplab.trace documents among a directory's *.json files (reports, policies, clusters or
+// profiles beside them are not traces and are left out), in file-name order.
 StatusOr<std::vector<Trace>> ReadDirectory(const std::string& dir) {
   std::vector<std::string> files;
+  std::vector<std::string> others;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    if (entry.is_regular_file() && entry.path().extension() == ".json") {
-      files.push_back(entry.path().string());
-    }
+    if (!entry.is_regular_file() || entry.path().extension() != ".json") continue;
+    FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(entry.path().string()));
+    (IsTraceDocument(text) ? files : others).push_back(entry.path().filename().string());
   }
   if (ec) return NotFound(fmt::format("{}: {}", dir, ec.message()));
-  if (files.empty()) return InvalidInput(fmt::format("{}: no *.json traces in the directory", dir));
+  if (files.empty()) {
+    std::sort(others.begin(), others.end());
+    return InvalidInput(fmt::format(
+        "{}: no fsdplab.trace files in the directory{}", dir,
+        others.empty()
+            ? std::string(" (no *.json at all)")
+            : fmt::format(" ({} other *.json: {})", others.size(), fmt::join(others, ", "))));
+  }
+  for (std::string& f : files) f = (std::filesystem::path(dir) / f).string();
   std::sort(files.begin(), files.end());
   std::vector<Trace> traces;
   for (const std::string& f : files) {
@@ -267,9 +318,11 @@ StatusOr<LoadedTraces> LoadTraces(const Args& args) {
 int RunSimulate(const Argv& argv) {
   constexpr std::string_view kCmd = "simulate";
   Args args(argv);
-  args.Declare("--rank-trace", ArgKind::kRepeated,
-               "one trace per rank, in rank order (repeat it, or give a directory of *.json)",
-               "FILE");
+  args.Declare(
+      "--rank-trace", ArgKind::kRepeated,
+      "one trace per rank, in rank order (repeat it, or give a directory: its *.json files "
+      "whose format is fsdplab.trace)",
+      "FILE");
   args.Declare("--json", ArgKind::kSwitch, "print the fsdplab.report v1 JSON instead of text");
   args.Declare("-o", ArgKind::kValue, "write the fsdplab.report v1 JSON to FILE", "FILE");
   args.Declare("--timeline", ArgKind::kValue,

@@ -10,6 +10,8 @@
 The trace then drives ``fsdplab validate``, ``order``, ``schedule`` and ``simulate``.
 
 What is recorded (DESIGN section 4.1):
+  * where it ran: meta.device ("cpu" or "cuda") and, in a process group, meta.backend (the
+    process group's backend for that device: "gloo", "nccl", ...);
   * units in registration order (module definition order), each with its parameters (name
     relative to the unit, dtype fp32/bf16/fp16/mxfp8, shape);
   * per microbatch: pre_forward / post_forward, pre_backward / post_backward, backward_end, and one
@@ -552,7 +554,9 @@ class Recorder:
         }
         if self._lazy_params:
             recorder["fsdp_excluded_us"] = round(self._fsdp_ns / 1000.0, 3)
-        meta = {"source": "torch", "world_size": world_size, "rank": rank, "recorder": recorder}
+        meta = {"source": "torch", "world_size": world_size, "rank": rank}
+        meta.update(self._run_where())
+        meta["recorder"] = recorder
         if self._optimizer is not None:
             name, master_fp32 = self._optimizer
             meta["optimizer"] = name
@@ -565,6 +569,19 @@ class Recorder:
             "units": units,
             "steps": [self._step_dict(s) for s in self._steps],
         }
+
+    def _run_where(self):
+        """meta.device ("cuda" when the model has CUDA parameters, else "cpu") and, in a process
+        group, meta.backend: the backend that serves that device ("gloo", "nccl", ...)."""
+        device = "cuda" if any(p.is_cuda for p in self._model.parameters()) else "cpu"
+        where = {"device": device}
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            backend = str(dist.get_backend())
+            # A group with a backend per device reads "cpu:gloo,cuda:nccl".
+            per_device = dict(p.split(":", 1) for p in backend.split(",") if ":" in p)
+            where["backend"] = per_device.get(device, backend)
+        return where
 
     def _units_json(self):
         units = []

@@ -10,7 +10,7 @@
 //   WriteFileAtomic("ag.txt", BenchGatherNcclText(o, rows, "host", "node0", getpid()));
 //   StatusOr<MeasuredContention> c = ReadContentionFile("concurrent.json");  // calibrate
 //
-// Rows timed outside fsdplab (e.g. torch.distributed in bench/fsdp2_prediction.py) come in as a
+// Rows timed outside fsdplab (e.g. torch.distributed collectives a user timed) come in as a
 // file of `SIZE_BYTES TIME_US` lines (ReadTimedRows; `#` starts a comment) and leave through the
 // same writers (`fsdplab bench-gather --rows FILE`), so that no other program formats
 // nccl-tests text.

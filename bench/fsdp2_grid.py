@@ -1,0 +1,1111 @@
+"""A grid of real FSDP2 runs (fully_shard, gloo, 2 ranks, CPU), measured and predicted.
+
+    PY bench/fsdp2_grid.py run --out DIR --fsdplab BIN [--quick] [--only REGEX] [--steps N]
+    PY bench/fsdp2_grid.py regrade DIR --fsdplab BIN
+    PY bench/fsdp2_grid.py spread --out DIR [--config RUN_ID] [--steps N]
+
+Models this project did not write, built from their libraries' code with random weights: HF
+`transformers` Llama and GPT-2 from config objects (HF_HUB_OFFLINE=1, nothing downloaded) and an
+embedding + torch.nn.TransformerEncoder + head; two sizes each. Each block is wrapped with
+`checkpoint_wrapper` (non-reentrant, as torchtitan does) when activation checkpointing is on,
+then `fully_shard` per block and on the root; AdamW; one or two microbatches (gradient
+accumulation, FSDP2's default reduce-scatter per microbatch). The design (which factors vary on
+which runs) is DESIGN below.
+
+Each run is four kinds of process pair, one after the other, so nothing attached slows the timed
+steps: `timed` (nothing attached; warm-up, then steps timed from a barrier to after
+opt.zero_grad(), with the forward+backward, optimizer step and zero_grad split; twice, first and
+last, so the drift between two runs of the same configuration shows), `record` (the recorder,
+Recorder(model, optimizer=opt), a trace per rank), `profile` (torch.profiler, record_shapes, a
+Chrome trace per rank for `fsdplab import-kineto`) and `mem` (FSDPMemTracker over the step's last
+microbatch, the optimizer step and zero_grad: the tracker refuses a module called twice in one
+tracked region, and the last microbatch holds the earlier ones' gradients). Every rank is pinned
+to its own core (its threads, gloo's included, inherit it), with one intra-op and one inter-op
+thread; `spread` measures what each of those measures does to the spread of the step times.
+
+Then the predictions, through the command line as a user would (grade; `regrade DIR` redoes
+them with the current build from the kept raw files): `simulate --rank-trace traces/ --preset
+fsdp2`, `import-kineto ... --out-dir` + `simulate` on the imported traces, `import-kineto
+--check`; policy runs apply the policy that `tune --preset fsdp2` gave on the base run's trace,
+exported with `export-policy --to fsdp2 --format json`. The table compares per run and as
+medians and p90s: step time, exposed communication and peak memory, measured against both
+predictions, with the spread beside them; the step error split into compute, exposed
+communication and idle; the peak by category against FSDPMemTracker's; the recorder's and the
+importer's compute per unit and phase; and for each policy run the measured against predicted
+change. Everything lands in DIR (summary.json, table.txt, runs/RUN_ID/...).
+"""
+
+import argparse
+import glob
+import gzip
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECORDER_DIR = os.path.join(HERE, "..", "tools", "torch")
+WORLD = 2
+
+# -------------------------------------------------------------------------------------------------
+# The grid's design.
+
+# Model sizes: (d_model, layers, heads, vocab, batch, seq). "xs" is the CI size.
+SIZES = {
+    "xs": (64, 2, 4, 512, 2, 32),
+    "s": (128, 4, 4, 2048, 4, 64),
+    "l": (256, 6, 8, 4096, 4, 64),
+}
+MODELS = ("llama", "gpt2", "encoder")
+
+
+def config(model, size, ac=False, mb=1, reshard=True, policy="default"):
+    return {"model": model, "size": size, "ac": bool(ac), "mb": int(mb), "reshard": bool(reshard),
+            "policy": policy}
+
+
+def run_id(c):
+    return (f"{c['model']}-{c['size']}-ac{int(c['ac'])}-mb{c['mb']}-rs{int(c['reshard'])}-"
+            f"{c['policy']}")
+
+
+def base_of(c):
+    """The run a policy run's policy is tuned on: the same configuration with FSDP2's defaults."""
+    return run_id(dict(c, policy="default"))
+
+
+def design(quick):
+    """Every model x size with activation checkpointing off and on and one and two microbatches
+    (FSDP2's defaults); reshard_after_forward false and the exported policy on every model's
+    small size, one microbatch, no checkpointing (30 runs). --quick: the encoder at the CI size,
+    two configurations (plain; checkpointing with two microbatches)."""
+    if quick:
+        return [config("encoder", "xs"), config("encoder", "xs", ac=True, mb=2)]
+    runs = []
+    for model in MODELS:
+        for size in ("s", "l"):
+            for ac in (False, True):
+                for mb in (1, 2):
+                    runs.append(config(model, size, ac, mb))
+    for model in MODELS:
+        runs.append(config(model, "s", reshard=False))
+    for model in MODELS:
+        runs.append(config(model, "s", policy="exported"))
+    return runs
+
+
+# Isolation levels of the timed processes (what `spread` compares; the grid uses "pinned").
+ISOLATION = ("none", "threads", "pinned", "pinned-gc", "pinned-main")
+
+
+# -------------------------------------------------------------------------------------------------
+# One rank of one phase (a separate process).
+
+
+def pin(rank, isolation):
+    """Before torch is imported: one intra-op / inter-op thread (threads, pinned*), and the rank
+    on its own core (pinned*); every thread started later (torch's, gloo's) inherits it."""
+    if isolation == "none":
+        return None
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = "1"
+    if isolation in ("pinned", "pinned-gc"):
+        cores = sorted(os.sched_getaffinity(0))
+        core = cores[rank % len(cores)]
+        os.sched_setaffinity(0, {core})
+        return core
+    return None
+
+
+def build_model(c, torch, nn):
+    d, layers, heads, vocab, _, seq = SIZES[c["size"]]
+    torch.manual_seed(0)
+    if c["model"] in ("llama", "gpt2"):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        if c["model"] == "llama":
+            cfg = transformers.LlamaConfig(
+                vocab_size=vocab, hidden_size=d, intermediate_size=int(8 * d / 3 + 63) // 64 * 64,
+                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                max_position_embeddings=seq, bos_token_id=0, eos_token_id=1, pad_token_id=None,
+            )
+            model = transformers.LlamaForCausalLM(cfg)
+            blocks = model.model.layers
+        else:
+            cfg = transformers.GPT2Config(
+                vocab_size=vocab, n_embd=d, n_layer=layers, n_head=heads, n_positions=seq,
+                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=1,
+            )
+            model = transformers.GPT2LMHeadModel(cfg)
+            blocks = model.transformer.h
+
+        def loss_fn(ids):
+            return model(input_ids=ids, labels=ids).loss
+
+    else:
+
+        class EncoderLm(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(vocab, d)
+                layer = nn.TransformerEncoderLayer(
+                    d, nhead=heads, dim_feedforward=4 * d, dropout=0.0, batch_first=True
+                )
+                self.encoder = nn.TransformerEncoder(layer, num_layers=layers,
+                                                     enable_nested_tensor=False)
+                self.head = nn.Linear(d, vocab)
+
+            def forward(self, ids):
+                return self.head(self.encoder(self.embed(ids)))
+
+        model = EncoderLm()
+        blocks = model.encoder.layers
+
+        def loss_fn(ids):
+            logits = model(ids)
+            return nn.functional.cross_entropy(logits.reshape(-1, vocab), ids.reshape(-1))
+
+    return model, blocks, loss_fn
+
+
+def shard(c, model, blocks):
+    """checkpoint_wrapper per block (AC on), fully_shard per block, then the root: torchtitan's
+    order. reshard false: every module keeps its parameters after forward."""
+    from torch.distributed.fsdp import fully_shard
+
+    if c["ac"]:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            CheckpointImpl,
+            checkpoint_wrapper,
+        )
+
+        for i in range(len(blocks)):
+            blocks[i] = checkpoint_wrapper(
+                blocks[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False
+            )
+    # FSDP2's default is no argument: blocks reshard after forward, the root does not (passing
+    # True would make the root reshard too).
+    kwargs = {} if c["reshard"] else {"reshard_after_forward": False}
+    for block in blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def bench_collectives(torch, dist, model, iters=8):
+    """After the timed steps: FSDP2's collectives alone, at this model's sizes (each FSDP
+    module's padded fp32 parameters), one call at a time after a barrier, as a bench measures
+    them: {kind: {bytes: median us}} (bytes: the all-gather's output, the reduce-scatter's input).
+    """
+    sizes = set()
+    for m in model.modules():
+        if "FSDPModule" not in {c.__name__ for c in type(m).__mro__}:
+            continue
+        state = m._get_fsdp_state()
+        for group in getattr(state, "_fsdp_param_groups", None) or [state._fsdp_param_group]:
+            if group is None:
+                continue
+            n = sum(p.padded_sharded_param_size.numel() for p in group.fsdp_params)
+            sizes.add(n)
+    out = {"all_gather": {}, "reduce_scatter": {}}
+    for n in sorted(sizes):
+        shard, full = torch.ones(n), torch.empty(n * WORLD)
+        part, grads = torch.empty(n), torch.ones(n * WORLD)
+        for kind, op in (("all_gather", lambda: dist.all_gather_into_tensor(full, shard)),
+                         ("reduce_scatter", lambda: dist.reduce_scatter_tensor(part, grads))):
+            times = []
+            for i in range(2 + iters):
+                dist.barrier()
+                t0 = time.perf_counter()
+                op()
+                if i >= 2:
+                    times.append((time.perf_counter() - t0) * 1e6)
+            out[kind][str(n * WORLD * 4)] = statistics.median(times)
+    return out
+
+
+def rank_main(args):
+    c = json.loads(args.config)
+    core = pin(args.rank, args.isolation)
+    import gc
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    sys.path.insert(0, RECORDER_DIR)
+    if args.isolation != "none":
+        torch.set_num_threads(1)
+        torch.set_num_interop_threads(1)
+    store = os.path.join(args.dir, f".store.{args.phase}")
+    dist.init_process_group("gloo", init_method="file://" + store, rank=args.rank,
+                            world_size=WORLD)
+    if args.isolation == "pinned-main":
+        # Only the Python thread (torch's intra-op work runs on it with one thread): gloo's
+        # threads, started by init_process_group, stay free to run on either core.
+        cores = sorted(os.sched_getaffinity(0))
+        core = cores[args.rank % len(cores)]
+        os.sched_setaffinity(0, {core})
+    model, blocks, loss_fn = build_model(c, torch, nn)
+    shard(c, model, blocks)
+    notes = []
+    if c["policy"] != "default":
+        import fsdplab_apply
+
+        notes = fsdplab_apply.apply_policy(model, os.path.join(args.dir, "policy", "fsdp2.json"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    _, _, _, vocab, batch, seq = SIZES[c["size"]]
+    gen = torch.Generator().manual_seed(1000 + args.rank)  # each rank its own data
+    mbs = [torch.randint(0, vocab, (batch, seq), generator=gen) for _ in range(c["mb"])]
+
+    def fwd_bwd(batches):
+        for ids in batches:
+            loss_fn(ids).backward()
+
+    def step():
+        fwd_bwd(mbs)
+        opt.step()
+        opt.zero_grad()
+
+    out = {"phase": args.phase, "rank": args.rank, "torch": torch.__version__,
+           "isolation": args.isolation, "core": core, "threads": torch.get_num_threads(),
+           "interop_threads": torch.get_num_interop_threads(), "notes": notes}
+    gc_each = args.isolation == "pinned-gc"
+
+    def timed_step():
+        if gc_each:
+            gc.collect()
+        dist.barrier()
+        t0 = time.perf_counter()
+        fwd_bwd(mbs)
+        t1 = time.perf_counter()
+        opt.step()
+        t2 = time.perf_counter()
+        opt.zero_grad()
+        t3 = time.perf_counter()
+        return [(t3 - t0) * 1e6, (t1 - t0) * 1e6, (t2 - t1) * 1e6, (t3 - t2) * 1e6]
+
+    if args.phase.startswith("timed"):
+        for _ in range(args.warmup):
+            timed_step()
+        if gc_each:
+            gc.freeze()
+        rows = [timed_step() for _ in range(args.steps)]
+        out["step_us"], out["fwd_bwd_us"], out["opt_us"], out["zero_grad_us"] = map(
+            list, zip(*rows)
+        )
+        if args.bench:
+            out["bench"] = bench_collectives(torch, dist, model)
+    elif args.phase == "record":
+        import fsdplab_record
+
+        for _ in range(args.warmup):
+            step()
+        rec = fsdplab_record.Recorder(model, optimizer=opt)
+        spans = []
+        for _ in range(args.record_steps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            with rec.step():
+                fwd_bwd(mbs)
+                opt.step()
+                opt.zero_grad()
+            spans.append((time.perf_counter() - t0) * 1e6)
+        rec.remove()
+        os.makedirs(os.path.join(args.dir, "traces"), exist_ok=True)
+        rec.save(os.path.join(args.dir, "traces", "trace.json"))
+        out["step_us"] = spans
+        out["overhead"] = rec.overhead()
+    elif args.phase == "profile":
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        step()  # FSDP's lazy initialisation, outside the profile
+        spans = []
+        sched = schedule(wait=1, warmup=1, active=args.record_steps, repeat=1)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                     schedule=sched) as prof:
+            for _ in range(2 + args.record_steps):
+                dist.barrier()
+                t0 = time.perf_counter()
+                step()
+                spans.append((time.perf_counter() - t0) * 1e6)
+                prof.step()
+        os.makedirs(os.path.join(args.dir, "profile"), exist_ok=True)
+        prof.export_chrome_trace(
+            os.path.join(args.dir, "profile", f"trace.rank{args.rank}.json.gz")
+        )
+        out["step_us"] = spans[2:]  # the profiled (active) steps
+    elif args.phase == "mem":
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        step()  # lazy initialisation; the optimizer's state exists from here on
+        step()
+        dist.barrier()
+        fwd_bwd(mbs[:-1])  # earlier microbatches untracked: their gradients are held
+        tracker = FSDPMemTracker(model, opt)
+        tracker.track_inputs((mbs[-1],))
+        with tracker:
+            fwd_bwd(mbs[-1:])
+            opt.step()
+            opt.zero_grad()
+        snap = tracker.get_tracker_snapshot("peak")
+        out["peak"] = {str(dev): {getattr(k, "value", k): int(v) for k, v in cats.items()}
+                       for dev, cats in snap.items()}
+        # Where in the step the peak came: the root's forward and backward peaks.
+        root_stats = tracker.memory_tracking.get(model)
+        phases = {}
+        if root_stats is not None:
+            for state, snaps in root_stats.snapshots.items():
+                name = getattr(state, "value", str(state))
+                if "Peak" in name and snaps:
+                    phases[name] = {
+                        str(dev): {getattr(k, "value", k): int(v) for k, v in cats.items()}
+                        for dev, cats in snaps[-1].items()
+                    }
+        out["peak_by_phase"] = phases
+        out["sharded_param_bytes"] = sum(
+            p.to_local().numel() * p.element_size() for p in model.parameters()
+        )
+    else:
+        raise SystemExit(f"fsdp2_grid: unknown phase {args.phase!r}")
+    with open(os.path.join(args.dir, f"{args.phase}.rank{args.rank}.json"), "w",
+              encoding="utf-8") as f:
+        json.dump(out, f, indent=1)
+    dist.destroy_process_group()
+
+
+# -------------------------------------------------------------------------------------------------
+# Running the grid.
+
+
+def run_phase(rundir, c, phase, args, isolation="pinned", bench=False):
+    """Both ranks of one phase; a failed rank fails the grid loudly (with its stderr)."""
+    store = os.path.join(rundir, f".store.{phase}")
+    if os.path.exists(store):
+        os.unlink(store)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1")
+    procs = []
+    for r in range(WORLD):
+        cmd = [sys.executable, os.path.abspath(__file__), "rank", "--rank", str(r), "--phase",
+               phase, "--dir", rundir, "--config", json.dumps(c), "--isolation", isolation,
+               "--steps", str(args.steps), "--warmup", str(args.warmup), "--record-steps",
+               str(args.record_steps)] + (["--bench"] if bench else [])
+        log = open(os.path.join(rundir, f"{phase}.rank{r}.log"), "w", encoding="utf-8")
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+    rcs = []
+    for p, log in procs:
+        try:
+            rcs.append(p.wait(timeout=900))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rcs.append(p.wait())
+        log.close()
+    if os.path.exists(store):
+        os.unlink(store)
+    if any(rcs):
+        tails = []
+        for r in range(WORLD):
+            with open(os.path.join(rundir, f"{phase}.rank{r}.log"), encoding="utf-8") as f:
+                tails.append(f"rank {r}:\n" + f.read()[-3000:])
+        raise SystemExit(f"fsdp2_grid: {os.path.basename(rundir)} {phase} failed ({rcs})\n"
+                         + "\n".join(tails))
+
+
+def fsdplab(bin_, *argv, check=True):
+    p = subprocess.run([bin_, *argv], capture_output=True, text=True, timeout=600)
+    if check and p.returncode not in (0, 3):
+        raise SystemExit(f"fsdp2_grid: fsdplab {' '.join(argv)} failed ({p.returncode}):\n"
+                         f"{p.stderr[-3000:]}")
+    return p
+
+
+def load(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def cpu_busy_s():
+    """The machine's busy CPU seconds so far (all cores; /proc/stat) and its children's (this
+    grid's ranks, once waited for)."""
+    import resource
+
+    with open("/proc/stat", encoding="utf-8") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    tick = os.sysconf("SC_CLK_TCK")
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (sum(fields[:8]) - idle) / tick, ru.ru_utime + ru.ru_stime
+
+
+class OthersLoad:
+    """What other processes used of the machine's cores while a block ran: (busy - this grid's
+    children) / (wall x cores)."""
+
+    def __enter__(self):
+        self.t0 = time.time()
+        self.busy0, self.mine0 = cpu_busy_s()
+        return self
+
+    def __exit__(self, *exc):
+        busy, mine = cpu_busy_s()
+        wall = time.time() - self.t0
+        cores = os.cpu_count() or 1
+        self.fraction = max(0.0, ((busy - self.busy0) - (mine - self.mine0)) / (wall * cores))
+
+
+def wait_idle(max_wait_s, threshold=0.25, sample_s=3.0):
+    """Waits until other processes use less than `threshold` of the cores over `sample_s`, or
+    `max_wait_s` passed; returns (waited seconds, the last sample's fraction)."""
+    t0 = time.time()
+    while True:
+        with OthersLoad() as o:
+            time.sleep(sample_s)
+        if o.fraction < threshold or time.time() - t0 >= max_wait_s:
+            return time.time() - t0, o.fraction
+        time.sleep(10)
+
+
+def machine_load():
+    with open("/proc/loadavg", encoding="utf-8") as f:
+        return [float(x) for x in f.read().split()[:3]]
+
+
+# The policy applied when tune finds nothing better than FSDP2's defaults (its predicted gain
+# under 1%): explicit prefetch lists two units ahead in both passes, through the same
+# export-policy -> apply_policy path. Only prefetch keys: the trace's meta keeps its optimizer.
+HAND_POLICY = {"order": "recorded", "forward_prefetch": "2", "backward_prefetch": "2"}
+
+
+def export_policy(args, rundir, base_dir):
+    """`tune --preset fsdp2` on the base run's recorded trace (rank 0's: tune reads one), exported
+    for FSDP2 as JSON; the hand policy instead when tune predicts under 1% against FSDP2's
+    defaults. policy/source.json says which, with tune's prediction."""
+    pol = os.path.join(rundir, "policy")
+    os.makedirs(pol, exist_ok=True)
+    trace = os.path.join(base_dir, "traces", "trace.rank0.json")
+    tuned = os.path.join(pol, "tuned.json")
+    # The cap is far above what these models need on the CPU.
+    p = fsdplab(args.fsdplab, "tune", trace, "--memory-cap", "16G", "--preset", "fsdp2", "--out",
+                tuned)
+    with open(os.path.join(pol, "tune.txt"), "w", encoding="utf-8") as f:
+        f.write(p.stdout + p.stderr)
+    m = re.search(r"FSDP2 default: ([0-9.]+) ms; tuned: ([0-9.]+) ms", p.stdout)
+    gain = (float(m.group(2)) - float(m.group(1))) / float(m.group(1)) if m else None
+    source = {"tune_predicted_change": gain, "policy": "tune"}
+    applied = tuned
+    if gain is None or abs(gain) < 0.01:
+        applied = os.path.join(pol, "hand.json")
+        with open(applied, "w", encoding="utf-8") as f:
+            json.dump(HAND_POLICY, f, indent=1)
+        source["policy"] = "hand"
+    with open(os.path.join(pol, "source.json"), "w", encoding="utf-8") as f:
+        json.dump(source, f, indent=1)
+    fsdplab(args.fsdplab, "export-policy", applied, "--trace", trace, "--to", "fsdp2", "--format",
+            "json", "-o", os.path.join(pol, "fsdp2.json"))
+
+
+def policy_file(rundir):
+    """The fsdplab policy a policy run applied (tune's, or the hand policy)."""
+    source = load(os.path.join(rundir, "policy", "source.json"))
+    return os.path.join(rundir, "policy",
+                        "tuned.json" if source["policy"] == "tune" else "hand.json")
+
+
+def run(args):
+    os.makedirs(args.out, exist_ok=True)
+    runs = design(args.quick)
+    if args.only:
+        runs = [c for c in runs if re.search(args.only, run_id(c))]
+    env = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "load_before": machine_load(),
+           "cores": sorted(os.sched_getaffinity(0)), "quick": args.quick, "steps": args.steps,
+           "warmup": args.warmup, "record_steps": args.record_steps, "repeats": args.repeats,
+           "python": sys.executable, "design": design.__doc__.strip(),
+           "fsdplab": args.fsdplab, "commit": subprocess.run(
+               ["git", "-C", HERE, "describe", "--always", "--dirty"], capture_output=True,
+               text=True).stdout.strip()}
+    t_start = time.time()
+    # Policy runs last: their policy is tuned on their base run's trace.
+    runs.sort(key=lambda c: c["policy"] != "default")
+    for c in runs:
+        rid = run_id(c)
+        rundir = os.path.join(args.out, "runs", rid)
+        if os.path.exists(os.path.join(rundir, "done")) and not args.force:
+            print(f"{rid}: kept", flush=True)
+            continue
+        shutil.rmtree(rundir, ignore_errors=True)
+        os.makedirs(rundir)
+        with open(os.path.join(rundir, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(c, f, indent=1)
+        waited, idle_sample = wait_idle(args.wait_idle) if args.wait_idle else (0.0, None)
+        t0 = time.time()
+        load_before = machine_load()
+        if c["policy"] != "default":
+            export_policy(args, rundir, os.path.join(args.out, "runs", base_of(c)))
+        phases = ["timed0", "record", "profile", "mem"]
+        if args.repeats > 1:
+            phases.append("timed1")
+        last_timed = [p for p in phases if p.startswith("timed")][-1]
+        others = {}
+        for phase in phases:
+            with OthersLoad() as o:
+                run_phase(rundir, c, phase, args, bench=phase == last_timed)
+            others[phase] = round(o.fraction, 4)
+        with open(os.path.join(rundir, "done"), "w", encoding="utf-8") as f:
+            json.dump({"wall_s": round(time.time() - t0, 1), "load_before": load_before,
+                       "load_after": machine_load(), "waited_for_idle_s": round(waited, 1),
+                       "others_before": idle_sample, "others_cpu": others}, f)
+        print(f"{rid}: {time.time() - t0:.0f} s (waited {waited:.0f} s; other processes used "
+              f"{100 * max(others.values()):.0f}% of the cores at most)", flush=True)
+    env["wall_s"] = round(time.time() - t_start, 1)
+    env["load_after"] = machine_load()
+    with open(os.path.join(args.out, "grid.json"), "w", encoding="utf-8") as f:
+        json.dump(env, f, indent=1)
+    grade(args.out, args.fsdplab)
+
+
+# -------------------------------------------------------------------------------------------------
+# Grading: predictions through the CLI and the comparison, from the kept raw files.
+
+
+def union_length(intervals):
+    total, end = 0.0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def pct(x, q):
+    xs = sorted(x)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def spread_of(xs):
+    """(max - min) / median and p90 / p50 of a list of step times."""
+    med = statistics.median(xs)
+    return {"median": med, "p90": pct(xs, 0.9), "min": min(xs), "max": max(xs), "n": len(xs),
+            "range_rel": (max(xs) - min(xs)) / med, "p90_p50": pct(xs, 0.9) / med}
+
+
+def per_step_max(rundir, phase, key="step_us"):
+    ranks = [load(os.path.join(rundir, f"{phase}.rank{r}.json")) for r in range(WORLD)]
+    return [max(v) for v in zip(*(r[key] for r in ranks))]
+
+
+def trace_steps(trace):
+    """Per recorded step: (span, time inside collectives, compute) of one rank's trace."""
+    rows = []
+    for step in trace["steps"]:
+        events = [e for mb in step["microbatches"] for e in mb["events"]]
+        starts = [e["ts_us"] for e in events if "ts_us" in e]
+        starts += [e["start_us"] for e in events if e["op"] == "collective"]
+        ends = [e.get("ts_us", 0.0) + e.get("us", 0.0) for e in events]
+        ends += [e["end_us"] for e in events if e["op"] == "collective"]
+        coll = [(e["start_us"], e["end_us"]) for e in events if e["op"] == "collective"]
+        rows.append({"span_us": max(ends) - min(starts), "comm_us": union_length(coll),
+                     "compute_us": sum(e["us"] for e in events if e["op"] == "compute")})
+    return rows
+
+
+def unit_compute(trace):
+    """(unit, phase) -> median over steps of the summed compute (rank's trace)."""
+    per = {}
+    for i, step in enumerate(trace["steps"]):
+        for mb in step["microbatches"]:
+            for e in mb["events"]:
+                if e["op"] == "compute" and e.get("unit"):
+                    key = (e["unit"], e["phase"])
+                    per.setdefault(key, {}).setdefault(i, 0.0)
+                    per[key][i] += e["us"]
+    return {k: statistics.median(v.values()) for k, v in per.items()}
+
+
+def rec_rows_raw(traces):
+    return [load(os.path.join(traces, f"trace.rank{r}.json")) for r in range(WORLD)]
+
+
+def fsdp_work(trace):
+    """Per recorded step, the unit-less compute: FSDP2's own work outside its collectives
+    (copy-in and copy-out around the all-gathers, the reduce-scatter's copies) and the loss."""
+    return [sum(e["us"] for mb in st["microbatches"] for e in mb["events"]
+                if e["op"] == "compute" and not e.get("unit")) for st in trace["steps"]]
+
+
+def collectives_vs_bench(rundir, traces):
+    """The recorded collectives (each the shorter of the two ranks' spans, so that the rank that
+    arrived last, which barely waits, gives it) against the same sizes benched alone after the
+    timed steps: per kind, the sum of both and their ratio."""
+    bench = None
+    for p in ("timed1", "timed0"):
+        path = os.path.join(rundir, f"{p}.rank0.json")
+        if os.path.exists(path) and "bench" in load(path):
+            bench = load(path)["bench"]
+            break
+    if bench is None:
+        return None
+    per_rank = []
+    for t in traces:
+        per_rank.append([(e["kind"], e["bytes"], e["end_us"] - e["start_us"])
+                         for st in t["steps"] for mb in st["microbatches"] for e in mb["events"]
+                         if e["op"] == "collective"])
+    out = {}
+    for kind in ("all_gather", "reduce_scatter"):
+        step_us = bench_us = 0.0
+        n = 0
+        for a, b in zip(*per_rank):
+            if a[0] != kind or a[:2] != b[:2] or str(a[1]) not in bench[kind]:
+                continue
+            step_us += min(a[2], b[2])
+            bench_us += bench[kind][str(a[1])]
+            n += 1
+        if n:
+            out[kind] = {"count": n, "in_step_us": step_us, "bench_us": bench_us,
+                         "ratio": step_us / bench_us}
+    return out
+
+
+# FSDPMemTracker's categories against the simulator's (report peak_memory_by_category).
+MEM_GROUPS = [
+    ("sharded params", ["Sharded Param"], ["sharded_params", "master_params"]),
+    ("unsharded params", ["Unsharded Param"], ["unsharded_params"]),
+    ("all-gather buffers", ["All Gather"], []),
+    ("grads", ["Sharded Grad", "Unsharded Grad"],
+     ["sharded_grads", "unsharded_grads", "grad_accumulation"]),
+    ("activations", ["Activation"], ["activations"]),
+    ("temporaries", ["Temp"], []),
+    ("optimizer state", ["OptState"], ["optimizer_state"]),
+    ("reduce-scatter buffers", ["Reduce Scatter"], ["reduce_scatter_buffers"]),
+    ("inputs and buffers", ["Inputs", "Buffer"], []),
+]
+
+
+def tracker_peak(rundir):
+    """The larger of the two ranks' tracked peaks, its categories, and where it came."""
+    best = None
+    for r in range(WORLD):
+        m = load(os.path.join(rundir, f"mem.rank{r}.json"))
+        for cats in m["peak"].values():
+            if best is None or cats["Total"] > best[0]["Total"]:
+                best = (cats, m)
+    cats, m = best
+    phase = None
+    for name, snap in m.get("peak_by_phase", {}).items():
+        for dcats in snap.values():
+            if dcats.get("Total") == cats["Total"]:
+                phase = name
+    return cats, phase
+
+
+def simulate(bin_, traces, out, extra=()):
+    p = fsdplab(bin_, "simulate", "--rank-trace", traces, "--preset", "fsdp2", "--json", *extra)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(p.stdout)
+    return json.loads(p.stdout)
+
+
+def predicted(report):
+    s = report["summary"]
+    steps = report["steps"][1:] or report["steps"]
+    compute = statistics.mean(st["compute_us"] for st in steps)
+    return {"step_us": s["step_time_us"], "exposed_comm_us": s["exposed_comm_us"],
+            "compute_us": compute,
+            "idle_us": s["step_time_us"] - compute - s["exposed_comm_us"],
+            "peak_bytes": s["peak_memory_bytes"],
+            "peak_by_category": s.get("peak_memory_by_category", {}),
+            "warnings": report.get("warnings", [])}
+
+
+def grade_run(rundir, bin_, base_pred=None):
+    c = load(os.path.join(rundir, "config.json"))
+    pred_dir = os.path.join(rundir, "pred")
+    shutil.rmtree(pred_dir, ignore_errors=True)
+    os.makedirs(pred_dir)
+    traces = os.path.join(rundir, "traces")
+    policy_flags = []
+    if c["policy"] != "default":
+        policy_flags = ["--policy", policy_file(rundir)]
+    rec_report = simulate(bin_, traces, os.path.join(pred_dir, "recorder.report.json"),
+                          policy_flags)
+    profiles = sorted(glob.glob(os.path.join(rundir, "profile", "trace.rank*.json.gz")))
+    imported = os.path.join(pred_dir, "imported")
+    fsdplab(bin_, "import-kineto", *profiles, "--out-dir", imported)
+    imp_report = simulate(bin_, imported, os.path.join(pred_dir, "imported.report.json"),
+                          policy_flags)
+    chk = fsdplab(bin_, "import-kineto", *profiles, "--out-dir",
+                  os.path.join(pred_dir, "imported_check"), "--check", "--preset", "fsdp2",
+                  *policy_flags, check=False)
+    with open(os.path.join(pred_dir, "import_check.txt"), "w", encoding="utf-8") as f:
+        f.write(f"exit {chk.returncode}\n{chk.stdout}{chk.stderr}")
+
+    # Measured.
+    timed = [per_step_max(rundir, p) for p in ("timed0", "timed1")
+             if os.path.exists(os.path.join(rundir, f"{p}.rank0.json"))]
+    steps = [x for t in timed for x in t]
+    meas = spread_of(steps)
+    meas["run_to_run"] = (abs(statistics.median(timed[0]) - statistics.median(timed[1]))
+                          / meas["median"] if len(timed) > 1 else None)
+    for key in ("fwd_bwd_us", "opt_us", "zero_grad_us"):
+        meas[key] = statistics.median(
+            x for p in ("timed0", "timed1")
+            if os.path.exists(os.path.join(rundir, f"{p}.rank0.json"))
+            for x in per_step_max(rundir, p, key))
+    rec_rows = [trace_steps(load(os.path.join(traces, f"trace.rank{r}.json")))
+                for r in range(WORLD)]
+    # Per recorded step, the rank whose step was longer: its compute and time in collectives.
+    slow = [max(rows, key=lambda x: x["span_us"]) for rows in zip(*rec_rows)]
+    rec_steps = [x["span_us"] for x in slow]
+    comm = [x["comm_us"] for x in slow]
+    compute = [x["compute_us"] for x in slow]
+    meas["recorded_span_us"] = statistics.median(rec_steps)
+    meas["recorded_wall_us"] = statistics.median(per_step_max(rundir, "record"))
+    meas["profiled_wall_us"] = statistics.median(per_step_max(rundir, "profile"))
+    meas["exposed_comm_us"] = statistics.median(comm)
+    meas["compute_us"] = statistics.median(compute)
+    meas["idle_us"] = meas["median"] - meas["compute_us"] - meas["exposed_comm_us"]
+    meas["collectives_vs_bench"] = collectives_vs_bench(rundir, rec_rows_raw(traces))
+    meas["fsdp_work_us"] = statistics.median(fsdp_work(load(os.path.join(traces,
+                                                                          "trace.rank0.json"))))
+    cats, peak_phase = tracker_peak(rundir)
+    meas["peak_bytes"] = cats["Total"]
+    meas["peak_by_category"] = cats
+    meas["peak_phase"] = peak_phase
+
+    out = {"id": os.path.basename(rundir), "config": c, "measured": meas}
+    for name, report in (("recorder", rec_report), ("imported", imp_report)):
+        p = predicted(report)
+        total = meas["median"]
+        p["step_err"] = (p["step_us"] - total) / total
+        p["comm_err"] = ((p["exposed_comm_us"] - meas["exposed_comm_us"])
+                         / meas["exposed_comm_us"] if meas["exposed_comm_us"] else None)
+        p["peak_err"] = (p["peak_bytes"] - meas["peak_bytes"]) / meas["peak_bytes"]
+        # The step error split (fractions of the measured step; they add up to step_err).
+        p["split"] = {
+            "compute": (p["compute_us"] - meas["compute_us"]) / total,
+            "exposed_comm": (p["exposed_comm_us"] - meas["exposed_comm_us"]) / total,
+            "idle": (p["idle_us"] - meas["idle_us"]) / total,
+        }
+        groups = {}
+        for label, tk, sk in MEM_GROUPS:
+            groups[label] = [sum(cats.get(k, 0) for k in tk),
+                             sum(p["peak_by_category"].get(k, 0) for k in sk)]
+        p["memory_groups"] = groups
+        out[name] = p
+
+    # Recorder against importer, per unit and phase (rank 0; medians over steps).
+    rec_units = unit_compute(load(os.path.join(traces, "trace.rank0.json")))
+    imp_units = unit_compute(load(os.path.join(imported, "trace.rank0.json")))
+    agree = []
+    for key in sorted(set(rec_units) | set(imp_units)):
+        r, i = rec_units.get(key), imp_units.get(key)
+        agree.append({"unit": key[0], "phase": key[1], "recorder_us": r, "imported_us": i,
+                      "ratio": (i / r) if r and i is not None else None})
+    out["agreement"] = agree
+    if c["policy"] != "default" and base_pred is not None:
+        out["policy"] = base_pred
+    with open(os.path.join(pred_dir, "graded.json"), "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1)
+    return out
+
+
+def policy_change(rundir, base_dir, bin_):
+    """Predicted change of the exported policy against FSDP2's defaults, on the base run's
+    recorded traces (what a user sees before applying it)."""
+    traces = os.path.join(base_dir, "traces")
+    pred_dir = os.path.join(rundir, "pred")
+    os.makedirs(pred_dir, exist_ok=True)
+    default = simulate(bin_, traces, os.path.join(pred_dir, "base_default.report.json"))
+    tuned = simulate(bin_, traces, os.path.join(pred_dir, "base_tuned.report.json"),
+                     ["--policy", policy_file(rundir)])
+    d, t = default["summary"]["step_time_us"], tuned["summary"]["step_time_us"]
+    return {"predicted_default_us": d, "predicted_tuned_us": t, "predicted_change": (t - d) / d,
+            **load(os.path.join(rundir, "policy", "source.json"))}
+
+
+def grade(out_dir, bin_):
+    results = []
+    runs = sorted(glob.glob(os.path.join(out_dir, "runs", "*", "done")))
+    by_id = {}
+    for done in runs:
+        rundir = os.path.dirname(done)
+        c = load(os.path.join(rundir, "config.json"))
+        change = None
+        if c["policy"] != "default":
+            base_dir = os.path.join(out_dir, "runs", base_of(c))
+            change = policy_change(rundir, base_dir, bin_)
+        r = grade_run(rundir, bin_, change)
+        by_id[r["id"]] = r
+        results.append(r)
+    for r in results:
+        if "policy" in r:
+            base = by_id.get(base_of(r["config"]))
+            if base is not None:
+                b = base["measured"]["median"]
+                r["policy"]["measured_change"] = (r["measured"]["median"] - b) / b
+                r["policy"]["spread"] = max(r["measured"]["range_rel"],
+                                            base["measured"]["range_rel"])
+    summary = summarize(results)
+    env = {}
+    if os.path.exists(os.path.join(out_dir, "grid.json")):
+        env = load(os.path.join(out_dir, "grid.json"))
+    doc = {"format": "fsdplab.fsdp2_grid", "version": 1, "grid": env, "summary": summary,
+           "runs": results}
+    with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+    text = table(doc)
+    with open(os.path.join(out_dir, "table.txt"), "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text)
+
+
+def summarize(results):
+    def stats(xs):
+        xs = [abs(x) for x in xs if x is not None]
+        if not xs:
+            return None
+        return {"median_abs": statistics.median(xs), "p90_abs": pct(xs, 0.9), "n": len(xs)}
+
+    s = {}
+    for path in ("recorder", "imported"):
+        s[path] = {k: stats([r[path][f"{k}_err"] for r in results])
+                   for k in ("step", "comm", "peak")}
+        s[path]["split_median"] = {
+            k: statistics.median(r[path]["split"][k] for r in results)
+            for k in ("compute", "exposed_comm", "idle")} if results else {}
+    s["spread"] = {
+        "range_rel": stats([r["measured"]["range_rel"] for r in results]),
+        "p90_p50": stats([r["measured"]["p90_p50"] - 1 for r in results]),
+        "run_to_run": stats([r["measured"]["run_to_run"] for r in results]),
+    }
+    ratios = [a["ratio"] for r in results for a in r["agreement"] if a["ratio"] is not None]
+    s["agreement"] = stats([x - 1 for x in ratios])
+    return s
+
+
+def fmt_pct(x, width=7):
+    return f"{'-':>{width}s}" if x is None else f"{100 * x:+{width - 1}.1f}%"
+
+
+def table(doc):
+    runs = doc["runs"]
+    lines = []
+    g = doc.get("grid", {})
+    if g:
+        lines.append(f"FSDP2 grid: {len(runs)} runs, started {g.get('started')}, "
+                     f"load {g.get('load_before')} -> {g.get('load_after')}, "
+                     f"{g.get('wall_s')} s")
+    lines.append("")
+    lines.append("Step time (median of unrecorded steps, ms), spread (max-min)/median, p90/p50, "
+                 "run-to-run; predicted error from the recorder (rec) and the imported profile "
+                 "(imp), and the rec error split into compute / exposed comm / idle")
+    h = (f"{'run':<34s} {'meas':>7s} {'range':>6s} {'p90':>6s} {'r2r':>6s} {'rec':>7s} "
+         f"{'imp':>7s} {'cmp':>7s} {'comm':>7s} {'idle':>7s}")
+    lines.append(h)
+    for r in runs:
+        m = r["measured"]
+        lines.append(
+            f"{r['id']:<34s} {m['median'] / 1e3:7.1f} {100 * m['range_rel']:5.1f}% "
+            f"{100 * (m['p90_p50'] - 1):5.1f}% {fmt_pct(m['run_to_run'], 6)} "
+            f"{fmt_pct(r['recorder']['step_err'])} {fmt_pct(r['imported']['step_err'])} "
+            f"{fmt_pct(r['recorder']['split']['compute'])} "
+            f"{fmt_pct(r['recorder']['split']['exposed_comm'])} "
+            f"{fmt_pct(r['recorder']['split']['idle'])}")
+    lines.append("")
+    lines.append("Measured step parts (ms): fwd+bwd, optimizer, zero_grad; recorded compute, in "
+                 "collectives, rest; predicted (rec) compute, exposed comm, idle; profiled step")
+    lines.append(f"{'run':<34s} {'f+b':>7s} {'opt':>6s} {'zero':>5s} | {'cmp':>7s} {'coll':>6s} "
+                 f"{'rest':>6s} | {'cmp':>7s} {'comm':>6s} {'idle':>6s} | {'prof':>7s}")
+    for r in runs:
+        m, p = r["measured"], r["recorder"]
+        lines.append(
+            f"{r['id']:<34s} {m['fwd_bwd_us'] / 1e3:7.1f} {m['opt_us'] / 1e3:6.1f} "
+            f"{m['zero_grad_us'] / 1e3:5.1f} | {m['compute_us'] / 1e3:7.1f} "
+            f"{m['exposed_comm_us'] / 1e3:6.1f} {m['idle_us'] / 1e3:6.1f} | "
+            f"{p['compute_us'] / 1e3:7.1f} {p['exposed_comm_us'] / 1e3:6.1f} "
+            f"{p['idle_us'] / 1e3:6.1f} | {m['profiled_wall_us'] / 1e3:7.1f}")
+    lines.append("")
+    lines.append("Inside the recorded step: FSDP2's own work outside collectives (ms, rank 0), "
+                 "and the collectives against the same sizes benched alone (sum ms, ratio)")
+    lines.append(f"{'run':<34s} {'fsdp':>6s} | {'AG step':>8s} {'bench':>7s} {'x':>5s} | "
+                 f"{'RS step':>8s} {'bench':>7s} {'x':>5s}")
+    for r in runs:
+        m = r["measured"]
+        cells = []
+        for kind in ("all_gather", "reduce_scatter"):
+            cb = (m.get("collectives_vs_bench") or {}).get(kind)
+            cells.append(f"{cb['in_step_us'] / 1e3:8.1f} {cb['bench_us'] / 1e3:7.1f} "
+                         f"{cb['ratio']:5.2f}" if cb else f"{'-':>8s} {'-':>7s} {'-':>5s}")
+        lines.append(f"{r['id']:<34s} {m['fsdp_work_us'] / 1e3:6.1f} | {cells[0]} | {cells[1]}")
+    lines.append("")
+    lines.append("Exposed communication (ms; measured = time inside collectives, recorded) and "
+                 "peak memory (MiB; measured = FSDPMemTracker)")
+    lines.append(f"{'run':<34s} {'meas':>6s} {'rec':>6s} {'err':>7s} {'imp':>6s} {'err':>7s} | "
+                 f"{'meas':>6s} {'rec':>6s} {'err':>7s} {'imp':>6s} {'err':>7s} at")
+    mib = 1024.0 * 1024.0
+    for r in runs:
+        m, a, b = r["measured"], r["recorder"], r["imported"]
+        lines.append(
+            f"{r['id']:<34s} {m['exposed_comm_us'] / 1e3:6.1f} {a['exposed_comm_us'] / 1e3:6.1f} "
+            f"{fmt_pct(a['comm_err'])} {b['exposed_comm_us'] / 1e3:6.1f} "
+            f"{fmt_pct(b['comm_err'])} | {m['peak_bytes'] / mib:6.2f} {a['peak_bytes'] / mib:6.2f} "
+            f"{fmt_pct(a['peak_err'])} {b['peak_bytes'] / mib:6.2f} {fmt_pct(b['peak_err'])} "
+            f"{m['peak_phase'] or ''}")
+    lines.append("")
+    lines.append("Peak by category (MiB): FSDPMemTracker / recorder prediction / imported "
+                 "prediction")
+    labels = [g[0] for g in MEM_GROUPS]
+    short = ["shP", "unshP", "AG", "grad", "act", "temp", "opt", "RS", "in+buf"]
+    lines.append(f"{'run':<34s} " + " ".join(f"{s:>17s}" for s in short))
+    for r in runs:
+        cells = []
+        for label in labels:
+            t, pr = r["recorder"]["memory_groups"][label]
+            _, pi = r["imported"]["memory_groups"][label]
+            cells.append(f"{t / mib:5.2f}/{pr / mib:5.2f}/{pi / mib:5.2f}")
+        lines.append(f"{r['id']:<34s} " + " ".join(f"{x:>17s}" for x in cells))
+    lines.append("")
+    lines.append("Recorder vs importer compute per unit and phase (imported / recorded, rank 0): "
+                 "median and range of the ratio over units, per phase")
+    for r in runs:
+        parts = []
+        for phase in ("forward", "backward", "recompute"):
+            xs = [a["ratio"] for a in r["agreement"] if a["phase"] == phase and a["ratio"]]
+            if xs:
+                parts.append(f"{phase} {statistics.median(xs):.2f} [{min(xs):.2f}, "
+                             f"{max(xs):.2f}]")
+        missing = [f"{a['unit']}/{a['phase']}" for a in r["agreement"] if a["ratio"] is None]
+        lines.append(f"{r['id']:<34s} " + "; ".join(parts)
+                     + (f"; only one side: {', '.join(missing)}" if missing else ""))
+    pol = [r for r in runs if "policy" in r and "measured_change" in r["policy"]]
+    if pol:
+        lines.append("")
+        lines.append("Exported policy against FSDP2's defaults: measured change (timed medians), "
+                     "predicted change (simulate on the base run's trace), spread")
+        for r in pol:
+            p = r["policy"]
+            lines.append(f"{r['id']:<34s} measured {fmt_pct(p['measured_change'])} predicted "
+                         f"{fmt_pct(p['predicted_change'])} spread {100 * p['spread']:.1f}% "
+                         f"({p['policy']} policy; tune predicted "
+                         f"{fmt_pct(p['tune_predicted_change']).strip()})")
+    s = doc["summary"]
+    lines.append("")
+    lines.append("Summary (|error|: median / p90 over runs)")
+    for path in ("recorder", "imported"):
+        parts = []
+        for k in ("step", "comm", "peak"):
+            st = s[path][k]
+            if st:
+                parts.append(f"{k} {100 * st['median_abs']:.1f}% / {100 * st['p90_abs']:.1f}%")
+        sp = s[path]["split_median"]
+        lines.append(f"  {path:<9s} " + ", ".join(parts) + "; median split: "
+                     + ", ".join(f"{k} {fmt_pct(v).strip()}" for k, v in sp.items()))
+    for k, st in s["spread"].items():
+        if st:
+            lines.append(f"  spread {k}: median {100 * st['median_abs']:.1f}%, p90 "
+                         f"{100 * st['p90_abs']:.1f}%")
+    if s["agreement"]:
+        lines.append(f"  recorder vs importer |ratio - 1|: median "
+                     f"{100 * s['agreement']['median_abs']:.1f}%, p90 "
+                     f"{100 * s['agreement']['p90_abs']:.1f}% ({s['agreement']['n']} unit-phases)")
+    return "\n".join(lines) + "\n"
+
+
+# -------------------------------------------------------------------------------------------------
+# The spread study: the timed phase of one configuration under each isolation level.
+
+
+def spread(args):
+    """The timed phase of one configuration under each isolation level, the levels interleaved
+    (rep 0 of every level, then rep 1, ...) so that the machine's drift falls on all of them."""
+    os.makedirs(args.out, exist_ok=True)
+    c = next(c for c in design(False) if run_id(c) == args.config)
+    rows = []
+    for rep in range(args.repeats):
+        for level in args.levels.split(","):
+            rundir = os.path.join(args.out, f"{level}.{rep}")
+            os.makedirs(rundir, exist_ok=True)
+            waited, _ = wait_idle(args.wait_idle) if args.wait_idle else (0.0, None)
+            with OthersLoad() as o:
+                run_phase(rundir, c, "timed0", args, isolation=level)
+            steps = per_step_max(rundir, "timed0")
+            s = spread_of(steps)
+            s.update(level=level, rep=rep, others_cpu=o.fraction, waited_s=waited,
+                     steps_us=steps)
+            rows.append(s)
+            print(f"{level:<10s} rep {rep}: median {s['median'] / 1e3:.1f} ms, range "
+                  f"{100 * s['range_rel']:.1f}%, p90/p50 {s['p90_p50']:.3f} (other processes "
+                  f"{100 * o.fraction:.0f}% of the cores)", flush=True)
+    with open(os.path.join(args.out, "spread.json"), "w", encoding="utf-8") as f:
+        json.dump({"config": c, "steps": args.steps, "warmup": args.warmup, "rows": rows}, f,
+                  indent=1)
+    for level in args.levels.split(","):
+        mine = [r for r in rows if r["level"] == level]
+        meds = [r["median"] for r in mine]
+        print(f"{level:<10s} range {statistics.median(r['range_rel'] for r in mine) * 100:.1f}% "
+              f"p90/p50 {statistics.median(r['p90_p50'] for r in mine):.3f} run-to-run "
+              f"{100 * (max(meds) - min(meds)) / statistics.median(meds):.1f}% (medians of "
+              f"{len(mine)} runs)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("run")
+    p.add_argument("--out", required=True)
+    p.add_argument("--fsdplab", required=True)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--only", help="runs whose id matches this regular expression")
+    p.add_argument("--force", action="store_true", help="run again runs already done in --out")
+    p.add_argument("--repeats", type=int, default=2, help="timed process pairs per run")
+    p.add_argument("--wait-idle", type=float, default=0.0,
+                   help="before each run, wait up to S seconds for other processes to leave the "
+                        "cores (under 25%% of them for 3 s)")
+    for q in (p, sub.add_parser("rank"), sub.add_parser("spread")):
+        q.add_argument("--steps", type=int, default=20)
+        q.add_argument("--warmup", type=int, default=5)
+        q.add_argument("--record-steps", type=int, default=3)
+    q = sub.choices["rank"]
+    q.add_argument("--rank", type=int, required=True)
+    q.add_argument("--phase", required=True)
+    q.add_argument("--dir", required=True)
+    q.add_argument("--config", required=True)
+    q.add_argument("--isolation", choices=ISOLATION, default="pinned")
+    q.add_argument("--bench", action="store_true", help="time the model's collectives alone")
+    q = sub.choices["spread"]
+    q.add_argument("--out", required=True)
+    q.add_argument("--config", default="encoder-l-ac0-mb1-rs1-default")
+    q.add_argument("--levels", default=",".join(ISOLATION))
+    q.add_argument("--repeats", type=int, default=3)
+    q.add_argument("--wait-idle", type=float, default=0.0)
+    p = sub.add_parser("regrade")
+    p.add_argument("dir")
+    p.add_argument("--fsdplab", required=True)
+    args = ap.parse_args()
+    if args.cmd == "run":
+        if args.quick:
+            args.steps, args.warmup, args.record_steps, args.repeats = 6, 2, 2, 1
+        run(args)
+    elif args.cmd == "rank":
+        rank_main(args)
+    elif args.cmd == "spread":
+        spread(args)
+    else:
+        grade(args.dir, args.fsdplab)
+
+
+if __name__ == "__main__":
+    main()
