@@ -78,6 +78,34 @@ TEST(CliTune, KeepsTheTracesOptimizerAndHoldsACpuTraceToItsTensors) {
             0);
 }
 
+// --out writes the optimizer and master weights the search held (the trace's meta.optimizer),
+// not "none": `simulate --policy` of the file counts the optimizer's state as tune did, so it
+// gives tune's peak, above the same policy without an optimizer. (The file's keys override the
+// trace's meta, so a written "none" would drop Adam's moments from the prediction.)
+TEST(CliTune, TheOutFileKeepsTheTracesOptimizerForSimulate) {
+  const std::string adam = GptSmallWithMeta("tune_cli_out_adam.json",
+                                            {{"optimizer", "adam"}, {"master_weights", "fp32"}});
+  const std::string tuned = Tmp("tune_cli_out_adam_policy.json");
+  auto [rc, out] = RunCliOut("tune " + adam + " --memory-cap 64G --time-limit 2 --json --out " +
+                             tuned + " --allocator exact");
+  ASSERT_EQ(rc, 0) << out;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  const nlohmann::json file = ReadJson(tuned);
+  EXPECT_EQ(file["optimizer"], "adam");
+  EXPECT_EQ(file["master_weights"], "fp32");
+  const std::string rep = Tmp("tune_cli_out_adam_rep.json");
+  ASSERT_EQ(RunCli("simulate " + adam + " --policy " + tuned + " --allocator exact -o " + rep), 0);
+  const nlohmann::json r = ReadJson(rep);
+  EXPECT_EQ(r["summary"]["peak_memory_bytes"], j["best"]["peak_memory_bytes"]);
+  EXPECT_DOUBLE_EQ(r["summary"]["step_time_us"].get<double>(),
+                   j["best"]["step_time_us"].get<double>());
+  ASSERT_EQ(RunCli("simulate " + adam + " --policy " + tuned +
+                   " --allocator exact --optimizer none --master-weights none -o " + rep),
+            0);
+  EXPECT_LT(ReadJson(rep)["summary"]["peak_memory_bytes"].get<std::uint64_t>(),
+            j["best"]["peak_memory_bytes"].get<std::uint64_t>());
+}
+
 // --preset fsdp2 searches what FSDP2 runs: the tuned policy exported and read back is itself, so
 // it simulates to the printed step time. DeepSpeed has no per-module knobs: a usage error, unless
 // --to any.
