@@ -1,4 +1,6 @@
 // The evaluator of `fsdplab tune` (tune_internal.h) and the policy edits its parts share.
+#include <time.h>
+
 #include <algorithm>
 #include <limits>
 
@@ -18,9 +20,17 @@ Bytes MaxOver(const std::vector<std::pair<TimeUs, Bytes>>& steps, TimeUs from, T
   return most;
 }
 
+namespace {
+double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+}  // namespace
+
 Evaluator::Evaluator(const std::vector<const Trace*>& traces, const TuneOptions& options,
                      const std::function<void(const TuneProgress&)>& progress)
-    : traces_(traces), opt_(options), progress_(progress), start_(Clock::now()) {
+    : traces_(traces), opt_(options), progress_(progress), start_cpu_s_(ThreadCpuSeconds()) {
   base_ = options.base;
   base_.memory_cap.reset();  // true peaks; the cap selects (as sweep does)
   base_.critical_path = false;
@@ -30,9 +40,7 @@ Evaluator::Evaluator(const std::vector<const Trace*>& traces, const TuneOptions&
   base_.prune_ranks = false;  // the peak over every rank is what the cap holds
 }
 
-double Evaluator::Elapsed() const {
-  return std::chrono::duration<double>(Clock::now() - start_).count();
-}
+double Evaluator::Elapsed() const { return ThreadCpuSeconds() - start_cpu_s_; }
 
 SimOptions Evaluator::OptionsFor(const Policy& policy) const {
   SimOptions o = base_;

@@ -2,7 +2,6 @@
 // structured families, the local search and the exact search built on it. Private to sim.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -20,8 +19,6 @@
 #include "fsdplab/sim/tune.h"
 
 namespace fsdplab::sim::internal {
-
-using Clock = std::chrono::steady_clock;
 
 // A prefetched buffer alive when a run's memory peaks, by the unit whose pre-hook issued it.
 struct LiveAtPeak final {
@@ -80,6 +77,9 @@ class Evaluator final {
   // a fits and beats b by more than rounding (b may be null: any fitting a).
   bool Improves(const Candidate& a, const Candidate* b) const;
   const Candidate* best() const { return best_; }
+  // CPU seconds this thread has spent since the evaluator was made: the search is
+  // single-threaded, so on a core of its own this is its wall time, and on a shared machine the
+  // time limit still buys the same search (the same result for the same command).
   double Elapsed() const;
   bool OutOfTime() const { return Elapsed() >= opt_.time_limit_s; }
   int evaluated() const { return evaluated_; }
@@ -95,7 +95,7 @@ class Evaluator final {
   std::vector<const Trace*> traces_;
   const TuneOptions& opt_;
   const std::function<void(const TuneProgress&)>& progress_;
-  Clock::time_point start_;
+  double start_cpu_s_ = 0;
   SimOptions base_;
   std::unordered_map<std::string, std::unique_ptr<Candidate>> cache_;
   std::map<std::pair<PrefetchOrder, bool>, std::optional<ExecutionOrder>> orders_;

@@ -96,7 +96,8 @@ int RunTune(const Argv& argv) {
                "budget kinds of the global sweep, comma-separated: units (default), elements, "
                "bytes",
                "KINDS");
-  args.Declare("--time-limit", ArgKind::kValue, "stop searching after S seconds (default 8)", "S");
+  args.Declare("--time-limit", ArgKind::kValue,
+               "stop searching after S seconds of CPU time (default 8)", "S");
   args.Declare("--exact-max", ArgKind::kValue,
                "simulate every per-unit budget 0-2 in each direction (the exact optimum) when "
                "there are at most N such policies (default 20000; 0: never)",
@@ -301,7 +302,8 @@ int RunTune(const Argv& argv) {
       opt.objective == sim::TuneObjective::kStep ? "step time" : "exposed communication";
   if (!json) {
     fmt::print(
-        "{} policies simulated in {:.2f} s ({:.0f} per second; {} candidates, {} of the global "
+        "{} policies simulated in {:.2f} s of CPU time ({:.0f} per second; {} candidates, {} of "
+        "the global "
         "grid, {} moves taken)\n",
         r->simulated, r->seconds, rate, r->evaluated, r->global_evaluated, r->rounds);
     fmt::print("cluster: {}\nmemory cap: {} ({} bytes) on {}{}\n",

@@ -56,7 +56,9 @@ struct TuneOptions final {
   // Budget kinds the global grid uses (units: 0..4 units; elements and bytes: 1..4 times the
   // mean unit's size). The per-unit search counts units.
   std::vector<Budget::Kind> budget_kinds = {Budget::Kind::kUnits};
-  double time_limit_s = 8;  // leaves a 10 s budget room for loading and the report
+  // CPU seconds of the search (its thread): on a core of its own, its wall time; on a shared
+  // machine the same search. 8 leaves a 10 s budget room for loading and the report.
+  double time_limit_s = 8;
   // What the user can run: the policy the target framework runs for a candidate (its export
   // read back). Unset: every policy as it is.
   std::function<StatusOr<Policy>(const Policy&)> express;
@@ -68,8 +70,8 @@ struct TuneOptions final {
 };
 
 struct TuneProgress final {
-  int evaluated = 0;  // policies simulated so far
-  double elapsed_s = 0;
+  int evaluated = 0;           // policies simulated so far
+  double elapsed_s = 0;        // CPU seconds (TuneOptions::time_limit_s)
   std::optional<TimeUs> best;  // the best objective under the cap so far
   std::string phase;           // "global sweep", "structured policies", "per-unit search", ...
 };
@@ -104,7 +106,7 @@ struct TuneResult final {
   int evaluated = 0;                 // candidates, every part included
   int simulated = 0;                 // distinct policies simulated (candidates repeat)
   int rounds = 0;                    // moves the local search took
-  double seconds = 0;
+  double seconds = 0;                // CPU seconds of the search
   TuneStop stop = TuneStop::kNoStart;
   // No policy's step can be shorter: the compute on the critical resource (sweep's bound).
   TimeUs lower_bound_us = 0;
