@@ -202,6 +202,7 @@ class Search final {
     }
     result_.evaluated = eval_.evaluated();
     result_.simulated = eval_.simulated();
+    for (const Candidate* c : eval_.simulated_in_order()) result_.candidates.push_back(c->row);
     result_.seconds = eval_.Elapsed();
     return std::move(result_);
   }

@@ -133,6 +133,7 @@ const Candidate* Evaluator::Evaluate(const Policy& policy) {
   if (run.ok() && c->row.ok()) c->live_at_peak = LiveAt(run->result);
   const Candidate* out = c.get();
   cache_.emplace(std::move(key), std::move(c));
+  in_order_.push_back(out);
   if (Improves(*out, best_)) best_ = out;
   Report();
   return out;

@@ -84,6 +84,8 @@ class Evaluator final {
   bool OutOfTime() const { return Elapsed() >= opt_.time_limit_s; }
   int evaluated() const { return evaluated_; }
   int simulated() const { return static_cast<int>(cache_.size()); }
+  // Every candidate simulated, in the order it was.
+  const std::vector<const Candidate*>& simulated_in_order() const { return in_order_; }
   void SetPhase(std::string phase) { phase_ = std::move(phase); }
 
  private:
@@ -98,6 +100,7 @@ class Evaluator final {
   double start_cpu_s_ = 0;
   SimOptions base_;
   std::unordered_map<std::string, std::unique_ptr<Candidate>> cache_;
+  std::vector<const Candidate*> in_order_;
   std::map<std::pair<PrefetchOrder, bool>, std::optional<ExecutionOrder>> orders_;
   const Candidate* best_ = nullptr;
   int evaluated_ = 0;

@@ -8,6 +8,7 @@
 
 #include "fsdplab/frameworks/framework_export.h"
 #include "fsdplab/sim/sweep.h"
+#include "fsdplab/trace/trace_io.h"
 #include "sim_test_util.h"
 
 namespace fsdplab::sim {

@@ -8,10 +8,10 @@
 #include <string>
 
 #include "fsdplab/core/policy.h"
-#include "fsdplab/core/trace.h"
 #include "fsdplab/frameworks/framework_export.h"
 #include "fsdplab/sim/allocator_model.h"
 #include "fsdplab/synth/synth.h"
+#include "fsdplab/trace/trace_io.h"
 #include "sim_test_util.h"
 
 namespace fsdplab::sim {

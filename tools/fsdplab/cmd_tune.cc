@@ -1,6 +1,7 @@
 // fsdplab tune TRACE --memory-cap B [--preset F | --to F] [--policy FILE] [policy flags]
 //     [--objective step|exposed] [--budget-kinds units,...] [--time-limit S] [--exact-max N]
-//     [--out POLICY.json] [--global-out POLICY.json] [--json] [cluster flags] [engine flags]
+//     [--out POLICY.json] [--global-out POLICY.json] [--json] [--html FILE]
+//     [cluster flags] [engine flags]
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "fsdplab/sim/allocator_model.h"
 #include "fsdplab/sim/cluster.h"
 #include "fsdplab/sim/tune.h"
+#include "report_output.h"
 #include "sim_flags.h"
 
 namespace fsdplab::cli {
@@ -110,6 +112,7 @@ int RunTune(const Argv& argv) {
                "POLICY.json");
   args.Declare("--json", ArgKind::kSwitch, "print the result as one JSON object instead of text");
   DeclarePolicyFlags(args);
+  DeclareHtmlFlag(args);
   DeclareClusterFlags(args);
   DeclareEngineFlags(args);
   DeclareCapPeakFlag(args);
@@ -118,7 +121,7 @@ int RunTune(const Argv& argv) {
     return PrintHelp(
         "fsdplab tune TRACE --memory-cap BYTES [--preset fsdp2|megatron-fsdp | --to F] "
         "[--policy FILE] [policy flags] [--cap-peak simulated|late] [--objective step|exposed] "
-        "[--time-limit S] [--out POLICY.json] [--global-out POLICY.json] [--json]",
+        "[--time-limit S] [--out POLICY.json] [--global-out POLICY.json] [--json] [--html FILE]",
         "Finds the fastest policy, with per-unit budgets, orders, prefetch_first_unit,\n"
         "reshard_after_forward and unshard_all_planes_in_backward, whose simulated memory fits\n"
         "the cap: on a CUDA trace what the caching allocator reserves, on a CPU trace "
@@ -260,6 +263,28 @@ int RunTune(const Argv& argv) {
     def_opt.memory_cap.reset();  // as the search: the true peak, the cap selects
     def = loaded->per_rank ? sim::SimulatePolicy(traces, *preset_policy, def_opt)
                            : sim::SimulatePolicy(trace, *preset_policy, def_opt);
+  }
+
+  // The page: every candidate a point, the tuned policy chosen (also when none fits: then the
+  // page shows the candidates and the cap alone).
+  {
+    const std::string tuned = r->best ? PolicyToJson(r->best->policy) : std::string();
+    std::optional<std::size_t> chosen;
+    for (std::size_t i = 0; i < r->candidates.size() && r->best; ++i) {
+      if (PolicyToJson(r->candidates[i].policy) == tuned) chosen = i;
+    }
+    const std::string source = loaded->per_rank
+                                   ? fmt::format("({} rank traces)", loaded->traces.size())
+                                   : args.positionals().front();
+    const std::string sweep_json =
+        sim::SweepToJson(sim::SweepOfPolicies(r->candidates), opt.memory_cap, opt.cap_peak, chosen,
+                         "tune", "the tuned policy", source);
+    if (Status s = EmitSweepPage(
+            args, trace, opt.base, r->best ? std::optional<Policy>(r->best->policy) : std::nullopt,
+            opt.memory_cap, sweep_json, fmt::format("fsdplab tune {}", source));
+        !s.ok()) {
+      return Fail(kCmd, s);
+    }
   }
 
   if (json) {
