@@ -1,6 +1,7 @@
 """`fsdplab tune --preset fsdp2` closed on a real FSDP2 run (torch 2.x, CPU, gloo, 2 ranks): an HF
 Llama built from a config (or, without transformers, a small embedding + layers + head) with
-AdamW, fully_shard on each decoder layer and the root, one step recorded. Then, as a user would:
+AdamW, fully_shard on each decoder layer and the root, one step recorded (its compute times then
+fixed: fixed_compute_times). Then, as a user would:
 tune under a memory cap with the fsdp2 preset, export the tuned policy, apply it to a fresh FSDP2
 model, read FSDP2's own prefetch lists and reshard settings back from the live modules, write them
 in the exported form and import that (`fsdplab import-policy`). Checked:
@@ -127,11 +128,28 @@ def fsdp2_available():
 
 
 # Every simulation's cluster: the two ranks, over a link as slow as makes a layer's all-gather
-# take as long as its forward (set from the recorded trace): what the policy hides then shows in
-# the step, however fast this machine ran the recording.
+# take as long as its forward (fixed_compute_times): what the policy hides then shows in the step.
 CLUSTER = ["--world-size", "2"]
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def fixed_compute_times(trace):
+    """The recording's compute times, set to fixed ones: a decoder layer's forward 2,000 us and
+    backward 4,000 us, every other compute 100 us. A CPU recorded on a loaded machine times each
+    op differently run to run, and whether any prefetch helps (so whether there is a gain to
+    check) turned on those times; the modules, parameters, memory and optimizer, which the
+    export and its lists are about, stay as FSDP2 recorded them."""
+    layers = {u["name"] for u in trace["units"] if u["parent"] is not None}
+    for s in trace["steps"]:
+        for mb in s["microbatches"]:
+            for e in mb["events"]:
+                if e["op"] != "compute":
+                    continue
+                if e.get("unit") in layers:
+                    e["us"] = 2000.0 if e.get("phase") == "forward" else 4000.0
+                else:
+                    e["us"] = 100.0
 
 
 def matched_bandwidth_gbps(trace):
@@ -187,9 +205,13 @@ class TuneFsdp2RoundTripTest(unittest.TestCase):
         cls.tmp = tempfile.TemporaryDirectory()
         tmp = cls.tmp.name
         run_ranks(tmp, "record")
-        cls.trace = os.path.join(tmp, "trace.rank0.json")
-        with open(cls.trace, encoding="utf-8") as f:
-            CLUSTER.extend(["--intra-bw", f"{matched_bandwidth_gbps(json.load(f)):.6g}"])
+        with open(os.path.join(tmp, "trace.rank0.json"), encoding="utf-8") as f:
+            trace = json.load(f)
+        fixed_compute_times(trace)
+        cls.trace = os.path.join(tmp, "trace.fixed.json")
+        with open(cls.trace, "w", encoding="utf-8") as f:
+            json.dump(trace, f)
+        CLUSTER.extend(["--intra-bw", f"{matched_bandwidth_gbps(trace):.6g}"])
         # The cap: halfway between what FSDP2's default holds and what two modules ahead each way
         # with every module kept after forward hold (the CPU trace: the tensors' bytes).
         def held(*flags):
