@@ -692,25 +692,22 @@ Status ApplyTraceMetaPolicy(std::string_view meta_json, Policy& policy) {
   return Status::Ok();
 }
 
-TraceDevice TraceDeviceOf(std::string_view meta_json, std::string_view source) {
+TraceDevice DeviceOfTrace(std::string_view meta_json, std::string_view source) {
   using Json = nlohmann::json;
-  const Json meta = Json::parse(meta_json, nullptr, /*allow_exceptions=*/false);
-  if (meta.is_object()) {
-    auto device = meta.find("device");
-    if (device != meta.end() && device->is_string()) {
-      if (*device == "cpu") return TraceDevice::kCpu;
-      if (*device == "cuda") return TraceDevice::kCuda;
-    }
-    auto kineto = meta.find("kineto");
-    if (kineto != meta.end() && kineto->is_object()) {
-      auto compute = kineto->find("compute");
-      if (compute != kineto->end() && *compute == "cpu operators") return TraceDevice::kCpu;
-      if (compute != kineto->end() && *compute == "gpu kernels") return TraceDevice::kCuda;
-    }
+  const Json extra = Json::parse(meta_json, nullptr, /*allow_exceptions=*/false);
+  const auto text = [](const Json& j, const char* key) -> std::string {
+    return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>()
+                                                                  : std::string();
+  };
+  if (const std::string device = text(extra, "device"); device == "cpu" || device == "cuda") {
+    return {device == "cpu", "meta.device " + device};
   }
-  if (source == "live-host") return TraceDevice::kCpu;
-  if (source == "live-cuda") return TraceDevice::kCuda;
-  return TraceDevice::kUnknown;
+  if (source == "live-host") return {true, "meta.source live-host"};
+  if (source == "torch" && extra.is_object() && extra.contains("recorder") &&
+      text(extra["recorder"], "timing") == "cpu") {
+    return {true, "meta.source torch, timed on the CPU clock (meta.recorder.timing cpu)"};
+  }
+  return {false, "meta.source " + std::string(source)};
 }
 
 StatusOr<Policy> LayerPolicy(const PolicyLayers& layers) {

@@ -81,7 +81,7 @@ StatusOr<Policy> PresetPolicy(Framework framework, const Trace& trace) {
       // ahead in reverse post-forward order. Both follow what ran: the recorded order. The root
       // keeps its parameters after forward.
       p.order = PrefetchOrder::kRecorded;
-      if (TraceDeviceOf(trace.meta.extra_json, trace.meta.source) == TraceDevice::kCpu) {
+      if (DeviceOfTrace(trace.meta.extra_json, trace.meta.source).cpu) {
         // On a CPU device FSDP2's streams and events are torch.cpu's no-ops and its collectives
         // are gloo's synchronous calls (unshard's async_op is False; foreach_all_gather and
         // foreach_reduce call them on the thread that computes, their copy-in and copy-out

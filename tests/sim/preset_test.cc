@@ -104,15 +104,16 @@ TEST(Presets, Fsdp2OnACpuDeviceOverlapsNothing) {
 }
 
 TEST(Presets, TheTracesDeviceIsItsMetaElseItsSource) {
-  EXPECT_EQ(TraceDeviceOf(R"({"device": "cpu"})", "torch"), TraceDevice::kCpu);
-  EXPECT_EQ(TraceDeviceOf(R"({"device": "cuda"})", "live-host"), TraceDevice::kCuda);
-  EXPECT_EQ(TraceDeviceOf(R"({"kineto": {"compute": "cpu operators"}})", "torch"),
-            TraceDevice::kCpu);
-  EXPECT_EQ(TraceDeviceOf(R"({"kineto": {"compute": "gpu kernels"}})", "torch"),
-            TraceDevice::kCuda);
-  EXPECT_EQ(TraceDeviceOf("{}", "live-host"), TraceDevice::kCpu);
-  EXPECT_EQ(TraceDeviceOf("{}", "live-cuda"), TraceDevice::kCuda);
-  EXPECT_EQ(TraceDeviceOf("{}", "hand"), TraceDevice::kUnknown);
+  // meta.device wins; else live-host and a torch recording timed on the CPU clock are CPU runs,
+  // anything else CUDA.
+  EXPECT_TRUE(DeviceOfTrace(R"({"device": "cpu"})", "torch").cpu);
+  EXPECT_FALSE(DeviceOfTrace(R"({"device": "cuda"})", "live-host").cpu);
+  EXPECT_EQ(DeviceOfTrace(R"({"device": "cuda"})", "live-host").why, "meta.device cuda");
+  EXPECT_TRUE(DeviceOfTrace(R"({"recorder": {"timing": "cpu"}})", "torch").cpu);
+  EXPECT_TRUE(DeviceOfTrace("{}", "live-host").cpu);
+  EXPECT_FALSE(DeviceOfTrace("{}", "live-cuda").cpu);
+  EXPECT_FALSE(DeviceOfTrace("{}", "hand").cpu);
+  EXPECT_EQ(DeviceOfTrace("{}", "hand").why, "meta.source hand");
 }
 
 TEST(Presets, MegatronFsdpIsRegistrationOrderAndTheRootReshards) {

@@ -164,12 +164,16 @@ std::string_view MasterWeightsName(MasterWeights m);      // "none" | "fp32"
 // extra keys (TraceMeta::extra_json). Errors name meta.<key>.
 Status ApplyTraceMetaPolicy(std::string_view meta_json, Policy& policy);
 
-// Where a traced run ran, as far as its trace says: meta.device ("cpu" or "cuda", as the recorder
-// writes it), else its source: an imported profile of CPU operators or of GPU kernels
-// (meta.kineto.compute), a live run of the host or the CUDA backend; unknown otherwise (hand-made
-// and synthetic traces). `meta_json` is TraceMeta::extra_json.
-enum class TraceDevice : std::uint8_t { kUnknown, kCpu, kCuda };
-TraceDevice TraceDeviceOf(std::string_view meta_json, std::string_view source);
+// The device a trace's run used (one decision for the FSDP2 preset's streams and the memory model
+// a cap is held to): meta.device ("cpu" or "cuda") where the recorder wrote it, else the source:
+// live-host runs on the CPU, a torch recording on the CPU when its recorder timed with the CPU
+// clock (meta.recorder.timing "cpu": the model had no CUDA parameters), anything else
+// (live-cuda, hand-written, synthetic) on CUDA. `meta_json` is TraceMeta::extra_json.
+struct TraceDevice final {
+  bool cpu = false;
+  std::string why;  // "meta.device cpu", "meta.source live-host", ...
+};
+TraceDevice DeviceOfTrace(std::string_view meta_json, std::string_view source);
 
 // The layers a run's policy is made of, in the order they apply (ResolvePolicy).
 struct PolicyLayers final {
