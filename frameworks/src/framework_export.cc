@@ -235,6 +235,11 @@ StatusOr<ExportedPolicy> ExportPolicy(const Trace& trace, const Policy& policy,
           "unified_comm_stream: FSDP2 always uses separate all-gather and "
           "reduce-scatter streams; dropped");
     }
+    if (policy.comm_on_compute_stream) {
+      notes.push_back(
+          "comm_on_compute_stream: how FSDP2 runs on a CPU device (its collectives block the "
+          "calling thread), not a knob; nothing written");
+    }
     if (policy.sharding == Sharding::kZero2) {
       notes.push_back(
           "sharding zero2: written as reshard_after_forward false on every module "

@@ -19,6 +19,7 @@
 #include "fsdplab/sim/cluster.h"
 #include "fsdplab/sim/simulate_report.h"
 #include "fsdplab/sim/simulator.h"
+#include "fsdplab/sim/trace_calibration.h"
 #include "report_output.h"
 #include "sim_flags.h"
 
@@ -45,12 +46,15 @@ void DeclareClusterFlags(Args& args) {
                "multiply every compute duration of the trace by F (default 1)", "F");
 }
 
-StatusOr<sim::Cluster> ClusterFromArgs(const Args& args, int trace_world_size) {
+StatusOr<sim::Cluster> ClusterFromArgs(const Args& args, const std::vector<const Trace*>& traces,
+                                       int trace_world_size) {
   sim::Cluster c;
   bool described = false;
+  bool links_described = false;
   if (std::optional<std::string> file = args.Get("--cluster")) {
     FSDP_ASSIGN_OR_RETURN(c, sim::ReadClusterFile(*file));
     described = true;
+    links_described = true;
   }
   bool world_given = described;
   if (std::optional<std::string> v = args.Get("--world-size")) {
@@ -65,6 +69,7 @@ StatusOr<sim::Cluster> ClusterFromArgs(const Args& args, int trace_world_size) {
     if (n < 1) return UsageError("--gpus-per-node: must be at least 1");
     c.gpus_per_node = static_cast<int>(n);
     described = true;
+    links_described = true;
   }
   struct DoubleFlag {
     std::string_view flag;
@@ -78,13 +83,14 @@ StatusOr<sim::Cluster> ClusterFromArgs(const Args& args, int trace_world_size) {
     if (std::optional<std::string> v = args.Get(f.flag)) {
       FSDP_ASSIGN_OR_RETURN(*f.target, ParseDouble(*v, f.flag));
       described = true;
+      links_described = links_described || f.target != &c.compute_scale;
     }
   }
   if (!world_given && trace_world_size > 1) c.world_size = trace_world_size;
   c.defaults_used = !described;
   Status s = sim::ValidateCluster(c);
   if (!s.ok()) return UsageError(s.message());
-  return c;
+  return sim::ClusterForTraces(c, links_described, traces);
 }
 
 void DeclareEngineFlags(Args& args) {
@@ -379,8 +385,11 @@ int RunSimulate(const Argv& argv) {
   StatusOr<Policy> policy = PolicyFromArgs(args, first);
   if (!policy.ok()) return Fail(kCmd, policy.status());
   opt.policy = *policy;
+  std::vector<const Trace*> all;
+  for (const Trace& t : loaded->traces) all.push_back(&t);
   StatusOr<sim::Cluster> cluster = ClusterFromArgs(
-      args, loaded->per_rank ? static_cast<int>(loaded->traces.size()) : first.meta.world_size);
+      args, all,
+      loaded->per_rank ? static_cast<int>(loaded->traces.size()) : first.meta.world_size);
   if (!cluster.ok()) return Fail(kCmd, cluster.status());
   opt.cluster = *cluster;
   if (Status s = EngineOptionsFromArgs(args, opt); !s.ok()) return Fail(kCmd, s);

@@ -151,7 +151,7 @@ int RunTune(const Argv& argv) {
   if (!start.ok()) return Fail(kCmd, start.status());
   opt.base.policy = *start;
   StatusOr<sim::Cluster> cluster = ClusterFromArgs(
-      args, loaded->per_rank ? static_cast<int>(traces.size()) : trace.meta.world_size);
+      args, traces, loaded->per_rank ? static_cast<int>(traces.size()) : trace.meta.world_size);
   if (!cluster.ok()) return Fail(kCmd, cluster.status());
   opt.base.cluster = *cluster;
   if (loaded->per_rank && opt.base.cluster.world_size != static_cast<int>(traces.size())) {

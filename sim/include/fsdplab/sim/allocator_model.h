@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdplab/core/policy.h"
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/core/units.h"
@@ -127,14 +128,9 @@ class PlanMemoryReplay final {
 
 // The device a trace's run used, for the memory model a cap is held to: a CUDA device holds what
 // its caching allocator reserves (this model), a CPU run what its tensors hold (freed memory goes
-// back to the system allocator). From meta.device ("cpu" or "cuda") where the recorder wrote it,
-// else meta.source: live-host runs on the CPU, live-cuda on CUDA, a torch recording on the CPU
-// when its recorder timed with the CPU clock (meta.recorder.timing "cpu": the model had no CUDA
-// parameters), anything else (hand-written, synthetic) on CUDA.
-struct TraceDevice final {
-  bool cpu = false;
-  std::string why;  // "meta.device cpu", "meta.source live-host", ...
-};
-TraceDevice DeviceOfTrace(const TraceMeta& meta);
+// back to the system allocator). The decision is core's DeviceOfTrace (policy.h).
+inline TraceDevice DeviceOfTrace(const TraceMeta& meta) {
+  return DeviceOfTrace(meta.extra_json, meta.source);
+}
 
 }  // namespace fsdplab
