@@ -51,7 +51,12 @@ class EventChecker final {
     };
     if (ev.ts_us.has_value()) time_ok("ts_us", *ev.ts_us, "timestamp");
     switch (ev.op) {
-      case Op::kCompute: time_ok("us", ev.us, "duration"); break;
+      case Op::kCompute:
+        time_ok("us", ev.us, "duration");
+        if (ev.grad_bytes.has_value() && (ev.phase != Phase::kBackward || ev.unit == kNoUnit)) {
+          add("grad_bytes", "only a unit's backward compute produces gradients");
+        }
+        break;
       case Op::kCollective: {
         bool a = time_ok("start_us", ev.start_us, "timestamp");
         bool b = time_ok("end_us", ev.end_us, "timestamp");
