@@ -47,8 +47,7 @@ lies between that and the most one late collective could raise it to). Last, the
 workloads are measured a second time (their live runs and beside benches, minutes after the
 first) and predicted again: an error that comes back within the runs' spread is the model's, one
 that is gone was this machine's state at the time, and runs that spread as wide as the error
-cannot tell (seed 83 kept, measured again hours later: -14.6% -> +0.5%, gone; -16.4% -> -14.7%
-with runs spreading 17%, cannot tell). `--regrade DIR` predicts a kept grid again without
+cannot tell (examples in bench/README.md, "host_prediction.sh --grid"). `--regrade DIR` predicts a kept grid again without
 measuring (the second measurements too, where kept). Run it on an otherwise idle machine: the
 host collectives are memory copies on the same cores, and other load shows up as error.
 """
@@ -337,10 +336,9 @@ def bench_tags(work, name, op):
 
 # How long each live run and each beside bench's timed loop lasts at the least. A run of the
 # default 8 steps of a 20 ms workload lasts 0.16 s, and one 10 ms hiccup of this machine moves
-# its mean step by 6%; a bench of 10 calls of 200 us, 2 ms. On seeds 61, 67, 71 and 73 the
-# workloads of steps under 50 ms spread 13% between their three runs (median), those over
-# 400 ms 1.7%, and their |error| followed: median 5.3% against 2.1%, p90 22.6% against 8.3%.
-# A run of at least one drift window (2.5 s, `bench-gather --op drift`) and loops of 30 ms
+# its mean step by 6%; a bench of 10 calls of 200 us, 2 ms. Short workloads spread more between
+# their runs and their errors followed (bench/README.md, "host_prediction.sh --grid",
+# 2026-12-03). A run of at least one drift window (2.5 s, `bench-gather --op drift`) and loops of 30 ms
 # average over the same hiccups the long workloads do. Sized from the provisional model before
 # anything is measured: nothing here is fitted to the steps being predicted.
 RUN_SECONDS = 2.5
@@ -386,10 +384,9 @@ def all_gather_us(f, cluster, w, nbytes):
 def collective_sizes(f, work, name, trace, w, policy):
     # The smallest and largest all-gather or reduce-scatter of the workload (from a simulation
     # with the provisional model), widened to powers of two, and the bytes its collectives walk
-    # (summary.collective_footprint_bytes). (Tried on seed 3 on a 32 MiB L3, before the host
-    # all-gather streamed its output past the caches, such buffers under-predicted a small
-    # model's live step by up to 34%; after it, on seed 107, they moved the predictions within
-    # the runs' noise. On a 480 MiB L3 the cold ones over-predicted small models by up to 36%.)
+    # (summary.collective_footprint_bytes): a fixed working set reads small models' collectives
+    # too hot on a small last-level cache and too cold on a large one (bench/README.md,
+    # "host_prediction.sh --grid", 2026-12-05).
     sim = f"{work}/{name}.sizes.json"
     run([f, "simulate", trace, "--cluster", f"{work}/provisional{w}.json", "--world-size", str(w),
          "--steps", "1", *policy, "--json", "-o", sim])
@@ -685,8 +682,7 @@ def report(f, work, out, workloads, repeat, label):
     fractions = sorted(x for r in results for x in r[5][6])
     # The memory of the prediction the step times are judged by: a total peak is set by which
     # collective ends before which allocation (a race), so the better-timed prediction is the
-    # one to hold it to (seed 107's kept runs: totals over 2% off in 196 steps with the grid-wide
-    # calibration, 155 with the beside one).
+    # one to hold it to (bench/README.md, "host_prediction.sh --grid", memory, 2026-12-04).
     label = ("beside prediction" if which == "beside" else
              "grid-wide prediction" if all(r[1] is None for r in results) else
              "beside prediction, grid-wide where there was none")
@@ -794,8 +790,8 @@ def again_verdict(first, again, spread):
     # Whether a workload's error came back when it was measured again (errors and the larger
     # run-to-run spread of the two measurements, in %). Runs that spread as wide as the error
     # cannot tell; of one sign and within that spread it is the model's; gone (within 5%) it
-    # was this machine's state at the time. (Seed 89's first grid called three "came back"
-    # whose runs spread 16-25%, one from -14.7% to +6.0%.)
+    # was this machine's state at the time. (Without the first rule, runs that spread as wide as
+    # the error were called "came back": bench/README.md, "host_prediction.sh --grid".)
     if spread >= abs(first):
         return "cannot tell: its runs spread as wide as its error"
     if abs(again - first) <= spread:  # of one sign: |first| > spread

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/trace.h"
+#include "fsdplab/trace/trace_io.h"
 
 namespace fsdplab {
 namespace {

@@ -4,9 +4,9 @@
 #include <string>
 #include <string_view>
 
-#include "fsdplab/core/trace.h"
-#include "fsdplab/core/trace_structure.h"
 #include "fsdplab/kineto/kineto.h"
+#include "fsdplab/trace/trace_io.h"
+#include "fsdplab/trace/trace_structure.h"
 #include "fuzz_target.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

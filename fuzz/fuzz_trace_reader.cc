@@ -1,10 +1,10 @@
-// Fuzz target: the trace reader (core/src/trace_reader.cc). Any input must be read or rejected
+// Fuzz target: the trace reader (trace/src/trace_reader.cc). Any input must be read or rejected
 // without a crash; what is read must write and read back as the same trace, and the collecting
 // validator must agree with the reader on whether the text is valid.
 #include <string>
 #include <string_view>
 
-#include "fsdplab/core/trace.h"
+#include "fsdplab/trace/trace_io.h"
 #include "fuzz_target.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

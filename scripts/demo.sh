@@ -11,7 +11,8 @@ cmake --build build -j"$(nproc)" --target fsdplab >/dev/null
 fsdplab=build/tools/fsdplab
 
 echo "=== 1. Simulate traces/gpt_small.json (default policy, 8-GPU NVLink node) ==="
-"$fsdplab" simulate traces/gpt_small.json --steps 3
+"$fsdplab" simulate traces/gpt_small.json --steps 3 -o build/report.json --html build/report.html
+echo "(report page: build/report.html; open it in a browser, it needs no network)"
 
 echo
 echo "=== 2. A model whose layers run in the opposite order from registration ==="
@@ -25,8 +26,11 @@ echo "--- what the recorded order saves (simulated, 3 steps) ---"
 echo
 echo "=== 3. Sweep prefetch budgets on traces/gpt_small.json: fastest policy under 550 MiB ==="
 "$fsdplab" sweep traces/gpt_small.json --forward-prefetch 0,1,2,4 --backward-prefetch 0,1,2 \
-  --steps 3 --memory-cap 550M --plot build/sweep.svg
+  --steps 3 --memory-cap 550M --plot build/sweep.svg -o build/sweep.json --html build/sweep.html
 echo "(plot of step time against reserved memory, Pareto front marked: build/sweep.svg)"
+"$fsdplab" report build/report.json --sweep build/sweep.json -o build/report.html >/dev/null
+echo "(report page of section 1's run and this sweep: build/report.html; the sweep with the"
+echo " chosen policy's own timeline and memory: build/sweep.html)"
 
 echo
 echo "=== 4. Predicted vs measured: gpt_small live on this machine's CPU (host backend) ==="

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite: set up, build with warnings as errors, run every test (C++ and the
 # PyTorch recorder's, under Debian's torch 1.13 and under torch 2.x), the host executor's tests
-# under ThreadSanitizer, the core, sim, inputs and host tests and the fuzz corpora under
-# AddressSanitizer + UBSan, and the format check. The sanitizer builds keep line numbers in every
-# report (-g1) and compile at the level that is cheapest in build plus test time (the presets):
-# TSan at -O1; ASan + UBSan at -Og, as UBSan's checks nearly double a test file's compile at -O1.
+# under ThreadSanitizer, the core, trace, report, live, sim, inputs and host tests and the fuzz
+# corpora under AddressSanitizer + UBSan, and the format check. The sanitizer builds keep line
+# numbers in every report (-g1) and compile at the level that is cheapest in build plus test time
+# (the presets): TSan at -O1; ASan + UBSan at -Og, as UBSan's checks nearly double a test file's
+# compile at -O1.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -38,11 +39,11 @@ cmake --preset tsan >/dev/null
 cmake --build --preset tsan -j"$jobs" --target fsdplab_host_tests
 ctest --preset tsan -j"$jobs"
 
-phase "core, report, live, sim, inputs, host and fuzz corpora under AddressSanitizer + UBSan"
+phase "core, trace, report, live, sim, inputs, host and fuzz corpora under AddressSanitizer + UBSan"
 cmake --preset asan >/dev/null
 # Only what the asan test preset runs (its labels): the suites' binaries and the fuzz replays.
-cmake --build --preset asan -j"$jobs" --target fsdplab_core_tests fsdplab_report_tests \
-  fsdplab_live_tests fsdplab_sim_tests \
+cmake --build --preset asan -j"$jobs" --target fsdplab_core_tests fsdplab_trace_tests \
+  fsdplab_report_tests fsdplab_live_tests fsdplab_sim_tests \
   fsdplab_inputs_tests fsdplab_host_tests fsdplab_fuzz_trace_reader_replay \
   fsdplab_fuzz_policy_cluster_replay fsdplab_fuzz_nccl_tests_replay fsdplab_fuzz_kineto_replay \
   fsdplab_fuzz_args_replay

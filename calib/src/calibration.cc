@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "fsdplab/calib/plot.h"
+
 namespace fsdplab::calib {
 namespace {
 
@@ -582,6 +584,15 @@ std::string FitToJson(const CollectiveFit& fit) {
   j["points"] = std::move(pts);
   j["max_error_pct"] = fit.max_error_pct;
   j["median_error_pct"] = fit.median_error_pct;
+  // The curve and the single line drawn over the sizes the SVG shows (plot.h), for the report
+  // page: its charts draw these, not a second copy of the formulas.
+  json plot = json::array();
+  for (Bytes b : PlotSizes(fit, 49)) {
+    plot.push_back({{"bytes", b},
+                    {"curve_us", CurveTimeUs(fit.curve, b, fit.world_size)},
+                    {"single_line_us", RingTimeUs(fit.line, b, fit.world_size)}});
+  }
+  j["plot"] = std::move(plot);
   j["single_line"] = {{"latency_us", fit.line.latency_us},
                       {"bandwidth_GBps", fit.line.bandwidth_GBps},
                       {"max_error_pct", fit.line_max_error_pct},

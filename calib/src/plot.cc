@@ -11,8 +11,10 @@ namespace fsdplab::calib {
 namespace {
 
 constexpr double kWidth = 760;
-constexpr double kPanelHeight = 380;
-constexpr double kLeft = 70, kRight = 20, kTop = 40, kBottom = 45;
+constexpr double kPanelHeight = 410;
+constexpr double kLeft = 80, kRight = 24, kTop = 40, kBottom = 75;
+// Characters of 11-px sans-serif text that fit across the panel (about 6.6 px each).
+constexpr std::size_t kLineChars = static_cast<std::size_t>((kWidth - kLeft) / 6.6);
 
 std::string SizeLabel(double bytes) {
   const char* units[] = {"B", "K", "M", "G", "T"};
@@ -24,9 +26,16 @@ std::string SizeLabel(double bytes) {
   return fmt::format("{:g}{}", bytes, units[u]);
 }
 
+double LogLo(const CollectiveFit& fit) {
+  return std::log10(static_cast<double>(fit.curve.knots.front().bytes) / 4);
+}
+double LogHi(const CollectiveFit& fit) {
+  return std::log10(static_cast<double>(fit.curve.knots.back().bytes) * 4);
+}
+
 std::string Panel(const CollectiveFit& fit, double y0) {
-  const double x_lo = std::log10(static_cast<double>(fit.curve.knots.front().bytes) / 4);
-  const double x_hi = std::log10(static_cast<double>(fit.curve.knots.back().bytes) * 4);
+  const double x_lo = LogLo(fit);
+  const double x_hi = LogHi(fit);
   double t_lo = 1e300, t_hi = 0;
   auto track = [&](double t) {
     if (t > 0) {
@@ -48,7 +57,7 @@ std::string Panel(const CollectiveFit& fit, double y0) {
   s += fmt::format(
       "<text x=\"{}\" y=\"{}\" font-size=\"14\" font-weight=\"bold\">{} {} ({} ranks): max "
       "|error| {:.1f}%, median {:.1f}% (one line: {:.1f}%, {:.1f}%)</text>\n",
-      kLeft, y0 + 22, CollectiveKindName(fit.collective), TierKindName(fit.tier), fit.world_size,
+      10, y0 + 22, CollectiveKindName(fit.collective), TierKindName(fit.tier), fit.world_size,
       fit.max_error_pct, fit.median_error_pct, fit.line_max_error_pct, fit.line_median_error_pct);
   s += fmt::format(
       "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#888\"/>\n", kLeft,
@@ -71,7 +80,7 @@ std::string Panel(const CollectiveFit& fit, double y0) {
   }
   s += fmt::format(
       "<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">size (bytes)</text>\n",
-      kLeft + pw / 2, y0 + kPanelHeight - 8);
+      kLeft + pw / 2, y0 + kTop + ph + 32);
   // The curve: measured range solid, beyond it dashed; the single line dotted.
   auto polyline = [&](double from, double to, const char* style, auto time_of) {
     std::string pts;
@@ -100,14 +109,48 @@ std::string Panel(const CollectiveFit& fit, double y0) {
         px(static_cast<double>(p.bytes)), py(p.measured_us), p.bytes, p.measured_us, p.fitted_us,
         p.error_pct);
   }
+  // The point the curve misses most, labelled; below the axis, what is drawn and from where
+  // (file names only, cut to the panel's width).
+  if (!fit.points.empty()) {
+    const FitPoint& worst = *std::max_element(
+        fit.points.begin(), fit.points.end(), [](const FitPoint& a, const FitPoint& b) {
+          return std::abs(a.error_pct) < std::abs(b.error_pct);
+        });
+    const double x = px(static_cast<double>(worst.bytes));
+    const bool left = x > kLeft + pw / 2;
+    s += fmt::format(
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#d62728\" "
+        "text-anchor=\"{}\">largest error {:+.1f}% at {}</text>\n",
+        left ? x - 8 : x + 8, py(worst.measured_us) - 8, left ? "end" : "start", worst.error_pct,
+        SizeLabel(static_cast<double>(worst.bytes)));
+  }
+  std::vector<std::string> files;
+  for (const std::string& f : fit.sources) {
+    files.push_back(
+        f.substr(f.find_last_of('/') == std::string::npos ? 0 : f.find_last_of('/') + 1));
+  }
+  std::string from = fmt::format("from {}", fmt::join(files, ", "));
+  if (from.size() > kLineChars) from = from.substr(0, kLineChars - 3) + "...";
   s += fmt::format(
-      "<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#555\">dots: measured; blue: the curve "
-      "(dashed: extrapolated); dotted: one alpha-beta line; from {}</text>\n",
-      kLeft + 6, y0 + kTop + 14, XmlEscape(fmt::format("{}", fmt::join(fit.sources, ", "))));
+      "<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#555\">dots: measured; blue: the "
+      "fitted curve (dashed: extrapolated); dotted: one alpha-beta line</text>\n"
+      "<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#555\">{}</text>\n",
+      kLeft, y0 + kPanelHeight - 26, kLeft, y0 + kPanelHeight - 10, XmlEscape(from));
   return s;
 }
 
 }  // namespace
+
+std::vector<Bytes> PlotSizes(const CollectiveFit& fit, int n) {
+  std::vector<Bytes> out;
+  if (fit.curve.empty() || n < 2) return out;
+  const double lo = LogLo(fit), hi = LogHi(fit);
+  for (int i = 0; i < n; ++i) {
+    const auto b = static_cast<Bytes>(std::max(1.0, std::pow(10.0, lo + (hi - lo) * i / (n - 1))));
+    if (out.empty() || b > out.back()) out.push_back(b);
+  }
+  return out;
+}
 
 std::string FitPlotSvg(const std::vector<CollectiveFit>& fits) {
   const double height = kPanelHeight * static_cast<double>(std::max<std::size_t>(1, fits.size()));

@@ -214,6 +214,7 @@ std::string ReportToJson(const Report& r) {
   if (!r.variability_json.empty()) {
     doc["variability"] = ParseOr(r.variability_json, Json::object());
   }
+  if (!r.timeline.is_null()) doc["timeline"] = r.timeline;
   doc["notes"] = r.notes;
   return doc.dump(2) + "\n";
 }

@@ -212,6 +212,7 @@ class Search {
   SweepRow Evaluate(const Policy& p) {
     SweepRow row = SimulatePolicy(trace_, p, base_);
     ++result_.evaluated;
+    result_.candidates.push_back(row);
     if (Fits(row) && (!best_ || Objective(row) < Objective(*best_))) best_ = row;
     Report();
     return row;

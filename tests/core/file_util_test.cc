@@ -80,5 +80,25 @@ TEST_F(FileUtilTest, RenameFailureRemovesTheTemporary) {
   EXPECT_EQ(entries, 1);  // only "busy": no temporary left
 }
 
+TEST(FileUtil, ReadFileReservesTheSpareCapacity) {
+  // 200,000 bytes (more than one 64 KiB read) and an empty file; the spare capacity is there
+  // after the contents, so a padded parser can read past the end.
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "fsdplab_read_file_test.bin").string();
+  std::string big(200000, 'x');
+  big[123456] = 'y';
+  ASSERT_TRUE(WriteFileAtomic(path, big).ok());
+  StatusOr<std::string> r = ReadFile(path, 64);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, big);
+  EXPECT_GE(r->capacity(), big.size() + 64);
+  ASSERT_TRUE(WriteFileAtomic(path, "").ok());
+  StatusOr<std::string> empty = ReadFile(path, 64);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->empty());
+  EXPECT_GE(empty->capacity(), 64u);
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace fsdplab

@@ -9,7 +9,7 @@
 #include <deque>
 
 #include "fsdplab/core/scheduler.h"
-#include "fsdplab/core/trace.h"
+#include "fsdplab/trace/trace_io.h"
 
 namespace fsdplab {
 namespace {

@@ -3,8 +3,8 @@
 
 #include <gtest/gtest.h>
 
-#include "fsdplab/core/trace.h"
 #include "fsdplab/cuda/live.h"
+#include "fsdplab/trace/trace_io.h"
 
 namespace fsdplab::cuda {
 namespace {

@@ -14,9 +14,9 @@
 
 #include "fsdplab/core/policy.h"
 #include "fsdplab/core/stream_plan.h"
-#include "fsdplab/core/trace.h"
 #include "fsdplab/host/live.h"
 #include "fsdplab/sim/simulator.h"
+#include "fsdplab/trace/trace_io.h"
 #include "host_test_util.h"
 
 namespace fsdplab::host {

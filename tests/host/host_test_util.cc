@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "fsdplab/core/file_util.h"
+#include "fsdplab/trace/trace_io.h"
 
 namespace fsdplab::host::testing {
 

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "fsdplab/core/policy.h"
-#include "fsdplab/core/trace.h"
 #include "fsdplab/host/executor.h"
+#include "fsdplab/trace/trace_io.h"
 #include "host_test_util.h"
 
 namespace fsdplab::host {

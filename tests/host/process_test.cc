@@ -15,9 +15,9 @@
 
 #include "fsdplab/core/param_layout.h"
 #include "fsdplab/core/policy.h"
-#include "fsdplab/core/trace.h"
 #include "fsdplab/host/live.h"
 #include "fsdplab/live/launch.h"
+#include "fsdplab/trace/trace_io.h"
 #include "host_test_util.h"
 
 namespace fsdplab::host {

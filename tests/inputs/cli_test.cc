@@ -10,8 +10,8 @@
 #include <string>
 
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/trace.h"
 #include "fsdplab/sim/cluster.h"
+#include "fsdplab/trace/trace_io.h"
 
 namespace fsdplab {
 namespace {

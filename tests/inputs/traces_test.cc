@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdplab/core/trace.h"
+#include "fsdplab/trace/trace_io.h"
 
 namespace fsdplab {
 namespace {

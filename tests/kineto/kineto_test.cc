@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/trace.h"
-#include "fsdplab/core/trace_structure.h"
+#include "fsdplab/trace/trace_io.h"
+#include "fsdplab/trace/trace_structure.h"
 
 namespace fsdplab::kineto {
 namespace {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "fsdplab/trace/trace_io.h"
+
 namespace fsdplab {
 namespace {
 

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "fsdplab/core/timeline.h"
-#include "fsdplab/core/trace.h"
 #include "fsdplab/report/chrome_trace.h"
 #include "fsdplab/report/report.h"
+#include "fsdplab/trace/trace_io.h"
 
 namespace fsdplab {
 namespace {

@@ -199,6 +199,71 @@ TEST(Sweep, ParetoFrontAndBestUnderCap) {
   EXPECT_NE(svg.find("Pareto"), std::string::npos);
 }
 
+// The sweep's CSV read back (`fsdplab report --sweep FILE.csv`) and its JSON for the page. Rows
+// as above (A, B, C, D failed), with values of two varied keys, one of them quoted because it
+// holds a comma. The CSV lists them by step time: B, C, A, then D; reading it back gives the
+// same figures in that order, D failed with its message, and no policies (only values).
+// The JSON: the front is A and B; with cap 75 the chosen row is B, C is over the cap; each row
+// carries its place in the CSV's order.
+TEST(Sweep, CsvReadsBackAndTheJsonMarksTheFrontAndTheChosen) {
+  SweepResult res;
+  res.varied_keys = {"forward_prefetch", "units"};
+  res.rows.resize(4);
+  const TimeUs steps[] = {100, 80, 90, 0};
+  const Bytes peaks[] = {50, 70, 80, 0};
+  for (std::size_t i = 0; i < 4; ++i) {
+    res.rows[i].step_time_us = steps[i];
+    res.rows[i].peak_memory_bytes = peaks[i];
+    res.rows[i].peak_if_late_bytes = peaks[i];
+    res.rows[i].values = {std::to_string(i), i == 1 ? "a,b" : "-"};
+  }
+  res.rows[3].status = StepFailed("out of memory");
+  StatusOr<SweepResult> back = ParseSweepCsv(SweepCsv(res), "s.csv");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->varied_keys, res.varied_keys);
+  ASSERT_EQ(back->rows.size(), 4u);
+  EXPECT_FALSE(back->policies_known);
+  EXPECT_EQ(back->rows[0].values, (std::vector<std::string>{"1", "a,b"}));
+  EXPECT_EQ(back->rows[0].step_time_us, 80);
+  EXPECT_EQ(back->rows[0].peak_memory_bytes, 70u);
+  EXPECT_EQ(PeakFor(back->rows[0], CapPeak::kSimulated), 70u);
+  EXPECT_EQ(back->rows[2].step_time_us, 100);
+  EXPECT_FALSE(back->rows[3].ok());
+  EXPECT_NE(back->rows[3].status.message().find("out of memory"), std::string::npos);
+
+  const nlohmann::json doc = nlohmann::json::parse(
+      SweepToJson(res, Bytes{75}, CapPeak::kSimulated, 1, "sweep", "fastest under the cap", "t"));
+  EXPECT_EQ(doc["format"], "fsdplab.sweep");
+  EXPECT_EQ(doc["chosen"], 1);
+  ASSERT_EQ(doc["rows"].size(), 4u);
+  EXPECT_EQ(doc["rows"][1]["label"], "forward_prefetch=1 units=a,b");
+  EXPECT_TRUE(doc["rows"][0]["pareto"]);
+  EXPECT_TRUE(doc["rows"][1]["pareto"]);
+  EXPECT_FALSE(doc["rows"][2]["pareto"]);
+  EXPECT_EQ(doc["rows"][2]["fits_cap"], false);
+  EXPECT_EQ(doc["rows"][3]["ok"], false);
+  EXPECT_EQ(doc["rows"][0]["memory_bytes"], 50);
+  // "rank": the row of the table and CSV (B, C, A, then the failed D).
+  EXPECT_EQ(doc["rows"][1]["rank"], 1);
+  EXPECT_EQ(doc["rows"][0]["rank"], 3);
+  EXPECT_EQ(doc["rows"][3]["rank"], 4);
+
+  EXPECT_EQ(ParseSweepCsv("a,b\n1,2\n", "x.csv").status().code(), StatusCode::kInvalidInput);
+  const std::string bad = SweepCsv(res) + "9,-,abc,1,1,1,1,1,1,1,ok\n";
+  const Status s = ParseSweepCsv(bad, "x.csv").status();
+  EXPECT_NE(s.message().find("x.csv:6: step_time_us: 'abc'"), std::string::npos) << s.message();
+}
+
+// Tune's candidates are not a grid: the keys whose values differ between them are the varied
+// keys. Two policies differing in forward_prefetch only: that key alone.
+TEST(Sweep, PoliciesOffAGridVaryInTheKeysThatDiffer) {
+  std::vector<SweepRow> rows(2);
+  rows[1].policy.forward_prefetch = Budget{.kind = Budget::Kind::kUnits, .value = 2};
+  const SweepResult r = SweepOfPolicies(rows);
+  EXPECT_EQ(r.varied_keys, std::vector<std::string>{"forward_prefetch"});
+  EXPECT_EQ(r.rows[1].values, std::vector<std::string>{"2"});
+}
+
 // The cap holds what the allocator reserves; --cap-peak late adds what one late collective adds
 // to the tensors' peak. Rows (step us, tensors' peak, reserved, peak if late) and the two figures
 // the cap holds (simulated = reserved; late = reserved + late - peak):

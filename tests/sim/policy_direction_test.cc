@@ -5,6 +5,7 @@
 
 #include "fsdplab/report/report.h"
 #include "fsdplab/sim/simulator.h"
+#include "fsdplab/trace/trace_io.h"
 
 namespace fsdplab::sim {
 namespace {

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "fsdplab/core/policy.h"
-#include "fsdplab/core/trace.h"
+#include "fsdplab/trace/trace_io.h"
 #include "sim_test_util.h"
 
 namespace fsdplab::sim {

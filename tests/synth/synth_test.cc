@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdplab/core/trace.h"
+#include "fsdplab/trace/trace_io.h"
 
 namespace fsdplab::synth {
 namespace {

@@ -9,7 +9,8 @@
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/limits.h"
 #include "fsdplab/core/policy_fields.h"
-#include "fsdplab/core/trace_structure.h"
+#include "fsdplab/trace/trace_io.h"
+#include "fsdplab/trace/trace_structure.h"
 
 namespace fsdplab::cli {
 namespace {

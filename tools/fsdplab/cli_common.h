@@ -29,7 +29,7 @@ std::optional<std::string> FirstPolicyFlag(const Args& args);
 StatusOr<std::optional<Framework>> PresetFromArgs(const Args& args);
 
 // Reads a trace for a command that replays it (order, schedule, simulate, sweep, run): the
-// reader's field checks, then the structure the scheduler relies on (core/trace_structure.h), so
+// reader's field checks, then the structure the scheduler relies on (trace/trace_structure.h), so
 // a broken trace is invalid input (exit 2) naming its event, not a scheduler error later.
 StatusOr<Trace> ReadReplayableTrace(const std::string& path);
 // Like PolicyFromArgs, but a flag may hold a comma-separated list (for sweep): returns every

@@ -12,13 +12,14 @@
 #include "commands.h"
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/report/report_compare.h"
+#include "report_output.h"
 
 namespace fsdplab::cli {
 namespace {
 
 constexpr std::string_view kUsage =
     "fsdplab compare PREDICTED.json MEASURED.json [--threshold PCT] [--memory-tolerance PCT] "
-    "[--top N] [--json] [-o FILE] [--timeline FILE]";
+    "[--top N] [--json] [-o FILE] [--timeline FILE] [--html FILE]";
 constexpr std::string_view kDescription =
     "Puts a simulated report (fsdplab simulate -o) beside a measured one (fsdplab run -o): per\n"
     "step the step time, compute and exposed communication with the error of the prediction\n"
@@ -29,12 +30,8 @@ constexpr std::string_view kDescription =
     "step's total within --memory-tolerance percent, default 2), and one verdict line: whether\n"
     "the mean step time (steps after the first) is predicted within --threshold percent\n"
     "(default 5). --timeline writes both timelines as one Chrome/Perfetto trace, aligned at\n"
-    "step starts.";
-
-StatusOr<ComparedReport> ReadReport(const std::string& path) {
-  FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  return ParseComparedReport(text, path);
-}
+    "step starts. --html writes the report page of the prediction with the measured run beside\n"
+    "it (as `fsdplab report PREDICTED.json --measured MEASURED.json`).";
 
 Status Run(const Args& args) {
   if (args.positionals().size() != 2) {
@@ -56,14 +53,25 @@ Status Run(const Args& args) {
       return UsageError("--memory-tolerance: must not be negative");
     }
   }
-  FSDP_ASSIGN_OR_RETURN(const ComparedReport pred, ReadReport(args.positionals()[0]));
-  FSDP_ASSIGN_OR_RETURN(const ComparedReport meas, ReadReport(args.positionals()[1]));
+  const std::string& pred_file = args.positionals()[0];
+  const std::string& meas_file = args.positionals()[1];
+  FSDP_ASSIGN_OR_RETURN(std::string pred_text, ReadFile(pred_file));
+  FSDP_ASSIGN_OR_RETURN(std::string meas_text, ReadFile(meas_file));
+  FSDP_ASSIGN_OR_RETURN(const ComparedReport pred, ParseComparedReport(pred_text, pred_file));
+  FSDP_ASSIGN_OR_RETURN(const ComparedReport meas, ParseComparedReport(meas_text, meas_file));
   const ReportComparison c = CompareReports(pred, meas, options);
   const std::string json = ComparisonToJson(c);
   if (auto file = args.Get("-o")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, json));
   if (auto file = args.Get("--timeline")) {
     FSDP_RETURN_IF_ERROR(WriteFileAtomic(*file, ComparisonTimeline(pred, meas)));
   }
+  PageInputs page;
+  page.title = fmt::format("fsdplab compare {} {}", pred_file, meas_file);
+  page.report_json = std::move(pred_text);
+  page.report_file = pred_file;
+  page.measured_json = std::move(meas_text);
+  page.measured_file = meas_file;
+  FSDP_RETURN_IF_ERROR(EmitPage(args, std::move(page)));
   fmt::print("{}", args.Has("--json") ? json : ComparisonToText(c));
   return Status::Ok();
 }
@@ -80,6 +88,7 @@ int RunCompare(const Argv& argv) {
                "write predicted and measured timelines as one Chrome trace", "FILE");
   args.Declare("--json", ArgKind::kSwitch, "print the comparison as JSON");
   args.Declare("-o", ArgKind::kValue, "also write the JSON to FILE", "FILE");
+  DeclareHtmlFlag(args);
   if (Status s = args.Parse(); !s.ok()) return Fail("compare", s);
   if (args.help()) return PrintHelp(kUsage, kDescription, args);
   if (Status s = Run(args); !s.ok()) return Fail("compare", s);

@@ -11,13 +11,13 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/trace.h"
-#include "fsdplab/core/trace_structure.h"
 #include "fsdplab/kineto/kineto.h"
 #include "fsdplab/report/report.h"
 #include "fsdplab/sim/cluster.h"
 #include "fsdplab/sim/simulate_report.h"
 #include "fsdplab/sim/simulator.h"
+#include "fsdplab/trace/trace_io.h"
+#include "fsdplab/trace/trace_structure.h"
 #include "sim_flags.h"
 
 namespace fsdplab::cli {

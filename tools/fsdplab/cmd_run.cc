@@ -15,11 +15,11 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/trace.h"
 #include "fsdplab/live/launch.h"
 #include "fsdplab/live/live.h"
 #include "fsdplab/report/report.h"
 #include "fsdplab/synth/synth.h"
+#include "fsdplab/trace/trace_io.h"
 #include "report_output.h"
 
 namespace fsdplab::cli {
@@ -27,7 +27,8 @@ namespace {
 
 constexpr std::string_view kRunUsage =
     "fsdplab run --backend host|cuda (TRACE | --synth [model flags]) [--world-size N] "
-    "[--steps S] [policy flags] [--compute gemm|timed] [--json] [-o FILE] [--timeline FILE]";
+    "[--steps S] [policy flags] [--compute gemm|timed] [--json] [-o FILE] [--timeline FILE] "
+    "[--html FILE]";
 constexpr std::string_view kRecordUsage =
     "fsdplab record --backend host|cuda (TRACE | --synth [model flags]) [--world-size N] "
     "[--steps S] [policy flags] [--compute gemm|timed] -o TRACE_OUT [--rank R]";
@@ -98,6 +99,7 @@ void DeclareLiveFlags(Args& args, bool record) {
     args.Declare("--timeline", ArgKind::kValue,
                  "write a Chrome trace (Perfetto, chrome://tracing) of the measured timeline",
                  "FILE");
+    DeclareHtmlFlag(args);
   }
   DeclarePolicyFlags(args);
 }
@@ -299,7 +301,10 @@ Status Run(const Args& args, bool record) {
       }
     }
     for (const std::string& e : check_errors) report.errors.push_back(e);
-    FSDP_RETURN_IF_ERROR(EmitReport(args, report, result.timeline, trace.model));
+    FSDP_RETURN_IF_ERROR(EmitReport(args, report, result.timeline, trace.model, "", {},
+                                    args.positionals().empty()
+                                        ? std::string("fsdplab run (synthetic model)")
+                                        : "fsdplab run " + args.positionals().front()));
   }
   if (!check_errors.empty()) {
     return InternalError("live check failed: " + check_errors.front());

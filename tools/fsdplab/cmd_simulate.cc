@@ -1,4 +1,5 @@
 // fsdplab simulate TRACE [policy flags] [cluster flags] [--json] [-o FILE] [--timeline FILE]
+//     [--html FILE]
 //
 // Also holds the flag helpers of sim_flags.h, shared with `fsdplab sweep`.
 #include <fmt/format.h>
@@ -343,6 +344,7 @@ int RunSimulate(const Argv& argv) {
                "is exactly the one every rank simulated gives, and 100,000+ distinct ranks take "
                "seconds; where that cannot hold (memory cap, --explain, hsdp with per-step "
                "variation, ...) every rank is simulated and a note says why");
+  DeclareHtmlFlag(args);
   DeclarePolicyFlags(args);
   DeclareClusterFlags(args);
   DeclareEngineFlags(args);
@@ -350,7 +352,7 @@ int RunSimulate(const Argv& argv) {
   if (args.help()) {
     return PrintHelp(
         "fsdplab simulate TRACE [policy flags] [cluster flags] [--json] [-o FILE] "
-        "[--timeline FILE] [--explain] [--band]",
+        "[--timeline FILE] [--html FILE] [--explain] [--band]",
         "Replays the trace's steps through the scheduler in virtual time: a host thread that\n"
         "issues commands, a compute stream and all-gather / reduce-scatter streams per rank,\n"
         "collectives that synchronise the ranks, and memory per rank. Prints per step the\n"
@@ -422,7 +424,13 @@ int RunSimulate(const Argv& argv) {
   if (result.critical_path) {
     text = "\n" + sim::CriticalPathToText(*result.critical_path, first.model);
   }
-  if (Status s = EmitReport(args, run->report, result.timeline, first.model, text); !s.ok()) {
+  const std::string title =
+      fmt::format("fsdplab simulate {}",
+                  loaded->per_rank ? fmt::format("({} rank traces)", loaded->traces.size())
+                                   : args.positionals().front());
+  if (Status s = EmitReport(args, run->report, result.timeline, first.model, text,
+                            TimelineViewOptions{.memory_cap = opt.memory_cap}, title);
+      !s.ok()) {
     return Fail(kCmd, s);
   }
   if (!result.status.ok()) return Fail(kCmd, result.status);

@@ -1,5 +1,5 @@
 // fsdplab sweep TRACE --forward-prefetch 0,1,2,4 --order registration,recorded ... [--csv FILE]
-// [--plot FILE.svg] [--memory-cap BYTES]
+// [-o FILE.json] [--plot FILE.svg] [--html FILE] [--memory-cap BYTES]
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -11,7 +11,9 @@
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/text_format.h"
 #include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/simulate_report.h"
 #include "fsdplab/sim/sweep.h"
+#include "report_output.h"
 #include "sim_flags.h"
 
 namespace fsdplab::cli {
@@ -28,12 +30,37 @@ std::string Describe(const sim::SweepResult& r, std::size_t i) {
 
 }  // namespace
 
+Status EmitSweepPage(const Args& args, const Trace& trace, const sim::SimOptions& base,
+                     const std::optional<Policy>& chosen, std::optional<Bytes> cap,
+                     std::string sweep_json, std::string title) {
+  if (!args.Get("--html")) return Status::Ok();
+  PageInputs page;
+  page.title = std::move(title);
+  page.sweep = nlohmann::ordered_json::parse(sweep_json);
+  if (chosen) {
+    sim::SimOptions o = base;
+    o.policy = *chosen;
+    o.memory_cap.reset();  // as the sweep ran it: the true peak, the cap a line
+    FSDP_ASSIGN_OR_RETURN(sim::SimulatedRun run, sim::SimulateToReport(trace, o));
+    run.report.timeline = TimelineViewJson(run.result.timeline, run.report.unit_names,
+                                           TimelineViewOptions{.memory_cap = cap});
+    page.report_json = ReportToJson(run.report);
+    page.report_file = "the chosen policy";
+  }
+  return EmitPage(args, std::move(page));
+}
+
 int RunSweep(const Argv& argv) {
   constexpr std::string_view kCmd = "sweep";
   Args args(argv);
   args.Declare("--csv", ArgKind::kValue, "write the table as CSV to FILE", "FILE");
+  args.Declare("-o", ArgKind::kValue,
+               "write the sweep as JSON (fsdplab.sweep: every policy, the Pareto front, the cap, "
+               "the chosen one), which `fsdplab report --sweep` reads",
+               "FILE.json");
   args.Declare("--plot", ArgKind::kValue,
                "draw step time against peak memory (SVG), Pareto front marked", "FILE.svg");
+  DeclareHtmlFlag(args);
   args.Declare("--jobs", ArgKind::kValue, "simulations in parallel (default: every core)", "N");
   args.Declare("--rank-trace", ArgKind::kRepeated, "(not supported by sweep)", "FILE");
   DeclarePolicyFlags(args);
@@ -44,7 +71,8 @@ int RunSweep(const Argv& argv) {
   if (args.help()) {
     return PrintHelp(
         "fsdplab sweep TRACE --forward-prefetch 0,1,2 --order registration,recorded ... "
-        "[--memory-cap BYTES [--cap-peak simulated|late]] [--csv FILE] [--plot FILE.svg]",
+        "[--memory-cap BYTES [--cap-peak simulated|late]] [--csv FILE] [-o FILE.json] "
+        "[--plot FILE.svg] [--html FILE]",
         "Simulates every combination of the policy values given as comma-separated lists\n"
         "(any policy flag may take a list), in parallel over the machine's cores, and prints\n"
         "them sorted by step time. With --memory-cap, the runs are simulated without a cap so\n"
@@ -242,6 +270,27 @@ int RunSweep(const Argv& argv) {
 
   if (std::optional<std::string> csv = args.Get("--csv")) {
     if (Status s = WriteFileAtomic(*csv, sim::SweepCsv(result)); !s.ok()) return Fail(kCmd, s);
+  }
+  // The policy the page and the JSON call chosen: the best under the cap, else the fastest.
+  std::optional<std::size_t> chosen;
+  if (cap) {
+    chosen = sim::BestUnderCap(result.rows, *cap, *cap_peak);
+  } else if (!order.empty() && result.rows[order.front()].ok()) {
+    chosen = order.front();
+  }
+  const std::string sweep_json =
+      sim::SweepToJson(result, cap, *cap_peak, chosen, "sweep",
+                       cap ? "the fastest policy under the memory cap" : "the fastest policy",
+                       args.positionals().front());
+  if (std::optional<std::string> out = args.Get("-o")) {
+    if (Status s = WriteFileAtomic(*out, sweep_json); !s.ok()) return Fail(kCmd, s);
+  }
+  if (Status s = EmitSweepPage(
+          args, trace, base,
+          chosen ? std::optional<Policy>(result.rows[*chosen].policy) : std::nullopt, cap,
+          sweep_json, fmt::format("fsdplab sweep {}", args.positionals().front()));
+      !s.ok()) {
+    return Fail(kCmd, s);
   }
   if (std::optional<std::string> plot = args.Get("--plot")) {
     std::string title = fmt::format("{}: step time vs peak memory, {} policies",

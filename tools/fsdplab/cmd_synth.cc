@@ -3,8 +3,8 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "fsdplab/core/trace.h"
 #include "fsdplab/synth/synth.h"
+#include "fsdplab/trace/trace_io.h"
 
 namespace fsdplab::cli {
 namespace {

@@ -1,5 +1,5 @@
 // fsdplab tune TRACE --memory-cap B [--objective step|exposed] [--budget-kinds units,...]
-//     [--time-limit S] [--out POLICY.json] [cluster flags] [engine flags]
+//     [--time-limit S] [--out POLICY.json] [--html FILE] [cluster flags] [engine flags]
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -12,6 +12,7 @@
 #include "fsdplab/core/text_format.h"
 #include "fsdplab/sim/cluster.h"
 #include "fsdplab/sim/tune.h"
+#include "report_output.h"
 #include "sim_flags.h"
 
 namespace fsdplab::cli {
@@ -61,6 +62,7 @@ int RunTune(const Argv& argv) {
                "also report the tuned policy against a framework's default behaviour: fsdp2, "
                "megatron-fsdp or deepspeed-zero3",
                "NAME");
+  DeclareHtmlFlag(args);
   DeclareClusterFlags(args);
   DeclareEngineFlags(args);
   DeclareCapPeakFlag(args);
@@ -69,7 +71,7 @@ int RunTune(const Argv& argv) {
     return PrintHelp(
         "fsdplab tune TRACE --memory-cap BYTES [--cap-peak simulated|late] "
         "[--objective step|exposed] [--budget-kinds units,elements,bytes] [--time-limit S] "
-        "[--out POLICY.json] [--global-out POLICY.json] [--preset "
+        "[--out POLICY.json] [--global-out POLICY.json] [--html FILE] [--preset "
         "fsdp2|megatron-fsdp|deepspeed-zero3]",
         "Finds the fastest policy, with per-unit budgets, orders, prefetch_first_unit,\n"
         "reshard_after_forward and unshard_all_planes_in_backward, whose simulated reserved\n"
@@ -168,6 +170,24 @@ int RunTune(const Argv& argv) {
   fmt::print("cluster: {}\nmemory cap: {} ({} bytes){}\n\n", sim::DescribeCluster(opt.base.cluster),
              GiB(opt.memory_cap), opt.memory_cap,
              late ? ", held to the peak one late collective could reach" : "");
+  // The page: every candidate a point, the tuned policy chosen (also when none fits: then the
+  // page shows the candidates and the cap alone).
+  {
+    const std::string tuned = r->best ? PolicyToJson(r->best->policy) : std::string();
+    std::optional<std::size_t> chosen;
+    for (std::size_t i = 0; i < r->candidates.size() && r->best; ++i) {
+      if (PolicyToJson(r->candidates[i].policy) == tuned) chosen = i;
+    }
+    const std::string sweep_json =
+        sim::SweepToJson(sim::SweepOfPolicies(r->candidates), opt.memory_cap, opt.cap_peak, chosen,
+                         "tune", "the tuned policy", args.positionals().front());
+    if (Status s = EmitSweepPage(
+            args, trace, opt.base, r->best ? std::optional<Policy>(r->best->policy) : std::nullopt,
+            opt.memory_cap, sweep_json, fmt::format("fsdplab tune {}", args.positionals().front()));
+        !s.ok()) {
+      return Fail(kCmd, s);
+    }
+  }
   if (!r->global_best || !r->best) {
     if (!r->failure.empty()) {
       fmt::print("Every global policy fails: {}\n", r->failure);

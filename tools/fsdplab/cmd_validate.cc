@@ -6,8 +6,8 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/trace.h"
-#include "fsdplab/core/trace_structure.h"
+#include "fsdplab/trace/trace_io.h"
+#include "fsdplab/trace/trace_structure.h"
 
 namespace fsdplab::cli {
 namespace {

@@ -19,6 +19,7 @@ int RunCost(const Argv& argv);
 int RunSynth(const Argv& argv);
 int RunLive(const Argv& argv, bool record);  // `run` and `record`
 int RunCompare(const Argv& argv);
+int RunReport(const Argv& argv);
 int RunBenchGather(const Argv& argv);
 int RunImportKineto(const Argv& argv);
 int RunExportPolicy(const Argv& argv);

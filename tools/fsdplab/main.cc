@@ -30,6 +30,8 @@ constexpr Subcommand kSubcommands[] = {
     {"record", "run live steps and write them as a trace", RunRecord},
     {"compare", "compare a simulated report with a measured one, per step and per op",
      fsdplab::cli::RunCompare},
+    {"report", "one self-contained HTML page of a run, a comparison, a sweep or a calibration",
+     fsdplab::cli::RunReport},
     {"bench-gather", "all-gather / reduce-scatter bandwidth with and without overlapped compute",
      fsdplab::cli::RunBenchGather},
     {"calibrate", "fit the collective cost model to nccl-tests output; write a cluster file",

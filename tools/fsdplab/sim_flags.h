@@ -38,4 +38,11 @@ struct LoadedTraces {
 };
 StatusOr<LoadedTraces> LoadTraces(const Args& args);
 
+// --html FILE of sweep and tune: the page of `sweep_json` (sim::SweepToJson) with the report of
+// `chosen` beside it, simulated once more with `base` (its policy replaced) so that the page
+// draws its timeline and memory; `cap` is the line drawn on its memory.
+Status EmitSweepPage(const Args& args, const Trace& trace, const sim::SimOptions& base,
+                     const std::optional<Policy>& chosen, std::optional<Bytes> cap,
+                     std::string sweep_json, std::string title);
+
 }  // namespace fsdplab::cli

@@ -1,11 +1,9 @@
 // The trace: what one rank's training steps did, as hook events (`fsdplab.trace` v1, DESIGN §4.1).
+// This is the data model the scheduler and the stream plan take; reading, checking and writing
+// the file format is the trace room's (fsdplab/trace/trace_io.h).
 //
-//   StatusOr<Trace> trace = ReadTraceFile("traces/gpt_small.json");
-//   std::string text = WriteTrace(*trace);          // exact round trip
-//   Status s = WriteTraceFile(*trace, "out.json");  // whole file or nothing (temp + rename)
-//
-// The reader checks everything DESIGN §4.1 lists and names the field and the event position
-// ("steps[0].microbatches[1].events[17].unit: unknown unit 'model.layers.9'").
+//   for (const Event& ev : trace.steps[0].microbatches[0].events) { ... OpName(ev.op) ... }
+//   const Event* ev = EventAt(trace, op.step, op.microbatch, op.event);  // nullptr: no such event
 #pragma once
 
 #include <cstdint>
@@ -15,7 +13,6 @@
 #include <vector>
 
 #include "fsdplab/core/model.h"
-#include "fsdplab/core/status.h"
 #include "fsdplab/core/units.h"
 
 namespace fsdplab {
@@ -114,22 +111,5 @@ struct Trace final {
 // The event of `trace` that (step, microbatch, event) indexes, as the scheduler numbers them
 // (a step past the trace's last repeats it: step % steps), or nullptr when there is none.
 const Event* EventAt(const Trace& trace, int step, int microbatch, int event);
-
-// Structural equality (meta, units with params, steps): what a round trip must preserve.
-bool SameTrace(const Trace& a, const Trace& b);
-
-// Reads and validates. Large documents are parsed with simdjson's on-demand API (DESIGN §5).
-StatusOr<Trace> ParseTrace(std::string_view json_text);
-StatusOr<Trace> ReadTraceFile(const std::string& path);
-
-// Every problem found, not only the first: for `fsdplab validate`. Empty when the trace is valid.
-std::vector<Status> ValidateTraceText(std::string_view json_text);
-
-// Consistency checks over an already-built trace (also run by ParseTrace): posts without pres,
-// durations, unknown units in events. Returns every problem.
-std::vector<Status> CheckTraceEvents(const Trace& trace);
-
-std::string WriteTrace(const Trace& trace);
-Status WriteTraceFile(const Trace& trace, const std::string& path);
 
 }  // namespace fsdplab

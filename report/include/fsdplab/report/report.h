@@ -178,8 +178,8 @@ struct ReportSummary final {
   Bytes peak_memory_bytes = 0;
   // The largest StepReport::peak_if_late_bytes: what a run's peak can reach when one collective
   // of one step ends late (up to kMaxRaceSlowdown times its duration). A run of many steps has
-  // many chances; live, its peak lay between the two in 205 of 216 runs of three host grids
-  // (bench/host_prediction.sh --grid, seeds 101, 103, 107), and under the prediction in 84.
+  // many chances, so a live run's peak is held to the range between the two; how often the host
+  // grids' peaks fell inside it is in bench/README.md ("host_prediction.sh --grid", memory).
   Bytes peak_if_late_bytes = 0;
   TimeUs peak_memory_at_us = 0;
   int peak_memory_rank = 0;
@@ -235,6 +235,9 @@ struct Report final {
   // object printed as "variability", and its text lines (the simulator's, sim/variability.h).
   std::string variability_json;
   std::string variability_text;
+  // What a report page draws of the timeline (timeline_view.h), printed as "timeline" when set:
+  // the commands' --html put it in.
+  nlohmann::ordered_json timeline;
 };
 
 Report BuildReport(const Timeline& timeline, const ReportInputs& inputs);

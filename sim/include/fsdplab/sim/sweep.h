@@ -52,8 +52,8 @@ struct SweepRow final {
 // peak with --allocator exact). kOneLate: that plus what one collective ending late (up to its
 // own duration) could add to the tensors' peak (peak_if_late_bytes - peak_memory_bytes; the
 // allocator's rounding of the extra bytes is left out). A run of many steps has many chances for
-// one, and on the host grids (bench/host_prediction.sh --grid) the run's live peak exceeded the
-// simulated one by more than 2% in 108 of 288 runs, and lay between the two (within 2%) in 273.
+// one, so a live peak above the simulated one is to be expected (the host grids' counts are in
+// bench/README.md, "host_prediction.sh --grid", memory).
 enum class CapPeak : std::uint8_t { kSimulated, kOneLate };
 // "simulated" or "late"; an error names `flag` and the choices.
 StatusOr<CapPeak> ParseCapPeak(std::string_view text, std::string_view flag);
@@ -64,6 +64,7 @@ Bytes PeakFor(const SweepRow& row, CapPeak which);
 struct SweepResult final {
   std::vector<std::string> varied_keys;
   std::vector<SweepRow> rows;  // in grid order
+  bool policies_known = true;  // false when read back from CSV (the rows' values only)
 };
 
 // One policy simulated with `base` (its policy replaced; rank 0 recorded, no host ops): the
@@ -99,6 +100,20 @@ std::string VersusDefault(std::string_view framework_title, const SweepRow& pres
                           std::string_view label, const SweepRow& chosen);
 
 std::string SweepCsv(const SweepResult& result);
+// A sweep read back from SweepCsv's text (the policies' values and figures; not the policies
+// themselves): invalid input naming `file`, the line and the column when it is not one.
+StatusOr<SweepResult> ParseSweepCsv(std::string_view text, std::string_view file);
+
+// Rows of policies that were not laid out on a grid (`fsdplab tune`'s candidates): the policy
+// keys whose values differ between them (per-unit overrides as "units") become the varied keys.
+SweepResult SweepOfPolicies(std::vector<SweepRow> rows);
+
+// The sweep for the report page (docs/formats.md §6.7, `fsdplab.sweep`): every row with its
+// label and figures, the Pareto front, the cap and `chosen` (a row index: the policy picked).
+// `kind`: "sweep" or "tune"; `chosen_why` says how it was picked.
+std::string SweepToJson(const SweepResult& result, std::optional<Bytes> cap, CapPeak which,
+                        std::optional<std::size_t> chosen, std::string_view kind,
+                        std::string_view chosen_why, std::string_view title);
 // Step time (ms) against peak memory (GiB): every run a dot, the Pareto front joined and
 // marked, the cap a dashed vertical line, the best run under it ringed; axes labelled with units.
 // `which`: the peak the cap holds, for the ringed run.

@@ -63,6 +63,7 @@ struct TuneResult final {
   std::vector<std::string> why;  // the tuned policy against the global one, in words
   // When no global policy ran at all: why the first one failed (else empty).
   std::string failure;
+  std::vector<SweepRow> candidates;  // every policy simulated, in the order it was
 };
 
 // The objective of a row.

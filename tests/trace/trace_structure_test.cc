@@ -1,4 +1,4 @@
-#include "fsdplab/core/trace_structure.h"
+#include "fsdplab/trace/trace_structure.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fsdplab/core/trace.h"
+#include "fsdplab/trace/trace_io.h"
 
 namespace fsdplab {
 namespace {

@@ -1,5 +1,3 @@
-#include "fsdplab/core/trace.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +7,7 @@
 #include <vector>
 
 #include "fsdplab/core/file_util.h"
+#include "fsdplab/trace/trace_io.h"
 
 namespace fsdplab {
 namespace {
@@ -241,26 +240,6 @@ TEST(TraceReader, AcceptsStepsBeforeUnits) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().message(),
             path + ": steps[0].microbatches[0].events[2].unit: unknown unit 'ghost'");
-  std::filesystem::remove(path);
-}
-
-TEST(FileUtil, ReadFileReservesTheSpareCapacity) {
-  // 200,000 bytes (more than one 64 KiB read) and an empty file; the spare capacity is there
-  // after the contents, so a padded parser can read past the end.
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "fsdplab_read_file_test.bin").string();
-  std::string big(200000, 'x');
-  big[123456] = 'y';
-  ASSERT_TRUE(WriteFileAtomic(path, big).ok());
-  StatusOr<std::string> r = ReadFile(path, 64);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(*r, big);
-  EXPECT_GE(r->capacity(), big.size() + 64);
-  ASSERT_TRUE(WriteFileAtomic(path, "").ok());
-  StatusOr<std::string> empty = ReadFile(path, 64);
-  ASSERT_TRUE(empty.ok());
-  EXPECT_TRUE(empty->empty());
-  EXPECT_GE(empty->capacity(), 64u);
   std::filesystem::remove(path);
 }
 
@@ -549,21 +528,6 @@ TEST(TraceFuzz, TruncatedAndGarbledSamples) {
   }
   EXPECT_EQ(variants, static_cast<int>(files.size()) * 190);
   EXPECT_GT(rejected, variants / 2);  // most damage must be caught
-}
-
-TEST(Names, TraceEnumsRoundTrip) {
-  for (Op op : {Op::kPreForward, Op::kPostForward, Op::kPreBackward, Op::kPostBackward,
-                Op::kCompute, Op::kBackwardEnd, Op::kCollective}) {
-    EXPECT_EQ(ParseOp(OpName(op)), op);
-  }
-  for (Phase p : {Phase::kForward, Phase::kBackward, Phase::kRecompute}) {
-    EXPECT_EQ(ParsePhase(PhaseName(p)), p);
-  }
-  for (CollectiveKind k :
-       {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce}) {
-    EXPECT_EQ(ParseCollectiveKind(CollectiveKindName(k)), k);
-  }
-  EXPECT_EQ(ParseOp("Pre_Forward"), std::nullopt);
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdplab/core/file_util.h"
-#include "fsdplab/core/trace.h"
+#include "fsdplab/trace/trace_io.h"
 
 namespace fsdplab {
 namespace {

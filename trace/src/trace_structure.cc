@@ -1,6 +1,6 @@
 // The structural checks of a trace (see trace_structure.h): the unit state machine of DESIGN §1,
 // walked per microbatch, naming the event at fault and the one that opened what is left open.
-#include "fsdplab/core/trace_structure.h"
+#include "fsdplab/trace/trace_structure.h"
 
 #include <fmt/format.h>
 

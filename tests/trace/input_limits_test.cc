@@ -7,7 +7,7 @@
 
 #include "fsdplab/core/limits.h"
 #include "fsdplab/core/model.h"
-#include "fsdplab/core/trace.h"
+#include "fsdplab/trace/trace_io.h"
 
 namespace fsdplab {
 namespace {

@@ -1,5 +1,5 @@
 // Reading JSON with simdjson's on-demand API while collecting problems that name the field and
-// its position: the machinery under the trace reader (private to core).
+// its position: the machinery under the trace reader (private to the trace room).
 //
 //   class Reader final : public internal::JsonWalker { ... R r = Str(v, out, where); ... };
 //

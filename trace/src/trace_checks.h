@@ -1,5 +1,6 @@
-// The checks on the events of a trace that need no JSON (private to core): pre/post pairing
-// within a microbatch, and durations, sizes and timestamps that are finite and not negative.
+// The checks on the events of a trace that need no JSON (private to the trace room): pre/post
+// pairing within a microbatch, and durations, sizes and timestamps that are finite and not
+// negative.
 // Shared by the trace reader (as it reads) and CheckTraceEvents (on a Trace built in memory).
 //
 //   EventChecker checker(model.num_units());

@@ -22,7 +22,7 @@
 
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/limits.h"
-#include "fsdplab/core/trace.h"
+#include "fsdplab/trace/trace_io.h"
 #include "trace_checks.h"
 #include "trace_json.h"
 
