@@ -233,7 +233,7 @@ class TinyLMTraceTest(unittest.TestCase):
         train_step(reference, cls.batches)
         cls.reference_grads = grads(reference)
 
-        # memory_steps=0: saved_bytes from the saved-tensor hooks (MemoryProbeTest: the probe).
+        # memory_steps=0: saved_bytes from the saved-tensor hooks (Fsdp2Test: the probe).
         cls.rec = fsdplab_record.Recorder(recorded, memory_steps=0)
         with cls.rec.step():
             train_step(recorded, cls.batches)

@@ -374,6 +374,10 @@ def _make_memory_probe():
             self.live = 0
             self.peak = 0
             self._held = {}  # id(storage) -> (weak reference, bytes)
+            # > 0 while FSDP's own methods run: what they create (gather buffers, gradient
+            # copies) is the plan's, so it is neither counted nor its free taken off later.
+            self.foreign = 0
+            self._foreign = {}  # id(storage) -> weak reference
 
         def read(self):
             """(bytes allocated now, the most allocated since the last read)."""
@@ -392,6 +396,12 @@ def _make_memory_probe():
             key = id(st)
             entry = self._held.get(key)
             if entry is not None and entry[0]() is st:
+                return
+            ref = self._foreign.get(key)
+            if ref is not None and ref() is st:
+                return
+            if self.foreign > 0:
+                self._foreign[key] = weakref.ref(st, lambda _, k=key: self._foreign.pop(k, None))
                 return
             n = int(st.nbytes())
             if n <= 0:
@@ -921,6 +931,8 @@ class Recorder:
         if self._events is None and name not in _FSDP_OPENS_PASS:
             return None  # after backward_end (nothing of a microbatch is open): not recorded
         m = self._mark()
+        if self._probe is not None:
+            self._probe.foreign += 1
         frame = _Frame(None, "fsdp")
         self._stack.append(frame)
         if self._fsdp_depth == 0:
@@ -941,6 +953,8 @@ class Recorder:
         t1 = time.perf_counter_ns()
         frame, u, name, group, start, t0, before = token
         m = self._mark()
+        if self._probe is not None:
+            self._probe.foreign = max(self._probe.foreign - 1, 0)
         self._stack.remove(frame)
         if name == "unshard" and before is None and self._world_size > 1:
             result = getattr(group, "_all_gather_result", None)
