@@ -496,6 +496,9 @@ class Importer final {
   TimeUs Work(TimeUs a, TimeUs b) const {
     return gpu_ ? gpu_work_.Between(a, b) : cpu_busy_.Between(a, b);
   }
+  TimeUs UnitWork(TimeUs a, TimeUs b) const {
+    return gpu_ ? gpu_work_.Between(a, b) : (b - a) - excluded_.Between(a, b);
+  }
   TimeUs Rework(TimeUs a, TimeUs b) const {
     return gpu_ ? gpu_rework_.Between(a, b) : recompute_cpu_.Between(a, b);
   }
@@ -714,11 +717,14 @@ class Importer final {
     void Attribute(TimeUs a, TimeUs b) {
       if (b <= a) return;
       AttributeMemory(a, b);
-      const TimeUs work = im_.Work(a, b);
       if (stack_.empty()) {
-        other_ += work;
+        other_ += im_.Work(a, b);
         return;
       }
+      // A unit's compute is the time its work holds the compute thread, the framework's own
+      // gaps between operators included, less FSDP's ranges and collectives (as the recorder
+      // measures it); on a GPU, its kernels' time.
+      const TimeUs work = im_.UnitWork(a, b);
       Open& o = stack_.back();
       if (o.phase == Phase::kBackward) {
         const TimeUs re = std::min(work, im_.Rework(a, b));
