@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -415,15 +416,28 @@ class Importer final {
   // The profiler's allocations and frees (profile_memory=True) on the compute threads, outside
   // FSDP's own ranges (its buffers are the plan's), of the device that computes; and the bytes
   // of each parameter gradient handed over (AccumulateGrad's input).
+  // What FSDP allocates inside its ranges (a gather's output) is the plan's even where it is
+  // freed later outside them: its free is followed by address and left out too.
   void BuildMemory() {
+    std::vector<const MemoryEvent*> in_time;
     for (const MemoryEvent& m : p_.memory) {
-      if (m.device != gpu_ || !compute_threads_.count(m.thread) || excluded_.Contains(m.ts)) {
+      if (m.device == gpu_ && compute_threads_.count(m.thread)) in_time.push_back(&m);
+    }
+    std::stable_sort(in_time.begin(), in_time.end(),
+                     [](const MemoryEvent* a, const MemoryEvent* b) { return a->ts < b->ts; });
+    std::unordered_set<std::int64_t> fsdp_owned;
+    for (const MemoryEvent* m : in_time) {
+      if (excluded_.Contains(m->ts)) {
+        if (m->bytes > 0 && m->addr != 0) fsdp_owned.insert(m->addr);
         continue;
       }
-      memory_.push_back({m.ts, m.bytes});
+      if (m->bytes > 0) {
+        fsdp_owned.erase(m->addr);  // the address reused by a compute's own allocation
+      } else if (fsdp_owned.erase(m->addr) > 0) {
+        continue;
+      }
+      memory_.push_back({m->ts, m->bytes});
     }
-    std::stable_sort(memory_.begin(), memory_.end(),
-                     [](const Change& a, const Change& b) { return a.ts < b.ts; });
     if (memory_.empty()) {
       out_.notes.push_back(
           "no memory events (profile with profile_memory=True): computes carry no memory");

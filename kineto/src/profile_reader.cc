@@ -565,6 +565,10 @@ class Reader final {
           return bad(fmt::format("Bytes {} is out of range", m.bytes));
         }
         has_bytes = true;
+      } else if (key == "Addr") {
+        std::uint64_t u = 0;
+        if (v.get_uint64().get(u) != simdjson::SUCCESS) return bad("Addr: not an integer >= 0");
+        m.addr = static_cast<std::int64_t>(u);  // an identity only
       } else if (key == "Device Type") {
         std::int64_t d = 0;
         if (v.get_int64().get(d) != simdjson::SUCCESS) return bad("Device Type: not an integer");

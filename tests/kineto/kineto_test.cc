@@ -147,16 +147,20 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
 }
 
 // An allocation (bytes > 0) or free (bytes < 0) of the host's memory (profile_memory=True).
-std::string Mem(double ts, long long bytes, int tid = 1) {
+std::string Mem(double ts, long long bytes, long long addr = 0, int tid = 1) {
   return fmt::format(
-      R"({{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": {}, "ts": {}, "s": "t", "args": {{"Device Type": 0, "Device Id": -1, "Bytes": {}}}}})",
-      tid, ts, bytes);
+      R"({{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": {}, "ts": {}, "s": "t", "args": {{"Device Type": 0, "Device Id": -1, "Addr": {}, "Bytes": {}}}}})",
+      tid, ts, addr, bytes);
 }
 
 // With memory events each compute carries what it kept, released and peaked at, a backward the
 // gradient bytes AccumulateGrad received; the optimizer's range names meta.optimizer.
 TEST(KinetoImport, MemoryEventsAndTheOptimizerClass) {
   std::vector<std::string> events = OneUnitEvents();
+  // FSDP's gather output (inside its pre_forward range [10, 20]), freed inside the forward:
+  // the plan's buffer, in no compute's memory.
+  events.push_back(Mem(15, 64, 7000));
+  events.push_back(Mem(60, -64, 7000));
   // Forward (aten::linear, 30-80): +400, +100, -100: keeps 400, rises 500 above its start.
   events.push_back(Mem(35, 400));
   events.push_back(Mem(40, 100));

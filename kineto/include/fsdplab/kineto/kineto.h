@@ -69,6 +69,7 @@ struct ProfileEvent final {  // 40 bytes: a profile's events are most of the imp
 struct MemoryEvent final {
   TimeUs ts = 0;
   std::int64_t bytes = 0;
+  std::int64_t addr = 0;    // the block's address (0: not given)
   std::int32_t thread = 0;  // index into Profile::threads
   bool device = false;      // a GPU's memory (Device Type 1), else the host's
 };
