@@ -781,7 +781,8 @@ def tracker_sum(cats, keys):
 
 
 def tracker_peak(rundir):
-    """The larger of the two ranks' tracked peaks, its categories, and where it came."""
+    """The larger of the two ranks' tracked peaks: its categories, where it came, and the
+    parameter gradients inside its Temp (grad_aware_tracker)."""
     best = None
     for r in range(WORLD):
         m = load(os.path.join(rundir, f"mem.rank{r}.json"))
@@ -789,13 +790,12 @@ def tracker_peak(rundir):
             if best is None or cats["Total"] > best[0]["Total"]:
                 best = (cats, m)
     cats, m = best
-    cats = dict(cats, **{"Grads in Temp": m.get("grads_in_temp", 0)})
     phase = None
     for name, snap in m.get("peak_by_phase", {}).items():
         for dcats in snap.values():
             if dcats.get("Total") == cats["Total"]:
                 phase = name
-    return cats, phase
+    return cats, phase, m.get("grads_in_temp", 0)
 
 
 def simulate(bin_, traces, out, extra=()):
@@ -867,7 +867,8 @@ def grade_run(rundir, bin_, base_pred=None):
     meas["collectives_vs_bench"] = collectives_vs_bench(rundir, rec_rows_raw(traces))
     meas["fsdp_work_us"] = statistics.median(fsdp_work(load(os.path.join(traces,
                                                                           "trace.rank0.json"))))
-    cats, peak_phase = tracker_peak(rundir)
+    cats, peak_phase, grads_in_temp = tracker_peak(rundir)
+    meas["grads_in_temp"] = grads_in_temp
     meas["peak_bytes"] = cats["Total"]
     meas["peak_by_category"] = cats
     meas["peak_phase"] = peak_phase
@@ -887,8 +888,9 @@ def grade_run(rundir, bin_, base_pred=None):
             "idle": (p["idle_us"] - meas["idle_us"]) / total,
         }
         groups = {}
+        tracked = dict(cats, **{"Grads in Temp": grads_in_temp})
         for label, tk, sk in MEM_GROUPS:
-            groups[label] = [tracker_sum(cats, tk),
+            groups[label] = [tracker_sum(tracked, tk),
                              sum(p["peak_by_category"].get(k, 0) for k in sk)]
         p["memory_groups"] = groups
         exact = {}
