@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -103,7 +104,8 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     if (IsCollective(op->kind)) a.track_busy[op->track] += op->end_us - op->start_us;
   }
 
-  const internal::PeakRaceFinder races(r.ops);
+  std::optional<internal::PeakRaceFinder> races;
+  if (in.peak_races) races.emplace(r.ops);
   // Memory samples of rank 0 (time order) for per-step peaks.
   std::vector<const MemorySample*> mem0;
   for (const MemorySample& s : timeline.memory) {
@@ -168,7 +170,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
       std::size_t peak = 0;
       while (win[peak]->total() != s.peak_memory_bytes) ++peak;
       s.peak_memory_at_us = std::max(win[peak]->t_us, s.start_us);
-      races.Find(s, win, peak);
+      if (races) races->Find(s, win, peak);
     }
     TimeUs lb = std::max(acc.compute_sum, in.memory_cap_lower_bound_us);
     for (const auto& [track, busy] : acc.track_busy) lb = std::max(lb, busy);

@@ -1,6 +1,7 @@
 #include "fsdplab/sim/allocator_model.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 namespace fsdplab {
 
@@ -210,6 +211,23 @@ void PlanMemoryReplay::Free(int buffer, MemoryCategory category, UnitId unit, By
     if (left == 0) break;
     if (key.first == c) take(held);
   }
+}
+
+TraceDevice DeviceOfTrace(const TraceMeta& meta) {
+  const nlohmann::json extra = nlohmann::json::parse(meta.extra_json, nullptr, false);
+  const auto text = [](const nlohmann::json& j, const char* key) -> std::string {
+    return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>()
+                                                                  : std::string();
+  };
+  if (const std::string device = text(extra, "device"); device == "cpu" || device == "cuda") {
+    return {device == "cpu", "meta.device " + device};
+  }
+  if (meta.source == "live-host") return {true, "meta.source live-host"};
+  if (meta.source == "torch" && extra.is_object() && extra.contains("recorder") &&
+      text(extra["recorder"], "timing") == "cpu") {
+    return {true, "meta.source torch, timed on the CPU clock (meta.recorder.timing cpu)"};
+  }
+  return {false, "meta.source " + meta.source};
 }
 
 }  // namespace fsdplab

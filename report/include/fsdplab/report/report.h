@@ -210,6 +210,10 @@ struct ReportInputs final {
   std::string source;                    // overrides timeline.source when set
   TimeUs memory_cap_lower_bound_us = 0;  // what a memory cap forces, if the executor knows
   Bytes collective_footprint_bytes = 0;  // ReportSummary::collective_footprint_bytes
+  // false: no peak races are looked for (steps' peak_races stay empty and peak_if_late_bytes is
+  // the peak), for a search that holds a cap to the simulated peak and reports the races of
+  // its result alone.
+  bool peak_races = true;
 };
 
 struct Report final {

@@ -32,10 +32,12 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "fsdplab/core/timeline.h"
+#include "fsdplab/core/trace.h"
 #include "fsdplab/core/units.h"
 
 namespace fsdplab {
@@ -122,5 +124,17 @@ class PlanMemoryReplay final {
   std::vector<BlockId> by_buffer_;
   std::map<std::pair<int, UnitId>, std::vector<Held>> accounted_;  // (category, unit)
 };
+
+// The device a trace's run used, for the memory model a cap is held to: a CUDA device holds what
+// its caching allocator reserves (this model), a CPU run what its tensors hold (freed memory goes
+// back to the system allocator). From meta.device ("cpu" or "cuda") where the recorder wrote it,
+// else meta.source: live-host runs on the CPU, live-cuda on CUDA, a torch recording on the CPU
+// when its recorder timed with the CPU clock (meta.recorder.timing "cpu": the model had no CUDA
+// parameters), anything else (hand-written, synthetic) on CUDA.
+struct TraceDevice final {
+  bool cpu = false;
+  std::string why;  // "meta.device cpu", "meta.source live-host", ...
+};
+TraceDevice DeviceOfTrace(const TraceMeta& meta);
 
 }  // namespace fsdplab
