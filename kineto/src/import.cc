@@ -64,6 +64,15 @@ class Importer final {
     }
     nlohmann::json extra;
     TrainingMeta(extra);
+    // The device the run computed on, as a recorder states it (meta.device): GPU kernels say
+    // cuda; gloo (distributedInfo's backend or its worker ranges) with no kernel says a CPU
+    // run; else nothing is claimed.
+    if (gpu_) {
+      extra["device"] = "cuda";
+    } else if (gloo_ || p_.backend == "gloo") {
+      extra["device"] = "cpu";
+    }
+    if (!p_.backend.empty()) extra["backend"] = p_.backend;
     extra["kineto"] = {{"file", p_.source},
                        {"compute", gpu_ ? "gpu kernels" : "cpu operators"},
                        {"notes", out_.notes}};
@@ -556,6 +565,7 @@ class Importer final {
     auto by_ts = [](const ProfileEvent* a, const ProfileEvent* b) { return a->ts < b->ts; };
     std::stable_sort(gloo.begin(), gloo.end(), by_ts);
     std::stable_sort(issued.begin(), issued.end(), by_ts);
+    gloo_ = !gloo.empty();
     std::size_t gloo_used = 0;
     std::size_t outside = 0;
     std::size_t no_bytes = 0;
@@ -846,14 +856,12 @@ class Importer final {
       const bool real = std::any_of(events_.begin(), events_.end(),
                                     [](const Event& e) { return e.op != Op::kCompute; });
       if (!real && !step_.microbatches.empty()) {
-        // Work after the last backward_end (the optimizer step): nothing may follow a
-        // backward_end, so it is written at the start of the step (same step time; its
-        // timestamp is left out, as it is out of order there).
+        // Work after the last backward_end is the optimizer step (formats §2.4): one compute
+        // of phase optimizer after the last microbatch's backward_end, as the recorder writes.
         if (other_ >= kMinOtherUs) {
-          Event e = ComputeEvent(kNoUnit, Phase::kForward, other_);
-          e.name = "after_backward";
-          auto& first = step_.microbatches.front().events;
-          first.insert(first.begin(), std::move(e));
+          Event e = ComputeEvent(kNoUnit, Phase::kOptimizer, other_);
+          e.name = "optimizer";
+          step_.microbatches.back().events.push_back(std::move(e));
           other_ = 0;
         }
         other_mem_ = Curve{};  // the optimizer's: its state is the plan's
@@ -987,6 +995,7 @@ class Importer final {
   const ImportOptions& o_;
   Imported out_;
   bool gpu_ = false;
+  bool gloo_ = false;  // gloo's worker ranges in the profile: its collectives ran on the CPU
   int world_ = 0;
   Model model_;
   std::unordered_map<std::string, UnitId> unit_ids_;

@@ -378,7 +378,10 @@ class Reader final {
       std::string_view k;
       if (field.unescaped_key().get(k) != simdjson::SUCCESS) break;
       std::int64_t v = 0;
-      if (k == "rank" && field.value().get_int64().get(v) == simdjson::SUCCESS) {
+      std::string_view backend;
+      if (k == "backend" && field.value().get_string().get(backend) == simdjson::SUCCESS) {
+        profile_.backend = std::string(backend);
+      } else if (k == "rank" && field.value().get_int64().get(v) == simdjson::SUCCESS) {
         profile_.rank = static_cast<int>(v);
       } else if (k == "world_size" && field.value().get_int64().get(v) == simdjson::SUCCESS) {
         profile_.world_size = static_cast<int>(v);

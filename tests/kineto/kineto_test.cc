@@ -114,7 +114,7 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
   EXPECT_EQ(t.model.unit(0).params()[0].Numel(), 12u);
   EXPECT_EQ(t.model.unit(0).params()[1].Numel(), 4u);
   EXPECT_EQ(t.model.unit(0).params()[0].dtype, DType::kFp32);
-  // By hand: the optimizer's 30 us after backward_end moves to the step's start; a unit's
+  // By hand: the 30 us after backward_end are the optimizer compute, after it; a unit's
   // compute is the thread's time from its hook to the next, less FSDP's ranges: the forward
   // from pre_forward (10) to post_forward (100) less FSDP::pre_forward [10, 20] (the copy-in
   // and the c10d operator inside it) = 80 (aten::linear's 50 and the framework's 30 around
@@ -123,7 +123,6 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
   // Gather: output [16] fp32 = 64 bytes over [14, 18]; reduce-scatter: input [16] fp32 = 64
   // bytes over [415, 435].
   EXPECT_EQ(Lines(t), (std::vector<std::string>{
-                          "compute - forward 30 after_backward",
                           "pre_forward model",
                           "all_gather model 64 14-18",
                           "compute model forward 80",
@@ -134,7 +133,12 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
                           "post_backward model",
                           "reduce_scatter model 64 415-435",
                           "backward_end -",
+                          "compute - optimizer 30 optimizer",
                       }));
+  // distributedInfo says gloo and no GPU kernel ran: a CPU run, as a recorder would write it.
+  const nlohmann::json extra = nlohmann::json::parse(t.meta.extra_json);
+  EXPECT_EQ(extra.at("device"), "cpu");
+  EXPECT_EQ(extra.at("backend"), "gloo");
   // Measured: 1000 us step; compute 50 + 10 + 80 + 30 = 170; the collectives (4 + 20 us)
   // overlap no compute.
   ASSERT_EQ(im->steps.size(), 1u);
@@ -184,7 +188,7 @@ TEST(KinetoImport, MemoryEventsAndTheOptimizerClass) {
   const Trace& t = im->trace;
   std::vector<const Event*> computes;
   for (const Event& e : t.steps.at(0).microbatches.at(0).events) {
-    if (e.op == fsdplab::Op::kCompute && e.name != "after_backward") computes.push_back(&e);
+    if (e.op == fsdplab::Op::kCompute && e.phase != Phase::kOptimizer) computes.push_back(&e);
   }
   ASSERT_EQ(computes.size(), 3u);  // forward, the loss, backward
   const Event& fwd = *computes[0];
@@ -286,6 +290,8 @@ TEST(KinetoImport, GpuKernelsByCorrelationAndNcclBytesFromRecordParamComms) {
   StatusOr<Imported> im = Import(ProfileText(ev));
   ASSERT_TRUE(im.ok()) << im.status().ToString();
   EXPECT_TRUE(im->gpu);
+  // A GPU kernel ran: meta.device cuda, whatever distributedInfo's backend says.
+  EXPECT_EQ(nlohmann::json::parse(im->trace.meta.extra_json).at("device"), "cuda");
   EXPECT_EQ(im->trace.model.unit(0).params()[0].Numel(), 8u);
   EXPECT_EQ(im->trace.model.unit(0).params()[0].dtype, DType::kBf16);
   EXPECT_EQ(Lines(im->trace), (std::vector<std::string>{

@@ -78,6 +78,7 @@ struct Profile final {
   std::string source;  // the file name, for messages
   std::optional<int> rank;
   std::optional<int> world_size;
+  std::string backend;  // distributedInfo.backend ("gloo", "nccl"), empty when absent
   std::optional<bool> record_shapes;
   std::vector<std::string> names;    // interned event names
   std::vector<std::string> threads;  // "pid/tid"
