@@ -293,15 +293,4 @@ int PrintHelp(std::string_view usage, std::string_view description, const Args& 
   return 0;
 }
 
-StatusOr<Trace> ReadReplayableTrace(const std::string& path) {
-  FSDP_ASSIGN_OR_RETURN(Trace trace, ReadTraceFile(path));
-  std::vector<Status> problems = CheckTraceStructure(trace);
-  if (problems.empty()) return trace;
-  std::string more;
-  if (problems.size() > 1) {
-    more = fmt::format(" (and {} more; `fsdplab validate` lists them)", problems.size() - 1);
-  }
-  return InvalidInput(fmt::format("{}: {}{}", path, problems.front().message(), more));
-}
-
 }  // namespace fsdplab::cli

@@ -11,6 +11,7 @@
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/text_format.h"
 #include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/sim_options.h"
 #include "fsdplab/sim/simulate_report.h"
 #include "fsdplab/sim/sweep.h"
 #include "report_output.h"
@@ -115,7 +116,7 @@ int RunSweep(const Argv& argv) {
                ? fmt::format("{} ({} if late)", GiBValue(held), GiBValue(if_late))
                : GiBValue(held);
   };
-  if (base.steps == 0) base.steps = std::max<int>(2, static_cast<int>(trace.steps.size()));
+  sim::DefaultSteps(trace, base);
   int jobs = 0;
   if (std::optional<std::string> j = args.Get("--jobs")) {
     StatusOr<std::int64_t> n = ParseInt(*j, "--jobs");

@@ -11,6 +11,7 @@
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/text_format.h"
 #include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/sim_options.h"
 #include "fsdplab/sim/tune.h"
 #include "report_output.h"
 #include "sim_flags.h"
@@ -111,7 +112,7 @@ int RunTune(const Argv& argv) {
     }
     return text;
   };
-  if (opt.base.steps == 0) opt.base.steps = std::max<int>(2, static_cast<int>(trace.steps.size()));
+  sim::DefaultSteps(trace, opt.base);
   if (std::optional<std::string> v = args.Get("--objective")) {
     if (*v == "step") {
       opt.objective = sim::TuneObjective::kStep;
