@@ -273,12 +273,7 @@ int RunSweep(const Argv& argv) {
     if (Status s = WriteFileAtomic(*csv, sim::SweepCsv(result)); !s.ok()) return Fail(kCmd, s);
   }
   // The policy the page and the JSON call chosen: the best under the cap, else the fastest.
-  std::optional<std::size_t> chosen;
-  if (cap) {
-    chosen = sim::BestUnderCap(result.rows, *cap, *cap_peak);
-  } else if (!order.empty() && result.rows[order.front()].ok()) {
-    chosen = order.front();
-  }
+  const std::optional<std::size_t> chosen = sim::ChosenRow(result.rows, cap, *cap_peak);
   const std::string sweep_json =
       sim::SweepToJson(result, cap, *cap_peak, chosen, "sweep",
                        cap ? "the fastest policy under the memory cap" : "the fastest policy",
