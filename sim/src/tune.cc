@@ -596,4 +596,34 @@ StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options,
   return search.Run();
 }
 
+StatusOr<std::vector<Budget::Kind>> ParseBudgetKinds(std::string_view text) {
+  std::vector<Budget::Kind> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::string k(
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (k == "units") {
+      out.push_back(Budget::Kind::kUnits);
+    } else if (k == "elements") {
+      out.push_back(Budget::Kind::kElements);
+    } else if (k == "bytes") {
+      out.push_back(Budget::Kind::kBytes);
+    } else {
+      return UsageError(fmt::format(
+          "--budget-kinds: '{}' is not a budget kind (expected units, elements or bytes)", k));
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+StatusOr<TuneObjective> ParseTuneObjective(std::string_view text) {
+  if (text == "step") return TuneObjective::kStep;
+  if (text == "exposed") return TuneObjective::kExposed;
+  return UsageError(
+      fmt::format("--objective: '{}' is not an objective (expected step or exposed)", text));
+}
+
 }  // namespace fsdplab::sim

@@ -17,32 +17,6 @@
 #include "sim_flags.h"
 
 namespace fsdplab::cli {
-namespace {
-
-StatusOr<std::vector<Budget::Kind>> ParseKinds(const std::string& text) {
-  std::vector<Budget::Kind> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = text.find(',', start);
-    const std::string k =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (k == "units") {
-      out.push_back(Budget::Kind::kUnits);
-    } else if (k == "elements") {
-      out.push_back(Budget::Kind::kElements);
-    } else if (k == "bytes") {
-      out.push_back(Budget::Kind::kBytes);
-    } else {
-      return UsageError(fmt::format(
-          "--budget-kinds: '{}' is not a budget kind (expected units, elements or bytes)", k));
-    }
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-}  // namespace
 
 int RunTune(const Argv& argv) {
   constexpr std::string_view kCmd = "tune";
@@ -114,18 +88,12 @@ int RunTune(const Argv& argv) {
   };
   sim::DefaultSteps(trace, opt.base);
   if (std::optional<std::string> v = args.Get("--objective")) {
-    if (*v == "step") {
-      opt.objective = sim::TuneObjective::kStep;
-    } else if (*v == "exposed") {
-      opt.objective = sim::TuneObjective::kExposed;
-    } else {
-      return Fail(kCmd,
-                  UsageError(fmt::format(
-                      "--objective: '{}' is not an objective (expected step or exposed)", *v)));
-    }
+    StatusOr<sim::TuneObjective> objective = sim::ParseTuneObjective(*v);
+    if (!objective.ok()) return Fail(kCmd, objective.status());
+    opt.objective = *objective;
   }
   if (std::optional<std::string> v = args.Get("--budget-kinds")) {
-    StatusOr<std::vector<Budget::Kind>> kinds = ParseKinds(*v);
+    StatusOr<std::vector<Budget::Kind>> kinds = sim::ParseBudgetKinds(*v);
     if (!kinds.ok()) return Fail(kCmd, kinds.status());
     opt.budget_kinds = *kinds;
   }

@@ -69,6 +69,11 @@ struct TuneResult final {
 // The objective of a row.
 TimeUs TuneObjectiveOf(const SweepRow& row, TuneObjective objective);
 
+// "units,elements,bytes" (--budget-kinds) and "step" or "exposed" (--objective); errors name
+// the flag.
+StatusOr<std::vector<Budget::Kind>> ParseBudgetKinds(std::string_view text);
+StatusOr<TuneObjective> ParseTuneObjective(std::string_view text);
+
 StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options,
                           const std::function<void(const TuneProgress&)>& progress = {});
 
