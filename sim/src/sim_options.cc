@@ -3,11 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <charconv>
-#include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
 #include "fsdplab/core/limits.h"
 #include "fsdplab/core/size_text.h"
@@ -54,23 +50,15 @@ constexpr EngineOption kEngineOptions[] = {
 };
 
 StatusOr<std::int64_t> Int(std::string_view text, std::string_view flag) {
-  std::int64_t v = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || p != text.data() + text.size()) {
-    return UsageError(fmt::format("{}: '{}' is not an integer", flag, text));
-  }
-  return v;
+  std::optional<std::int64_t> v = ParseInteger(text);
+  if (!v) return UsageError(fmt::format("{}: '{}' is not an integer", flag, text));
+  return *v;
 }
 
 StatusOr<double> Double(std::string_view text, std::string_view flag) {
-  std::string s(text);
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(v)) {
-    return UsageError(fmt::format("{}: '{}' is not a number", flag, text));
-  }
-  return v;
+  std::optional<double> v = ParseNumber(text);
+  if (!v) return UsageError(fmt::format("{}: '{}' is not a number", flag, text));
+  return *v;
 }
 
 Status Apply(std::string_view key, std::string_view v, SimOptions& o) {

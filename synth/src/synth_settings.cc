@@ -1,11 +1,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <charconv>
-#include <cmath>
-#include <cstdlib>
 
+#include "fsdplab/core/size_text.h"
 #include "fsdplab/synth/synth.h"
 
 namespace fsdplab::synth {
@@ -46,10 +43,9 @@ const std::string* Last(const Settings& settings, std::string_view key) {
 Status Int(const Settings& settings, std::string_view key, std::int64_t& out) {
   const std::string* v = Last(settings, key);
   if (v == nullptr) return Status::Ok();
-  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), out);
-  if (ec != std::errc() || p != v->data() + v->size()) {
-    return UsageError(fmt::format("{}: '{}' is not an integer", key, *v));
-  }
+  std::optional<std::int64_t> n = ParseInteger(*v);
+  if (!n) return UsageError(fmt::format("{}: '{}' is not an integer", key, *v));
+  out = *n;
   return Status::Ok();
 }
 
@@ -104,13 +100,9 @@ StatusOr<SynthConfig> SynthConfigFromSettings(const Settings& settings) {
   FSDP_RETURN_IF_ERROR(Int(settings, "seed", seed));
   c.seed = static_cast<std::uint64_t>(seed);
   if (const std::string* v = Last(settings, "tflops")) {
-    std::string s = *v;
-    char* end = nullptr;
-    errno = 0;
-    c.tflops = std::strtod(s.c_str(), &end);
-    if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(c.tflops)) {
-      return UsageError(fmt::format("tflops: '{}' is not a number", s));
-    }
+    std::optional<double> t = ParseNumber(*v);
+    if (!t) return UsageError(fmt::format("tflops: '{}' is not a number", *v));
+    c.tflops = *t;
   }
   if (const std::string* v = Last(settings, "dtype")) {
     std::optional<DType> d = ParseDType(*v);
