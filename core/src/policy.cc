@@ -330,6 +330,13 @@ constexpr PolicyField kPolicyFields[] = {
      .json = PolicyJson::kBool,
      .parse = ParseBoolField<&Policy::unified_comm_stream>,
      .print = PrintBoolField<&Policy::unified_comm_stream>},
+    {.key = "comm_on_compute_stream",
+     .meta = "BOOL",
+     .help = "true|false (false): collectives run on the compute stream where the host calls "
+             "them, as FSDP2's on a CPU (gloo): nothing overlaps them",
+     .json = PolicyJson::kBool,
+     .parse = ParseBoolField<&Policy::comm_on_compute_stream>,
+     .print = PrintBoolField<&Policy::comm_on_compute_stream>},
     {.key = "on_divergence",
      .meta = "ACTION",
      .help = "error (default) or rerecord: what a pass that leaves the recorded order does",
@@ -555,6 +562,11 @@ Status ValidatePolicy(const Policy& policy, const Model& model) {
     return UsageError(
         "recompute_aware: needs order=recorded (the registration order has no recompute events)");
   }
+  if (policy.comm_on_compute_stream && policy.sharding == Sharding::kHsdp) {
+    return UsageError(
+        "comm_on_compute_stream: not with sharding hsdp (the replica all-reduce has a group of "
+        "its own, which the compute stream cannot hold)");
+  }
   return Status::Ok();
 }
 
@@ -679,6 +691,24 @@ Status ApplyTraceMetaPolicy(std::string_view meta_json, Policy& policy) {
     }
   }
   return Status::Ok();
+}
+
+TraceDevice DeviceOfTrace(std::string_view meta_json, std::string_view source) {
+  using Json = nlohmann::json;
+  const Json extra = Json::parse(meta_json, nullptr, /*allow_exceptions=*/false);
+  const auto text = [](const Json& j, const char* key) -> std::string {
+    return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>()
+                                                                  : std::string();
+  };
+  if (const std::string device = text(extra, "device"); device == "cpu" || device == "cuda") {
+    return {device == "cpu", "meta.device " + device};
+  }
+  if (source == "live-host") return {true, "meta.source live-host"};
+  if (source == "torch" && extra.is_object() && extra.contains("recorder") &&
+      text(extra["recorder"], "timing") == "cpu") {
+    return {true, "meta.source torch, timed on the CPU clock (meta.recorder.timing cpu)"};
+  }
+  return {false, "meta.source " + std::string(source)};
 }
 
 StatusOr<Policy> LayerPolicy(const PolicyLayers& layers) {

@@ -178,6 +178,7 @@ class Scheduler::Impl {
       return InvalidInput(
           fmt::format("{}: compute duration {} us is negative or not a number", Where(origin), us));
     }
+    if (phase == Phase::kOptimizer) return Optimizer(u, us, origin, sink);
     BeginPassIfNeeded(origin);
     ComputeCmd cmd;
     cmd.unit = u;
@@ -208,8 +209,29 @@ class Scheduler::Impl {
         // Activations saved by the backward itself are transient: allocated and freed with it.
         cmd.freed_bytes += saved;
         break;
+      case Phase::kOptimizer: break;  // handled above: never a unit's
     }
     return Emit(std::move(cmd), origin, sink);
+  }
+
+  // The optimizer step, after the step's last backward_end: a compute of no unit. It changes the
+  // shards, so the all-gather stream waits for it (a first-unit prefetch of the next step reads
+  // the updated shards); the plan frees the sharded gradients at its end.
+  Status Optimizer(UnitId u, TimeUs us, const CommandOrigin& origin, CommandSink& sink) {
+    if (u != kNoUnit) {
+      return InvalidInput(fmt::format("{}: an optimizer compute has no unit (it names '{}')",
+                                      Where(origin), model_.NameOf(u)));
+    }
+    if (pass_active_) {
+      return InvalidInput(fmt::format(
+          "{}: the optimizer compute comes after the step's last backward_end, not inside a pass",
+          Where(origin)));
+    }
+    ComputeCmd cmd;
+    cmd.phase = Phase::kOptimizer;
+    cmd.us = us;
+    FSDP_RETURN_IF_ERROR(Emit(std::move(cmd), origin, sink));
+    return Emit(StreamWaitCmd{Stream::kAllGather, Stream::kCompute}, origin, sink);
   }
 
   Status BackwardEnd(const CommandOrigin& origin, CommandSink& sink) {

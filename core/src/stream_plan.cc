@@ -95,6 +95,7 @@ StreamPlanner::StreamPlanner(const Model& model, const ModelLayout& layout, Plan
 }
 
 int StreamPlanner::stream_for(Stream stream) const {
+  if (config_.comm_on_compute_stream) return kPlanCompute;
   switch (stream) {
     case Stream::kCompute: return kPlanCompute;
     case Stream::kAllGather: return kPlanAllGather;
@@ -361,7 +362,7 @@ Status StreamPlanner::LowerGather(const GatherCmd& cmd, const CommandOrigin& ori
     return InternalError(fmt::format("gather of unknown unit id {}", cmd.unit));
   }
   if (cmd.pieces.empty()) return Status::Ok();  // a unit with no parameters: no collective
-  const int s = kPlanAllGather;
+  const int s = stream_for(Stream::kAllGather);
   const auto w = static_cast<Bytes>(layout_.shard_group_size());
   const std::vector<GroupLayout>& groups = layout_.groups(cmd.unit);
   std::vector<CollectivePart> parts;
@@ -425,7 +426,8 @@ Status StreamPlanner::LowerGather(const GatherCmd& cmd, const CommandOrigin& ori
     filled_at_[static_cast<std::size_t>(part.buffer)] = pos_[static_cast<std::size_t>(s)];
   }
   const int end = Record(s, /*timed=*/true);
-  TimelineOp t = Planned(Track::kAllGather, OpKind::kAllGather, cmd.unit, cmd.phase, origin);
+  TimelineOp t = Planned(s == kPlanCompute ? Track::kCompute : Track::kAllGather,
+                         OpKind::kAllGather, cmd.unit, cmd.phase, origin);
   t.reason = cmd.reason;
   t.planes = planes;
   t.bytes = moved;
@@ -456,7 +458,10 @@ Status StreamPlanner::LowerWaitGather(const WaitGatherCmd& cmd) {
   }
   const GatherRecord& last = last_gather_[static_cast<std::size_t>(cmd.unit)];
   if (last.end_slot < 0) return Status::Ok();  // nothing was ever gathered (no params)
-  Wait(kPlanCompute, last.end_slot, last.timeline_id);
+  // On one stream the gather already ran before anything issued after it.
+  if (slot_stream(last.end_slot) != kPlanCompute) {
+    Wait(kPlanCompute, last.end_slot, last.timeline_id);
+  }
   pending_waited_on_.push_back(last.timeline_id);
   return Status::Ok();
 }
@@ -494,7 +499,8 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
                           DTypeName(gl.dtype), have));
         }
         // The compute stream must be ordered after the collective that filled the buffer.
-        if (clock_[kPlanCompute][kPlanAllGather] < filled_at_[static_cast<std::size_t>(b)]) {
+        const auto gathers = static_cast<std::size_t>(stream_for(Stream::kAllGather));
+        if (clock_[kPlanCompute][gathers] < filled_at_[static_cast<std::size_t>(b)]) {
           return InternalError(fmt::format(
               "{}: reads the {} plane of group {} before the compute stream waited for its "
               "gather (no WaitGather)",
@@ -560,7 +566,24 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
   for (std::int64_t id : std::exchange(pending_waited_on_, {})) t.waited_on.push_back(id);
   NewTimelineOp(std::move(t), OpSlots{start, end});
   Free(kPlanCompute, -1, MemoryCategory::kActivations, cmd.freed_bytes, origin, cmd.unit);
+  if (cmd.phase == Phase::kOptimizer) FreeShardedGrads(origin);
   return Status::Ok();
+}
+
+void StreamPlanner::FreeShardedGrads(const CommandOrigin& origin) {
+  for (UnitId u = 0; u < layout_.num_units(); ++u) {
+    const std::vector<GroupLayout>& groups = layout_.groups(u);
+    for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
+      int& b = sharded_grads_[static_cast<std::size_t>(GroupSlot(u, g))];
+      if (b < 0) continue;
+      OrderAfterUses(kPlanCompute, b, origin, u, "optimizer");
+      Free(kPlanCompute, b, MemoryCategory::kShardedGrads,
+           buffers_[static_cast<std::size_t>(b)].bytes, origin, u, g);
+      Free(kPlanCompute, -1, MemoryCategory::kGradAccumulation,
+           groups[static_cast<std::size_t>(g)].accumulation_bytes, origin, u, g);
+      b = -1;
+    }
+  }
 }
 
 Status StreamPlanner::LowerStreamWait(const StreamWaitCmd& cmd) {
@@ -580,7 +603,7 @@ Status StreamPlanner::LowerRelease(const ReleaseCmd& cmd, const CommandOrigin& o
     return InternalError(fmt::format("release of unknown unit id {}", cmd.unit));
   }
   const std::vector<GroupLayout>& groups = layout_.groups(cmd.unit);
-  const int s = kPlanAllGather;
+  const int s = stream_for(Stream::kAllGather);
   Bytes freed = 0;
   PlaneSet planes;
   int last_free = -1;
@@ -610,7 +633,8 @@ Status StreamPlanner::LowerRelease(const ReleaseCmd& cmd, const CommandOrigin& o
   }
   if (freed == 0) return Status::Ok();
   const int slot = Record(s, /*timed=*/true);
-  TimelineOp t = Planned(Track::kAllGather, OpKind::kRelease, cmd.unit, Phase::kForward, origin);
+  TimelineOp t = Planned(s == kPlanCompute ? Track::kCompute : Track::kAllGather, OpKind::kRelease,
+                         cmd.unit, Phase::kForward, origin);
   t.planes = planes;
   t.bytes = freed;
   ops_[static_cast<std::size_t>(last_free)].timeline_op = NewTimelineOp(t, OpSlots{slot, slot});
@@ -710,8 +734,10 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
             .origin = origin};
   const Bytes moved = PushCollective(std::move(op), parts);
   const int end = Record(s, /*timed=*/true);
-  TimelineOp t = Planned(s == kPlanAllGather ? Track::kAllGather : Track::kReduceScatter,
-                         all_reduce ? OpKind::kAllReduce : OpKind::kReduceScatter, cmd.unit,
+  const Track track = s == kPlanCompute     ? Track::kCompute
+                      : s == kPlanAllGather ? Track::kAllGather
+                                            : Track::kReduceScatter;
+  TimelineOp t = Planned(track, all_reduce ? OpKind::kAllReduce : OpKind::kReduceScatter, cmd.unit,
                          Phase::kBackward, origin);
   t.bytes = moved;
   NewTimelineOp(std::move(t), OpSlots{start, end});

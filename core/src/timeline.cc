@@ -55,6 +55,7 @@ Bytes MemorySample::total() const {
 }
 
 std::string ComputeLabel(std::string_view name, std::string_view unit, Phase phase) {
+  if (phase == Phase::kOptimizer) return fmt::format("{} (optimizer step)", name);
   if (unit.empty()) {
     return phase == Phase::kForward
                ? fmt::format("{} (unowned compute)", name)

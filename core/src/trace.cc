@@ -8,6 +8,7 @@ std::string_view PhaseName(Phase phase) {
     case Phase::kForward: return "forward";
     case Phase::kBackward: return "backward";
     case Phase::kRecompute: return "recompute";
+    case Phase::kOptimizer: return "optimizer";
   }
   return "unknown";
 }
@@ -16,6 +17,7 @@ std::optional<Phase> ParsePhase(std::string_view name) {
   if (name == "forward") return Phase::kForward;
   if (name == "backward") return Phase::kBackward;
   if (name == "recompute") return Phase::kRecompute;
+  if (name == "optimizer") return Phase::kOptimizer;
   return std::nullopt;
 }
 

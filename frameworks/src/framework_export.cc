@@ -49,6 +49,48 @@ std::size_t FirstPosition(const std::vector<OrderEntry>& seq, UnitId unit, Phase
   return any;
 }
 
+// A unit's prefetch windows on the policy's order, as the scheduler opens them (PrefetchWindow),
+// and the modules they name: what the export writes and what its import reads back.
+class Windows final {
+ public:
+  Windows(const Model& model, const ExecutionOrder& order, const FqnMap& fqn)
+      : model_(model), order_(order), fqn_(fqn) {}
+
+  const std::vector<OrderEntry>& Seq(bool backward) const {
+    return backward ? order_.backward() : order_.forward();
+  }
+  // Where `unit`'s pre-hook of that direction opens its window (npos: the unit is not in it).
+  std::size_t PositionOf(UnitId unit, bool backward) const {
+    return FirstPosition(Seq(backward), unit, backward ? Phase::kBackward : Phase::kForward);
+  }
+  // The window `budget` opens after `pos`, under `policy`'s planes.
+  std::vector<std::size_t> Window(const Policy& policy, bool backward, std::size_t pos,
+                                  const Budget& budget) const {
+    const auto planes_of = [&](const OrderEntry& e) {
+      return GatherPlanes(EffectivePolicyFor(policy, model_.unit(e.unit).name()), e.phase);
+    };
+    return PrefetchWindow(model_, Seq(backward), pos + 1, budget, planes_of);
+  }
+  // The window's units as FQNs, each once, without the unit itself (a module's own unshard in
+  // its pre-hook has already run: listing it would prefetch nothing).
+  std::vector<std::string> Names(bool backward, const std::vector<std::size_t>& window,
+                                 UnitId self) const {
+    std::vector<std::string> names;
+    for (std::size_t i : window) {
+      const UnitId u = Seq(backward)[i].unit;
+      if (u == self) continue;
+      std::string n = fqn_.Of(model_.unit(u).name());
+      if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(std::move(n));
+    }
+    return names;
+  }
+
+ private:
+  const Model& model_;
+  const ExecutionOrder& order_;
+  const FqnMap& fqn_;
+};
+
 std::string JoinQuoted(const std::vector<std::string>& names) {
   std::string out;
   for (const std::string& n : names) out += (out.empty() ? "'" : ", '") + n + "'";
@@ -77,20 +119,7 @@ StatusOr<ExportedPolicy> ExportPolicy(const Trace& trace, const Policy& policy,
   out.policy_json = PolicyToJson(policy);
   out.unify_communication_stream = !fsdp2 && policy.unified_comm_stream;
 
-  const auto planes_of = [&](const OrderEntry& e) {
-    return GatherPlanes(EffectivePolicyFor(policy, model.unit(e.unit).name()), e.phase);
-  };
-  // The window's units as FQNs, each once, without the unit itself.
-  const auto names_of = [&](const std::vector<OrderEntry>& seq,
-                            const std::vector<std::size_t>& window, UnitId self) {
-    std::vector<std::string> names;
-    for (std::size_t i : window) {
-      if (seq[i].unit == self) continue;
-      std::string n = fqn.Of(model.unit(seq[i].unit).name());
-      if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(std::move(n));
-    }
-    return names;
-  };
+  const Windows windows(model, order, fqn);
   // A units or bytes budget becomes the element budget that opens the same window: the
   // elements of all but its last unit, plus one. An element budget is passed as it is.
   const auto elements_of = [&](const Budget& budget, const std::vector<OrderEntry>& seq,
@@ -103,9 +132,10 @@ StatusOr<ExportedPolicy> ExportPolicy(const Trace& trace, const Policy& policy,
     return e;
   };
 
-  std::vector<std::string> no_forward_list;  // FSDP2: forward budget 0
-  std::vector<std::string> kept_unsharded;   // Megatron-FSDP: no reshard after forward
-  std::vector<std::string> shared;           // units with more than one forward call
+  std::vector<std::string> no_forward_list;   // FSDP2: forward budget 0
+  std::vector<std::string> no_backward_list;  // FSDP2: backward budget 0 where one would follow
+  std::vector<std::string> kept_unsharded;    // Megatron-FSDP: no reshard after forward
+  std::vector<std::string> shared;            // units with more than one forward call
   bool has_mxfp8 = false;
   for (const Unit& u : model.units()) {
     for (const ParamGroup& g : u.groups()) has_mxfp8 = has_mxfp8 || g.multi_plane();
@@ -113,33 +143,32 @@ StatusOr<ExportedPolicy> ExportPolicy(const Trace& trace, const Policy& policy,
     ExportedModule x;
     x.unit = u.name();
     x.fqn = fqn.Of(u.name());
-    const std::size_t fpos = FirstPosition(order.forward(), u.id(), Phase::kForward);
-    const std::size_t bpos = FirstPosition(order.backward(), u.id(), Phase::kBackward);
+    const std::size_t fpos = windows.PositionOf(u.id(), false);
+    const std::size_t bpos = windows.PositionOf(u.id(), true);
     if (std::count_if(order.forward().begin(), order.forward().end(),
                       [&](const OrderEntry& e) { return e.unit == u.id(); }) > 1) {
       shared.push_back(x.fqn);
     }
     std::vector<std::size_t> fwin;
     std::vector<std::size_t> bwin;
-    if (fpos != std::string::npos) {
-      fwin = PrefetchWindow(model, order.forward(), fpos + 1, eff.forward_prefetch, planes_of);
-    }
-    if (bpos != std::string::npos) {
-      bwin = PrefetchWindow(model, order.backward(), bpos + 1, eff.backward_prefetch, planes_of);
-    }
+    if (fpos != std::string::npos) fwin = windows.Window(policy, false, fpos, eff.forward_prefetch);
+    if (bpos != std::string::npos) bwin = windows.Window(policy, true, bpos, eff.backward_prefetch);
     const bool reshards = policy.sharding == Sharding::kZero3 && ReshardsAfterForward(policy, u);
     x.reshard_after_forward = reshards;
     if (fsdp2) {
       if (fpos != std::string::npos) {
-        x.forward_prefetch = names_of(order.forward(), fwin, u.id());
+        x.forward_prefetch = windows.Names(false, fwin, u.id());
         if (eff.forward_prefetch.disabled()) no_forward_list.push_back(x.fqn);
       }
       if (bpos != std::string::npos) {
-        std::vector<std::string> list = names_of(order.backward(), bwin, u.id());
-        // An empty list would leave FSDP2's default (one module in reverse post-forward order)
-        // on; the module itself is a prefetch that does nothing and keeps the default off.
-        if (list.empty()) list.push_back(x.fqn);
-        x.backward_prefetch = std::move(list);
+        // An empty list leaves FSDP2's own default on: the next module in reverse post-forward
+        // order. Where a budget of 0 would have prefetched nothing but a module follows, no list
+        // expresses it (a module never lists itself): the default is what runs.
+        x.backward_prefetch = windows.Names(true, bwin, u.id());
+        if (x.backward_prefetch->empty() &&
+            !windows.Names(true, windows.Window(policy, true, bpos, Budget{}), u.id()).empty()) {
+          no_backward_list.push_back(x.fqn);
+        }
       }
     } else {
       x.forward_prefetch_elements = elements_of(eff.forward_prefetch, order.forward(), fwin);
@@ -189,6 +218,12 @@ StatusOr<ExportedPolicy> ExportPolicy(const Trace& trace, const Policy& policy,
           "current one computes (implicit forward prefetch); the closest is no explicit list",
           JoinQuoted(no_forward_list)));
     }
+    if (!no_backward_list.empty()) {
+      notes.push_back(fmt::format(
+          "backward budget 0 ({}): FSDP2 prefetches the next module in reverse post-forward "
+          "order when a module's backward list is empty (its default); written as the default",
+          JoinQuoted(no_backward_list)));
+    }
     if (has_mxfp8) {
       notes.push_back(
           "MXFP8 planes: FSDP2 gathers whole parameters, not the rowwise or columnwise planes a "
@@ -199,6 +234,11 @@ StatusOr<ExportedPolicy> ExportPolicy(const Trace& trace, const Policy& policy,
       notes.push_back(
           "unified_comm_stream: FSDP2 always uses separate all-gather and "
           "reduce-scatter streams; dropped");
+    }
+    if (policy.comm_on_compute_stream) {
+      notes.push_back(
+          "comm_on_compute_stream: how FSDP2 runs on a CPU device (its collectives block the "
+          "calling thread), not a knob; nothing written");
     }
     if (policy.sharding == Sharding::kZero2) {
       notes.push_back(
@@ -228,6 +268,196 @@ StatusOr<ExportedPolicy> ExportPolicy(const Trace& trace, const Policy& policy,
         "on this trace's order (Megatron-FSDP counts elements)");
   }
   return out;
+}
+
+namespace {
+
+// The units budget whose window after `pos` names exactly `list` (the smallest; an empty list:
+// FSDP2's default, one module).
+StatusOr<Budget> ListBudget(const Windows& windows, const Policy& policy, bool backward,
+                            std::size_t pos, UnitId self, const std::vector<std::string>& list,
+                            std::string_view where) {
+  if (list.empty()) return Budget{};
+  std::size_t previous = 0;
+  for (std::uint64_t k = 1;; ++k) {
+    const std::vector<std::size_t> window =
+        windows.Window(policy, backward, pos, Budget{Budget::Kind::kUnits, k});
+    if (windows.Names(backward, window, self) == list) return Budget{Budget::Kind::kUnits, k};
+    if (k > 1 && window.size() == previous) break;  // the order has no more units
+    previous = window.size();
+  }
+  return InvalidInput(
+      fmt::format("{}: [{}] is not a prefetch window of the {} order (the next modules, in order)",
+                  where, JoinQuoted(list), backward ? "backward" : "forward"));
+}
+
+}  // namespace
+
+StatusOr<Policy> ImportExportedPolicy(const Trace& trace, const ExportedPolicy& exported) {
+  const Model& model = trace.model;
+  Policy p;
+  FSDP_RETURN_IF_ERROR(ApplyPolicyJson(exported.policy_json, p));
+  p.order = exported.order;
+  p.prefetch_first_unit = false;  // none of the frameworks gathers before the first pre-hook
+  p.units.clear();
+  const bool fsdp2 = exported.framework == Framework::kFsdp2;
+  const bool zero3 = p.sharding == Sharding::kZero3;
+  if (fsdp2) {
+    p.unified_comm_stream = false;
+    p.forward_prefetch = Budget{};
+    p.backward_prefetch = Budget{};
+  } else {
+    p.unified_comm_stream = exported.unify_communication_stream;
+    if (zero3) p.reshard_after_forward = true;
+  }
+  FSDP_RETURN_IF_ERROR(ValidatePolicy(p, model));
+  FSDP_ASSIGN_OR_RETURN(ExecutionOrder order, PrefetchOrderOf(trace, p));
+  const FqnMap fqn(model);
+  const Windows windows(model, order, fqn);
+  const Policy global = p;  // the values the overrides differ from
+  for (std::size_t i = 0; i < exported.modules.size(); ++i) {
+    const ExportedModule& m = exported.modules[i];
+    const std::string where = fmt::format("modules[{}] ('{}')", i, m.fqn);
+    const std::optional<UnitId> id = model.Find(m.unit);
+    if (!id) return InvalidInput(fmt::format("{}: the trace has no unit '{}'", where, m.unit));
+    const Unit& unit = model.unit(*id);
+    UnitPolicy u;
+    if (fsdp2) {
+      for (const bool backward : {false, true}) {
+        const std::optional<std::vector<std::string>>& list =
+            backward ? m.backward_prefetch : m.forward_prefetch;
+        const std::size_t pos = windows.PositionOf(*id, backward);
+        if (!list || pos == std::string::npos) continue;
+        FSDP_ASSIGN_OR_RETURN(Budget b,
+                              ListBudget(windows, global, backward, pos, *id, *list, where));
+        if (b != Budget{}) (backward ? u.backward_prefetch : u.forward_prefetch) = b;
+      }
+    } else {
+      u.forward_prefetch = Budget{Budget::Kind::kElements, m.forward_prefetch_elements};
+      u.backward_prefetch = Budget{Budget::Kind::kElements, m.backward_prefetch_elements};
+      if (m.unshard_all_planes_in_backward !=
+          global.unshard_all_planes_in_backward.Selects(unit.name())) {
+        u.unshard_all_planes_in_backward = m.unshard_all_planes_in_backward;
+      }
+    }
+    // Megatron-FSDP reshards every module, its root too; FSDP2 does as each module was set.
+    const bool reshards = fsdp2 ? m.reshard_after_forward : true;
+    if (zero3 && reshards != ReshardsAfterForward(global, unit)) u.reshard_after_forward = reshards;
+    if (!u.empty()) p.units[unit.name()] = u;
+  }
+  return p;
+}
+
+StatusOr<std::optional<Framework>> TuneTarget(std::optional<Framework> preset,
+                                              const std::optional<std::string>& to) {
+  std::optional<Framework> target = preset;
+  std::string flag = "--preset";
+  if (to) {
+    if (*to == "any") return std::optional<Framework>();
+    StatusOr<Framework> f = ParseFramework(*to);
+    if (!f.ok()) return UsageError("--to: " + f.status().message());
+    target = *f;
+    flag = "--to";
+  }
+  if (target == Framework::kDeepSpeedZero3) {
+    return UsageError(
+        flag +
+        " deepspeed-zero3: DeepSpeed ZeRO-3 has no per-module prefetch settings to export a "
+        "tuned policy to; tune for fsdp2 or megatron-fsdp (--to), or for any policy (--to any)");
+  }
+  return target;
+}
+
+StatusOr<Policy> ExpressedPolicy(const Trace& trace, const Policy& policy, Framework framework) {
+  FSDP_ASSIGN_OR_RETURN(ExportedPolicy e, ExportPolicy(trace, policy, framework));
+  return ImportExportedPolicy(trace, e);
+}
+
+StatusOr<ExportedPolicy> ParseExportedPolicy(std::string_view json_text) {
+  const nlohmann::json j = nlohmann::json::parse(json_text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return InvalidInput("not a JSON object");
+  const auto text = [&j](const char* key) {
+    return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+  };
+  if (text("format") != kFormat) {
+    return InvalidInput(
+        fmt::format("format: expected \"{}\" (export-policy --format json)", kFormat));
+  }
+  if (!j.contains("version") || j["version"] != 1) {
+    return InvalidInput("version: 1 is the version read");
+  }
+  ExportedPolicy e;
+  const StatusOr<Framework> framework = ParseFramework(text("framework"));
+  if (!framework.ok()) return InvalidInput("framework: " + framework.status().message());
+  e.framework = *framework;
+  const std::string order = text("order");
+  if (order != PrefetchOrderName(PrefetchOrder::kRegistration) &&
+      order != PrefetchOrderName(PrefetchOrder::kRecorded)) {
+    return InvalidInput(fmt::format("order: '{}' (expected registration or recorded)", order));
+  }
+  e.order = order == PrefetchOrderName(PrefetchOrder::kRecorded) ? PrefetchOrder::kRecorded
+                                                                 : PrefetchOrder::kRegistration;
+  if (j.contains("unify_communication_stream")) {
+    if (!j["unify_communication_stream"].is_boolean()) {
+      return InvalidInput("unify_communication_stream: true or false expected");
+    }
+    e.unify_communication_stream = j["unify_communication_stream"].get<bool>();
+  }
+  if (!j.contains("policy") || !j["policy"].is_object()) {
+    return InvalidInput("policy: the exported policy's JSON object is missing");
+  }
+  e.policy_json = j["policy"].dump();
+  if (!j.contains("modules") || !j["modules"].is_array()) return InvalidInput("modules: no list");
+  for (std::size_t i = 0; i < j["modules"].size(); ++i) {
+    const nlohmann::json& o = j["modules"][i];
+    const std::string where = fmt::format("modules[{}]", i);
+    if (!o.is_object() || !o.contains("unit") || !o["unit"].is_string() || !o.contains("fqn") ||
+        !o["fqn"].is_string()) {
+      return InvalidInput(where + ": an object with \"unit\" and \"fqn\" strings expected");
+    }
+    ExportedModule m;
+    m.unit = o["unit"].get<std::string>();
+    m.fqn = o["fqn"].get<std::string>();
+    for (const char* key : {"forward_prefetch", "backward_prefetch"}) {
+      if (!o.contains(key)) continue;
+      const nlohmann::json& list = o[key];
+      std::vector<std::string> names;
+      for (const nlohmann::json& n : list.is_array() ? list : nlohmann::json::array()) {
+        if (!n.is_string()) break;
+        names.push_back(n.get<std::string>());
+      }
+      if (!list.is_array() || names.size() != list.size()) {
+        return InvalidInput(fmt::format("{}.{}: a list of module names expected", where, key));
+      }
+      (std::string_view(key) == "forward_prefetch" ? m.forward_prefetch : m.backward_prefetch) =
+          std::move(names);
+    }
+    for (auto [key, target] :
+         {std::pair{"reshard_after_forward", &m.reshard_after_forward},
+          std::pair{"unshard_all_planes_in_backward", &m.unshard_all_planes_in_backward}}) {
+      if (!o.contains(key)) continue;
+      if (!o[key].is_boolean()) {
+        return InvalidInput(fmt::format("{}.{}: true or false expected", where, key));
+      }
+      *target = o[key].get<bool>();
+    }
+    for (auto [key, target] :
+         {std::pair{"forward_prefetch_elements", &m.forward_prefetch_elements},
+          std::pair{"backward_prefetch_elements", &m.backward_prefetch_elements}}) {
+      if (!o.contains(key)) continue;
+      if (!o[key].is_number_unsigned()) {
+        return InvalidInput(fmt::format("{}.{}: a count of elements expected", where, key));
+      }
+      *target = o[key].get<Elements>();
+    }
+    e.modules.push_back(std::move(m));
+  }
+  if (j.contains("notes") && j["notes"].is_array()) {
+    for (const nlohmann::json& n : j["notes"]) {
+      if (n.is_string()) e.notes.push_back(n.get<std::string>());
+    }
+  }
+  return e;
 }
 
 std::string ExportedPolicyToJson(const ExportedPolicy& e) {

@@ -81,6 +81,17 @@ StatusOr<Policy> PresetPolicy(Framework framework, const Trace& trace) {
       // ahead in reverse post-forward order. Both follow what ran: the recorded order. The root
       // keeps its parameters after forward.
       p.order = PrefetchOrder::kRecorded;
+      if (DeviceOfTrace(trace.meta.extra_json, trace.meta.source).cpu) {
+        // On a CPU device FSDP2's streams and events are torch.cpu's no-ops and its collectives
+        // are gloo's synchronous calls (unshard's async_op is False; foreach_all_gather and
+        // foreach_reduce call them on the thread that computes, their copy-in and copy-out
+        // around them): nothing overlaps. The forward's implicit prefetch needs a host ahead of
+        // its device, which a CPU is not: each module gathers at its own pre_forward. The
+        // backward's prefetch is explicit (pre_backward unshards the next module) and runs at
+        // once, before this module's backward.
+        p.comm_on_compute_stream = true;
+        p.forward_prefetch = Budget{Budget::Kind::kUnits, 0};
+      }
       break;
     case Framework::kMegatronFsdp:
       // v2: static registration order, one module ahead, and every module reshards after

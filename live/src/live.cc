@@ -32,6 +32,11 @@ Status ValidateLiveOptions(const Trace& trace, const LiveOptions& o, std::string
   }
   if (trace.steps.empty()) return InvalidInput("the trace has no steps to run");
   FSDP_RETURN_IF_ERROR(FaultUnit(trace.model, o).status());
+  if (o.policy.comm_on_compute_stream) {
+    return UsageError(
+        "comm_on_compute_stream: the live executors run collectives on streams of their own; "
+        "it is a simulated framework's behaviour (FSDP2 on a CPU)");
+  }
   return ValidatePolicy(o.policy, trace.model);
 }
 

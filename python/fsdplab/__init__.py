@@ -142,20 +142,24 @@ def sweep(trace: TraceLike, grid: Mapping[str, Any], policy: Optional[DocLike] =
         _engine_settings("sweep", options), cap_peak, jobs))
 
 
-def tune(trace: TraceLike, memory_cap: Union[int, str], cluster: Optional[DocLike] = None, *,
-         preset: Optional[str] = None, cap_peak: Optional[str] = None,
+def tune(trace: Union[TraceLike, Sequence[TraceLike]], memory_cap: Union[int, str],
+         policy: Optional[DocLike] = None, cluster: Optional[DocLike] = None, *,
+         preset: Optional[str] = None, to: Optional[str] = None, cap_peak: Optional[str] = None,
          objective: Optional[str] = None, budget_kinds: Optional[Sequence[str]] = None,
-         time_limit_s: Optional[float] = None, **options: Any) -> Dict[str, Any]:
-    """`fsdplab tune TRACE --memory-cap B`: the fastest per-unit policy under the cap.
+         time_limit_s: Optional[float] = None, exact_max: Optional[int] = None,
+         **options: Any) -> Dict[str, Any]:
+    """`fsdplab tune TRACE --memory-cap B --json`: the fastest per-unit policy under the cap.
 
-    Returns {"tuned": {"policy", "step_time_us", ...}, "global_best": {...}, "why": [...],
-    "candidates": (the sweep JSON of every policy simulated), ...}.
+    Starts from the policy that policy and preset give; `to` keeps the search to what a
+    framework can express ("fsdp2", "megatron-fsdp", "any"). Returns the command's JSON:
+    {"best": {"policy", "step_time_us", ...}, "global_best": {...}, "why": [...], ...};
+    StepFailed (with .result) when no policy fits.
     """
     settings = _engine_settings("tune", options) + [("memory_cap", _text(memory_cap))]
     kinds = None if budget_kinds is None else ",".join(budget_kinds)
     return _result(_fsdplab.tune(
-        _source(trace), preset, _optional_source(cluster), settings, cap_peak, objective, kinds,
-        time_limit_s))
+        _trace_sources(trace), preset, _optional_source(policy), _optional_source(cluster),
+        settings, cap_peak, objective, kinds, time_limit_s, exact_max, to))
 
 
 def cost(cluster: DocLike, collective: str, sizes: Sequence[Union[int, str]],

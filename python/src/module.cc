@@ -107,7 +107,8 @@ StatusOr<PolicyLayers> Layers(const Trace& trace, const std::optional<std::strin
   return layers;
 }
 
-StatusOr<sim::Cluster> ClusterOf(const std::optional<Source>& cluster, int trace_world_size) {
+StatusOr<sim::Cluster> ClusterOf(const std::optional<Source>& cluster,
+                                 const std::vector<const Trace*>& traces, int trace_world_size) {
   sim::ClusterLayers layers;
   if (cluster) {
     if (cluster->first) {
@@ -118,15 +119,18 @@ StatusOr<sim::Cluster> ClusterOf(const std::optional<Source>& cluster, int trace
       FSDP_ASSIGN_OR_RETURN(layers.file, sim::ReadClusterFile(cluster->second));
     }
   }
-  return sim::ResolveCluster(layers, trace_world_size);
+  return sim::ResolveCluster(layers, traces, trace_world_size);
 }
 
 // The engine options and the cluster of a run over `traces` (simulate, sweep, tune).
 Status Engine(const Traces& t, const std::optional<Source>& cluster, const Settings& options,
               sim::SimOptions& o) {
   const Trace& first = t.traces.front();
-  FSDP_ASSIGN_OR_RETURN(o.cluster, ClusterOf(cluster, t.per_rank ? static_cast<int>(t.traces.size())
-                                                                 : first.meta.world_size));
+  std::vector<const Trace*> ptrs;
+  for (const Trace& tr : t.traces) ptrs.push_back(&tr);
+  FSDP_ASSIGN_OR_RETURN(
+      o.cluster, ClusterOf(cluster, ptrs,
+                           t.per_rank ? static_cast<int>(t.traces.size()) : first.meta.world_size));
   FSDP_RETURN_IF_ERROR(sim::ApplyEngineOptions(options, o));
   sim::DefaultSteps(first, o);
   return Status::Ok();
@@ -201,20 +205,30 @@ Result Sweep(const Source& trace_source, const std::optional<std::string>& prese
   return Done(std::move(json));
 }
 
-Result Tune(const Source& trace_source, const std::optional<std::string>& preset,
-            const std::optional<Source>& cluster, const Settings& options,
-            const std::optional<std::string>& cap_peak_text,
+Result Tune(const std::vector<Source>& trace_sources, const std::optional<std::string>& preset,
+            const std::optional<Source>& policy, const std::optional<Source>& cluster,
+            const Settings& options, const std::optional<std::string>& cap_peak_text,
             const std::optional<std::string>& objective,
-            const std::optional<std::string>& budget_kinds, std::optional<double> time_limit_s) {
+            const std::optional<std::string>& budget_kinds, std::optional<double> time_limit_s,
+            std::optional<int> exact_max, const std::optional<std::string>& to) {
   nb::gil_scoped_release release;
-  StatusOr<Traces> t = LoadTraces({trace_source});
+  StatusOr<Traces> t = LoadTraces(trace_sources);
   if (!t.ok()) return Failed(t.status());
-  if (t->per_rank) return Failed(UsageError("tune takes one TRACE for all ranks"));
   const Trace& trace = t->traces.front();
+  std::vector<const Trace*> traces;
+  for (const Trace& tr : t->traces) traces.push_back(&tr);
   sim::TuneOptions opt;
+  StatusOr<PolicyLayers> layers = Layers(trace, preset, policy);
+  if (!layers.ok()) return Failed(layers.status());
+  StatusOr<Policy> start = ResolvePolicy(*layers, trace.model);
+  if (!start.ok()) return Failed(start.status());
+  opt.base.policy = *start;
   if (Status s = Engine(*t, cluster, options, opt.base); !s.ok()) return Failed(s);
   if (!opt.base.memory_cap) return Failed(UsageError("--memory-cap BYTES is required"));
   opt.memory_cap = *opt.base.memory_cap;
+  const bool allocator_given = std::any_of(options.begin(), options.end(),
+                                           [](const auto& kv) { return kv.first == "allocator"; });
+  const std::string memory_model = sim::ChooseTuneMemoryModel(trace, allocator_given, opt.base);
   if (cap_peak_text) {
     StatusOr<sim::CapPeak> c = sim::ParseCapPeak(*cap_peak_text, "--cap-peak");
     if (!c.ok()) return Failed(c.status());
@@ -234,55 +248,49 @@ Result Tune(const Source& trace_source, const std::optional<std::string>& preset
     if (!(*time_limit_s > 0)) return Failed(UsageError("--time-limit: must be > 0 seconds"));
     opt.time_limit_s = *time_limit_s;
   }
-  std::optional<Policy> preset_policy;
+  if (exact_max) {
+    if (*exact_max < 0) return Failed(UsageError("--exact-max: must be >= 0"));
+    opt.exact_max_policies = *exact_max;
+  }
+  std::optional<Framework> preset_framework;
   if (preset) {
     StatusOr<Framework> f = ParseFramework(*preset);
     if (!f.ok()) return Failed(UsageError("--preset: " + f.status().message()));
-    StatusOr<Policy> p = PresetPolicy(*f, trace);
-    if (!p.ok()) return Failed(p.status());
-    preset_policy = *p;
+    preset_framework = *f;
   }
-  StatusOr<sim::TuneResult> r = sim::Tune(trace, opt);
+  StatusOr<std::optional<Framework>> target = TuneTarget(preset_framework, to);
+  if (!target.ok()) return Failed(target.status());
+  if (*target) {
+    const Framework f = **target;
+    opt.express = [&trace, f](const Policy& p) { return ExpressedPolicy(trace, p, f); };
+  }
+  std::optional<Policy> preset_policy;
+  if (preset_framework) {
+    StatusOr<Policy> p = PresetPolicy(*preset_framework, trace);
+    if (!p.ok()) return Failed(p.status());
+    // The framework's default with what the other layers say of training, as the start has.
+    p->optimizer = start->optimizer;
+    p->master_weights = start->master_weights;
+    preset_policy = *std::move(p);
+  }
+  StatusOr<sim::TuneResult> r = t->per_rank ? sim::Tune(traces, opt) : sim::Tune(trace, opt);
   if (!r.ok()) return Failed(r.status());
-  using Json = nlohmann::ordered_json;
-  auto row_json = [](const sim::SweepRow& row) {
-    Json j;
-    j["policy"] = Json::parse(PolicyToJson(row.policy));
-    j["step_time_us"] = row.step_time_us;
-    j["exposed_comm_us"] = row.exposed_comm_us;
-    j["peak_memory_bytes"] = row.peak_memory_bytes;
-    j["peak_reserved_bytes"] = sim::PeakFor(row, sim::CapPeak::kSimulated);
-    return j;
-  };
-  Json doc;
-  doc["memory_cap"] = opt.memory_cap;
-  doc["tuned"] = r->best ? row_json(*r->best) : Json();
-  doc["global_best"] = r->global_best ? row_json(*r->global_best) : Json();
+  std::optional<sim::SweepRow> def;
   if (preset_policy) {
     sim::SimOptions def_opt = opt.base;
     def_opt.memory_cap.reset();  // as the search: the true peak, the cap selects
-    doc["preset_default"] = row_json(sim::SimulatePolicy(trace, *preset_policy, def_opt));
+    def = t->per_rank ? sim::SimulatePolicy(traces, *preset_policy, def_opt)
+                      : sim::SimulatePolicy(trace, *preset_policy, def_opt);
   }
-  doc["lower_bound_us"] = r->lower_bound_us;
-  doc["why"] = r->why;
-  doc["evaluated"] = r->evaluated;
-  doc["rounds"] = r->rounds;
-  doc["time_limit_reached"] = r->time_limit_reached;
-  std::optional<std::size_t> chosen;
-  const std::string tuned = r->best ? PolicyToJson(r->best->policy) : std::string();
-  for (std::size_t i = 0; i < r->candidates.size() && r->best; ++i) {
-    if (PolicyToJson(r->candidates[i].policy) == tuned) chosen = i;
-  }
-  doc["candidates"] =
-      Json::parse(sim::SweepToJson(sim::SweepOfPolicies(r->candidates), opt.memory_cap,
-                                   opt.cap_peak, chosen, "tune", "the tuned policy", t->name));
+  std::string json =
+      sim::TuneResultJson(*r, opt, memory_model, *target ? FrameworkName(**target) : "any", def);
   if (!r->global_best || !r->best) {
     return {3,
             r->failure.empty() ? "No policy fits under the memory cap."
                                : "Every global policy fails: " + r->failure,
-            doc.dump()};
+            std::move(json)};
   }
-  return Done(doc.dump());
+  return Done(std::move(json));
 }
 
 Result Cost(const Source& cluster_source, const std::string& collective,
@@ -437,9 +445,9 @@ NB_MODULE(_fsdplab, m) {
         nb::arg("band"));
   m.def("sweep", &Sweep, nb::arg("trace"), nb::arg("preset"), nb::arg("policy"), nb::arg("grid"),
         nb::arg("cluster"), nb::arg("options"), nb::arg("cap_peak"), nb::arg("jobs"));
-  m.def("tune", &Tune, nb::arg("trace"), nb::arg("preset"), nb::arg("cluster"), nb::arg("options"),
-        nb::arg("cap_peak"), nb::arg("objective"), nb::arg("budget_kinds"),
-        nb::arg("time_limit_s"));
+  m.def("tune", &Tune, nb::arg("traces"), nb::arg("preset"), nb::arg("policy"), nb::arg("cluster"),
+        nb::arg("options"), nb::arg("cap_peak"), nb::arg("objective"), nb::arg("budget_kinds"),
+        nb::arg("time_limit_s"), nb::arg("exact_max"), nb::arg("to"));
   m.def("cost", &Cost, nb::arg("cluster"), nb::arg("collective"), nb::arg("sizes"),
         nb::arg("world_size"));
   m.def("validate", &Validate, nb::arg("trace"));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,12 +71,16 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
 
   std::vector<const TimelineOp*> ops;
   std::vector<Interval> compute;
+  std::vector<Interval> optimizer;  // the optimizer step's computes
   std::vector<Interval> comm;
   std::vector<Interval> waits;  // collectives called, the other ranks not yet there
   for (const TimelineOp& op : timeline.ops) {
     if (op.rank != rank0 || op.track == Track::kHost) continue;
     ops.push_back(&op);
     if (op.kind == OpKind::kCompute) compute.push_back({op.start_us, op.end_us});
+    if (op.kind == OpKind::kCompute && op.phase == Phase::kOptimizer) {
+      optimizer.push_back({op.start_us, op.end_us});
+    }
     if (IsCollective(op.kind)) {
       comm.push_back({op.start_us, op.end_us});
       if (op.wait_us > 0) waits.push_back({op.start_us - op.wait_us, op.start_us});
@@ -86,6 +91,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
   const IntervalSet any_work(std::move(work));
   const IntervalSet idle_waits = IntervalSet(std::move(waits)).Minus(any_work);
   const IntervalSet computing(std::move(compute));
+  const IntervalSet optimizing(std::move(optimizer));
   const IntervalSet exposed = ExposedComm(IntervalSet(std::move(comm)), computing);
 
   struct StepAcc {
@@ -100,10 +106,15 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     a.first = std::min(a.first, op->start_us);
     a.last = std::max(a.last, op->end_us);
     if (op->kind == OpKind::kCompute) a.compute_sum += op->end_us - op->start_us;
-    if (IsCollective(op->kind)) a.track_busy[op->track] += op->end_us - op->start_us;
+    // A stream's busy time: its collectives, and the compute stream's computes too (collectives
+    // that run on the compute stream queue with them).
+    if (IsCollective(op->kind) || op->kind == OpKind::kCompute) {
+      a.track_busy[op->track] += op->end_us - op->start_us;
+    }
   }
 
-  const internal::PeakRaceFinder races(r.ops);
+  std::optional<internal::PeakRaceFinder> races;
+  if (in.peak_races) races.emplace(r.ops);
   // Memory samples of rank 0 (time order) for per-step peaks.
   std::vector<const MemorySample*> mem0;
   for (const MemorySample& s : timeline.memory) {
@@ -122,6 +133,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     s.end_us = std::max(acc.last, s.start_us);
     s.time_us = s.end_us - s.start_us;
     s.compute_us = computing.Between(s.start_us, s.end_us);
+    s.optimizer_us = optimizing.Between(s.start_us, s.end_us);
     s.exposed_comm_us = exposed.Between(s.start_us, s.end_us);
     s.idle_us = std::max(0.0, s.time_us - any_work.Between(s.start_us, s.end_us));
     s.rendezvous_wait_us = std::min(s.idle_us, idle_waits.Between(s.start_us, s.end_us));
@@ -168,7 +180,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
       std::size_t peak = 0;
       while (win[peak]->total() != s.peak_memory_bytes) ++peak;
       s.peak_memory_at_us = std::max(win[peak]->t_us, s.start_us);
-      races.Find(s, win, peak);
+      if (races) races->Find(s, win, peak);
     }
     TimeUs lb = std::max(acc.compute_sum, in.memory_cap_lower_bound_us);
     for (const auto& [track, busy] : acc.track_busy) lb = std::max(lb, busy);
@@ -208,6 +220,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     sum.idle_us += r.steps[i].idle_us;
     sum.rendezvous_wait_us += r.steps[i].rendezvous_wait_us;
     sum.compute_us += r.steps[i].compute_us;
+    sum.optimizer_us += r.steps[i].optimizer_us;
     sum.lower_bound_us += lower_bounds[i];
   }
   if (n > 0) {
@@ -216,6 +229,7 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& in) {
     sum.idle_us /= static_cast<double>(n);
     sum.rendezvous_wait_us /= static_cast<double>(n);
     sum.compute_us /= static_cast<double>(n);
+    sum.optimizer_us /= static_cast<double>(n);
     sum.lower_bound_us /= static_cast<double>(n);
   }
   for (const StepReport& s : r.steps) {

@@ -125,6 +125,10 @@ std::string ReportToJson(const Report& r) {
     }
     return out;
   };
+  // optimizer_us appears when the run has an optimizer step (a trace without one reports as
+  // before).
+  const bool optimizer = std::any_of(r.steps.begin(), r.steps.end(),
+                                     [](const StepReport& s) { return s.optimizer_us > 0; });
   Json steps = Json::array();
   for (const StepReport& s : r.steps) {
     steps.push_back(Json{{"index", s.index},
@@ -146,6 +150,7 @@ std::string ReportToJson(const Report& r) {
                          {"peak_memory_at_us", s.peak_memory_at_us},
                          {"peak_races", races_json(s.peak_races)},
                          {"peak_memory_if_late_bytes", s.peak_if_late_bytes}});
+    if (optimizer) steps.back()["optimizer_us"] = s.optimizer_us;
   }
   doc["steps"] = steps;
   Json units = Json::array();
@@ -205,6 +210,7 @@ std::string ReportToJson(const Report& r) {
   if (m.collective_footprint_bytes > 0) {
     doc["summary"]["collective_footprint_bytes"] = m.collective_footprint_bytes;
   }
+  if (optimizer) doc["summary"]["optimizer_us"] = m.optimizer_us;
   doc["errors"] = r.errors;
   doc["warnings"] = r.warnings;
   if (!r.critical_path_json.empty()) {
@@ -269,7 +275,10 @@ std::string ReportToText(const Report& r) {
   // A failed run's timeline stops where it failed: its last step is cut short, not fast.
   if (!r.errors.empty()) which += "; the run failed (ERROR below): only what ran before it";
   line(fmt::format("Step time:        {} ({})", FormatUs(m.step_time_us), which));
-  line(fmt::format("Compute:          {}", FormatUs(m.compute_us)));
+  line(fmt::format("Compute:          {}{}", FormatUs(m.compute_us),
+                   m.optimizer_us > 0
+                       ? fmt::format(" (of which the optimizer step {})", FormatUs(m.optimizer_us))
+                       : std::string()));
   double pct = m.step_time_us > 0 ? 100.0 * m.exposed_comm_us / m.step_time_us : 0.0;
   line(fmt::format("Exposed comm:     {} ({:.1f}% of the step)", FormatUs(m.exposed_comm_us), pct));
   line(fmt::format("Idle:             {} ({:.1f}% of the step: no compute and no collective ran)",

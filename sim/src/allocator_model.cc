@@ -1,6 +1,7 @@
 #include "fsdplab/sim/allocator_model.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 namespace fsdplab {
 

@@ -389,7 +389,8 @@ StatusOr<Cluster> ParseClusterJson(std::string_view json_text) {
         if (!n.is_string()) return InvalidInput("cluster.notes: expected a list of strings");
         c.notes.push_back(n.get<std::string>());
       }
-    } else if (key == "defaults_used" || key == "description" || key == "source") {
+    } else if (key == "defaults_used" || key == "from_trace" || key == "description" ||
+               key == "source") {
       // Printed back by ClusterToJson or added by tools; informational.
     } else {
       return InvalidInput(fmt::format("cluster.{}: unknown key", key));
@@ -431,6 +432,7 @@ json ClusterJson(const Cluster& c) {
   }
   if (c.stream_wake) doc["stream_wake_us"] = json::parse(calib::StreamWakeJson(*c.stream_wake));
   doc["defaults_used"] = c.defaults_used;
+  if (c.from_trace) doc["from_trace"] = true;
   return doc;
 }
 
@@ -445,7 +447,9 @@ std::string DescribeCluster(const Cluster& c) {
       c.world_size, c.nodes(), c.nodes() == 1 ? "" : "s", std::min(c.world_size, c.gpus_per_node),
       c.intra.bandwidth_GBps, c.intra.latency_us, c.inter.bandwidth_GBps, c.inter.latency_us,
       c.compute_scale);
-  if (!c.all_gather.empty() || !c.reduce_scatter.empty() || !c.all_reduce.empty()) {
+  if (c.from_trace) {
+    s += ", collectives costed from the trace's own measured ones";
+  } else if (!c.all_gather.empty() || !c.reduce_scatter.empty() || !c.all_reduce.empty()) {
     s += ", calibrated";
   }
   if (c.comm_contention) {

@@ -645,7 +645,8 @@ void Engine::StartCollectiveClock(int s, int group, std::uint32_t seq, TimeUs co
 }
 
 void Engine::RepriceCollectives(int stream, int group, TimeUs now) {
-  // The clocks that contend: the group's all-gather and reduce-scatter; an all-reduce alone.
+  // The clocks that contend: the group's all-gather and reduce-scatter; an all-reduce alone, and
+  // a collective on the compute stream (comm_on_compute_stream) alone.
   std::array<int, 2> streams{};
   std::array<CollClock*, 2> clocks{};
   int n = 0;
@@ -656,8 +657,8 @@ void Engine::RepriceCollectives(int stream, int group, TimeUs now) {
     clocks[Idx(n)] = &groups[Idx(group)].clock;
     ++n;
   };
-  if (stream == kAllReduceStream) {
-    add(kAllReduceStream);
+  if (stream == kAllReduceStream || stream == kComputeStream) {
+    add(stream);
   } else {
     add(kGatherStream);
     add(kScatterStream);

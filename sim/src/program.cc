@@ -111,6 +111,7 @@ struct SimExecutor::State {
         planner(model, layout,
                 PlanConfig{.rank = rank,
                            .unified_comm_stream = policy.unified_comm_stream,
+                           .comm_on_compute_stream = policy.comm_on_compute_stream,
                            .memory_samples = false}) {}
   ModelLayout layout;
   StreamPlanner planner;

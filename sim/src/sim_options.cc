@@ -7,6 +7,7 @@
 
 #include "fsdplab/core/limits.h"
 #include "fsdplab/core/size_text.h"
+#include "fsdplab/sim/trace_calibration.h"
 
 namespace fsdplab::sim {
 namespace {
@@ -148,7 +149,8 @@ void DefaultSteps(const Trace& trace, SimOptions& options) {
   if (options.steps == 0) options.steps = std::max<int>(2, static_cast<int>(trace.steps.size()));
 }
 
-StatusOr<Cluster> ResolveCluster(const ClusterLayers& layers, int trace_world_size) {
+StatusOr<Cluster> ResolveCluster(const ClusterLayers& layers,
+                                 const std::vector<const Trace*>& traces, int trace_world_size) {
   Cluster c = layers.file.value_or(Cluster{});
   bool described = layers.file.has_value();
   const bool world_given = described || layers.world_size.has_value();
@@ -165,14 +167,15 @@ StatusOr<Cluster> ResolveCluster(const ClusterLayers& layers, int trace_world_si
                      Override{layers.compute_scale, c.compute_scale}}) {
     if (o.value) o.target = *o.value;
   }
-  described = described || world_given || layers.gpus_per_node || layers.intra_bandwidth_GBps ||
-              layers.intra_latency_us || layers.inter_bandwidth_GBps || layers.inter_latency_us ||
-              layers.compute_scale;
+  const bool links_described = layers.file || layers.gpus_per_node || layers.intra_bandwidth_GBps ||
+                               layers.intra_latency_us || layers.inter_bandwidth_GBps ||
+                               layers.inter_latency_us;
+  described = described || world_given || links_described || layers.compute_scale;
   if (!world_given && trace_world_size > 1) c.world_size = trace_world_size;
   c.defaults_used = !described;
   Status s = ValidateCluster(c);
   if (!s.ok()) return UsageError(s.message());
-  return c;
+  return ClusterForTraces(c, links_described, traces);
 }
 
 Status AddCostBandNote(const std::vector<const Trace*>& traces, bool per_rank,

@@ -16,7 +16,7 @@ namespace {
 using SimulateFn = std::function<StatusOr<SimResult>(const SimOptions&)>;
 
 StatusOr<SimulatedRun> Assemble(const Trace& first, const SimOptions& options,
-                                const SimulateFn& simulate) {
+                                const ReportDetail& detail, const SimulateFn& simulate) {
   SimulatedRun run;
   FSDP_ASSIGN_OR_RETURN(run.result, simulate(options));
   SimResult& r = run.result;
@@ -32,6 +32,7 @@ StatusOr<SimulatedRun> Assemble(const Trace& first, const SimOptions& options,
   in.cluster_text = DescribeCluster(options.cluster);
   in.memory_cap_lower_bound_us = r.memory_cap_lower_bound_us;
   in.collective_footprint_bytes = r.collective_footprint_bytes;
+  in.peak_races = detail.peak_races;
   run.report = BuildReport(r.timeline, in);
   if (options.memory_cap) {
     run.report.notes.push_back(fmt::format("memory cap: {} bytes per rank", *options.memory_cap));
@@ -46,14 +47,15 @@ StatusOr<SimulatedRun> Assemble(const Trace& first, const SimOptions& options,
 
 }  // namespace
 
-StatusOr<SimulatedRun> SimulateToReport(const Trace& trace, const SimOptions& options) {
-  return Assemble(trace, options, [&](const SimOptions& o) { return Simulate(trace, o); });
+StatusOr<SimulatedRun> SimulateToReport(const Trace& trace, const SimOptions& options,
+                                        const ReportDetail& detail) {
+  return Assemble(trace, options, detail, [&](const SimOptions& o) { return Simulate(trace, o); });
 }
 
 StatusOr<SimulatedRun> SimulateToReport(const std::vector<const Trace*>& rank_traces,
-                                        const SimOptions& options) {
+                                        const SimOptions& options, const ReportDetail& detail) {
   if (rank_traces.empty()) return UsageError("no rank traces to simulate");
-  return Assemble(*rank_traces.front(), options,
+  return Assemble(*rank_traces.front(), options, detail,
                   [&](const SimOptions& o) { return SimulateRanks(rank_traces, o); });
 }
 

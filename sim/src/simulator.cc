@@ -354,10 +354,21 @@ StatusOr<SimResult> RunSimulation(const std::vector<const Trace*>& traces, bool 
                                   : std::string()));
   }
   if (!pruned.pruned && !pruned.note.empty()) tl.notes.push_back(pruned.note);
-  if (options.cluster.defaults_used) {
+  if (options.cluster.defaults_used && world > 1) {
+    tl.warnings.push_back(
+        "cluster: the collectives are costed as one 8-GPU NVLink node's (H100-like defaults): "
+        "the trace carries no measured collectives and nothing described the cluster; calibrate "
+        "your ranks (`fsdplab calibrate`, README) and give --cluster FILE, or --intra-bw/... "
+        "flags");
+  } else if (options.cluster.defaults_used) {
     tl.notes.push_back(
         "cluster: defaults (one 8-GPU NVLink node, H100-like); describe yours with --cluster "
         "FILE or --world-size/--intra-bw/... flags");
+  }
+  if (options.cluster.from_trace) {
+    for (const std::string& n : options.cluster.notes) {
+      tl.notes.push_back("cluster from the trace's measured collectives: " + n);
+    }
   }
   if (std::optional<std::string> note = CommContentionNote(options)) tl.notes.push_back(*note);
   if (steps > static_cast<int>(first.steps.size())) {

@@ -18,14 +18,30 @@
 
 namespace fsdplab::sim {
 
-SweepRow SimulatePolicy(const Trace& trace, const Policy& policy, const SimOptions& base) {
-  SweepRow row;
-  row.policy = policy;
+namespace {
+
+SimOptions RowOptions(const Policy& policy, const SimOptions& base) {
   SimOptions opt = base;
   opt.policy = policy;
   opt.record_host_ops = false;
   opt.max_recorded_ranks = 1;
-  StatusOr<SimulatedRun> run = SimulateToReport(trace, opt);
+  return opt;
+}
+
+}  // namespace
+
+SweepRow SimulatePolicy(const Trace& trace, const Policy& policy, const SimOptions& base) {
+  return RowOf(policy, SimulateToReport(trace, RowOptions(policy, base)));
+}
+
+SweepRow SimulatePolicy(const std::vector<const Trace*>& rank_traces, const Policy& policy,
+                        const SimOptions& base) {
+  return RowOf(policy, SimulateToReport(rank_traces, RowOptions(policy, base)));
+}
+
+SweepRow RowOf(const Policy& policy, const StatusOr<SimulatedRun>& run) {
+  SweepRow row;
+  row.policy = policy;
   if (!run.ok()) {
     row.status = run.status();
     return row;
@@ -232,6 +248,22 @@ Bytes PeakFor(const SweepRow& row, CapPeak which) {
 
 bool FitsUnderCap(const SweepRow& row, Bytes cap, CapPeak which) {
   return row.ok() && PeakFor(row, which) <= cap;
+}
+
+bool FitsOnDevice(SweepRow& row, Bytes cap, CapPeak which,
+                  const std::function<SweepRow()>& run_capped) {
+  if (!row.ok() || FitsUnderCap(row, cap, which)) return FitsUnderCap(row, cap, which);
+  if (row.peak_memory_bytes > cap || row.peak_reserved_bytes <= row.peak_memory_bytes) {
+    return false;  // the tensors alone do not fit, or no cache to release
+  }
+  const SweepRow capped = run_capped();
+  const auto same = [](TimeUs a, TimeUs b) { return std::abs(a - b) <= 1e-9 * std::max(1.0, a); };
+  if (!capped.ok() || !same(capped.step_time_us, row.step_time_us) ||
+      !same(capped.exposed_comm_us, row.exposed_comm_us)) {
+    return false;
+  }
+  row.peak_reserved_bytes = capped.peak_reserved_bytes;
+  return FitsUnderCap(row, cap, which);
 }
 
 std::optional<std::size_t> BestUnderCap(const std::vector<SweepRow>& rows, Bytes cap,

@@ -1,17 +1,17 @@
-// `fsdplab tune` (tune.h): a global sweep, then a local search over per-unit overrides steered by
-// the critical path.
+// `fsdplab tune` (tune.h): the global sweep, the structured families, the local search and the
+// exact search, and the words that explain the result.
 #include "fsdplab/sim/tune.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <map>
-#include <set>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "fsdplab/core/text_format.h"
+#include "fsdplab/sim/allocator_model.h"
+#include "tune_internal.h"
 
 namespace fsdplab::sim {
 
@@ -19,9 +19,33 @@ TimeUs TuneObjectiveOf(const SweepRow& row, TuneObjective objective) {
   return objective == TuneObjective::kExposed ? row.exposed_comm_us : row.step_time_us;
 }
 
+std::string_view TuneStopText(TuneStop stop) {
+  switch (stop) {
+    case TuneStop::kNoStart: return "no global policy fits the cap: nothing to search from";
+    case TuneStop::kExhausted:
+      return "no move left: a full pass over the neighbourhood (every single per-unit change, "
+             "and every faster change that did not fit together with each change that gives "
+             "memory back at its peak) found none that fits the cap and helps";
+    case TuneStop::kTimeLimit: return "stopped by the time limit";
+    case TuneStop::kNotSearched: return "no per-unit search";
+  }
+  return "";
+}
+
+std::string_view TuneStopName(TuneStop stop) {
+  switch (stop) {
+    case TuneStop::kNoStart: return "no_start";
+    case TuneStop::kExhausted: return "exhausted";
+    case TuneStop::kTimeLimit: return "time_limit";
+    case TuneStop::kNotSearched: return "not_searched";
+  }
+  return "";
+}
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using internal::Candidate;
+using internal::Evaluator;
 
 // The mean size of a unit with parameters, in elements and in unsharded bytes (both planes).
 std::pair<std::uint64_t, std::uint64_t> MeanUnitSize(const Model& model) {
@@ -53,8 +77,9 @@ std::vector<Budget> BudgetValues(const Model& model, const std::vector<Budget::K
   return out;
 }
 
-// The grid of global policies sweep would be given.
-std::vector<Policy> GlobalGrid(const Model& model, const TuneOptions& options,
+// The grid of global policies sweep would be given, around `start` (its other keys kept, its
+// per-unit overrides dropped).
+std::vector<Policy> GlobalGrid(const Model& model, const TuneOptions& options, const Policy& start,
                                const UnitSelection& all_planes) {
   std::vector<Policy> grid;
   const std::vector<Budget> budgets = BudgetValues(model, options.budget_kinds);
@@ -69,7 +94,8 @@ std::vector<Policy> GlobalGrid(const Model& model, const TuneOptions& options,
       for (const Budget& b : budgets) {
         for (bool first : {true, false}) {
           for (bool reshard : {true, false}) {
-            Policy p;
+            Policy p = start;
+            p.units.clear();
             p.order = oc.order;
             p.recompute_aware = oc.recompute_aware;
             p.forward_prefetch = f;
@@ -86,445 +112,130 @@ std::vector<Policy> GlobalGrid(const Model& model, const TuneOptions& options,
   return grid;
 }
 
-// Drops overrides equal to the global value, then units left without any.
-void Normalize(Policy& p, const Model& model) {
-  for (auto it = p.units.begin(); it != p.units.end();) {
-    UnitPolicy& u = it->second;
-    if (u.forward_prefetch == p.forward_prefetch) u.forward_prefetch.reset();
-    if (u.backward_prefetch == p.backward_prefetch) u.backward_prefetch.reset();
-    if (u.reshard_after_forward == p.reshard_after_forward) u.reshard_after_forward.reset();
-    const std::optional<UnitId> id = model.Find(it->first);
-    if (u.unshard_all_planes_in_backward.has_value() &&
-        *u.unshard_all_planes_in_backward == p.unshard_all_planes_in_backward.Selects(it->first)) {
-      u.unshard_all_planes_in_backward.reset();
-    }
-    if (u.empty() || !id.has_value()) {
-      it = p.units.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-struct Candidate {
-  Policy policy;
-  std::string move;
-  // A move that takes memory, kept so it can be applied on top of another policy.
-  UnitId take_unit = kNoUnit;
-  bool take_backward = false;
-  Budget take_budget;
-  UnitId take_reshard = kNoUnit;
-  SweepRow row;  // once evaluated
-};
-
-Candidate MakeCandidate(const Policy& p, std::string move) {
-  Candidate c;
-  c.policy = p;
-  c.move = std::move(move);
-  return c;
-}
-
-// A budget one gather larger (units: one more; elements, bytes: that unit's size more).
-Budget Grow(const Budget& b, const Unit& gathered) {
-  Budget out = b;
-  switch (b.kind) {
-    case Budget::Kind::kUnits: out.value += 1; break;
-    case Budget::Kind::kElements: out.value += std::max<std::uint64_t>(1, gathered.numel()); break;
-    case Budget::Kind::kBytes:
-      out.value += std::max<Bytes>(1, gathered.PlaneBytes(PlaneSet::Rowwise()));
-      break;
-  }
-  return out;
-}
-
-std::optional<Budget> Shrink(const Budget& b, const Unit& gathered) {
-  if (b.value == 0) return std::nullopt;
-  Budget out = b;
-  switch (b.kind) {
-    case Budget::Kind::kUnits: out.value -= 1; break;
-    case Budget::Kind::kElements:
-      out.value -= std::min<std::uint64_t>(out.value, std::max<std::uint64_t>(1, gathered.numel()));
-      break;
-    case Budget::Kind::kBytes:
-      out.value -= std::min<std::uint64_t>(
-          out.value, std::max<Bytes>(1, gathered.PlaneBytes(PlaneSet::Rowwise())));
-      break;
-  }
-  return out;
-}
-
-// The order entry of a gather: its phase's sequence and position (nullopt: not in the order).
-struct Place {
-  const std::vector<OrderEntry>* seq = nullptr;
-  std::size_t pos = 0;
-  bool backward = false;
-};
-std::optional<Place> PlaceOf(const ExecutionOrder& order, UnitId unit, Phase phase) {
-  const bool backward = phase != Phase::kForward;
-  const std::vector<OrderEntry>& seq = backward ? order.backward() : order.forward();
-  for (std::size_t i = 0; i < seq.size(); ++i) {
-    if (seq[i].unit == unit && (!backward || seq[i].phase == phase)) {
-      return Place{&seq, i, backward};
-    }
-  }
-  return std::nullopt;
-}
-
-// The budget `unit`'s pre-hook uses for `backward` prefetches, and a setter for it.
-Budget EffectiveBudget(const Policy& p, const Model& m, UnitId unit, bool backward) {
-  const EffectiveUnitPolicy e = EffectivePolicyFor(p, m.unit(unit).name());
-  return backward ? e.backward_prefetch : e.forward_prefetch;
-}
-void SetBudget(Policy& p, const Model& m, UnitId unit, bool backward, const Budget& b) {
-  UnitPolicy& u = p.units[m.unit(unit).name()];
-  (backward ? u.backward_prefetch : u.forward_prefetch) = b;
-}
-
-std::string BudgetMove(const Model& m, UnitId unit, bool backward, const Budget& from,
-                       const Budget& to) {
-  return fmt::format("{}.{}_prefetch {} -> {}", m.NameOf(unit), backward ? "backward" : "forward",
-                     from.ToString(), to.ToString());
-}
-
-class Search {
+class Search final {
  public:
-  static constexpr std::size_t kChunk = 6;  // on-path gathers tried per batch
-
-  Search(const Trace& trace, const TuneOptions& options,
+  Search(const std::vector<const Trace*>& traces, const TuneOptions& options,
          const std::function<void(const TuneProgress&)>& progress)
-      : trace_(trace),
-        model_(trace.model),
-        opt_(options),
-        progress_(progress),
-        start_(Clock::now()) {
-    base_ = options.base;
-    base_.memory_cap.reset();  // true peaks; the cap selects (as sweep does)
-    base_.critical_path = false;
-    base_.zero_cost_gathers.clear();
-  }
-
-  double Elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
-  bool OutOfTime() const { return Elapsed() >= opt_.time_limit_s; }
-
-  bool Fits(const SweepRow& row) const { return FitsUnderCap(row, opt_.memory_cap, opt_.cap_peak); }
-  TimeUs Objective(const SweepRow& row) const { return TuneObjectiveOf(row, opt_.objective); }
-
-  SweepRow Evaluate(const Policy& p) {
-    SweepRow row = SimulatePolicy(trace_, p, base_);
-    ++result_.evaluated;
-    result_.candidates.push_back(row);
-    if (Fits(row) && (!best_ || Objective(row) < Objective(*best_))) best_ = row;
-    Report();
-    return row;
-  }
-
-  void Report() {
-    if (!progress_) return;
-    TuneProgress pr;
-    pr.evaluated = result_.evaluated;
-    pr.elapsed_s = Elapsed();
-    if (best_) pr.best = Objective(*best_);
-    pr.global_phase = global_phase_;
-    progress_(pr);
-  }
-
-  // The planes selection every global policy needs: none, or all when some unit's recomputation
-  // inside its backward needs the rowwise plane (the run fails without it).
-  UnitSelection AllPlanesNeeded() {
-    Policy probe;
-    SweepRow none = Evaluate(probe);
-    if (none.ok()) return {};
-    probe.unshard_all_planes_in_backward.all = true;
-    SweepRow all = Evaluate(probe);
-    UnitSelection sel;
-    sel.all = all.ok();
-    return sel;
-  }
+      : eval_(traces, options, progress), opt_(options) {}
 
   StatusOr<TuneResult> Run() {
-    if (opt_.memory_cap == 0) return UsageError("--memory-cap: a cap is required and must be > 0");
-    const UnitSelection planes = AllPlanesNeeded();
+    const Model& model = eval_.model();
+    // 0. The start, and the planes selection every global policy needs: the start's, or all
+    //    when some unit's recomputation inside its backward needs the rowwise plane (the run
+    //    fails without it).
+    eval_.SetPhase("global sweep");
+    const Policy& start = opt_.base.policy;
+    const Candidate* s = eval_.Evaluate(start);
+    if (s != nullptr && s->row.ok()) result_.start = s->row;
+    UnitSelection planes = start.unshard_all_planes_in_backward;
+    if (planes.empty()) {
+      Policy probe = start;
+      probe.units.clear();
+      const Candidate* none = eval_.Evaluate(probe);
+      if (none == nullptr || !none->row.ok()) {
+        probe.unshard_all_planes_in_backward.all = true;
+        const Candidate* all = eval_.Evaluate(probe);
+        planes.all = all != nullptr && all->row.ok();
+      }
+    }
     // 1. The best global policy under the cap: sweep's grid, one core.
-    const std::vector<Policy> grid = GlobalGrid(model_, opt_, planes);
-    std::vector<SweepRow> rows;
-    rows.reserve(grid.size());
+    const std::vector<Policy> grid = GlobalGrid(model, opt_, start, planes);
+    const Candidate* global = nullptr;
+    std::string first_failure;
+    bool any_ran = false;
     for (const Policy& p : grid) {
-      if (OutOfTime()) {
-        result_.time_limit_reached = true;
-        break;
-      }
-      rows.push_back(Evaluate(p));
+      if (eval_.OutOfTime()) break;
+      ++result_.global_evaluated;
+      const Candidate* c = eval_.Evaluate(p);
+      if (c == nullptr) continue;
+      any_ran = any_ran || c->row.ok();
+      if (!c->row.ok() && first_failure.empty()) first_failure = c->row.status.message();
+      if (eval_.Improves(*c, global)) global = c;
     }
-    result_.global_evaluated = static_cast<int>(rows.size());
-    if (!rows.empty() &&
-        std::none_of(rows.begin(), rows.end(), [](const SweepRow& row) { return row.ok(); })) {
-      result_.failure = rows.front().status.message();
+    if (!any_ran) result_.failure = first_failure;
+    if (global == nullptr) {
+      result_.stop = TuneStop::kNoStart;
+      return Finish();
     }
-    const std::size_t none = rows.size();
-    std::size_t gi = BestUnderCap(rows, opt_.memory_cap, opt_.cap_peak).value_or(none);
-    if (opt_.objective == TuneObjective::kExposed) {
-      gi = none;
-      for (std::size_t i = 0; i < rows.size(); ++i) {
-        if (Fits(rows[i]) && (gi == none || Objective(rows[i]) < Objective(rows[gi]))) gi = i;
-      }
-    }
-    global_phase_ = false;
-    if (gi == none) {
-      result_.seconds = Elapsed();
-      return result_;  // nothing fits: no global policy, nothing to start from
-    }
-    result_.global_best = rows[gi];
-    result_.lower_bound_us = rows[gi].lower_bound_us;
-    SweepRow cur = rows[gi];
-    best_ = cur;
+    result_.global_best = global->row;
+    result_.lower_bound_us = global->row.lower_bound_us;
+    const Candidate* from = global;
+    if (s != nullptr && eval_.Improves(*s, from)) from = s;  // the user's start is better
 
-    // 2. Local search steered by the critical path.
-    while (!OutOfTime()) {
-      ++result_.rounds;
-      std::optional<Candidate> next = Round(cur);
-      if (!next) break;
-      cur = next->row;
-      moves_.push_back(next->move);
+    // 2. The structured families.
+    const internal::Structured structured = internal::StructuredFamilies(eval_, *global);
+    if (structured.best != nullptr) {
+      result_.structured_best = structured.best->row;
+      result_.structured_family = structured.family;
+      if (eval_.Improves(*structured.best, from)) from = structured.best;
     }
-    if (OutOfTime()) result_.time_limit_reached = true;
-    result_.best = best_;
-    result_.seconds = Elapsed();
-    Explain();
-    return result_;
+    from_ = from;
+    from_name_ = from == global ? "the best global policy"
+                 : from == structured.best
+                     ? "the best structured policy (" + structured.family + ")"
+                     : "the starting policy";
+
+    // 3. The local search.
+    if (opt_.local_search) {
+      internal::LocalResult local = internal::LocalSearch(eval_, *from);
+      result_.stop = local.stop;
+      result_.rounds = local.rounds;
+      moves_ = std::move(local.moves);
+    } else {
+      result_.stop = TuneStop::kNotSearched;
+    }
+    const Candidate* searched = eval_.best();
+
+    // 4. The exact search, where its space is small enough.
+    result_.exact = internal::ExactSearch(eval_, global->row.policy);
+    if (searched != nullptr) result_.searched = searched->row;
+    return Finish();
   }
 
  private:
-  // One round: the moves the current policy's critical path suggests; the best that fits and
-  // improves, or none.
-  std::optional<Candidate> Round(const SweepRow& cur) {
-    SimOptions o = base_;
-    o.policy = cur.policy;
-    o.critical_path = true;
-    o.record_host_ops = false;
-    o.max_recorded_ranks = 1;
-    StatusOr<SimResult> r = Simulate(trace_, o);
-    if (!r.ok() || !r->critical_path) return std::nullopt;
-    const CriticalPath& cp = *r->critical_path;
-    const ExecutionOrder& order = r->order;
-
-    // Gathers on the path, longest first; gathers off it, most slack first.
-    std::vector<const GatherSlack*> on;
-    std::vector<const GatherSlack*> slack;
-    for (const GatherSlack& g : cp.gathers) {
-      if (g.on_path && g.end_us > g.start_us) {
-        on.push_back(&g);
-      } else if (g.slack_us > 0) {
-        slack.push_back(&g);
-      }
+  StatusOr<TuneResult> Finish() {
+    const Candidate* best = eval_.best();
+    if (best != nullptr && result_.global_best) {
+      // The printed rows: what `fsdplab simulate` gives (with the peak races); the same run.
+      result_.best = eval_.Full(best->row.policy);
+      result_.global_best = eval_.Full(result_.global_best->policy);
+      if (result_.searched) result_.searched = eval_.Full(result_.searched->policy);
+      Explain();
     }
-    std::stable_sort(on.begin(), on.end(), [](const GatherSlack* a, const GatherSlack* b) {
-      return a->end_us - a->start_us > b->end_us - b->start_us;
-    });
-    std::stable_sort(slack.begin(), slack.end(), [](const GatherSlack* a, const GatherSlack* b) {
-      return a->slack_us > b->slack_us;
-    });
-    // One move per (unit, phase): the steps repeat the same gathers.
-    auto dedup = [](std::vector<const GatherSlack*>& v, std::size_t keep) {
-      std::set<std::pair<UnitId, Phase>> seen;
-      std::vector<const GatherSlack*> out;
-      for (const GatherSlack* g : v) {
-        if (seen.insert({g->unit, g->phase}).second) out.push_back(g);
-        if (out.size() >= keep) break;
-      }
-      v = std::move(out);
-    };
-    dedup(on, on.size());
-    dedup(slack, 6);
-    std::vector<Candidate> take;
-    for (const GatherSlack* g : slack) AddTakeMoves(cur.policy, order, *g, take);
-
-    // The gathers on the path, six at a time, until some move fits and improves.
-    const TimeUs cur_obj = Objective(cur);
-    std::vector<Candidate> improving;  // fit the cap and improve, best first
-    for (std::size_t first = 0; first < on.size() && improving.empty(); first += kChunk) {
-      std::vector<Candidate> give;
-      for (std::size_t i = first; i < on.size() && i < first + kChunk; ++i) {
-        AddGiveMoves(cur.policy, order, *on[i], give);
-      }
-      std::vector<std::pair<TimeUs, const Candidate*>> over_cap;  // faster but too big
-      for (Candidate& c : give) {
-        if (OutOfTime()) break;
-        c.row = Evaluate(c.policy);
-        if (!c.row.ok() || !(Objective(c.row) < cur_obj - 1e-9 * std::max(1.0, cur_obj))) {
-          continue;
-        }
-        if (Fits(c.row)) {
-          improving.push_back(c);
-        } else {
-          over_cap.push_back({Objective(c.row), &c});
-        }
-      }
-      if (!improving.empty() || over_cap.empty()) continue;
-      // Make room: each of the three best faster-but-too-big moves with each of four moves that
-      // take budget where gathers have slack.
-      std::sort(over_cap.begin(), over_cap.end(),
-                [](const auto& a, const auto& b) { return a.first < b.first; });
-      if (over_cap.size() > 3) over_cap.resize(3);
-      for (const auto& [obj, g] : over_cap) {
-        for (std::size_t t = 0; t < take.size() && t < 4 && !OutOfTime(); ++t) {
-          Candidate c = *g;
-          ApplyTake(c.policy, take[t]);
-          c.move = g->move + " and " + take[t].move;
-          c.row = Evaluate(c.policy);
-          if (c.row.ok() && Fits(c.row) &&
-              Objective(c.row) < cur_obj - 1e-9 * std::max(1.0, cur_obj)) {
-            improving.push_back(std::move(c));
-          }
-        }
-      }
-    }
-    if (improving.empty()) return std::nullopt;
-    std::stable_sort(improving.begin(), improving.end(),
-                     [&](const Candidate& a, const Candidate& b) {
-                       return Objective(a.row) < Objective(b.row);
-                     });
-    // Several moves that each help: try them together (they touch different gathers).
-    if (improving.size() >= 2 && !OutOfTime()) {
-      Candidate merged = MakeCandidate(cur.policy, "");
-      std::vector<std::string> names;
-      for (const Candidate& c : improving) {
-        MergeInto(merged.policy, cur.policy, c.policy);
-        names.push_back(c.move);
-      }
-      Normalize(merged.policy, model_);
-      merged.move = fmt::format("{}", fmt::join(names, "; "));
-      merged.row = Evaluate(merged.policy);
-      if (merged.row.ok() && Fits(merged.row) &&
-          Objective(merged.row) < Objective(improving.front().row)) {
-        return merged;
-      }
-    }
-    return improving.front();
-  }
-
-  // Copies into `into` what `changed` changes against `base`.
-  static void MergeInto(Policy& into, const Policy& base, const Policy& changed) {
-    if (changed.prefetch_first_unit != base.prefetch_first_unit) {
-      into.prefetch_first_unit = changed.prefetch_first_unit;
-    }
-    for (const auto& [name, u] : changed.units) {
-      auto it = base.units.find(name);
-      const UnitPolicy b = it == base.units.end() ? UnitPolicy{} : it->second;
-      UnitPolicy& out = into.units[name];
-      if (u.forward_prefetch != b.forward_prefetch) out.forward_prefetch = u.forward_prefetch;
-      if (u.backward_prefetch != b.backward_prefetch) out.backward_prefetch = u.backward_prefetch;
-      if (u.reshard_after_forward != b.reshard_after_forward) {
-        out.reshard_after_forward = u.reshard_after_forward;
-      }
-      if (u.unshard_all_planes_in_backward != b.unshard_all_planes_in_backward) {
-        out.unshard_all_planes_in_backward = u.unshard_all_planes_in_backward;
-      }
-    }
-  }
-
-  // Moves that issue the gather `g` (on the path) earlier or avoid it.
-  void AddGiveMoves(const Policy& p, const ExecutionOrder& order, const GatherSlack& g,
-                    std::vector<Candidate>& out) {
-    const Unit& gathered = model_.unit(g.unit);
-    std::optional<Place> place = PlaceOf(order, g.unit, g.phase);
-    if (place) {
-      // The one or two units whose pre-hooks could prefetch it.
-      for (std::size_t back = 1; back <= 2 && back <= place->pos; ++back) {
-        const UnitId prefetcher = (*place->seq)[place->pos - back].unit;
-        const Budget from = EffectiveBudget(p, model_, prefetcher, place->backward);
-        Budget to = Grow(from, gathered);
-        if (back == 2 && from.kind == Budget::Kind::kUnits && from.value < 1) to.value = 2;
-        Candidate c = MakeCandidate(p, BudgetMove(model_, prefetcher, place->backward, from, to));
-        SetBudget(c.policy, model_, prefetcher, place->backward, to);
-        Normalize(c.policy, model_);
-        out.push_back(std::move(c));
-      }
-      if (!place->backward && place->pos == 0 && !p.prefetch_first_unit) {
-        Candidate c = MakeCandidate(p, "prefetch_first_unit false -> true");
-        c.policy.prefetch_first_unit = true;
-        out.push_back(std::move(c));
-      }
-    }
-    const EffectiveUnitPolicy e = EffectivePolicyFor(p, gathered.name());
-    if (g.phase == Phase::kBackward && e.reshard_after_forward && !gathered.is_root()) {
-      Candidate c =
-          MakeCandidate(p, fmt::format("{}.reshard_after_forward true -> false", gathered.name()));
-      c.policy.units[gathered.name()].reshard_after_forward = false;
-      Normalize(c.policy, model_);
-      out.push_back(std::move(c));
-    }
-    if (g.phase == Phase::kBackward && e.unshard_all_planes_in_backward) {
-      Candidate c = MakeCandidate(
-          p, fmt::format("{}.unshard_all_planes_in_backward true -> false", gathered.name()));
-      c.policy.units[gathered.name()].unshard_all_planes_in_backward = false;
-      Normalize(c.policy, model_);
-      out.push_back(std::move(c));
-    }
-  }
-
-  // Moves that take memory from a gather with slack: a smaller budget where it is prefetched,
-  // or resharding the unit after forward again.
-  void AddTakeMoves(const Policy& p, const ExecutionOrder& order, const GatherSlack& g,
-                    std::vector<Candidate>& out) {
-    const Unit& gathered = model_.unit(g.unit);
-    std::optional<Place> place = PlaceOf(order, g.unit, g.phase);
-    if (place && place->pos > 0) {
-      const UnitId prefetcher = (*place->seq)[place->pos - 1].unit;
-      const Budget from = EffectiveBudget(p, model_, prefetcher, place->backward);
-      if (std::optional<Budget> to = Shrink(from, gathered)) {
-        Candidate c = MakeCandidate(p, BudgetMove(model_, prefetcher, place->backward, from, *to));
-        c.take_unit = prefetcher;
-        c.take_backward = place->backward;
-        c.take_budget = *to;
-        out.push_back(TakeCandidate(std::move(c)));
-      }
-    }
-    const EffectiveUnitPolicy e = EffectivePolicyFor(p, gathered.name());
-    if (!e.reshard_after_forward) {
-      Candidate c =
-          MakeCandidate(p, fmt::format("{}.reshard_after_forward false -> true", gathered.name()));
-      c.take_reshard = g.unit;
-      out.push_back(TakeCandidate(std::move(c)));
-    }
-  }
-
-  // (The take moves are applied on top of other policies: they keep what to change.)
-  Candidate TakeCandidate(Candidate c) {
-    ApplyTake(c.policy, c);
-    return c;
-  }
-
-  void ApplyTake(Policy& p, const Candidate& t) {
-    if (t.take_unit != kNoUnit) SetBudget(p, model_, t.take_unit, t.take_backward, t.take_budget);
-    if (t.take_reshard != kNoUnit) {
-      p.units[model_.unit(t.take_reshard).name()].reshard_after_forward = true;
-    }
-    Normalize(p, model_);
+    result_.evaluated = eval_.evaluated();
+    result_.simulated = eval_.simulated();
+    for (const Candidate* c : eval_.simulated_in_order()) result_.candidates.push_back(c->row);
+    result_.seconds = eval_.Elapsed();
+    return std::move(result_);
   }
 
   // The tuned policy against the global one, in words.
   void Explain() {
-    if (!result_.best || !result_.global_best) return;
     const SweepRow& g = *result_.global_best;
     const SweepRow& t = *result_.best;
+    const Model& model = eval_.model();
     if (t.policy == g.policy) {
-      result_.why.push_back(
-          "no per-unit change beat the best global policy: its critical path has no move left "
-          "that fits the cap and helps");
+      result_.why.push_back(fmt::format("no per-unit change beat the best global policy: {}",
+                                        result_.stop == TuneStop::kExhausted
+                                            ? "none that fits the cap helps (no move left)"
+                                            : std::string(TuneStopText(result_.stop))));
       return;
     }
+    if (from_ != nullptr && !from_name_.empty()) {
+      result_.why.push_back("searched from " + from_name_);
+    }
     for (const std::string& m : moves_) result_.why.push_back("move: " + m);
+    if (result_.exact && result_.exact->best &&
+        result_.best->policy == result_.exact->best->policy &&
+        (!result_.searched || result_.searched->policy != t.policy)) {
+      result_.why.push_back("the exact search's optimum (" + result_.exact->space + ")");
+    }
     // Which gathers it hides: on the global policy's path, off the tuned one's.
     auto path_gathers = [&](const Policy& p) {
-      SimOptions o = base_;
-      o.policy = p;
-      o.critical_path = true;
-      o.record_host_ops = false;
-      o.max_recorded_ranks = 1;
       std::map<std::pair<UnitId, Phase>, TimeUs> out;
-      StatusOr<SimResult> r = Simulate(trace_, o);
-      if (!r.ok() || !r->critical_path) return out;
-      for (const PathStep& st : r->critical_path->chain) {
+      std::optional<CriticalPath> cp = eval_.PathOf(p);
+      if (!cp) return out;
+      for (const PathStep& st : cp->chain) {
         if (st.what == "all_gather") out[{st.unit, st.phase}] += st.end_us - st.start_us;
       }
       return out;
@@ -537,16 +248,18 @@ class Search {
       auto it = after.find(key);
       const TimeUs left = it == after.end() ? 0 : it->second;
       if (us - left > 0.5) {
-        hidden.push_back(fmt::format("{} {} ({:.0f} us)", model_.NameOf(key.first),
+        hidden.push_back(fmt::format("{} {} ({:.0f} us)", model.NameOf(key.first),
                                      PhaseName(key.second), us - left));
         hidden_us += us - left;
       }
     }
     if (!hidden.empty()) {
+      constexpr std::size_t kNamed = 8;
+      const std::size_t more = hidden.size() > kNamed ? hidden.size() - kNamed : 0;
+      hidden.resize(std::min(hidden.size(), kNamed));
       result_.why.push_back(
-          fmt::format("hides {:.0f} us of gathers that were on the critical "
-                      "path: {}",
-                      hidden_us, fmt::join(hidden, ", ")));
+          fmt::format("hides {:.0f} us of gathers that were on the critical path: {}{}", hidden_us,
+                      fmt::join(hidden, ", "), more > 0 ? fmt::format(" and {} more", more) : ""));
     }
     std::vector<std::string> saved;
     for (const auto& [name, u] : t.policy.units) {
@@ -574,26 +287,34 @@ class Search {
         saved.empty() ? "" : "; memory saved at: ", fmt::join(saved, ", ")));
   }
 
-  const Trace& trace_;
-  const Model& model_;
+  Evaluator eval_;
   const TuneOptions& opt_;
-  const std::function<void(const TuneProgress&)>& progress_;
-  Clock::time_point start_;
-  SimOptions base_;
   TuneResult result_;
-  std::optional<SweepRow> best_;
-  bool global_phase_ = true;
+  const Candidate* from_ = nullptr;
+  std::string from_name_;
   std::vector<std::string> moves_;
 };
+
+StatusOr<TuneResult> RunTune(const std::vector<const Trace*>& traces, const TuneOptions& options,
+                             const std::function<void(const TuneProgress&)>& progress) {
+  if (!(options.time_limit_s > 0)) return UsageError("--time-limit: must be > 0 seconds");
+  if (options.budget_kinds.empty()) return UsageError("--budget-kinds: give at least one kind");
+  if (options.memory_cap == 0) return UsageError("--memory-cap: a cap is required and must be > 0");
+  if (traces.empty()) return UsageError("no trace to tune");
+  Search search(traces, options, progress);
+  return search.Run();
+}
 
 }  // namespace
 
 StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options,
                           const std::function<void(const TuneProgress&)>& progress) {
-  if (!(options.time_limit_s > 0)) return UsageError("--time-limit: must be > 0 seconds");
-  if (options.budget_kinds.empty()) return UsageError("--budget-kinds: give at least one kind");
-  Search search(trace, options, progress);
-  return search.Run();
+  return RunTune({&trace}, options, progress);
+}
+
+StatusOr<TuneResult> Tune(const std::vector<const Trace*>& rank_traces, const TuneOptions& options,
+                          const std::function<void(const TuneProgress&)>& progress) {
+  return RunTune(rank_traces, options, progress);
 }
 
 StatusOr<std::vector<Budget::Kind>> ParseBudgetKinds(std::string_view text) {
@@ -624,6 +345,74 @@ StatusOr<TuneObjective> ParseTuneObjective(std::string_view text) {
   if (text == "exposed") return TuneObjective::kExposed;
   return UsageError(
       fmt::format("--objective: '{}' is not an objective (expected step or exposed)", text));
+}
+
+std::string ChooseTuneMemoryModel(const Trace& trace, bool allocator_given, SimOptions& options) {
+  if (allocator_given) {
+    return options.allocator_model ? "the caching allocator's reserved bytes (--allocator)"
+                                   : "the tensors' bytes (--allocator exact)";
+  }
+  const TraceDevice device = DeviceOfTrace(trace.meta);
+  options.allocator_model = !device.cpu;
+  return device.cpu ? "the tensors' bytes: a CPU run (" + device.why + ")"
+                    : "the CUDA caching allocator's reserved bytes (" + device.why + ")";
+}
+
+namespace {
+
+nlohmann::ordered_json RowJson(const SweepRow& r) {
+  nlohmann::ordered_json j;
+  j["step_time_us"] = r.step_time_us;
+  j["exposed_comm_us"] = r.exposed_comm_us;
+  j["peak_memory_bytes"] = r.peak_memory_bytes;
+  j["peak_reserved_bytes"] = r.peak_reserved_bytes;
+  j["held_bytes"] = PeakFor(r, CapPeak::kSimulated);
+  j["policy"] = nlohmann::ordered_json::parse(PolicyToJson(r.policy));
+  return j;
+}
+
+}  // namespace
+
+std::string TuneResultJson(const TuneResult& result, const TuneOptions& options,
+                           std::string_view memory_model, std::string_view framework,
+                           const std::optional<SweepRow>& preset_default) {
+  const TuneResult* r = &result;
+  const double rate = r->seconds > 0 ? r->simulated / r->seconds : 0.0;
+  nlohmann::ordered_json j;
+  j["memory_cap_bytes"] = options.memory_cap;
+  j["memory_model"] = std::string(memory_model);
+  j["framework"] = std::string(framework);
+  for (auto [key, row] : {std::pair{"start", &r->start}, std::pair{"global_best", &r->global_best},
+                          std::pair{"structured_best", &r->structured_best},
+                          std::pair{"searched", &r->searched}, std::pair{"best", &r->best}}) {
+    j[key] = *row ? RowJson(**row) : nlohmann::ordered_json();
+  }
+  j["structured_family"] = r->structured_family;
+  if (r->exact) {
+    nlohmann::ordered_json e;
+    e["policies"] = r->exact->policies;
+    e["space"] = r->exact->space;
+    e["best"] = r->exact->best ? RowJson(*r->exact->best) : nlohmann::ordered_json();
+    j["exact"] = std::move(e);
+  } else {
+    j["exact"] = nullptr;
+  }
+  if (preset_default) {
+    j["preset_default"] =
+        preset_default->ok() ? RowJson(*preset_default) : nlohmann::ordered_json();
+  }
+  j["lower_bound_us"] = r->lower_bound_us;
+  j["stop"] = std::string(TuneStopName(r->stop));
+  j["stop_text"] = std::string(TuneStopText(r->stop));
+  j["seconds"] = r->seconds;
+  j["evaluated"] = r->evaluated;
+  j["simulated"] = r->simulated;
+  j["policies_per_second"] = rate;
+  j["global_evaluated"] = r->global_evaluated;
+  j["moves"] = r->rounds;
+  j["why"] = r->why;
+  j["failure"] = r->failure;
+  return j.dump(2);
 }
 
 }  // namespace fsdplab::sim

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <deque>
 
 #include "fsdplab/core/scheduler.h"
@@ -327,10 +328,54 @@ std::string TraceTestName(const ::testing::TestParamInfo<std::string>& p) {
 INSTANTIATE_TEST_SUITE_P(All, SampleTraces,
                          ::testing::Values("gpt_small.json", "divergent_step.json",
                                            "mxfp8_inside_recompute.json", "mxfp8_reentrant.json",
-                                           "no_backward_unit.json", "reentrant_recompute.json",
-                                           "reversed_registration.json", "shared_layer.json",
-                                           "two_microbatches.json"),
+                                           "no_backward_unit.json", "optimizer_step.json",
+                                           "reentrant_recompute.json", "reversed_registration.json",
+                                           "shared_layer.json", "two_microbatches.json"),
                          TraceTestName);
+
+// The optimizer step frees the sharded gradients (zero_grad's set_to_none) on the compute stream
+// after its compute, and the all-gather stream waits for it (the next gathers read the updated
+// shards). optimizer_step.json and two_microbatches.json are the same two steps of two
+// microbatches but for the optimizer; world 8, bf16 gradients: the root's shard is
+// ceil(32,769,024 / 8) x 2 = 8,192,256 bytes, a layer's 12,584,960 / 8 x 2 = 3,146,240, together
+// 14,484,736. Without the optimizer they are kept to the end.
+TEST(StreamPlanOptimizer, FreesTheShardedGradientsAfterItsCompute) {
+  for (const char* file : {"optimizer_step.json", "two_microbatches.json"}) {
+    SCOPED_TRACE(file);
+    StatusOr<Trace> trace = ReadTraceFile(std::string(FSDPLAB_TRACES_DIR) + "/" + file);
+    ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+    Policy policy;
+    ModelLayout layout = ModelLayout::Create(trace->model, policy, 8).value();
+    StreamPlanner p(trace->model, layout, PlanConfig{.rank = 0});
+    ASSERT_TRUE(p.Begin().ok());
+    Scheduler sched(trace->model, policy, 8);
+    LoweringSink sink(p);
+    ASSERT_TRUE(ReplaySteps(*trace, 1, sched, sink).ok());
+    const bool optimizer = std::string(file) == "optimizer_step.json";
+    EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kShardedGrads)],
+              optimizer ? 0u : 14'484'736u);
+    EXPECT_EQ(p.protective_waits(), 0);
+    if (!optimizer) continue;
+    const std::vector<PlanOp>& ops = p.ops();
+    auto at = std::find_if(ops.begin(), ops.end(), [](const PlanOp& op) {
+      return op.kind == PlanOpKind::kCompute && op.phase == Phase::kOptimizer;
+    });
+    ASSERT_NE(at, ops.end());
+    EXPECT_EQ(at->us, 300);
+    std::vector<Bytes> freed;
+    bool gather_waits = false;
+    for (auto it = at; it != ops.end(); ++it) {
+      if (it->kind == PlanOpKind::kFree && it->category == MemoryCategory::kShardedGrads) {
+        EXPECT_EQ(it->stream, kPlanCompute);
+        freed.push_back(it->bytes);
+      }
+      gather_waits =
+          gather_waits || (it->kind == PlanOpKind::kWait && it->stream == kPlanAllGather);
+    }
+    EXPECT_EQ(freed, (std::vector<Bytes>{8'192'256u, 3'146'240u, 3'146'240u}));
+    EXPECT_TRUE(gather_waits);
+  }
+}
 
 }  // namespace
 }  // namespace fsdplab

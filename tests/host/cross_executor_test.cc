@@ -33,11 +33,11 @@ constexpr int kSampleCases = 2;
 constexpr bool kThreadSanitizer = true;
 #elif defined(__SANITIZE_ADDRESS__)
 constexpr int kRandomCases = 16;
-constexpr int kSampleCases = 9;
+constexpr int kSampleCases = 10;
 constexpr bool kThreadSanitizer = false;
 #else
 constexpr int kRandomCases = 60;
-constexpr int kSampleCases = 9;
+constexpr int kSampleCases = 10;
 constexpr bool kThreadSanitizer = false;
 #endif
 
@@ -146,9 +146,10 @@ std::string CaseName(const ::testing::TestParamInfo<CrossCase>& info) { return i
 
 std::vector<CrossCase> SampleCases() {
   std::vector<CrossCase> out;
-  for (const char* name : {"gpt_small", "divergent_step", "mxfp8_inside_recompute",
-                           "mxfp8_reentrant", "no_backward_unit", "reentrant_recompute",
-                           "reversed_registration", "shared_layer", "two_microbatches"}) {
+  for (const char* name :
+       {"gpt_small", "divergent_step", "mxfp8_inside_recompute", "mxfp8_reentrant",
+        "no_backward_unit", "optimizer_step", "reentrant_recompute", "reversed_registration",
+        "shared_layer", "two_microbatches"}) {
     StatusOr<Trace> t =
         ReadTraceFile(std::string(FSDPLAB_TRACES_DIR) + "/" + std::string(name) + ".json");
     if (!t.ok()) continue;

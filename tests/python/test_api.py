@@ -267,17 +267,23 @@ class OtherFunctionsEqualCommands(unittest.TestCase):
 
     def test_tune(self):
         path = os.path.join(TRACES, "gpt_small.json")
-        r = fsdplab.tune(path, memory_cap="2G", time_limit_s=2)
-        tuned, best_global = r["tuned"], r["global_best"]
+        # gpt_small's search ends long before the time limit, so the command and the function
+        # find the same: compare every field but the timings.
+        timing = ("seconds", "policies_per_second")
+        expected = cli_json("tune", path, "--memory-cap", "2G", "--preset", "fsdp2", "--json")
+        got = fsdplab.tune(path, memory_cap="2G", preset="fsdp2")
+        if expected["stop"] != "time_limit":
+            self.assertEqual({k: v for k, v in got.items() if k not in timing},
+                             {k: v for k, v in expected.items() if k not in timing})
+        best, best_global = got["best"], got["global_best"]
         # The tuned policy is never slower than the best global one, and fits the cap.
-        self.assertLessEqual(tuned["step_time_us"], best_global["step_time_us"])
-        self.assertLessEqual(tuned["peak_reserved_bytes"], 2 << 30)
-        # Simulated alone, its policy gives the step time the search reported.
-        again = fsdplab.simulate(path, policy=tuned["policy"], memory_cap="2G")
-        self.assertAlmostEqual(again["summary"]["step_time_us"], tuned["step_time_us"],
-                               places=3)
-        with self.assertRaises(fsdplab.StepFailed):
+        self.assertLessEqual(best["step_time_us"], best_global["step_time_us"] * (1 + 1e-12))
+        self.assertLessEqual(best["held_bytes"], 2 << 30)
+        with self.assertRaises(fsdplab.StepFailed) as ctx:
             fsdplab.tune(path, memory_cap="1K", time_limit_s=1)
+        self.assertIsNone(ctx.exception.result["best"])
+        with self.assertRaises(fsdplab.UsageError):
+            fsdplab.tune(path, memory_cap="2G", preset="deepspeed-zero3")
 
     def test_cost(self):
         with tempfile.TemporaryDirectory() as d:

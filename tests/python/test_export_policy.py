@@ -41,8 +41,10 @@ POLICY = {
 #   pre_forward layers.2 : list [layers.3]
 #   pre_forward layers.3 : in flight, empty list; it keeps its parameters (reshard false)
 #   pre_backward ''      : the root kept its parameters; list [layers.3 (unsharded), layers.2]
-#   pre_backward layers.3: budget 0, written as [layers.3]: nothing
-#   pre_backward layers.2: list [layers.1];  layers.1: [layers.0];  layers.0: [layers.0]
+#   pre_backward layers.3: budget 0, no FSDP2 list for it: [] leaves FSDP2's default on, the
+#                          module before it in post-forward order (layers.2), in flight: nothing
+#   pre_backward layers.2: list [layers.1];  layers.1: [layers.0];  layers.0: [] (the default has
+#                          nothing before the first module: nothing)
 EXPECTED = [
     ["pre_forward", "", ["", "layers.0"]],
     ["pre_forward", "layers.0", ["layers.1", "layers.2"]],
@@ -228,10 +230,12 @@ class ExportPolicyFsdp2Test(unittest.TestCase):
             self.assertEqual(self.results[r]["log"], EXPECTED, f"rank {r}")
 
     def test_inexpressible_parts_are_noted(self):
-        # The budget-0 backward is expressible ([layers.3]); recorded order is noted.
+        # The budget-0 backward is not expressible (FSDP2's default runs instead); the recorded
+        # order is noted too.
         notes = self.results[0]["notes"]
         self.assertEqual(notes, self.results[1]["notes"])
         self.assertTrue(any("first pass" in n for n in notes), notes)
+        self.assertTrue(any(n.startswith("backward budget 0 ('layers.3')") for n in notes), notes)
 
     def test_a_missing_module_is_an_error_naming_it(self):
         sys.path.insert(0, RECORDER_DIR)

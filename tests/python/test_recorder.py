@@ -770,7 +770,9 @@ class RecorderBehaviourTest(unittest.TestCase):
             finally:
                 os.chdir(cwd)
         self.assertTrue(out["files"][0]["valid"], out["files"][0]["problems"])
-        self.assertEqual(out["files"][0]["events"], 2 * len(MICROBATCH_EVENTS))
+        # Two microbatches' events and the step's optimizer compute (the snippet runs
+        # opt.step() and opt.zero_grad() inside rec.step()).
+        self.assertEqual(out["files"][0]["events"], 2 * len(MICROBATCH_EVENTS) + 1)
         self.assertEqual(scope["rec"].trace()["meta"]["optimizer"], "adam")
 
     def test_readme_example_runs_as_copied(self):
@@ -796,8 +798,9 @@ class RecorderBehaviourTest(unittest.TestCase):
             path = os.path.join(tmp, "trace.json")
             out = fsdplab_json(self, "validate", path, "--json")
             # Root + 4 layers; per microbatch: 5 forward pairs and computes (15), the loss (1), 5
-            # backward pairs and computes (15), backward_end (1) = 32; two microbatches.
-            self.assertEqual((out["files"][0]["units"], out["files"][0]["events"]), (5, 64))
+            # backward pairs and computes (15), backward_end (1) = 32; two microbatches; the
+            # step's optimizer compute after the last one: 65.
+            self.assertEqual((out["files"][0]["units"], out["files"][0]["events"]), (5, 65))
             report = fsdplab_json(self, "simulate", path, "--order", "recorded", "--json")
             self.assertEqual(report["errors"], [])
 
@@ -1401,6 +1404,103 @@ class OptimizerMetaTest(unittest.TestCase):
     def test_unknown_optimizer_is_refused(self):
         with self.assertRaises(ValueError):
             fsdplab_record.Recorder(TinyLM(), optimizer="lion")
+
+
+class OptimizerStepTest(unittest.TestCase):
+    """The optimizer step as the trace's optimizer compute: step() and zero_grad() timed inside
+    rec.step(), wherever the loop calls zero_grad()."""
+
+    STEP_S, ZERO_S = 0.03, 0.02  # step() and zero_grad() each sleep this long first
+
+    def slow_optimizer(self, model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        step, zero = opt.step, opt.zero_grad
+
+        def slow_step(*a, **k):
+            time.sleep(self.STEP_S)
+            return step(*a, **k)
+
+        def slow_zero(*a, **k):
+            time.sleep(self.ZERO_S)
+            return zero(*a, **k)
+
+        opt.step, opt.zero_grad = slow_step, slow_zero  # instance attributes the recorder wraps
+        return opt, slow_step, slow_zero
+
+    def record(self, zero_first, steps=2):
+        model = TinyLM()
+        opt, slow_step, slow_zero = self.slow_optimizer(model)
+        rec = fsdplab_record.Recorder(model, optimizer=opt)
+        ids = [torch.randint(0, V, (BATCH, SEQ)) for _ in range(2)]
+        try:
+            for _ in range(steps):
+                with rec.step():
+                    if zero_first:
+                        opt.zero_grad()
+                    train_step(model, ids)
+                    opt.step()
+                    if not zero_first:
+                        opt.zero_grad()
+            # Outside rec.step() the optimizer is the caller's again.
+            self.assertIs(opt.step, slow_step)
+            self.assertIs(opt.zero_grad, slow_zero)
+            return rec.trace()
+        finally:
+            rec.remove()
+
+    def test_step_and_zero_grad_are_one_optimizer_compute_after_the_last_backward_end(self):
+        # Either loop: zero_grad() after step(), or at the start of the step (before its first
+        # forward). Both sleeps, 30 + 20 ms, are in the one optimizer compute of the step, placed
+        # after the backward_end of its last microbatch; no unit's compute holds the 20 ms.
+        for zero_first in (False, True):
+            with self.subTest(zero_first=zero_first):
+                trace = self.record(zero_first)
+                for step in trace["steps"]:
+                    events = [e for mb in step["microbatches"] for e in mb["events"]]
+                    opt = [e for e in events if e.get("phase") == "optimizer"]
+                    self.assertEqual(len(opt), 1)
+                    last = step["microbatches"][-1]["events"]
+                    self.assertIs(last[-1], opt[0])
+                    self.assertEqual(last[-2]["op"], "backward_end")
+                    # Its start is step()'s, after the backward_end (times stay in order).
+                    self.assertGreaterEqual(opt[0]["ts_us"], last[-2]["ts_us"])
+                    self.assertEqual((opt[0]["unit"], opt[0]["name"]), (None, "optimizer"))
+                    self.assertGreaterEqual(opt[0]["us"], 1e6 * (self.STEP_S + self.ZERO_S))
+                    self.assertLess(opt[0]["us"], 1e6 * (self.STEP_S + self.ZERO_S) + 40000)
+                    # The root's forward (a few hundred us of work) does not hold zero_grad's
+                    # 20 ms, which ran before its pre_forward when zero_grad comes first.
+                    root = next(e for e in events if e["op"] == "compute" and e["unit"] == "model")
+                    self.assertLess(root["us"], 1e6 * self.ZERO_S)
+
+    def test_the_trace_validates_and_the_report_shows_the_optimizer(self):
+        trace = self.record(zero_first=True)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.json")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(trace, f)
+            out = fsdplab_json(self, "validate", path, "--json")
+            self.assertTrue(out["files"][0]["valid"], out["files"][0]["problems"])
+            report = fsdplab_json(self, "simulate", path, "--json")
+        step1 = [e for mb in trace["steps"][1]["microbatches"] for e in mb["events"]]
+        opt_us = next(e["us"] for e in step1 if e.get("phase") == "optimizer")
+        # The summary is step 1 (after the warm-up step): its optimizer compute, as recorded.
+        self.assertAlmostEqual(report["summary"]["optimizer_us"], opt_us, delta=1e-3)
+
+    def test_an_optimizer_outside_the_recorded_steps_is_named(self):
+        model = TinyLM()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        rec = fsdplab_record.Recorder(model, optimizer=opt)
+        try:
+            with rec.step():
+                train_step(model, [torch.randint(0, V, (BATCH, SEQ))])
+            opt.step()
+            opt.zero_grad()
+            with self.assertWarnsRegex(UserWarning, "never ran inside rec.step"):
+                trace = rec.trace()
+        finally:
+            rec.remove()
+        events = [e for mb in trace["steps"][0]["microbatches"] for e in mb["events"]]
+        self.assertFalse(any(e.get("phase") == "optimizer" for e in events))
 
 
 if __name__ == "__main__":

@@ -77,6 +77,45 @@ TEST(Presets, Fsdp2IsRecordedOrderOneAheadRootKeeps) {
   EXPECT_EQ(s.allgather.bytes, 1'800'000u);
 }
 
+TEST(Presets, Fsdp2OnACpuDeviceOverlapsNothing) {
+  // meta.device "cpu" (the recorder's, gloo): every collective on the compute stream, no forward
+  // prefetch. On TwoRankCluster a collective of B bytes takes B / 2000 us: gathers model 100, a
+  // 200, b 200 in forward (each at its own pre_forward), b 200 and a 200 in backward; the
+  // reduce-scatters b 200, a 200, model 100: 1,400 us of communication in host order between
+  // 6,000 us of compute, nothing hidden: a 7,400 us step. The same trace recorded on a GPU
+  // (device "cuda") keeps its streams and hides part of it.
+  Trace t = ThreeUnitTrace();
+  t.meta.extra_json = R"({"device": "cpu"})";
+  const Policy p = Preset(Framework::kFsdp2, t);
+  EXPECT_TRUE(p.comm_on_compute_stream);
+  EXPECT_EQ(p.forward_prefetch, (Budget{Budget::Kind::kUnits, 0}));
+  EXPECT_EQ(p.backward_prefetch, (Budget{Budget::Kind::kUnits, 1}));
+  const StepReport cpu = SecondStep(t, p);
+  EXPECT_EQ(cpu.allgather.count, 5);
+  EXPECT_EQ(cpu.allgather.bytes, 1'800'000u);
+  EXPECT_DOUBLE_EQ(cpu.time_us, 7400);
+  EXPECT_DOUBLE_EQ(cpu.compute_us, 6000);
+  EXPECT_DOUBLE_EQ(cpu.exposed_comm_us, 1400);
+
+  t.meta.extra_json = R"({"device": "cuda"})";
+  const Policy gpu = Preset(Framework::kFsdp2, t);
+  EXPECT_FALSE(gpu.comm_on_compute_stream);
+  EXPECT_LT(SecondStep(t, gpu).exposed_comm_us, 1400);
+}
+
+TEST(Presets, TheTracesDeviceIsItsMetaElseItsSource) {
+  // meta.device wins; else live-host and a torch recording timed on the CPU clock are CPU runs,
+  // anything else CUDA.
+  EXPECT_TRUE(DeviceOfTrace(R"({"device": "cpu"})", "torch").cpu);
+  EXPECT_FALSE(DeviceOfTrace(R"({"device": "cuda"})", "live-host").cpu);
+  EXPECT_EQ(DeviceOfTrace(R"({"device": "cuda"})", "live-host").why, "meta.device cuda");
+  EXPECT_TRUE(DeviceOfTrace(R"({"recorder": {"timing": "cpu"}})", "torch").cpu);
+  EXPECT_TRUE(DeviceOfTrace("{}", "live-host").cpu);
+  EXPECT_FALSE(DeviceOfTrace("{}", "live-cuda").cpu);
+  EXPECT_FALSE(DeviceOfTrace("{}", "hand").cpu);
+  EXPECT_EQ(DeviceOfTrace("{}", "hand").why, "meta.source hand");
+}
+
 TEST(Presets, MegatronFsdpIsRegistrationOrderAndTheRootReshards) {
   const Trace t = ThreeUnitTrace();
   const Policy p = Preset(Framework::kMegatronFsdp, t);
@@ -161,9 +200,10 @@ TEST(Export, Fsdp2ListsAreTheSchedulersWindows) {
   EXPECT_EQ(*root.backward_prefetch, std::vector<std::string>{"b"});
   EXPECT_FALSE(root.reshard_after_forward);  // the root keeps
   EXPECT_EQ(*a.forward_prefetch, std::vector<std::string>{"b"});
-  // a is last in backward: an empty window is written as [a], which keeps FSDP2's own default
-  // (one module in reverse post-forward order) off.
-  EXPECT_EQ(*a.backward_prefetch, std::vector<std::string>{"a"});
+  // a is last in backward: its window is empty and so is its list. FSDP2's default for an empty
+  // list, the module before it in post-forward order, is none for the first module that ran: the
+  // same; a module never lists itself.
+  EXPECT_TRUE(a.backward_prefetch->empty());
   EXPECT_TRUE(a.reshard_after_forward);
   EXPECT_TRUE(b.forward_prefetch->empty());
   EXPECT_EQ(*b.backward_prefetch, std::vector<std::string>{"a"});

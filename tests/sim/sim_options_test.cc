@@ -47,26 +47,26 @@ TEST(EngineOptions, ErrorsNameTheFlagAndUnknownKeys) {
 
 TEST(ResolveCluster, TheTracesWorldUnlessSomethingGaveIt) {
   // Nothing given: the defaults, the trace's 16 ranks, marked as defaults.
-  Cluster c = ResolveCluster({}, 16).value();
+  Cluster c = ResolveCluster({}, {}, 16).value();
   EXPECT_EQ(c.world_size, 16);
   EXPECT_TRUE(c.defaults_used);
   // A cluster file gives the world (its own, 8 by default), the trace's does not replace it.
   ClusterLayers file;
   file.file = Cluster{};
-  c = ResolveCluster(file, 16).value();
+  c = ResolveCluster(file, {}, 16).value();
   EXPECT_EQ(c.world_size, Cluster{}.world_size);
   EXPECT_FALSE(c.defaults_used);
   // An override alone describes the cluster but leaves the world to the trace.
   ClusterLayers bw;
   bw.inter_bandwidth_GBps = 25;
-  c = ResolveCluster(bw, 16).value();
+  c = ResolveCluster(bw, {}, 16).value();
   EXPECT_EQ(c.world_size, 16);
   EXPECT_EQ(c.inter.bandwidth_GBps, 25);
   EXPECT_FALSE(c.defaults_used);
   // 12 ranks over nodes of 8: not a whole number of nodes.
   ClusterLayers bad;
   bad.world_size = 12;
-  EXPECT_EQ(ResolveCluster(bad, 1).status().code(), StatusCode::kUsage);
+  EXPECT_EQ(ResolveCluster(bad, {}, 1).status().code(), StatusCode::kUsage);
 }
 
 TEST(DefaultSteps, TheTracesStepsAtLeastTwo) {

@@ -211,6 +211,57 @@ TEST(TraceStructure, UnitEnteredAgainWhileOpen) {
             }));
 }
 
+// The backward of a alone after kForward: events 6-8.
+constexpr std::string_view kBackward = R"(
+    {"op": "pre_backward", "unit": "a"},
+    {"op": "post_backward", "unit": "a"},
+    {"op": "backward_end"})";
+constexpr std::string_view kOptimizer =
+    R"({"op": "compute", "unit": null, "phase": "optimizer", "us": 5})";
+
+TEST(TraceStructure, OptimizerStepAfterTheLastBackwardEndIsValid) {
+  EXPECT_EQ(Problems(Cat(Cat(kForward, kBackward), Cat(",", kOptimizer))),
+            std::vector<std::string>{});
+}
+
+TEST(TraceStructure, OptimizerStepInsideAPassOrTwiceOrFollowedByAPassIsRefused) {
+  // Event 6 is the optimizer compute, inside the pass (its backward_end comes at 9).
+  EXPECT_EQ(Problems(Cat(Cat(kForward, kOptimizer), Cat(",", kBackward))),
+            std::vector<std::string>{
+                "steps[0].microbatches[0].events[6]: the optimizer compute comes after the "
+                "backward_end of the step's last microbatch (a pass is open here)"});
+  // Events 9 and 10: two optimizer computes; the second is named with the first's position.
+  EXPECT_EQ(
+      Problems(Cat(Cat(kForward, kBackward), Cat(Cat(",", kOptimizer), Cat(",", kOptimizer)))),
+      std::vector<std::string>{
+          "steps[0].microbatches[0].events[10]: a second optimizer compute in the step (the "
+          "first at steps[0].microbatches[0].events[9])"});
+  // Event 9 the optimizer, then a pre_forward (10) and its post_forward (11) of a new pass.
+  EXPECT_EQ(Problems(Cat(Cat(kForward, kBackward),
+                         Cat(Cat(",", kOptimizer), R"(, {"op": "pre_forward", "unit": "a"},
+                             {"op": "post_forward", "unit": "a"})"))),
+            (std::vector<std::string>{
+                "steps[0].microbatches[0].events[10]: pre_forward after the optimizer step (at "
+                "events[9]): the optimizer compute ends its step",
+                "steps[0].microbatches[0].events[11]: post_forward after the optimizer step (at "
+                "events[9]): the optimizer compute ends its step"}));
+}
+
+TEST(TraceStructure, OptimizerStepBeforeTheStepsLastMicrobatchIsRefused) {
+  // Two microbatches; the first ends with the optimizer compute (its event 9).
+  const std::string mb = Cat(kForward, kBackward);
+  StatusOr<Trace> t = ParseTrace(WithEvents(Cat(mb, Cat(",", kOptimizer))));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  t->steps[0].microbatches.push_back(t->steps[0].microbatches[0]);
+  t->steps[0].microbatches[1].events.pop_back();
+  std::vector<Status> p = CheckTraceStructure(*t);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].message(),
+            "steps[0].microbatches[0].events[9]: the optimizer compute comes after the "
+            "backward_end of the step's last microbatch (this is not the step's last "
+            "microbatch)");
+}
+
 TEST(TraceStructure, ChecksABuiltTraceDirectly) {
   StatusOr<Trace> t = ParseTrace(WithEvents(Cat(kForward, R"(
     {"op": "pre_backward", "unit": "a"},

@@ -318,7 +318,32 @@ TEST(TraceReject, UnknownOp) {
 TEST(TraceReject, UnknownPhase) {
   EXPECT_EQ(FirstError(Edit(R"("phase": "backward", "us": 80)", R"("phase": "bwd", "us": 80)")),
             "steps[0].microbatches[0].events[10].phase: unknown phase 'bwd' (expected forward, "
-            "backward or recompute)");
+            "backward, recompute or optimizer)");
+}
+
+TEST(TraceReject, OptimizerComputeOfAUnit) {
+  // The optimizer step is work of no unit; one that names a unit is refused at its phase.
+  EXPECT_EQ(
+      FirstError(WithEvents(R"({"op": "compute", "unit": "a", "phase": "optimizer", "us": 3})")),
+      "steps[0].microbatches[0].events[0].phase: an optimizer compute has no unit (it names "
+      "'a')");
+}
+
+TEST(TraceReader, OptimizerComputeRoundTrips) {
+  const std::string text = WithEvents(
+      R"({"op": "pre_forward", "unit": "a"}, {"op": "post_forward", "unit": "a"},
+         {"op": "pre_backward", "unit": "a"}, {"op": "post_backward", "unit": "a"},
+         {"op": "backward_end"},
+         {"op": "compute", "unit": null, "phase": "optimizer", "us": 12.5, "name": "optimizer"})");
+  StatusOr<Trace> t = ParseTrace(text);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const Event& e = t->steps[0].microbatches[0].events[5];
+  EXPECT_EQ(e.phase, Phase::kOptimizer);
+  EXPECT_EQ(e.unit, kNoUnit);
+  EXPECT_EQ(e.us, 12.5);
+  StatusOr<Trace> again = ParseTrace(WriteTrace(*t));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(SameTrace(*t, *again));
 }
 
 TEST(TraceReject, UnknownRecomputeKind) {
@@ -404,7 +429,7 @@ TEST(TraceReject, ParameterOwnedTwice) {
 TEST(TraceReject, ComputeWithoutPhaseOrDuration) {
   EXPECT_EQ(FirstError(WithEvents(R"({"op": "compute", "unit": "a", "us": 3})")),
             "steps[0].microbatches[0].events[0].phase: missing: a compute needs a phase (forward, "
-            "backward or recompute)");
+            "backward, recompute or optimizer)");
   EXPECT_EQ(FirstError(WithEvents(R"({"op": "compute", "unit": "a", "phase": "forward"})")),
             "steps[0].microbatches[0].events[0].us: missing: a compute needs its duration in "
             "microseconds");

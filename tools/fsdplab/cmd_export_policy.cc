@@ -1,5 +1,6 @@
 // fsdplab export-policy POLICY.json --trace TRACE --to fsdp2|megatron-fsdp [--format python|json]
 //     [-o FILE]
+// fsdplab import-policy EXPORTED.json --trace TRACE [-o POLICY.json]
 #include <fmt/format.h>
 
 #include "applier_source.h"
@@ -79,6 +80,44 @@ int RunExportPolicy(const Argv& argv) {
                                            : ExportedPolicyToPython(*exported, ApplierSource());
   if (Status s = EmitOutput(args, out); !s.ok()) return Fail(kCmd, s);
   for (const std::string& n : exported->notes) fmt::print(stderr, "note: {}\n", n);
+  return 0;
+}
+
+int RunImportPolicy(const Argv& argv) {
+  constexpr std::string_view kCmd = "import-policy";
+  Args args(argv);
+  args.Declare("--trace", ArgKind::kValue,
+               "the trace the policy was exported on: its order turns the lists back into "
+               "budgets (required)",
+               "TRACE");
+  args.Declare("-o", ArgKind::kValue, "write the policy to FILE instead of stdout", "FILE");
+  if (Status s = args.Parse(); !s.ok()) return Fail(kCmd, s);
+  if (args.help()) {
+    return PrintHelp(
+        "fsdplab import-policy EXPORTED.json --trace TRACE [-o POLICY.json]",
+        "Reads what `export-policy --format json` wrote back as the policy the framework runs:\n"
+        "each FSDP2 list as the units budget whose window on the trace's order names exactly its\n"
+        "modules (an empty list as FSDP2's default, one module ahead), Megatron-FSDP's element\n"
+        "budgets as they are, each module's reshard_after_forward, and what the framework has\n"
+        "no knob for as it does it (no prefetch_first_unit, ...). `fsdplab simulate --policy` of\n"
+        "the result predicts the framework's run; `tune --preset` searches only such policies.",
+        args);
+  }
+  if (args.positionals().size() != 1) {
+    return Fail(kCmd, UsageError("expected exactly one EXPORTED.json (see --help)"));
+  }
+  std::optional<std::string> trace_path = args.Get("--trace");
+  if (!trace_path) return Fail(kCmd, UsageError("--trace TRACE is required"));
+  const std::string& path = args.positionals().front();
+  StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return Fail(kCmd, text.status());
+  StatusOr<ExportedPolicy> exported = ParseExportedPolicy(*text);
+  if (!exported.ok()) return Fail(kCmd, exported.status().WithContext(path));
+  StatusOr<Trace> trace = ReadReplayableTrace(*trace_path);
+  if (!trace.ok()) return Fail(kCmd, trace.status());
+  StatusOr<Policy> policy = ImportExportedPolicy(*trace, *exported);
+  if (!policy.ok()) return Fail(kCmd, policy.status().WithContext(path));
+  if (Status s = EmitOutput(args, PolicyToJson(*policy) + "\n"); !s.ok()) return Fail(kCmd, s);
   return 0;
 }
 

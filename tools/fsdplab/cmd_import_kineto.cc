@@ -31,12 +31,13 @@ Status RunCheck(const Args& args, const std::vector<kineto::Imported>& ranks) {
   sim::SimOptions opt;
   FSDP_ASSIGN_OR_RETURN(opt.policy, PolicyFromArgs(args, first));
   const bool per_rank = ranks.size() > 1;
-  FSDP_ASSIGN_OR_RETURN(opt.cluster, ClusterFromArgs(args, per_rank ? static_cast<int>(ranks.size())
-                                                                    : first.meta.world_size));
-  FSDP_RETURN_IF_ERROR(EngineOptionsFromArgs(args, opt));
-  if (opt.steps == 0) opt.steps = static_cast<int>(first.steps.size());
   std::vector<const Trace*> traces;
   for (const kineto::Imported& r : ranks) traces.push_back(&r.trace);
+  FSDP_ASSIGN_OR_RETURN(opt.cluster, ClusterFromArgs(args, traces,
+                                                     per_rank ? static_cast<int>(ranks.size())
+                                                              : first.meta.world_size));
+  FSDP_RETURN_IF_ERROR(EngineOptionsFromArgs(args, opt));
+  if (opt.steps == 0) opt.steps = static_cast<int>(first.steps.size());
   FSDP_ASSIGN_OR_RETURN(const sim::SimulatedRun run, per_rank ? sim::SimulateToReport(traces, opt)
                                                               : sim::SimulateToReport(first, opt));
   const Report& report = run.report;

@@ -20,6 +20,7 @@
 #include "fsdplab/sim/sim_options.h"
 #include "fsdplab/sim/simulate_report.h"
 #include "fsdplab/sim/simulator.h"
+#include "fsdplab/sim/trace_calibration.h"
 #include "report_output.h"
 #include "sim_flags.h"
 
@@ -46,7 +47,8 @@ void DeclareClusterFlags(Args& args) {
                "multiply every compute duration of the trace by F (default 1)", "F");
 }
 
-StatusOr<sim::Cluster> ClusterFromArgs(const Args& args, int trace_world_size) {
+StatusOr<sim::Cluster> ClusterFromArgs(const Args& args, const std::vector<const Trace*>& traces,
+                                       int trace_world_size) {
   sim::ClusterLayers layers;
   if (std::optional<std::string> file = args.Get("--cluster")) {
     FSDP_ASSIGN_OR_RETURN(layers.file, sim::ReadClusterFile(*file));
@@ -74,7 +76,7 @@ StatusOr<sim::Cluster> ClusterFromArgs(const Args& args, int trace_world_size) {
       FSDP_ASSIGN_OR_RETURN(*f.target, ParseDouble(*v, f.flag));
     }
   }
-  return sim::ResolveCluster(layers, trace_world_size);
+  return sim::ResolveCluster(layers, traces, trace_world_size);
 }
 
 void DeclareEngineFlags(Args& args) {
@@ -201,8 +203,11 @@ int RunSimulate(const Argv& argv) {
   StatusOr<Policy> policy = PolicyFromArgs(args, first);
   if (!policy.ok()) return Fail(kCmd, policy.status());
   opt.policy = *policy;
+  std::vector<const Trace*> all;
+  for (const Trace& t : loaded->traces) all.push_back(&t);
   StatusOr<sim::Cluster> cluster = ClusterFromArgs(
-      args, loaded->per_rank ? static_cast<int>(loaded->traces.size()) : first.meta.world_size);
+      args, all,
+      loaded->per_rank ? static_cast<int>(loaded->traces.size()) : first.meta.world_size);
   if (!cluster.ok()) return Fail(kCmd, cluster.status());
   opt.cluster = *cluster;
   if (Status s = EngineOptionsFromArgs(args, opt); !s.ok()) return Fail(kCmd, s);

@@ -98,7 +98,7 @@ int RunSweep(const Argv& argv) {
   StatusOr<std::vector<Policy>> grid = PolicyGridFromArgs(args, trace, &varied);
   if (!grid.ok()) return Fail(kCmd, grid.status());
   sim::SimOptions base;
-  StatusOr<sim::Cluster> cluster = ClusterFromArgs(args, trace.meta.world_size);
+  StatusOr<sim::Cluster> cluster = ClusterFromArgs(args, {&trace}, trace.meta.world_size);
   if (!cluster.ok()) return Fail(kCmd, cluster.status());
   base.cluster = *cluster;
   if (Status s = EngineOptionsFromArgs(args, base); !s.ok()) return Fail(kCmd, s);

@@ -23,5 +23,6 @@ int RunReport(const Argv& argv);
 int RunBenchGather(const Argv& argv);
 int RunImportKineto(const Argv& argv);
 int RunExportPolicy(const Argv& argv);
+int RunImportPolicy(const Argv& argv);
 
 }  // namespace fsdplab::cli

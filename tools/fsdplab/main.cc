@@ -24,7 +24,7 @@ constexpr Subcommand kSubcommands[] = {
      fsdplab::cli::RunSimulate},
     {"sweep", "simulate a grid of policies; table, CSV, plot, best policy under a memory cap",
      fsdplab::cli::RunSweep},
-    {"tune", "the fastest per-unit policy under a memory cap, steered by the critical path",
+    {"tune", "the fastest per-unit policy under a memory cap, and how far from the best it can be",
      fsdplab::cli::RunTune},
     {"run", "run live steps (--backend host|cuda) and report what was measured", RunRun},
     {"record", "run live steps and write them as a trace", RunRecord},
@@ -45,6 +45,8 @@ constexpr Subcommand kSubcommands[] = {
     {"export-policy",
      "write the Python (or JSON) that applies a policy to a live FSDP2 / Megatron-FSDP model",
      fsdplab::cli::RunExportPolicy},
+    {"import-policy", "read an exported policy back as the policy the framework runs",
+     fsdplab::cli::RunImportPolicy},
     {"import-kineto", "convert PyTorch profiler traces of an FSDP2 run into traces (per rank)",
      fsdplab::cli::RunImportKineto},
 };

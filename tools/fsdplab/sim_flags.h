@@ -18,7 +18,11 @@ namespace fsdplab::cli {
 void DeclareClusterFlags(Args& args);
 // The cluster: defaults, then --cluster FILE, then the flags. When nothing gives the world size
 // it comes from `trace_world_size` (the trace's meta), if that is above 1.
-StatusOr<sim::Cluster> ClusterFromArgs(const Args& args, int trace_world_size);
+// The cluster of the flags (--cluster FILE, the link flags, --world-size, --compute-scale);
+// when neither a file nor a link flag describes the links, the traces' own measured collectives
+// cost them where they carry some (sim::ClusterForTraces).
+StatusOr<sim::Cluster> ClusterFromArgs(const Args& args, const std::vector<const Trace*>& traces,
+                                       int trace_world_size);
 
 // --steps, --launch-us, --contention, --comm-contention, --straggler (repeated), --memory-cap.
 void DeclareEngineFlags(Args& args);

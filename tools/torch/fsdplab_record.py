@@ -1,10 +1,12 @@
 """Record what a PyTorch training step did as an fsdplab trace (``fsdplab.trace`` v1).
 
     import fsdplab_record
-    rec = fsdplab_record.Recorder(model)      # units: detected, or units=[names] / a predicate
+    rec = fsdplab_record.Recorder(model, optimizer=opt)  # units: detected, or units=[names]
     with rec.step():
         for batch in microbatches:
             loss_fn(model(batch)).backward()
+        opt.step()
+        opt.zero_grad()
     rec.save("trace.json")                        # trace.rank3.json on rank 3 of a process group
 
 The trace then drives ``fsdplab validate``, ``order``, ``schedule`` and ``simulate``.
@@ -17,6 +19,9 @@ What is recorded (DESIGN section 4.1):
   * per microbatch: pre_forward / post_forward, pre_backward / post_backward, backward_end, and one
     ``compute`` per unit and phase with the unit's own time (nested units excluded) and the bytes
     autograd saved for backward (``saved_bytes``) where saved-tensor hooks can see them;
+  * the optimizer step, when the Recorder is given the optimizer: its step() and zero_grad()
+    inside rec.step() as one ``compute`` without a unit, phase "optimizer", after the last
+    microbatch's backward_end (a zero_grad() at the start of the step counts there too);
   * recomputation: a unit's forward hooks firing during backward is a reentrant recomputation
     (pre_forward, compute phase "recompute", post_forward), whatever torch.utils.checkpoint mode
     ran it (reentrant, non-reentrant, selective); a forward of modules that hold a unit's
@@ -428,6 +433,11 @@ class Recorder:
         AdamW are "adam", SGD with momentum "sgd", SGD without momentum "none". Its parameters'
         dtype gives meta.master_weights: "fp32" when they are fp32 while the trace's parameters
         are not (param_dtype, or FSDP2 mixed precision), else "none". None writes neither key.
+        Given the optimizer itself, its step() and zero_grad() inside ``rec.step()`` are timed
+        and written as the step's optimizer compute (phase "optimizer", no unit, after the
+        backward_end of the step's last microbatch): a zero_grad() at the start of the step, as
+        many loops call it, counts in the same step's optimizer compute as the step() after its
+        backward.
 
     Create it after ``fully_shard``: FSDP2 units are found by what fully_shard made of the
     modules. A recorder created before is re-detected when its first step opens (with a
@@ -458,6 +468,11 @@ class Recorder:
         self._model = model
         self._param_dtype = param_dtype
         self._optimizer = _optimizer_meta(optimizer) if optimizer is not None else None
+        # The optimizer whose step() and zero_grad() are timed inside rec.step() (an instance;
+        # a name only says what state it keeps).
+        self._optimizer_obj = optimizer if hasattr(optimizer, "param_groups") else None
+        self._optimizer_patched = []  # (attribute, previous instance value or _MISSING)
+        self._optimizer_seen = False  # some recorded step ran the optimizer
         self._fsdp_work = fsdp_work
         self._root_name = root_name
         self._units_arg = units
@@ -539,6 +554,13 @@ class Recorder:
 
     def trace(self):
         """The trace as a JSON-ready dict (meta, units, steps recorded so far)."""
+        if self._optimizer_obj is not None and self._steps and not self._optimizer_seen:
+            warnings.warn(
+                "fsdplab_record: the optimizer given to Recorder never ran inside rec.step(): "
+                "the trace has no optimizer step (call opt.step() and opt.zero_grad() inside "
+                "the `with rec.step():` block)",
+                stacklevel=2,
+            )
         world_size, rank = 1, 0
         dist = getattr(torch, "distributed", None)
         if dist is not None and dist.is_available() and dist.is_initialized():
@@ -723,6 +745,7 @@ class Recorder:
                 self._hook_params(u, only=u.last_key)
         if self._lazy_params:
             self._patch_fsdp()
+        self._patch_optimizer()
 
     def _remove_hooks(self):
         for h in self._handles:
@@ -733,6 +756,7 @@ class Recorder:
             handle.remove()
         self._hooked_params.clear()
         self._unpatch_fsdp()
+        self._unpatch_optimizer()
 
     def _install_leaf_hooks(self):
         # Forwards of the modules that hold a unit's parameters matter only during backward
@@ -863,6 +887,50 @@ class Recorder:
         self._events.append(("compute", frame, start))
 
     # ----------------------------------------------------------------------------------------
+    # The optimizer step: step() and zero_grad() are timed while a step is recorded.
+
+    def _patch_optimizer(self):
+        opt = self._optimizer_obj
+        if opt is None:
+            return
+        for name in ("step", "zero_grad"):
+            original = getattr(opt, name, None)
+            if original is None or not callable(original):
+                continue
+            previous = opt.__dict__.get(name, _MISSING)
+            opt.__dict__[name] = self._make_optimizer_wrapper(original)
+            self._optimizer_patched.append((name, previous))
+
+    def _make_optimizer_wrapper(self, original):
+        def wrapper(*args, **kwargs):
+            if not self._active:
+                return original(*args, **kwargs)
+            if self._events is not None:
+                # Inside a pass (before its backward_end): not the optimizer step of a step.
+                warnings.warn(
+                    "fsdplab_record: the optimizer ran while a forward or backward was open; "
+                    "its time is not recorded as the optimizer step",
+                    stacklevel=2,
+                )
+                return original(*args, **kwargs)
+            start = self._clock.mark()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._optimizer_spans.append((start, self._clock.mark()))
+
+        return wrapper
+
+    def _unpatch_optimizer(self):
+        opt = self._optimizer_obj
+        for name, previous in reversed(self._optimizer_patched):
+            if previous is _MISSING:
+                opt.__dict__.pop(name, None)
+            else:
+                opt.__dict__[name] = previous
+        self._optimizer_patched.clear()
+
+    # ----------------------------------------------------------------------------------------
     # Step state
 
     def _begin_step(self):
@@ -879,6 +947,7 @@ class Recorder:
         self._fsdp_depth = 0  # FSDP methods open now (they nest)
         self._fsdp_collectives = []
         self._end_requeued = 0
+        self._optimizer_spans = []  # (start, end) marks of optimizer.step() and zero_grad()
         self._world_size = 1
         dist = getattr(torch, "distributed", None)
         if dist is not None and dist.is_available() and dist.is_initialized():
@@ -959,11 +1028,13 @@ class Recorder:
                 "or backward was interrupted"
             )
         # Read the clock now (CUDA: one synchronize, after the step); build the events on demand.
-        return (self._microbatches, self._clock.times_us())
+        if self._optimizer_spans and self._microbatches:
+            self._optimizer_seen = True
+        return (self._microbatches, self._clock.times_us(), self._optimizer_spans)
 
     @staticmethod
     def _step_dict(raw_step):
-        microbatches, times = raw_step
+        microbatches, times, optimizer_spans = raw_step
         step = {"microbatches": []}
         for raw in microbatches:
             events = []
@@ -1001,6 +1072,26 @@ class Recorder:
                 ev["ts_us"] = round(times[m], 3)
                 events.append(ev)
             step["microbatches"].append({"events": events})
+        if optimizer_spans and step["microbatches"]:
+            # The optimizer step after the last microbatch's backward_end: step() and zero_grad()
+            # wherever the step ran them (a zero_grad() before the first forward included). Its
+            # start is the first of them after that backward_end, so the events' times stay in
+            # order (a zero_grad() at the start of the step ran before the first forward).
+            us = sum(max(times[b] - times[a], 0.0) for a, b in optimizer_spans)
+            last = step["microbatches"][-1]["events"]
+            end = max((e["ts_us"] for e in last if "ts_us" in e), default=0.0)
+            starts = [times[a] for a, _ in optimizer_spans]
+            first = min((t for t in starts if t >= end), default=min(starts))
+            last.append(
+                {
+                    "op": "compute",
+                    "unit": None,
+                    "phase": "optimizer",
+                    "us": round(us, 3),
+                    "name": "optimizer",
+                    "ts_us": round(first, 3),
+                }
+            )
         return step
 
     # ----------------------------------------------------------------------------------------

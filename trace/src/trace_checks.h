@@ -1,6 +1,6 @@
 // The checks on the events of a trace that need no JSON (private to the trace room): pre/post
-// pairing within a microbatch, and durations, sizes and timestamps that are finite and not
-// negative.
+// pairing within a microbatch, durations, sizes and timestamps that are finite and not negative,
+// and an optimizer compute without a unit.
 // Shared by the trace reader (as it reads) and CheckTraceEvents (on a Trace built in memory).
 //
 //   EventChecker checker(model.num_units());
@@ -52,7 +52,13 @@ class EventChecker final {
     };
     if (ev.ts_us.has_value()) time_ok("ts_us", *ev.ts_us, "timestamp");
     switch (ev.op) {
-      case Op::kCompute: time_ok("us", ev.us, "duration"); break;
+      case Op::kCompute:
+        time_ok("us", ev.us, "duration");
+        if (ev.phase == Phase::kOptimizer && ev.unit != kNoUnit) {
+          add("phase", fmt::format("an optimizer compute has no unit (it names '{}')",
+                                   unit_ok ? name_of(ev.unit) : std::string_view("?")));
+        }
+        break;
       case Op::kCollective: {
         bool a = time_ok("start_us", ev.start_us, "timestamp");
         bool b = time_ok("end_us", ev.end_us, "timestamp");

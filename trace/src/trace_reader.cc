@@ -599,7 +599,9 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
 
   if (compute) {
     if (!has_phase) {
-      Add(fmt::format("{}.phase: missing: a compute needs a phase (forward, backward or recompute)",
+      Add(
+          fmt::format("{}.phase: missing: a compute needs a phase (forward, backward, recompute or "
+                      "optimizer)",
                       where()));
       bad = true;
     } else if (phase_read) {
@@ -607,7 +609,9 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
       if (ph) {
         out.phase = *ph;
       } else {
-        Add(fmt::format("{}.phase: unknown phase '{}' (expected forward, backward or recompute)",
+        Add(
+            fmt::format("{}.phase: unknown phase '{}' (expected forward, backward, recompute or "
+                        "optimizer)",
                         where(), phase_text));
         bad = true;
       }

@@ -24,13 +24,21 @@ struct UnitWalk {
   std::size_t recompute_at = kNone;  // an open recomputation's pre_forward, or kNone
 };
 
+// Where a step's optimizer compute is: its microbatch and event, or none yet.
+struct OptimizerAt {
+  std::size_t mb = kNone;
+  std::size_t event = kNone;
+};
+
 class MicrobatchWalk final {
  public:
-  MicrobatchWalk(const Model& model, std::size_t step, std::size_t mb,
-                 std::vector<Status>& problems)
+  MicrobatchWalk(const Model& model, std::size_t step, std::size_t mb, bool last_microbatch,
+                 OptimizerAt& optimizer, std::vector<Status>& problems)
       : model_(model),
         step_(step),
         mb_(mb),
+        last_microbatch_(last_microbatch),
+        optimizer_(optimizer),
         problems_(problems),
         units_(static_cast<std::size_t>(model.num_units())) {}
 
@@ -44,6 +52,20 @@ class MicrobatchWalk final {
  private:
   void On(const Event& ev, std::size_t e) {
     const bool has_unit = ev.unit >= 0 && ev.unit < model_.num_units();
+    if (ev.op == Op::kCompute && ev.phase == Phase::kOptimizer) {
+      if (!has_unit) Optimizer(e);
+      return;
+    }
+    if (ev.op != Op::kCollective) {
+      if (optimizer_.mb == mb_) {
+        Add(e, fmt::format(
+                   "{} after the optimizer step (at {}): the optimizer compute ends its "
+                   "step",
+                   ev.op == Op::kCompute ? std::string("a compute") : std::string(OpName(ev.op)),
+                   Pos(optimizer_.event)));
+      }
+      pass_open_ = ev.op != Op::kBackwardEnd;
+    }
     switch (ev.op) {
       case Op::kPreForward:
         if (has_unit) PreForward(ev.unit, e);
@@ -161,6 +183,7 @@ class MicrobatchWalk final {
         Add(e, fmt::format("backward compute of '{}' outside its pre_backward / post_backward{}",
                            Name(u), recomputing ? " (its recomputation is open)" : ""));
         return;
+      case Phase::kOptimizer: return;  // never with a unit (the reader's check)
       case Phase::kRecompute:
         if (recomputing || w.state == State::kBackward) return;
         Add(e, fmt::format("recompute compute of '{}' neither inside a recomputation (pre_forward "
@@ -169,6 +192,24 @@ class MicrobatchWalk final {
                            Name(u), in_backward_ ? "" : "; the backward has not begun"));
         return;
     }
+  }
+
+  // The optimizer step: after the backward_end of the step's last microbatch, once per step.
+  void Optimizer(std::size_t e) {
+    if (optimizer_.mb != kNone) {
+      Add(e, fmt::format("a second optimizer compute in the step (the first at "
+                         "steps[{}].microbatches[{}].{})",
+                         step_, optimizer_.mb, Pos(optimizer_.event)));
+      return;
+    }
+    if (pass_open_ || !last_microbatch_) {
+      Add(e, fmt::format("the optimizer compute comes after the backward_end of the step's last "
+                         "microbatch{}",
+                         !last_microbatch_ ? " (this is not the step's last microbatch)"
+                                           : " (a pass is open here)"));
+      return;
+    }
+    optimizer_ = OptimizerAt{mb_, e};
   }
 
   // Everything still open at event `e` (backward_end, or the microbatch's last event).
@@ -205,9 +246,14 @@ class MicrobatchWalk final {
   const Model& model_;
   std::size_t step_;
   std::size_t mb_;
+  bool last_microbatch_;
+  OptimizerAt& optimizer_;
   std::vector<Status>& problems_;
   std::vector<UnitWalk> units_;
   bool in_backward_ = false;
+  // Events of a pass since the last backward_end (or the microbatch's start): the optimizer
+  // step cannot come before that pass ends.
+  bool pass_open_ = true;
 };
 
 }  // namespace
@@ -216,8 +262,10 @@ std::vector<Status> CheckTraceStructure(const Trace& trace) {
   std::vector<Status> problems;
   for (std::size_t s = 0; s < trace.steps.size(); ++s) {
     const Step& step = trace.steps[s];
+    OptimizerAt optimizer;
     for (std::size_t m = 0; m < step.microbatches.size(); ++m) {
-      MicrobatchWalk(trace.model, s, m, problems).Run(step.microbatches[m].events);
+      const bool last = m + 1 == step.microbatches.size();
+      MicrobatchWalk(trace.model, s, m, last, optimizer, problems).Run(step.microbatches[m].events);
     }
   }
   return problems;

@@ -97,6 +97,11 @@ struct Policy final {
   // the world size). Ignored by the other modes.
   int shard_group_size = 0;
   bool unified_comm_stream = false;
+  // Collectives run on the compute stream, where the host calls them, and block it until they
+  // end: nothing overlaps them (FSDP2 on a CPU, gloo: its "streams" are the calling thread). The
+  // plan puts every collective, gather buffer and free on the compute stream; prefetches are
+  // issued early and still run in host order.
+  bool comm_on_compute_stream = false;
   OnDivergence on_divergence = OnDivergence::kError;
   // Gradient reduce dtype; nullopt: the parameter dtype (bf16 for mxfp8 parameters).
   std::optional<DType> reduce_dtype;
@@ -158,6 +163,17 @@ std::string_view MasterWeightsName(MasterWeights m);      // "none" | "fp32"
 // "master_weights", as the recorder writes them), applied to `policy`; `meta_json` is the meta's
 // extra keys (TraceMeta::extra_json). Errors name meta.<key>.
 Status ApplyTraceMetaPolicy(std::string_view meta_json, Policy& policy);
+
+// The device a trace's run used (one decision for the FSDP2 preset's streams and the memory model
+// a cap is held to): meta.device ("cpu" or "cuda") where the recorder wrote it, else the source:
+// live-host runs on the CPU, a torch recording on the CPU when its recorder timed with the CPU
+// clock (meta.recorder.timing "cpu": the model had no CUDA parameters), anything else
+// (live-cuda, hand-written, synthetic) on CUDA. `meta_json` is TraceMeta::extra_json.
+struct TraceDevice final {
+  bool cpu = false;
+  std::string why;  // "meta.device cpu", "meta.source live-host", ...
+};
+TraceDevice DeviceOfTrace(std::string_view meta_json, std::string_view source);
 
 // The layers a run's policy is made of, in the order they apply (ResolvePolicy).
 struct PolicyLayers final {

@@ -18,6 +18,8 @@
 //                 since its last reduce-scatter, its unsharded gradients (kUnshardedGrads, one
 //                 buffer per group); record start; compute; record end; free the activations the
 //                 compute releases. Every plane it reads must be unsharded and ordered before it.
+//                 The optimizer step (phase optimizer, no unit) then frees every sharded
+//                 gradient and gradient accumulator (zero_grad's set_to_none).
 //   StreamWait    record on the signaler; the waiter waits (nothing when both are one stream).
 //   Release       free the unsharded planes on the all-gather stream, after every stream that
 //                 used them has passed an event: the planner tracks, per stream, which positions
@@ -26,7 +28,8 @@
 //                 protective_waits()).
 //   ReduceScatter on the reduce-scatter stream (the all-gather stream when unified): alloc the
 //                 reduce-scatter output (kReduceScatterBuffers) and, at the unit's first
-//                 reduction, its sharded gradients (kShardedGrads, kept for good); record start;
+//                 reduction, its sharded gradients (kShardedGrads, kept until an optimizer step
+//                 frees them); record start;
 //                 one collective over every group; record end; free the output and the unsharded
 //                 gradients.
 //                 Under hsdp with more than one replica the reduced shard is not final yet:
@@ -44,6 +47,9 @@
 //                 master_weights); a unit's first reduction also allocates its fp32 gradient
 //                 accumulator (kGradAccumulation) when the reduce dtype is not fp32.
 //   StepEnd       record an end marker on every stream in use.
+// With comm_on_compute_stream every stream above is the compute stream (the host's own thread, as
+// FSDP2's collectives on a CPU): gathers, releases and reduce-scatters run in host order between
+// the computes, and the waits between streams vanish.
 // Memory is the sum of the alloc and free operations a stream has passed: every executor applies
 // them where its stream reaches them, so the categories agree by construction.
 #pragma once
@@ -196,6 +202,8 @@ struct FaultInjection final {
 struct PlanConfig final {
   int rank = 0;
   bool unified_comm_stream = false;
+  // Every collective on the compute stream (Policy::comm_on_compute_stream): one stream per rank.
+  bool comm_on_compute_stream = false;
   bool emulated = false;       // collectives replaced by device copies (one GPU)
   bool check = false;          // add fill and check operations for the checked step
   bool memory_samples = true;  // memory_samples(): for executors that time memory by events
@@ -235,6 +243,7 @@ class StreamPlanner final : public CommandSink {
   int stream_for(Stream stream) const;
   // Whether the plan puts anything on physical stream s.
   bool stream_used(int s) const {
+    if (config_.comm_on_compute_stream) return s == kPlanCompute;
     if (s == kPlanReduceScatter) return !config_.unified_comm_stream;
     if (s == kPlanAllReduce) return replica_all_reduce();
     return s >= 0 && s < kPlanStreams;
@@ -283,6 +292,10 @@ class StreamPlanner final : public CommandSink {
   Status LowerGather(const GatherCmd& cmd, const CommandOrigin& origin);
   Status LowerWaitGather(const WaitGatherCmd& cmd);
   Status LowerCompute(const ComputeCmd& cmd, const CommandOrigin& origin);
+  // After the optimizer step's compute: every sharded gradient (and its fp32 accumulator) is
+  // freed on the compute stream, as zero_grad(set_to_none=True) does; the next reduction of a
+  // unit allocates them again.
+  void FreeShardedGrads(const CommandOrigin& origin);
   Status LowerStreamWait(const StreamWaitCmd& cmd);
   Status LowerRelease(const ReleaseCmd& cmd, const CommandOrigin& origin);
   Status LowerReduceScatter(const ReduceScatterCmd& cmd, const CommandOrigin& origin);

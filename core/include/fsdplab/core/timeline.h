@@ -112,8 +112,9 @@ struct Timeline final {
 // traces share their event structure).
 void LabelTimeline(Timeline& timeline, const Trace& trace);
 
-// How reports and timelines show a labelled compute: "optimizer (unowned compute)" for work no
-// unit owns (`unit` empty), "attention (model.layers.0 forward)" for a unit's.
+// How reports and timelines show a labelled compute: "loss (unowned compute)" for work no
+// unit owns (`unit` empty), "optimizer (optimizer step)" for the optimizer step, "attention
+// (model.layers.0 forward)" for a unit's.
 std::string ComputeLabel(std::string_view name, std::string_view unit, Phase phase);
 
 }  // namespace fsdplab

@@ -17,8 +17,10 @@
 
 namespace fsdplab {
 
-enum class Phase : std::uint8_t { kForward, kBackward, kRecompute };
-std::string_view PhaseName(Phase phase);  // "forward", "backward", "recompute"
+// kOptimizer: the optimizer step (optimizer.step() and zero_grad()), a compute without a unit
+// after the backward_end of a step's last microbatch; the sharded gradients are freed at its end.
+enum class Phase : std::uint8_t { kForward, kBackward, kRecompute, kOptimizer };
+std::string_view PhaseName(Phase phase);  // "forward", "backward", "recompute", "optimizer"
 std::optional<Phase> ParsePhase(std::string_view name);
 
 enum class Op : std::uint8_t {

@@ -6,6 +6,7 @@
 //   FSDP_ASSIGN_OR_RETURN(ExportedPolicy e, ExportPolicy(trace, policy, Framework::kFsdp2));
 //   std::string json = ExportedPolicyToJson(e);            // read by apply_policy(model, path)
 //   std::string py = ExportedPolicyToPython(e, applier);   // a script that applies it
+//   FSDP_ASSIGN_OR_RETURN(Policy ran, ImportExportedPolicy(trace, e));  // what FSDP2 runs
 //
 // FQNs: a trace's root unit is the model (FQN ""); a unit "R.x.y" under the root R is "x.y" (the
 // recorder's names). The window is the scheduler's (PrefetchWindow), so what the simulator
@@ -52,6 +53,28 @@ struct ExportedPolicy final {
 // megatron-fsdp; DeepSpeed has no per-module knobs to export to: a usage error).
 StatusOr<ExportedPolicy> ExportPolicy(const Trace& trace, const Policy& policy,
                                       Framework framework);
+
+// What the framework runs for an exported policy, read back as a policy of the same trace: each
+// FSDP2 list as the smallest units budget whose window names exactly its modules (an empty list
+// as FSDP2's default: one module ahead, in both directions), Megatron-FSDP's element budgets as
+// they are, each module's reshard_after_forward; what the framework has no knob for as it does
+// it (no prefetch_first_unit; FSDP2: separate streams and no per-unit planes; Megatron-FSDP:
+// every module reshards). The rest (order, sharding, optimizer, ...) is the exported policy's.
+// Errors (invalid input): a module or unit the trace lacks, a list that is no window.
+StatusOr<Policy> ImportExportedPolicy(const Trace& trace, const ExportedPolicy& exported);
+
+// ImportExportedPolicy(trace, ExportPolicy(trace, policy, framework)): what `framework` runs when
+// given `policy`, so that simulating it predicts the framework's run. `fsdplab tune --preset`
+// searches only such policies: the gain it prints is the gain the export delivers.
+// The framework a tune keeps to (TuneOptions::express): `to` ("fsdp2", "megatron-fsdp", "any":
+// none), else the preset's. DeepSpeed ZeRO-3 has no per-module knobs to export to: an error
+// naming both ways out (--to, as the command line says).
+StatusOr<std::optional<Framework>> TuneTarget(std::optional<Framework> preset,
+                                              const std::optional<std::string>& to);
+StatusOr<Policy> ExpressedPolicy(const Trace& trace, const Policy& policy, Framework framework);
+
+// Reads what ExportedPolicyToJson writes (`export-policy --format json`); errors name the field.
+StatusOr<ExportedPolicy> ParseExportedPolicy(std::string_view json_text);
 
 // {"format": "fsdplab.framework_policy", "version": 1, "framework": ..., "modules": [...],
 //  "notes": [...], "policy": {...}}: what apply_policy(model, path) reads.

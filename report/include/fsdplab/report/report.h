@@ -133,6 +133,9 @@ struct StepReport final {
   TimeUs end_us = 0;
   TimeUs time_us = 0;
   TimeUs compute_us = 0;
+  // The part of compute_us the optimizer step took (its optimizer.step() and zero_grad(): a
+  // compute of phase optimizer); 0 when the trace has none.
+  TimeUs optimizer_us = 0;
   TimeUs exposed_comm_us = 0;
   TimeUs idle_us = 0;  // no compute and no collective in progress on the rank
   // The part of idle_us in which a collective of the rank had been called and waited for the
@@ -191,7 +194,8 @@ struct ReportSummary final {
   Bytes peak_reserved_bytes = 0;
   int peak_reserved_rank = 0;
   TimeUs lower_bound_us = 0;
-  TimeUs compute_us = 0;  // mean, same steps as step_time_us
+  TimeUs compute_us = 0;    // mean, same steps as step_time_us
+  TimeUs optimizer_us = 0;  // mean, same steps: the optimizer step's part of compute_us
   int collectives = 0;
   int overlapped = 0;
   // The bytes every rank's collectives walk, summed over the ranks (CollectiveFootprintBytes;
@@ -210,6 +214,10 @@ struct ReportInputs final {
   std::string source;                    // overrides timeline.source when set
   TimeUs memory_cap_lower_bound_us = 0;  // what a memory cap forces, if the executor knows
   Bytes collective_footprint_bytes = 0;  // ReportSummary::collective_footprint_bytes
+  // false: no peak races are looked for (steps' peak_races stay empty and peak_if_late_bytes is
+  // the peak), for a search that holds a cap to the simulated peak and reports the races of
+  // its result alone.
+  bool peak_races = true;
 };
 
 struct Report final {

@@ -32,10 +32,13 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "fsdplab/core/policy.h"
 #include "fsdplab/core/timeline.h"
+#include "fsdplab/core/trace.h"
 #include "fsdplab/core/units.h"
 
 namespace fsdplab {
@@ -122,5 +125,12 @@ class PlanMemoryReplay final {
   std::vector<BlockId> by_buffer_;
   std::map<std::pair<int, UnitId>, std::vector<Held>> accounted_;  // (category, unit)
 };
+
+// The device a trace's run used, for the memory model a cap is held to: a CUDA device holds what
+// its caching allocator reserves (this model), a CPU run what its tensors hold (freed memory goes
+// back to the system allocator). The decision is core's DeviceOfTrace (policy.h).
+inline TraceDevice DeviceOfTrace(const TraceMeta& meta) {
+  return DeviceOfTrace(meta.extra_json, meta.source);
+}
 
 }  // namespace fsdplab

@@ -132,8 +132,12 @@ struct Cluster final {
   // A host's communication streams resume this late after the events they wait on (measured by
   // `fsdplab bench-gather --op concurrent` on the host). Unset: at once, as a device's do.
   std::optional<StreamWake> stream_wake;
-  // True when nothing described the cluster (no file, no flag): the report says so.
+  // True when nothing described the cluster (no file, no flag): the report warns that its
+  // collectives are costed as an H100 node's.
   bool defaults_used = true;
+  // True when the collectives' curves were fitted to the trace's own measured collectives
+  // (trace_calibration.h); `notes` then say which sizes, how many samples and the band.
+  bool from_trace = false;
   // The end of the calibrated curves' bands that collectives cost at (not part of the file).
   BandEnd band_end = BandEnd::kNominal;
 

@@ -4,7 +4,7 @@
 // the cluster's world size, the default step count, the cost band's note.
 //
 //   SimOptions o;
-//   FSDP_ASSIGN_OR_RETURN(o.cluster, ResolveCluster(ClusterLayers{}, trace.meta.world_size));
+//   FSDP_ASSIGN_OR_RETURN(o.cluster, ResolveCluster({}, {&trace}, trace.meta.world_size));
 //   FSDP_RETURN_IF_ERROR(ApplyEngineOptions({{"memory_cap", "2G"}, {"steps", "4"}}, o));
 //   DefaultSteps(trace, o);
 //
@@ -51,7 +51,9 @@ Status ApplyEngineOptions(const Settings& settings, SimOptions& options);
 void DefaultSteps(const Trace& trace, SimOptions& options);
 
 // A run's cluster: a cluster file's (or the defaults), then single overrides. When nothing gave
-// the world size it is the trace's (its meta's, or the number of rank traces) if above 1.
+// the world size it is the trace's (its meta's, or the number of rank traces) if above 1. When
+// neither a file nor a link override gave the links, the traces' own measured collectives cost
+// them where they carry any (ClusterForTraces, trace_calibration.h).
 struct ClusterLayers final {
   std::optional<Cluster> file;  // ParseClusterJson / ReadClusterFile
   std::optional<int> world_size;
@@ -62,7 +64,8 @@ struct ClusterLayers final {
   std::optional<double> inter_latency_us;
   std::optional<double> compute_scale;
 };
-StatusOr<Cluster> ResolveCluster(const ClusterLayers& layers, int trace_world_size);
+StatusOr<Cluster> ResolveCluster(const ClusterLayers& layers,
+                                 const std::vector<const Trace*>& traces, int trace_world_size);
 
 // The cost band (`--band`): the run once more with every calibrated collective at the fast and
 // at the slow end of its error band, the step times at each a note of `run`'s report.

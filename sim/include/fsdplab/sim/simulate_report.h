@@ -25,10 +25,17 @@ struct SimulatedRun final {
   Report report;
 };
 
+// What a report leaves out when its reader needs less: a search that holds a cap to the
+// simulated peak (sweep, tune) looks for no peak races while it searches (ReportInputs).
+struct ReportDetail final {
+  bool peak_races = true;
+};
+
 // One trace for every rank (Simulate).
-StatusOr<SimulatedRun> SimulateToReport(const Trace& trace, const SimOptions& options);
+StatusOr<SimulatedRun> SimulateToReport(const Trace& trace, const SimOptions& options,
+                                        const ReportDetail& detail = {});
 // One trace per rank (SimulateRanks); the report names the units of the first.
 StatusOr<SimulatedRun> SimulateToReport(const std::vector<const Trace*>& rank_traces,
-                                        const SimOptions& options);
+                                        const SimOptions& options, const ReportDetail& detail = {});
 
 }  // namespace fsdplab::sim

@@ -20,6 +20,7 @@
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/report/report.h"
+#include "fsdplab/sim/simulate_report.h"
 #include "fsdplab/sim/simulator.h"
 
 namespace fsdplab::sim {
@@ -68,8 +69,13 @@ struct SweepResult final {
 };
 
 // One policy simulated with `base` (its policy replaced; rank 0 recorded, no host ops): the
-// row of a sweep. `fsdplab tune` evaluates its candidates with it.
+// row of a sweep. `fsdplab tune` prints its results with it.
 SweepRow SimulatePolicy(const Trace& trace, const Policy& policy, const SimOptions& base);
+// The same with one trace per rank (SimulateToReport's).
+SweepRow SimulatePolicy(const std::vector<const Trace*>& rank_traces, const Policy& policy,
+                        const SimOptions& base);
+// The row of `policy`'s simulated run (or of its error).
+SweepRow RowOf(const Policy& policy, const StatusOr<SimulatedRun>& run);
 
 // Simulates every policy with `base` (its policy replaced) on `jobs` threads (0: the machine's
 // cores). `progress(done, total)` is called from the calling thread as runs finish.
@@ -84,6 +90,14 @@ std::vector<std::size_t> SortedByStepTime(const std::vector<SweepRow>& rows);
 std::vector<std::size_t> ParetoFront(const std::vector<SweepRow>& rows);
 // Whether a successful row's peak (PeakFor `which`) fits under `cap`.
 bool FitsUnderCap(const SweepRow& row, Bytes cap, CapPeak which = CapPeak::kSimulated);
+// A device of `cap` bytes holds less than an uncapped run reserves: its caching allocator
+// releases its cached segments when an allocation would pass the cap, and fails only when the
+// blocks in use do not fit. When `row` (a run without a cap) does not fit but its tensors do,
+// `run_capped` simulates it again under the cap; when that run ends as the uncapped one did
+// (nothing ran out of memory and no gather waited for memory: the same step time and exposed
+// communication), the row takes its reserved peak. Returns FitsUnderCap of the row.
+bool FitsOnDevice(SweepRow& row, Bytes cap, CapPeak which,
+                  const std::function<SweepRow()>& run_capped);
 // The fastest successful row whose peak memory (PeakFor `which`) fits under `cap`.
 std::optional<std::size_t> BestUnderCap(const std::vector<SweepRow>& rows, Bytes cap,
                                         CapPeak which = CapPeak::kSimulated);

@@ -14,7 +14,9 @@
 //  - a compute with phase forward runs inside its unit's forward (or recomputation), backward
 //    inside its backward, recompute inside a recomputation or, with no pre_forward around it
 //    (an inside recomputation), while its unit is in BACKWARD;
-//  - nothing is left open at backward_end or at the end of the microbatch.
+//  - nothing is left open at backward_end or at the end of the microbatch;
+//  - an optimizer compute (phase optimizer) comes after the backward_end of the step's last
+//    microbatch, at most one per step, and nothing of a pass follows it in its microbatch.
 // Each problem names the event by its position, and the event that opened what is left open.
 #pragma once
 
