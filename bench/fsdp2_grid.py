@@ -229,6 +229,52 @@ def bench_collectives(torch, dist, model, iters=8):
     return out
 
 
+def grad_aware_tracker(torch, model):
+    """FSDPMemTracker, which also notes at its peak the bytes of parameter gradients it counts
+    as "Temp": the tracker names a tensor by where it was made, and a unit's unsharded gradients
+    are made in the backward (Temp) and become "Unsharded Grad" only at FSDP's post_backward,
+    which frees them at once; the root's head gradients stay Temp through its layers' backward.
+    At each new peak this finds them (the unsharded parameters' .grad) among the tracked
+    storages, so that the grid can compare gradients with gradients."""
+    from torch.distributed._tools.common_utils import get_untyped_storages
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
+
+    fsdp_params = []
+    for m in model.modules():
+        if "FSDPModule" not in {c.__name__ for c in type(m).__mro__}:
+            continue
+        state = m._get_fsdp_state()
+        for group in getattr(state, "_fsdp_param_groups", None) or [state._fsdp_param_group]:
+            if group is not None:
+                fsdp_params.extend(group.fsdp_params)
+
+    class Tracker(FSDPMemTracker):
+        grads_in_temp = 0
+
+        def _update_peak_stats(self, peak_state):
+            before = dict(self._peak_mem)
+            super()._update_peak_stats(peak_state)
+            if any(v > before.get(d, 0) for d, v in self._peak_mem.items()):
+                self.grads_in_temp = self._temp_grads()
+
+        def _temp_grads(self):
+            total, seen = 0, set()
+            for fp in fsdp_params:
+                g = getattr(getattr(fp, "_unsharded_param", None), "grad", None)
+                if g is None:
+                    continue
+                for st in get_untyped_storages(g):
+                    winfo, _ = self._WINFO.get(st, (None, None))
+                    if winfo is None or id(winfo) in seen:
+                        continue
+                    seen.add(id(winfo))
+                    if winfo.reftype == _FSDPRefType.TEMP:
+                        total += winfo.mem_consumed
+            return total
+
+    return Tracker
+
+
 def rank_main(args):
     c = json.loads(args.config)
     core = pin(args.rank, args.isolation)
@@ -327,7 +373,8 @@ def rank_main(args):
         step()  # FSDP's lazy initialisation, outside the profile
         spans = []
         sched = schedule(wait=1, warmup=1, active=args.record_steps, repeat=1)
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+        # profile_memory: the allocations and frees import-kineto attributes to each compute.
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True,
                      schedule=sched) as prof:
             for _ in range(2 + args.record_steps):
                 dist.barrier()
@@ -341,13 +388,13 @@ def rank_main(args):
         )
         out["step_us"] = spans[2:]  # the profiled (active) steps
     elif args.phase == "mem":
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+        tracker_class = grad_aware_tracker(torch, model)
 
         step()  # lazy initialisation; the optimizer's state exists from here on
         step()
         dist.barrier()
         fwd_bwd(mbs[:-1])  # earlier microbatches untracked: their gradients are held
-        tracker = FSDPMemTracker(model, opt)
+        tracker = tracker_class(model, opt)
         tracker.track_inputs((mbs[-1],))
         with tracker:
             fwd_bwd(mbs[-1:])
@@ -368,6 +415,8 @@ def rank_main(args):
                         for dev, cats in snaps[-1].items()
                     }
         out["peak_by_phase"] = phases
+        # Of the peak's "Temp", the parameter gradients being produced (see grad_aware_tracker).
+        out["grads_in_temp"] = tracker.grads_in_temp
         out["sharded_param_bytes"] = sum(
             p.to_local().numel() * p.element_size() for p in model.parameters()
         )
@@ -414,6 +463,29 @@ def run_phase(rundir, c, phase, args, isolation="pinned", bench=False):
                 tails.append(f"rank {r}:\n" + f.read()[-3000:])
         raise SystemExit(f"fsdp2_grid: {os.path.basename(rundir)} {phase} failed ({rcs})\n"
                          + "\n".join(tails))
+
+
+def rerun_phases(args, c, rundir):
+    """--phases: runs those phases again in a complete run's folder, keeping the others' files
+    (after a change to the recorder, the profiler's options or the memory measurement: the
+    timed phases stay as they were)."""
+    done_path = os.path.join(rundir, "done")
+    if not os.path.exists(done_path):
+        raise SystemExit(f"fsdp2_grid: --phases: {run_id(c)} has no complete run in {rundir}")
+    done = load(done_path)
+    t0 = time.time()
+    for phase in args.phases.split(","):
+        if phase not in ("record", "profile", "mem"):
+            raise SystemExit(f"fsdp2_grid: --phases: {phase!r} is not record, profile or mem")
+        for sub in {"record": ["traces"], "profile": ["profile"], "mem": []}[phase]:
+            shutil.rmtree(os.path.join(rundir, sub), ignore_errors=True)
+        with OthersLoad() as o:
+            run_phase(rundir, c, phase, args)
+        done.setdefault("others_cpu", {})[phase] = round(o.fraction, 4)
+        done.setdefault("rerun", {})[phase] = time.strftime("%Y-%m-%d %H:%M:%S")
+    with open(done_path, "w", encoding="utf-8") as f:
+        json.dump(done, f)
+    print(f"{run_id(c)}: {args.phases} again in {time.time() - t0:.0f} s", flush=True)
 
 
 def fsdplab(bin_, *argv, check=True):
@@ -535,6 +607,9 @@ def run(args):
     for c in runs:
         rid = run_id(c)
         rundir = os.path.join(args.out, "runs", rid)
+        if args.phases:
+            rerun_phases(args, c, rundir)
+            continue
         if os.path.exists(os.path.join(rundir, "done")) and not args.force:
             print(f"{rid}: kept", flush=True)
             continue
@@ -679,23 +754,35 @@ def collectives_vs_bench(rundir, traces):
     return out
 
 
-# FSDPMemTracker's categories against the simulator's (report peak_memory_by_category).
+# FSDPMemTracker's categories against the simulator's (report peak_memory_by_category). The
+# tracker names a tensor by where it was made: an all-gather's output before FSDP copies it out
+# is "All Gather" (the plan counts the gathered parameters from the gather's start), and the
+# parameter gradients being produced in the backward are "Temp" until FSDP's post_backward
+# ("Grads in Temp", measured at the tracker's peak by the mem phase: grad_aware_tracker), so
+# those go with parameters and gradients. "-" before a tracker category subtracts it.
 MEM_GROUPS = [
     ("sharded params", ["Sharded Param"], ["sharded_params", "master_params"]),
-    ("unsharded params", ["Unsharded Param"], ["unsharded_params"]),
-    ("all-gather buffers", ["All Gather"], []),
-    ("grads", ["Sharded Grad", "Unsharded Grad"],
+    ("unsharded params", ["Unsharded Param", "All Gather"], ["unsharded_params"]),
+    ("grads", ["Sharded Grad", "Unsharded Grad", "Grads in Temp"],
      ["sharded_grads", "unsharded_grads", "grad_accumulation"]),
     ("activations", ["Activation"], ["activations"]),
-    ("temporaries", ["Temp"], []),
+    ("temporaries", ["Temp", "-Grads in Temp"], ["temporaries"]),
     ("optimizer state", ["OptState"], ["optimizer_state"]),
     ("reduce-scatter buffers", ["Reduce Scatter"], ["reduce_scatter_buffers"]),
     ("inputs and buffers", ["Inputs", "Buffer"], []),
 ]
+# The Done-when groups: parameters, gradients and optimizer state within 1% at the peak.
+EXACT_GROUPS = {"params": ["sharded params", "unsharded params"], "grads": ["grads"],
+                "opt": ["optimizer state"]}
+
+
+def tracker_sum(cats, keys):
+    return sum(-cats.get(k[1:], 0) if k.startswith("-") else cats.get(k, 0) for k in keys)
 
 
 def tracker_peak(rundir):
-    """The larger of the two ranks' tracked peaks, its categories, and where it came."""
+    """The larger of the two ranks' tracked peaks: its categories, where it came, and the
+    parameter gradients inside its Temp (grad_aware_tracker)."""
     best = None
     for r in range(WORLD):
         m = load(os.path.join(rundir, f"mem.rank{r}.json"))
@@ -708,7 +795,7 @@ def tracker_peak(rundir):
         for dcats in snap.values():
             if dcats.get("Total") == cats["Total"]:
                 phase = name
-    return cats, phase
+    return cats, phase, m.get("grads_in_temp", 0)
 
 
 def simulate(bin_, traces, out, extra=()):
@@ -780,7 +867,8 @@ def grade_run(rundir, bin_, base_pred=None):
     meas["collectives_vs_bench"] = collectives_vs_bench(rundir, rec_rows_raw(traces))
     meas["fsdp_work_us"] = statistics.median(fsdp_work(load(os.path.join(traces,
                                                                           "trace.rank0.json"))))
-    cats, peak_phase = tracker_peak(rundir)
+    cats, peak_phase, grads_in_temp = tracker_peak(rundir)
+    meas["grads_in_temp"] = grads_in_temp
     meas["peak_bytes"] = cats["Total"]
     meas["peak_by_category"] = cats
     meas["peak_phase"] = peak_phase
@@ -800,10 +888,17 @@ def grade_run(rundir, bin_, base_pred=None):
             "idle": (p["idle_us"] - meas["idle_us"]) / total,
         }
         groups = {}
+        tracked = dict(cats, **{"Grads in Temp": grads_in_temp})
         for label, tk, sk in MEM_GROUPS:
-            groups[label] = [sum(cats.get(k, 0) for k in tk),
+            groups[label] = [tracker_sum(tracked, tk),
                              sum(p["peak_by_category"].get(k, 0) for k in sk)]
         p["memory_groups"] = groups
+        exact = {}
+        for group, labels in EXACT_GROUPS.items():
+            t = sum(groups[lb][0] for lb in labels)
+            q = sum(groups[lb][1] for lb in labels)
+            exact[group] = (q - t) / t if t else (0.0 if q == 0 else None)
+        p["memory_exact_err"] = exact
         out[name] = p
 
     # Recorder against importer, per unit and phase (rank 0; medians over steps).
@@ -886,6 +981,16 @@ def summarize(results):
         s[path]["split_median"] = {
             k: statistics.median(r[path]["split"][k] for r in results)
             for k in ("compute", "exposed_comm", "idle")} if results else {}
+    for path in ("recorder", "imported"):
+        peaks = [r[path]["peak_err"] for r in results]
+        s[path]["memory_done"] = {
+            "peak_within_3pct": sum(abs(x) <= 0.03 for x in peaks),
+            "runs": len(peaks),
+            **{k: sum(1 for r in results
+                      if r[path].get("memory_exact_err", {}).get(k) is not None
+                      and abs(r[path]["memory_exact_err"][k]) <= 0.01)
+               for k in EXACT_GROUPS},
+        }
     s["spread"] = {
         "range_rel": stats([r["measured"]["range_rel"] for r in results]),
         "p90_p50": stats([r["measured"]["p90_p50"] - 1 for r in results]),
@@ -968,7 +1073,7 @@ def table(doc):
     lines.append("Peak by category (MiB): FSDPMemTracker / recorder prediction / imported "
                  "prediction")
     labels = [g[0] for g in MEM_GROUPS]
-    short = ["shP", "unshP", "AG", "grad", "act", "temp", "opt", "RS", "in+buf"]
+    short = ["shP", "unshP+AG", "grad", "act", "temp", "opt", "RS", "in+buf"]
     lines.append(f"{'run':<34s} " + " ".join(f"{s:>17s}" for s in short))
     for r in runs:
         cells = []
@@ -977,6 +1082,17 @@ def table(doc):
             _, pi = r["imported"]["memory_groups"][label]
             cells.append(f"{t / mib:5.2f}/{pr / mib:5.2f}/{pi / mib:5.2f}")
         lines.append(f"{r['id']:<34s} " + " ".join(f"{x:>17s}" for x in cells))
+    lines.append("")
+    lines.append("Memory at the peak against FSDPMemTracker: peak error, and parameters (sharded "
+                 "+ unsharded), gradients and optimizer state, error of each (recorder / imported)")
+    lines.append(f"{'run':<34s} {'peak':>15s} {'params':>15s} {'grads':>15s} {'opt':>15s}")
+    for r in runs:
+        cells = [f"{fmt_pct(r['recorder']['peak_err'])}/{fmt_pct(r['imported']['peak_err'])}"]
+        for k in ("params", "grads", "opt"):
+            a = r["recorder"].get("memory_exact_err", {}).get(k)
+            b = r["imported"].get("memory_exact_err", {}).get(k)
+            cells.append(f"{fmt_pct(a)}/{fmt_pct(b)}")
+        lines.append(f"{r['id']:<34s} " + " ".join(f"{c:>15s}" for c in cells))
     lines.append("")
     lines.append("Recorder vs importer compute per unit and phase (imported / recorded, rank 0): "
                  "median and range of the ratio over units, per phase")
@@ -1013,6 +1129,11 @@ def table(doc):
         sp = s[path]["split_median"]
         lines.append(f"  {path:<9s} " + ", ".join(parts) + "; median split: "
                      + ", ".join(f"{k} {fmt_pct(v).strip()}" for k, v in sp.items()))
+        md = s[path].get("memory_done")
+        if md:
+            lines.append(f"  {'':<9s} memory: peak within 3% on {md['peak_within_3pct']} of "
+                         f"{md['runs']} runs; within 1% at the peak: params {md['params']}, "
+                         f"grads {md['grads']}, optimizer state {md['opt']}")
     for k, st in s["spread"].items():
         if st:
             lines.append(f"  spread {k}: median {100 * st['median_abs']:.1f}%, p90 "
@@ -1070,6 +1191,8 @@ def main():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", help="runs whose id matches this regular expression")
     p.add_argument("--force", action="store_true", help="run again runs already done in --out")
+    p.add_argument("--phases", help="comma-separated record, profile, mem: run only these "
+                                    "phases again in the complete runs of --out")
     p.add_argument("--repeats", type=int, default=2, help="timed process pairs per run")
     p.add_argument("--wait-idle", type=float, default=0.0,
                    help="before each run, wait up to S seconds for other processes to leave the "

@@ -9,7 +9,8 @@
 #
 # OUT=DIR keeps the raw grid there (default: a temporary folder, removed at the end); a run whose
 # folder in OUT is complete is kept, so an interrupted grid goes on where it stopped (FORCE=1
-# runs everything again). ONLY=REGEX picks runs by id (e.g. ONLY='llama-s-.*'). STEPS, WARMUP
+# runs everything again). ONLY=REGEX picks runs by id (e.g. ONLY='llama-s-.*'). PHASES=record,
+# profile,mem runs only those phases again in OUT's complete runs (keeping the timed ones). STEPS, WARMUP
 # override the timed steps per process (default 20, twice) and the warm-up (5).
 #
 # Per run (bench/fsdp2_grid.py says what and how): 2 gloo ranks, each pinned to its own core
@@ -44,6 +45,7 @@ args=(run --out "$out" --fsdplab "$f")
 [ "$mode" = quick ] && args+=(--quick)
 [ -n "${ONLY:-}" ] && args+=(--only "$ONLY")
 [ -n "${FORCE:-}" ] && args+=(--force)
+[ -n "${PHASES:-}" ] && args+=(--phases "$PHASES")
 [ -n "${STEPS:-}" ] && args+=(--steps "$STEPS")
 [ -n "${WARMUP:-}" ] && args+=(--warmup "$WARMUP")
 "$py" "$root/bench/fsdp2_grid.py" "${args[@]}"

@@ -56,6 +56,7 @@ StatusOr<ModelLayout> ModelLayout::Create(const Model& model, const Policy& poli
   layout.world_size_ = world_size;
   layout.shard_group_size_ = shard_group;
   layout.sharded_ = policy.sharding != Sharding::kNoShard;
+  layout.reduce_scatter_input_buffers_ = policy.reduce_scatter_input_buffers;
   const auto w = static_cast<Bytes>(shard_group);
   for (const Unit& unit : model.units()) {
     std::vector<GroupLayout> groups;

@@ -252,6 +252,16 @@ Status ParseReduceDType(std::string_view value, Policy& policy) {
   return Status::Ok();
 }
 
+Status ParseInputBuffers(std::string_view value, Policy& policy) {
+  int n = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc() || end != value.data() + value.size() || n < 0 || n > (1 << 16)) {
+    return BadValue(value, "expected a number of buffers from 0 to 65536");
+  }
+  policy.reduce_scatter_input_buffers = n;
+  return Status::Ok();
+}
+
 Status ParseShardGroupSize(std::string_view value, Policy& policy) {
   int n = 0;
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
@@ -356,6 +366,14 @@ constexpr PolicyField kPolicyFields[] = {
                                     : std::string("param");
             },
     },
+    {.key = "reduce_scatter_input_buffers",
+     .meta = "N",
+     .help = "0 (default): a reduction reads the gradient buffer, freed when it completes; N: "
+             "gradients are copied into an input buffer kept until N later reductions are "
+             "issued (FSDP2: 1)",
+     .json = PolicyJson::kText,
+     .parse = ParseInputBuffers,
+     .print = [](const Policy& p) { return std::to_string(p.reduce_scatter_input_buffers); }},
     {.key = "optimizer",
      .meta = "OPT",
      .help = "the optimizer whose sharded state each rank holds (memory): none (default), sgd "

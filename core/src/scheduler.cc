@@ -172,8 +172,8 @@ class Scheduler::Impl {
     return Emit(std::move(rs), origin, sink);
   }
 
-  Status Compute(UnitId u, Phase phase, TimeUs us, Bytes saved, const CommandOrigin& origin,
-                 CommandSink& sink) {
+  Status Compute(UnitId u, Phase phase, TimeUs us, const ComputeMemory& mem,
+                 const CommandOrigin& origin, CommandSink& sink) {
     if (!(us >= 0)) {
       return InvalidInput(
           fmt::format("{}: compute duration {} us is negative or not a number", Where(origin), us));
@@ -184,33 +184,39 @@ class Scheduler::Impl {
     cmd.unit = u;
     cmd.phase = phase;
     cmd.us = us;
-    cmd.saved_bytes = saved;
-    if (u == kNoUnit) {
-      loose_activations_ += saved;
-      return Emit(std::move(cmd), origin, sink);
+    cmd.saved_bytes = mem.saved;
+    cmd.peak_bytes = mem.peak;
+    held_ += mem.saved;
+    if (u != kNoUnit) {
+      FSDP_RETURN_IF_ERROR(CheckUnit(u, "compute", origin));
+      UnitRt& rt = rt_of(u);
+      cmd.needs = ComputePlanes(phase);
+      cmd.inside_recompute = phase == Phase::kRecompute && !rt.recomputing;
+      FSDP_RETURN_IF_ERROR(CheckPlanesPresent(u, phase, cmd.inside_recompute, origin));
+      if (phase == Phase::kBackward) cmd.grad_bytes = mem.grads;
+      switch (phase) {
+        case Phase::kForward: rt.activations.push_back(mem.saved); break;
+        case Phase::kRecompute:
+          // The recomputation's activations live until the unit's backward compute ends.
+          if (rt.activations.empty()) rt.activations.push_back(0);
+          rt.activations.back() += mem.saved;
+          break;
+        case Phase::kBackward:
+          if (mem.released) break;  // measured: released below
+          if (!rt.activations.empty()) {
+            cmd.freed_bytes = rt.activations.back();
+            rt.activations.pop_back();
+          }
+          // Activations saved by the backward itself are transient: allocated and freed with it.
+          cmd.freed_bytes += mem.saved;
+          break;
+        case Phase::kOptimizer: break;  // handled above: never a unit's
+      }
     }
-    FSDP_RETURN_IF_ERROR(CheckUnit(u, "compute", origin));
-    UnitRt& rt = rt_of(u);
-    cmd.needs = ComputePlanes(phase);
-    cmd.inside_recompute = phase == Phase::kRecompute && !rt.recomputing;
-    FSDP_RETURN_IF_ERROR(CheckPlanesPresent(u, phase, cmd.inside_recompute, origin));
-    switch (phase) {
-      case Phase::kForward: rt.activations.push_back(saved); break;
-      case Phase::kRecompute:
-        // The recomputation's activations live until the unit's backward compute ends.
-        if (rt.activations.empty()) rt.activations.push_back(0);
-        rt.activations.back() += saved;
-        break;
-      case Phase::kBackward:
-        if (!rt.activations.empty()) {
-          cmd.freed_bytes = rt.activations.back();
-          rt.activations.pop_back();
-        }
-        // Activations saved by the backward itself are transient: allocated and freed with it.
-        cmd.freed_bytes += saved;
-        break;
-      case Phase::kOptimizer: break;  // handled above: never a unit's
-    }
+    // A measured release frees that much of what the pass holds, in any phase; without one,
+    // unowned work (the loss) keeps its activations to the end of the pass.
+    if (mem.released) cmd.freed_bytes = std::min(*mem.released, held_);
+    held_ -= cmd.freed_bytes;
     return Emit(std::move(cmd), origin, sink);
   }
 
@@ -267,12 +273,11 @@ class Scheduler::Impl {
       rec_forward_.clear();
       rec_backward_.clear();
     }
-    Bytes leftover = loose_activations_;
-    loose_activations_ = 0;
-    for (UnitRt& rt : units_) {
-      for (Bytes b : rt.activations) leftover += b;
-      rt.activations.clear();
-    }
+    // What the pass still holds (unowned work, units without backward, measured activations
+    // no compute released) is released at its end.
+    const Bytes leftover = held_;
+    held_ = 0;
+    for (UnitRt& rt : units_) rt.activations.clear();
     pass_active_ = false;
     ++microbatch_;
     return Emit(PassEndCmd{leftover}, origin, sink);
@@ -296,7 +301,7 @@ class Scheduler::Impl {
     }
     pass_active_ = false;
     in_backward_ = false;
-    loose_activations_ = 0;
+    held_ = 0;
     for (std::size_t i = 0; i < units_.size(); ++i) {
       UnitRt& rt = units_[i];
       rt.state = UnitState::kResting;
@@ -618,7 +623,7 @@ class Scheduler::Impl {
   bool recording_ = false;
   std::vector<OrderEntry> rec_forward_;
   std::vector<OrderEntry> rec_backward_;
-  Bytes loose_activations_ = 0;
+  Bytes held_ = 0;  // activations allocated in this pass and not yet released
   std::vector<Divergence> divergences_;
 };
 
@@ -655,10 +660,9 @@ Status Scheduler::PreBackward(UnitId unit, const CommandOrigin& origin, CommandS
 Status Scheduler::PostBackward(UnitId unit, const CommandOrigin& origin, CommandSink& sink) {
   return AbortOnError(*this, [&] { return impl_->PostBackward(unit, origin, sink); });
 }
-Status Scheduler::Compute(UnitId unit, Phase phase, TimeUs us, Bytes saved_bytes,
+Status Scheduler::Compute(UnitId unit, Phase phase, TimeUs us, const ComputeMemory& memory,
                           const CommandOrigin& origin, CommandSink& sink) {
-  return AbortOnError(*this,
-                      [&] { return impl_->Compute(unit, phase, us, saved_bytes, origin, sink); });
+  return AbortOnError(*this, [&] { return impl_->Compute(unit, phase, us, memory, origin, sink); });
 }
 Status Scheduler::BackwardEnd(const CommandOrigin& origin, CommandSink& sink) {
   return AbortOnError(*this, [&] { return impl_->BackwardEnd(origin, sink); });
@@ -675,7 +679,7 @@ Status Scheduler::OnEvent(const Event& event, const CommandOrigin& origin, Comma
     case Op::kPreBackward: return PreBackward(event.unit, origin, sink);
     case Op::kPostBackward: return PostBackward(event.unit, origin, sink);
     case Op::kCompute:
-      return Compute(event.unit, event.phase, event.us, event.saved_bytes, origin, sink);
+      return Compute(event.unit, event.phase, event.us, ComputeMemory::Of(event), origin, sink);
     case Op::kBackwardEnd: return BackwardEnd(origin, sink);
     case Op::kCollective: return Status::Ok();
   }

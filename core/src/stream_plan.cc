@@ -82,6 +82,8 @@ StreamPlanner::StreamPlanner(const Model& model, const ModelLayout& layout, Plan
   unsharded_.assign(static_cast<std::size_t>(groups) * 2, -1);
   sharded_.assign(static_cast<std::size_t>(groups) * 2, -1);
   grads_.assign(static_cast<std::size_t>(groups), -1);
+  grad_buffer_bytes_.assign(static_cast<std::size_t>(groups), 0);
+  grad_extra_bytes_.assign(static_cast<std::size_t>(groups), 0);
   sharded_grads_.assign(static_cast<std::size_t>(groups), -1);
   last_gather_.assign(static_cast<std::size_t>(layout_.num_units()), GatherRecord{});
   if (config_.fault.unit == kNoUnit) {
@@ -511,25 +513,44 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
     }
   }
   Alloc(kPlanCompute, -1, MemoryCategory::kActivations, cmd.saved_bytes, origin, cmd.unit);
-  // Backward compute produces the unit's unsharded gradients.
+  // Backward compute produces the unit's unsharded gradients: the gradient buffer comes with the
+  // unit's first backward compute since its last reduce-scatter, accounted whole, or, when the
+  // compute says what it produced (grad_bytes), that much, group after group, the rest with the
+  // unit's later backward computes.
   std::vector<int> new_grads;
+  Bytes grads_now = 0;
   if (cmd.unit != kNoUnit && cmd.phase == Phase::kBackward) {
     const std::vector<GroupLayout>& groups = layout_.groups(cmd.unit);
+    std::optional<Bytes> left = cmd.grad_bytes;
     for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
-      int& slot = grads_[static_cast<std::size_t>(GroupSlot(cmd.unit, g))];
-      if (slot >= 0) continue;
+      const auto gs = static_cast<std::size_t>(GroupSlot(cmd.unit, g));
+      int& slot = grads_[gs];
       const GroupLayout& gl = groups[static_cast<std::size_t>(g)];
-      const int b = NewBuffer(PlanBuffer{.role = BufferRole::kUnshardedGrad,
-                                         .unit = cmd.unit,
-                                         .group = g,
-                                         .bytes = gl.grad_bytes(),
-                                         .dtype = gl.reduce_dtype,
-                                         .elements = gl.grad_elements()});
-      slot = b;
-      Alloc(kPlanCompute, b, MemoryCategory::kUnshardedGrads, gl.grad_bytes(), origin, cmd.unit, g);
-      new_grads.push_back(b);
+      const Bytes accounted = grad_buffer_bytes_[gs] + grad_extra_bytes_[gs];
+      const Bytes rest = gl.grad_bytes() - std::min(accounted, gl.grad_bytes());
+      const Bytes take = left ? std::min(*left, rest) : rest;
+      if (left) *left -= take;
+      grads_now += take;
+      if (slot < 0) {
+        const int b = NewBuffer(PlanBuffer{.role = BufferRole::kUnshardedGrad,
+                                           .unit = cmd.unit,
+                                           .group = g,
+                                           .bytes = gl.grad_bytes(),
+                                           .dtype = gl.reduce_dtype,
+                                           .elements = gl.grad_elements()});
+        slot = b;
+        Alloc(kPlanCompute, b, MemoryCategory::kUnshardedGrads, take, origin, cmd.unit, g);
+        grad_buffer_bytes_[gs] = take;
+        new_grads.push_back(b);
+      } else if (take > 0) {
+        Alloc(kPlanCompute, -1, MemoryCategory::kUnshardedGrads, take, origin, cmd.unit, g);
+        grad_extra_bytes_[gs] += take;
+      }
     }
   }
+  // What it holds while it runs beyond what it keeps and the gradients it makes.
+  const Bytes temporaries = cmd.peak_bytes - std::min(cmd.peak_bytes, cmd.saved_bytes + grads_now);
+  Alloc(kPlanCompute, -1, MemoryCategory::kTemporaries, temporaries, origin, cmd.unit);
   const int start = Record(kPlanCompute, /*timed=*/true);
   PlanOp op{.kind = PlanOpKind::kCompute,
             .stream = kPlanCompute,
@@ -565,6 +586,7 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
   TimelineOp t = Planned(Track::kCompute, OpKind::kCompute, cmd.unit, cmd.phase, origin);
   for (std::int64_t id : std::exchange(pending_waited_on_, {})) t.waited_on.push_back(id);
   NewTimelineOp(std::move(t), OpSlots{start, end});
+  Free(kPlanCompute, -1, MemoryCategory::kTemporaries, temporaries, origin, cmd.unit);
   Free(kPlanCompute, -1, MemoryCategory::kActivations, cmd.freed_bytes, origin, cmd.unit);
   if (cmd.phase == Phase::kOptimizer) FreeShardedGrads(origin);
   return Status::Ok();
@@ -650,6 +672,13 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
   const int s = stream_for(Stream::kReduceScatter);
   const auto w = static_cast<Bytes>(layout_.shard_group_size());
   const bool all_reduce = cmd.kind == CollectiveKind::kAllReduce;
+  // Input buffers kept from earlier reductions: the oldest go before this one takes its own.
+  const auto keep = static_cast<std::size_t>(layout_.reduce_scatter_input_buffers());
+  while (keep > 0 && kept_inputs_.size() >= keep) {
+    const KeptInput& k = kept_inputs_.front();
+    Free(s, -1, MemoryCategory::kReduceScatterBuffers, k.bytes, origin, k.unit);
+    kept_inputs_.erase(kept_inputs_.begin());
+  }
   // Gradients that no backward compute produced (a trace without the unit's compute): the
   // buffer is still allocated, as the autograd engine would.
   std::vector<int> grad_buffers;
@@ -664,6 +693,7 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
                                          .dtype = gl.reduce_dtype,
                                          .elements = gl.grad_elements()});
       Alloc(s, b, MemoryCategory::kUnshardedGrads, gl.grad_bytes(), origin, cmd.unit, g);
+      grad_buffer_bytes_[static_cast<std::size_t>(GroupSlot(cmd.unit, g))] = gl.grad_bytes();
       if (CheckThisStep(origin)) {
         Push(PlanOp{.kind = PlanOpKind::kFillGrad,
                     .stream = s,
@@ -761,11 +791,22 @@ Status StreamPlanner::LowerReduceScatter(const ReduceScatterCmd& cmd, const Comm
   // The output and the unsharded gradients are freed once the reduction completes: on its
   // stream (the output, under hsdp, once the all-reduce completes: on that stream).
   Free(final_stream, -1, MemoryCategory::kReduceScatterBuffers, out_bytes, origin, cmd.unit);
+  Bytes input_bytes = 0;
   for (int g = 0; g < static_cast<int>(grad_buffers.size()); ++g) {
     const int b = grad_buffers[static_cast<std::size_t>(g)];
-    Free(s, b, MemoryCategory::kUnshardedGrads, buffers_[static_cast<std::size_t>(b)].bytes, origin,
-         cmd.unit, g);
-    grads_[static_cast<std::size_t>(GroupSlot(cmd.unit, g))] = -1;
+    const auto gs = static_cast<std::size_t>(GroupSlot(cmd.unit, g));
+    Free(s, b, MemoryCategory::kUnshardedGrads, grad_buffer_bytes_[gs], origin, cmd.unit, g);
+    Free(s, -1, MemoryCategory::kUnshardedGrads, grad_extra_bytes_[gs], origin, cmd.unit, g);
+    input_bytes += buffers_[static_cast<std::size_t>(b)].bytes;
+    grads_[gs] = -1;
+    grad_buffer_bytes_[gs] = 0;
+    grad_extra_bytes_[gs] = 0;
+  }
+  // FSDP2 copies the gradients into an input buffer of its own and keeps it after the
+  // reduction (counted from the reduction's end, where the plan frees the gradients it read).
+  if (keep > 0) {
+    Alloc(s, -1, MemoryCategory::kReduceScatterBuffers, input_bytes, origin, cmd.unit);
+    kept_inputs_.push_back(KeptInput{.unit = cmd.unit, .bytes = input_bytes});
   }
   return Status::Ok();
 }
@@ -808,7 +849,15 @@ void StreamPlanner::LowerReplicaAllReduce(UnitId unit, const std::vector<Collect
 
 Status StreamPlanner::LowerPassEnd(const PassEndCmd& cmd, const CommandOrigin& origin) {
   Free(kPlanCompute, -1, MemoryCategory::kActivations, cmd.freed_bytes, origin, kNoUnit);
-  if (cmd.freed_bytes > 0) Record(kPlanCompute, /*timed=*/true);
+  // The backward's end releases the reduce-scatter input buffers still kept (the compute stream
+  // has waited for every reduction).
+  Bytes kept = 0;
+  for (const KeptInput& k : kept_inputs_) {
+    Free(kPlanCompute, -1, MemoryCategory::kReduceScatterBuffers, k.bytes, origin, k.unit);
+    kept += k.bytes;
+  }
+  kept_inputs_.clear();
+  if (cmd.freed_bytes > 0 || kept > 0) Record(kPlanCompute, /*timed=*/true);
   return Status::Ok();
 }
 

@@ -41,6 +41,7 @@ std::string_view MemoryCategoryName(MemoryCategory category) {
     case MemoryCategory::kUnshardedGrads: return "unsharded_grads";
     case MemoryCategory::kReduceScatterBuffers: return "reduce_scatter_buffers";
     case MemoryCategory::kActivations: return "activations";
+    case MemoryCategory::kTemporaries: return "temporaries";
     case MemoryCategory::kMasterParams: return "master_params";
     case MemoryCategory::kOptimizerState: return "optimizer_state";
     case MemoryCategory::kGradAccumulation: return "grad_accumulation";

@@ -79,8 +79,10 @@ StatusOr<Policy> PresetPolicy(Framework framework, const Trace& trace) {
       // Forward: implicit prefetch (the CPU issues the next all-gather while this module
       // computes), which FSDP2 equates with an explicit list of one module; backward: one module
       // ahead in reverse post-forward order. Both follow what ran: the recorded order. The root
-      // keeps its parameters after forward.
+      // keeps its parameters after forward. A reduction's input buffer is kept until the next
+      // reduction (set_reduce_scatter_max_input_buffers: 1).
       p.order = PrefetchOrder::kRecorded;
+      p.reduce_scatter_input_buffers = 1;
       if (DeviceOfTrace(trace.meta.extra_json, trace.meta.source).cpu) {
         // On a CPU device FSDP2's streams and events are torch.cpu's no-ops and its collectives
         // are gloo's synchronous calls (unshard's async_op is False; foreach_all_gather and

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -27,6 +28,8 @@ using internal::FsdpRange;
 using internal::Hook;
 using internal::IsForwardOp;
 using internal::IsUnitHook;
+using internal::kAccumulateGrad;
+using internal::kOptimizerStep;
 using internal::ParamDType;
 using internal::ParseFsdpName;
 using internal::PointMasses;
@@ -53,12 +56,14 @@ class Importer final {
     FSDP_RETURN_IF_ERROR(FindSteps());
     FSDP_RETURN_IF_ERROR(BuildModel());
     BuildWork();
+    BuildMemory();
     FSDP_RETURN_IF_ERROR(FindCollectives());
     for (const StepRange& s : steps_) FSDP_RETURN_IF_ERROR(ImportStep(s));
     if (out_.trace.steps.empty()) {
       return InvalidInput(fmt::format("{}: no step with FSDP hook events was found", p_.source));
     }
     nlohmann::json extra;
+    TrainingMeta(extra);
     extra["kineto"] = {{"file", p_.source},
                        {"compute", gpu_ ? "gpu kernels" : "cpu operators"},
                        {"notes", out_.notes}};
@@ -408,6 +413,95 @@ class Importer final {
     gpu_busy_ = IntervalSet(std::move(kernels));
   }
 
+  // The profiler's allocations and frees (profile_memory=True) on the compute threads, outside
+  // FSDP's own ranges (its buffers are the plan's), of the device that computes; and the bytes
+  // of each parameter gradient handed over (AccumulateGrad's input).
+  // What FSDP allocates inside its ranges (a gather's output) is the plan's even where it is
+  // freed later outside them: its free is followed by address and left out too.
+  void BuildMemory() {
+    std::vector<const MemoryEvent*> in_time;
+    for (const MemoryEvent& m : p_.memory) {
+      if (m.device == gpu_ && compute_threads_.count(m.thread)) in_time.push_back(&m);
+    }
+    std::stable_sort(in_time.begin(), in_time.end(),
+                     [](const MemoryEvent* a, const MemoryEvent* b) { return a->ts < b->ts; });
+    std::unordered_set<std::int64_t> fsdp_owned;
+    for (const MemoryEvent* m : in_time) {
+      if (excluded_.Contains(m->ts)) {
+        if (m->bytes > 0 && m->addr != 0) fsdp_owned.insert(m->addr);
+        continue;
+      }
+      if (m->bytes > 0) {
+        fsdp_owned.erase(m->addr);  // the address reused by a compute's own allocation
+      } else if (fsdp_owned.erase(m->addr) > 0) {
+        continue;
+      }
+      memory_.push_back({m->ts, m->bytes});
+    }
+    if (memory_.empty()) {
+      out_.notes.push_back(
+          "no memory events (profile with profile_memory=True): computes carry no memory");
+      return;
+    }
+    for (const ProfileEvent& e : p_.events) {
+      if (e.cat != Category::kCpuOp || e.args < 0 || Name(e) != kAccumulateGrad) continue;
+      if (!compute_threads_.count(e.thread)) continue;
+      const OpArgs& a = p_.args[static_cast<std::size_t>(e.args)];
+      if (a.input_dims.empty() || a.input_types.empty()) continue;
+      std::optional<Bytes> size = ElementBytes(a.input_types[0]);
+      if (!size) continue;
+      Bytes n = *size;
+      for (std::int64_t d : a.input_dims[0]) n *= static_cast<Bytes>(std::max<std::int64_t>(d, 0));
+      grads_.push_back({e.ts, static_cast<std::int64_t>(n)});
+    }
+    std::stable_sort(grads_.begin(), grads_.end(),
+                     [](const Change& a, const Change& b) { return a.ts < b.ts; });
+  }
+
+  // meta.optimizer from the optimizer's step range ("Optimizer.step#AdamW.step"), as the
+  // recorder writes it: Adam and AdamW keep two moments ("adam"), SGD one buffer ("sgd": the
+  // profile does not say whether it has momentum). master_weights "none" when every parameter
+  // is fp32; a mixed-precision run's is not in the profile.
+  void TrainingMeta(nlohmann::json& extra) {
+    std::string cls;
+    for (const ProfileEvent& e : p_.events) {
+      std::string_view n = Name(e);
+      if (!n.starts_with(kOptimizerStep)) continue;
+      n.remove_prefix(kOptimizerStep.size());
+      cls = std::string(n.substr(0, n.find('.')));
+      break;
+    }
+    if (cls.empty()) return;
+    if (cls == "Adam" || cls == "AdamW") {
+      extra["optimizer"] = "adam";
+    } else if (cls == "SGD") {
+      extra["optimizer"] = "sgd";
+      out_.notes.push_back("optimizer SGD: its momentum buffer is assumed (meta.optimizer sgd)");
+    } else {
+      out_.notes.push_back(
+          fmt::format("optimizer {}: its state is not known here (no meta.optimizer)", cls));
+      return;
+    }
+    bool all_fp32 = true;
+    for (const Unit& u : model_.units()) {
+      for (const ParamSpec& ps : u.params()) all_fp32 = all_fp32 && ps.dtype == DType::kFp32;
+    }
+    if (all_fp32) extra["master_weights"] = "none";
+  }
+
+  // What happened to the memory in [a, b): a curve's changes, in time order.
+  struct Change {
+    TimeUs ts = 0;
+    std::int64_t bytes = 0;
+  };
+  static std::pair<std::size_t, std::size_t> Within(const std::vector<Change>& v, TimeUs a,
+                                                    TimeUs b) {
+    auto lo =
+        std::lower_bound(v.begin(), v.end(), a, [](const Change& c, TimeUs t) { return c.ts < t; });
+    auto hi = std::lower_bound(lo, v.end(), b, [](const Change& c, TimeUs t) { return c.ts < t; });
+    return {static_cast<std::size_t>(lo - v.begin()), static_cast<std::size_t>(hi - v.begin())};
+  }
+
   static bool IsCommKernel(std::string_view n) {
     return n.find("nccl") != std::string_view::npos || n.find("NCCL") != std::string_view::npos;
   }
@@ -415,6 +509,9 @@ class Importer final {
   // Busy time in [a, b): total, and the part that is a recomputation.
   TimeUs Work(TimeUs a, TimeUs b) const {
     return gpu_ ? gpu_work_.Between(a, b) : cpu_busy_.Between(a, b);
+  }
+  TimeUs UnitWork(TimeUs a, TimeUs b) const {
+    return gpu_ ? gpu_work_.Between(a, b) : (b - a) - excluded_.Between(a, b);
   }
   TimeUs Rework(TimeUs a, TimeUs b) const {
     return gpu_ ? gpu_rework_.Between(a, b) : recompute_cpu_.Between(a, b);
@@ -633,11 +730,15 @@ class Importer final {
 
     void Attribute(TimeUs a, TimeUs b) {
       if (b <= a) return;
-      const TimeUs work = im_.Work(a, b);
+      AttributeMemory(a, b);
       if (stack_.empty()) {
-        other_ += work;
+        other_ += im_.Work(a, b);
         return;
       }
+      // A unit's compute is the time its work holds the compute thread, the framework's own
+      // gaps between operators included, less FSDP's ranges and collectives (as the recorder
+      // measures it); on a GPU, its kernels' time.
+      const TimeUs work = im_.UnitWork(a, b);
       Open& o = stack_.back();
       if (o.phase == Phase::kBackward) {
         const TimeUs re = std::min(work, im_.Rework(a, b));
@@ -646,6 +747,25 @@ class Importer final {
       } else {
         o.us += work;
       }
+    }
+
+    // The allocations and frees in [a, b) go to the open window's curve (its recomputation's
+    // while a recomputation runs), as its busy time does; gradients handed over to its count.
+    void AttributeMemory(TimeUs a, TimeUs b) {
+      const auto [lo, hi] = Within(im_.memory_, a, b);
+      for (std::size_t i = lo; i < hi; ++i) {
+        const Change& c = im_.memory_[i];
+        if (stack_.empty()) {
+          other_mem_.Add(c.bytes);
+          continue;
+        }
+        Open& o = stack_.back();
+        const bool re = o.phase == Phase::kBackward && im_.recompute_cpu_.Contains(c.ts);
+        (re ? o.re_mem : o.mem).Add(c.bytes);
+      }
+      if (stack_.empty()) return;
+      const auto [glo, ghi] = Within(im_.grads_, a, b);
+      for (std::size_t i = glo; i < ghi; ++i) stack_.back().grads += im_.grads_[i].bytes;
     }
 
     void On(const Mark& m) {
@@ -666,7 +786,9 @@ class Importer final {
         case Hook::kPreForward:
           FlushOther(ts);
           if (Find(m.unit, /*backward=*/false) >= 0) return;  // grouped modules: one window
-          stack_.push_back({m.unit, in_backward_ ? Phase::kRecompute : Phase::kForward});
+          SplitOuter(m.unit);
+          stack_.push_back(
+              Open{.unit = m.unit, .phase = in_backward_ ? Phase::kRecompute : Phase::kForward});
           AddHook(Op::kPreForward, m.unit, ts);
           return;
         case Hook::kPostForward: {
@@ -686,7 +808,8 @@ class Importer final {
           // A recomputation of this unit left open ends before its backward.
           if (const int open = Find(m.unit, false); open >= 0) Close(open, ts);
           in_backward_ = true;
-          stack_.push_back({m.unit, Phase::kBackward});
+          SplitOuter(m.unit);
+          stack_.push_back(Open{.unit = m.unit, .phase = Phase::kBackward});
           AddHook(Op::kPreBackward, m.unit, ts);
           return;
         }
@@ -733,6 +856,7 @@ class Importer final {
           first.insert(first.begin(), std::move(e));
           other_ = 0;
         }
+        other_mem_ = Curve{};  // the optimizer's: its state is the plan's
       } else {
         FlushOther(ts);
         if (!events_.empty()) EndMicrobatch();
@@ -741,12 +865,72 @@ class Importer final {
     }
 
    private:
+    // A compute's own memory curve: where it ends (base) and its highest point, both from
+    // what was allocated when it started.
+    struct Curve {
+      std::int64_t base = 0;
+      std::int64_t top = 0;
+      void Add(std::int64_t bytes) {
+        base += bytes;
+        top = std::max(top, base);
+      }
+    };
     struct Open {
       UnitId unit = kNoUnit;
       Phase phase = Phase::kForward;
       TimeUs us = 0;
       TimeUs recompute = 0;
+      Curve mem{};
+      Curve re_mem{};
+      std::int64_t grads = 0;  // bytes of the unit's gradients handed over in it
     };
+
+    // The compute event with what it did to the memory (formats §2.4), when the profile has
+    // memory events: what it kept or released, less the gradients it produced (the plan's),
+    // and how far it rose.
+    Event Measured(Event e, const Curve& c, std::int64_t grads) const {
+      if (im_.memory_.empty()) return e;
+      const std::int64_t net = c.base - grads;
+      e.saved_bytes = static_cast<Bytes>(std::max<std::int64_t>(net, 0));
+      e.released_bytes = static_cast<Bytes>(std::max<std::int64_t>(-net, 0));
+      e.peak_bytes = static_cast<Bytes>(std::max<std::int64_t>(c.top, 0));
+      if (e.phase == Phase::kBackward && e.unit != kNoUnit) {
+        e.grad_bytes = static_cast<Bytes>(std::max<std::int64_t>(grads, 0));
+      }
+      return e;
+    }
+
+    // A unit's window opens over another unit's forward or backward: that one's compute so far
+    // is written here, and it goes on in a compute of its own after (as the recorder writes a
+    // parent's work: one compute per contiguous run, in program order).
+    void SplitOuter(UnitId u) {
+      if (stack_.empty()) return;
+      Open& o = stack_.back();
+      if (o.phase == Phase::kRecompute || !Encloses(o.unit, u)) return;
+      if (o.us <= 0 && o.recompute <= 0 && o.mem.top == 0 && o.mem.base == 0) return;
+      Emit(o);
+      o = Open{.unit = o.unit, .phase = o.phase};
+    }
+
+    bool Encloses(UnitId outer, UnitId u) const {
+      if (u == kNoUnit) return false;
+      for (UnitId p = im_.model_.unit(u).parent(); p != kNoUnit; p = im_.model_.unit(p).parent()) {
+        if (p == outer) return true;
+      }
+      return false;
+    }
+
+    void Emit(const Open& o) {
+      if (o.phase == Phase::kBackward) {
+        if (o.recompute > 0) {
+          events_.push_back(
+              Measured(ComputeEvent(o.unit, Phase::kRecompute, o.recompute), o.re_mem, 0));
+        }
+        events_.push_back(Measured(ComputeEvent(o.unit, Phase::kBackward, o.us), o.mem, o.grads));
+      } else {
+        events_.push_back(Measured(ComputeEvent(o.unit, o.phase, o.us), o.mem, 0));
+      }
+    }
 
     int Find(UnitId u, bool backward) const {
       for (int i = static_cast<int>(stack_.size()) - 1; i >= 0; --i) {
@@ -765,24 +949,20 @@ class Importer final {
     void Close(int at, TimeUs ts) {
       Open o = stack_[static_cast<std::size_t>(at)];
       stack_.erase(stack_.begin() + at);
-      if (o.phase == Phase::kBackward) {
-        if (o.recompute > 0)
-          events_.push_back(ComputeEvent(o.unit, Phase::kRecompute, o.recompute));
-        events_.push_back(ComputeEvent(o.unit, Phase::kBackward, o.us));
-        AddHook(Op::kPostBackward, o.unit, ts);
-      } else {
-        events_.push_back(ComputeEvent(o.unit, o.phase, o.us));
-        AddHook(Op::kPostForward, o.unit, ts);
-      }
+      Emit(o);
+      AddHook(o.phase == Phase::kBackward ? Op::kPostBackward : Op::kPostForward, o.unit, ts);
     }
 
     void FlushOther(TimeUs ts) {
-      if (other_ < kMinOtherUs) return;
-      Event e = ComputeEvent(kNoUnit, in_backward_ ? Phase::kBackward : Phase::kForward, other_);
+      if (other_ < kMinOtherUs && other_mem_.top == 0 && other_mem_.base == 0) return;
+      Event e =
+          Measured(ComputeEvent(kNoUnit, in_backward_ ? Phase::kBackward : Phase::kForward, other_),
+                   other_mem_, 0);
       e.name = "other";
       e.ts_us = ts;
       events_.push_back(std::move(e));
       other_ = 0;
+      other_mem_ = Curve{};
     }
 
     void EndMicrobatch() {
@@ -799,6 +979,7 @@ class Importer final {
     std::vector<Event> events_;
     Step step_;
     TimeUs other_ = 0;
+    Curve other_mem_;
     bool in_backward_ = false;
   };
 
@@ -821,6 +1002,8 @@ class Importer final {
   IntervalSet gpu_busy_;
   PointMasses gpu_work_;
   PointMasses gpu_rework_;
+  std::vector<Change> memory_;  // allocations (+) and frees (-) a compute can own
+  std::vector<Change> grads_;   // parameter gradients handed over
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "fsdplab/kineto/kineto.h"
+#include "internal/vocabulary.h"
 
 namespace fsdplab::kineto {
 namespace {
@@ -30,6 +31,10 @@ constexpr std::size_t kChunk = std::size_t{1} << 20;
 constexpr std::int64_t kMaxDim = std::int64_t{1} << 48;
 // Timestamps and durations beyond 2^60 us (36,000 years) are not a profiler's.
 constexpr double kMaxTimeUs = 1152921504606846976.0;
+// One allocation: 2^56 bytes, as core's parameter bytes.
+constexpr std::int64_t kMaxMemoryBytes = std::int64_t{1} << 56;
+using internal::kAccumulateGrad;
+using internal::kMemoryEvent;
 
 // Bytes in: a gzip stream (zlib, by its magic bytes) or plain text, from a file or memory.
 class Input final {
@@ -414,7 +419,8 @@ class Reader final {
 
   static bool WantsArgs(std::string_view name) {
     return name.starts_with("c10d::") || name == "record_param_comms" ||
-           name == "fsdp::all_gather_copy_in" || name.starts_with("nccl:");
+           name == "fsdp::all_gather_copy_in" || name.starts_with("nccl:") ||
+           name == kAccumulateGrad;
   }
 
   Status ParseEvent(std::size_t index) {
@@ -482,7 +488,8 @@ class Reader final {
         double d = 0;
         err = v.get_double().get(d);
         if (err == simdjson::SUCCESS) dur = d;
-      } else if (key == "args" && (name.empty() || WantsArgs(name) || ph_wants_args(cat))) {
+      } else if (key == "args" &&
+                 (name.empty() || WantsArgs(name) || ph_wants_args(cat) || name == kMemoryEvent)) {
         od::object args_obj;
         err = v.get_object().get(args_obj);
         if (err == simdjson::SUCCESS) err = args_obj.raw_json().get(args_raw);
@@ -491,7 +498,8 @@ class Reader final {
         return bad(fmt::format("{}: {}", key, simdjson::error_message(err)));
       }
     }
-    if (ph != "X") return Status::Ok();  // metadata, flows, instants: not read
+    if (ph == "i" && name == kMemoryEvent) return ParseMemory(args_raw, *ts, index);
+    if (ph != "X") return Status::Ok();  // metadata, flows, other instants: not read
     if (!ts || !dur) return bad("a complete event (\"ph\": \"X\") needs \"ts\" and \"dur\"");
     if (!std::isfinite(*ts) || !std::isfinite(*dur) || *dur < 0 || !std::isfinite(*ts + *dur) ||
         std::fabs(*ts) > kMaxTimeUs || *dur > kMaxTimeUs) {
@@ -524,6 +532,57 @@ class Reader final {
       FSDP_RETURN_IF_ERROR(ParseArgs(args_raw, e, WantsArgs(name), index));
     }
     profile_.events.push_back(e);
+    return Status::Ok();
+  }
+
+  // A "[memory]" instant: the bytes allocated (> 0) or freed (< 0) and on which device.
+  Status ParseMemory(std::string_view raw, std::optional<double> ts, std::size_t index) {
+    auto bad = [&](std::string_view what) {
+      return Error(fmt::format("traceEvents[{}] ([memory]): {}", index, what));
+    };
+    if (!ts || !std::isfinite(*ts) || std::fabs(*ts) > kMaxTimeUs) return bad("no finite \"ts\"");
+    if (raw.empty()) return bad("no \"args\"");
+    args_text_.assign(raw);
+    args_text_.reserve(args_text_.size() + simdjson::SIMDJSON_PADDING);
+    simdjson::padded_string_view view(args_text_.data(), args_text_.size(), args_text_.capacity());
+    od::document doc;
+    od::object obj;
+    if (args_parser_.iterate(view).get(doc) != simdjson::SUCCESS ||
+        doc.get_object().get(obj) != simdjson::SUCCESS) {
+      return bad("args: not a JSON object");
+    }
+    MemoryEvent m;
+    m.ts = *ts;
+    bool has_bytes = false;
+    for (auto field : obj) {
+      std::string_view key;
+      if (field.unescaped_key().get(key) != simdjson::SUCCESS) return bad("not a JSON object");
+      od::value v;
+      if (field.value().get(v) != simdjson::SUCCESS) return bad("not a JSON object");
+      if (key == "Bytes") {
+        if (v.get_int64().get(m.bytes) != simdjson::SUCCESS) return bad("Bytes: not an integer");
+        if (m.bytes > kMaxMemoryBytes || m.bytes < -kMaxMemoryBytes) {
+          return bad(fmt::format("Bytes {} is out of range", m.bytes));
+        }
+        has_bytes = true;
+      } else if (key == "Addr") {
+        std::uint64_t u = 0;
+        if (v.get_uint64().get(u) != simdjson::SUCCESS) return bad("Addr: not an integer >= 0");
+        m.addr = static_cast<std::int64_t>(u);  // an identity only
+      } else if (key == "Device Type") {
+        std::int64_t d = 0;
+        if (v.get_int64().get(d) != simdjson::SUCCESS) return bad("Device Type: not an integer");
+        m.device = d != 0;
+      }
+    }
+    if (!has_bytes) return bad("no \"Bytes\"");
+    if (profile_.memory.size() >= kMaxEvents) {
+      return bad(fmt::format("more than {} memory events: too large to import", kMaxEvents));
+    }
+    thread_ += '/';
+    thread_ += tid_;
+    m.thread = Intern(thread_ids_, profile_.threads, thread_);
+    profile_.memory.push_back(m);
     return Status::Ok();
   }
 

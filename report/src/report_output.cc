@@ -37,6 +37,7 @@ std::string_view CategoryLabel(MemoryCategory c) {
     case MemoryCategory::kUnshardedGrads: return "unsharded gradients";
     case MemoryCategory::kReduceScatterBuffers: return "reduce-scatter buffers";
     case MemoryCategory::kActivations: return "activations";
+    case MemoryCategory::kTemporaries: return "temporaries (while a compute runs)";
     case MemoryCategory::kMasterParams: return "master parameters (fp32)";
     case MemoryCategory::kOptimizerState: return "optimizer state";
     case MemoryCategory::kGradAccumulation: return "gradient accumulator";

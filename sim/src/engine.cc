@@ -190,6 +190,7 @@ bool Engine::DeviceAlloc(RankState& r, TimeUs now, const ProgOp& op) {
   if (!fits) {
     std::string_view what =
         op.category == MemoryCategory::kActivations      ? "the activations saved by the compute of"
+        : op.category == MemoryCategory::kTemporaries    ? "the temporaries of the compute of"
         : op.category == MemoryCategory::kUnshardedGrads ? "the unsharded gradient of"
         : op.category == MemoryCategory::kReduceScatterBuffers ? "the reduce-scatter output of"
         : op.category == MemoryCategory::kUnshardedParams      ? "the gathered parameters of"

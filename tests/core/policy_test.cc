@@ -82,7 +82,9 @@ TEST(Policy, AppliesEveryKey) {
   ASSERT_TRUE(ApplyPolicyKey("unified_comm_stream", "1", p).ok());
   ASSERT_TRUE(ApplyPolicyKey("on_divergence", "rerecord", p).ok());
   ASSERT_TRUE(ApplyPolicyKey("reduce_dtype", "fp32", p).ok());
+  ASSERT_TRUE(ApplyPolicyKey("reduce_scatter_input_buffers", "1", p).ok());
   EXPECT_EQ(p.order, PrefetchOrder::kRecorded);
+  EXPECT_EQ(p.reduce_scatter_input_buffers, 1);
   EXPECT_EQ(p.forward_prefetch, B(Budget::Kind::kElements, 50'000'000));
   EXPECT_EQ(p.backward_prefetch, B(Budget::Kind::kUnits, 2));
   EXPECT_EQ(p.unshard_all_planes_in_backward.names, (std::vector<std::string>{"a", "b"}));
@@ -114,6 +116,9 @@ TEST(Policy, ErrorsNameTheKeyTheValueAndTheChoices) {
             "recompute_aware: 'maybe' is not valid (expected true or false)");
   EXPECT_EQ(ApplyPolicyKey("reduce_dtype", "mxfp8", p).message(),
             "reduce_dtype: 'mxfp8' is not valid (expected param, fp32, bf16 or fp16)");
+  EXPECT_EQ(ApplyPolicyKey("reduce_scatter_input_buffers", "-1", p).message(),
+            "reduce_scatter_input_buffers: '-1' is not valid (expected a number of buffers from 0 "
+            "to 65536)");
   EXPECT_EQ(ApplyPolicyKey("on_divergence", "panic", p).message(),
             "on_divergence: 'panic' is not valid (expected error or rerecord)");
   std::string budget = ApplyPolicyKey("forward_prefetch", "lots", p).message();
@@ -152,6 +157,7 @@ TEST(Policy, ToJsonPrintsEveryKeyAndReadsBack) {
   p.unshard_all_planes_in_backward.names = {"x", "y"};
   p.reduce_dtype = DType::kFp32;
   p.unified_comm_stream = true;
+  p.reduce_scatter_input_buffers = 2;
   std::string text = PolicyToJson(p);
   nlohmann::json j = nlohmann::json::parse(text);
   EXPECT_EQ(j.size(), PolicyKeys().size());
@@ -165,6 +171,7 @@ TEST(Policy, ToJsonPrintsEveryKeyAndReadsBack) {
   EXPECT_EQ(PolicyKeyValue(p, "unshard_all_planes_in_backward"), "x,y");
   EXPECT_EQ(PolicyKeyValue(Policy{}, "unshard_all_planes_in_backward"), "none");
   EXPECT_EQ(PolicyKeyValue(p, "reduce_dtype"), "fp32");
+  EXPECT_EQ(PolicyKeyValue(p, "reduce_scatter_input_buffers"), "2");
 }
 
 Model Layers() {

@@ -755,6 +755,73 @@ TEST(StreamProtocol, ActivationsFreedByTheSameUnitsBackward) {
   EXPECT_EQ(freed_at_pass_end, 64u);       // the unowned loss compute's 64 B
 }
 
+// A measured trace: each compute says what it keeps, releases, peaks at and, in backward, the
+// gradient bytes it produced; the scheduler passes them on and releases exactly what it is told.
+TEST(StreamProtocol, MeasuredComputesReleaseWhatTheySay) {
+  Model m = MakeModel({{"root", std::nullopt}, {"L0", "root"}});
+  Scheduler s(m, Policy{}, 2);
+  CommandLog log;
+  Events e(m);
+  e.PF("root").PF("L0").C("L0", Phase::kForward, 10, 1000).POF("L0");
+  e.C("root", Phase::kForward, 5, 300).POF("root").PB("root").PB("L0");
+  e.C("L0", Phase::kBackward, 20).POB("L0").C("root", Phase::kBackward).POB("root").End();
+  std::vector<Event> pass = e.Take();
+  // Measure the computes (by position: L0 forward, root forward, L0 backward, root backward).
+  std::vector<Event*> computes;
+  for (Event& ev : pass) {
+    if (ev.op == Op::kCompute) computes.push_back(&ev);
+  }
+  ASSERT_EQ(computes.size(), 4u);
+  computes[0]->released_bytes = 0;
+  computes[0]->peak_bytes = 1500;      // 1000 kept, 500 made and dropped while it ran
+  computes[1]->released_bytes = 0;     // keeps 300
+  computes[2]->released_bytes = 1200;  // more than L0 saved: part of the root's too
+  computes[2]->peak_bytes = 400;
+  computes[2]->grad_bytes = 150;
+  computes[3]->released_bytes = 50;
+  ASSERT_TRUE(RunStep(s, 0, {pass}, log).ok());
+  std::vector<ComputeCmd> seen;
+  Bytes freed_at_pass_end = 0;
+  for (const Command& c : log.commands()) {
+    if (const auto* cc = std::get_if<ComputeCmd>(&c.body)) seen.push_back(*cc);
+    if (const auto* pe = std::get_if<PassEndCmd>(&c.body)) freed_at_pass_end = pe->freed_bytes;
+  }
+  ASSERT_EQ(seen.size(), 4u);
+  EXPECT_EQ(seen[0].saved_bytes, 1000u);
+  EXPECT_EQ(seen[0].peak_bytes, 1500u);
+  EXPECT_EQ(seen[0].freed_bytes, 0u);
+  EXPECT_FALSE(seen[0].grad_bytes.has_value());  // a forward produces no gradients
+  EXPECT_EQ(seen[2].freed_bytes, 1200u);         // as measured, not L0's 1000
+  EXPECT_EQ(seen[2].peak_bytes, 400u);
+  EXPECT_EQ(seen[2].grad_bytes, std::optional<Bytes>(150));
+  EXPECT_EQ(seen[3].freed_bytes, 50u);
+  // Held: 1000 + 300 = 1300; released 1200 + 50: 50 left for the pass end.
+  EXPECT_EQ(freed_at_pass_end, 50u);
+}
+
+// A measured release never frees more than the pass holds.
+TEST(StreamProtocol, MeasuredReleaseIsCappedByWhatThePassHolds) {
+  Model m = MakeModel({{"root", std::nullopt}});
+  Scheduler s(m, Policy{}, 2);
+  CommandLog log;
+  Events e(m);
+  e.PF("root").C("root", Phase::kForward, 5, 100).POF("root").PB("root");
+  e.C("root", Phase::kBackward).POB("root").End();
+  std::vector<Event> pass = e.Take();
+  for (Event& ev : pass) {
+    if (ev.op == Op::kCompute && ev.phase == Phase::kBackward) ev.released_bytes = 5000;
+  }
+  ASSERT_TRUE(RunStep(s, 0, {pass}, log).ok());
+  Bytes freed = 0;
+  Bytes freed_at_pass_end = 1;
+  for (const Command& c : log.commands()) {
+    if (const auto* cc = std::get_if<ComputeCmd>(&c.body)) freed += cc->freed_bytes;
+    if (const auto* pe = std::get_if<PassEndCmd>(&c.body)) freed_at_pass_end = pe->freed_bytes;
+  }
+  EXPECT_EQ(freed, 100u);  // all it held
+  EXPECT_EQ(freed_at_pass_end, 0u);
+}
+
 TEST(StreamProtocol, PostBackwardWithoutPreBackwardIsIllegal) {
   Model m = MakeModel({{"root", std::nullopt}, {"L0", "root"}});
   Scheduler s(m, Policy{}, 2);

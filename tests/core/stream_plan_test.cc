@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <deque>
 
 #include "fsdplab/core/scheduler.h"
@@ -249,6 +250,135 @@ TEST_F(StreamPlanTest, UnifiedStreamRunsReduceScatterOnTheGatherStream) {
   EXPECT_EQ(p.protective_waits(), 0);
   EXPECT_EQ(p.timeline_ops().back().track, Track::kAllGather);
   EXPECT_EQ(p.memory()[static_cast<int>(MemoryCategory::kUnshardedGrads)], 0u);
+}
+
+Bytes Mem(const StreamPlanner& p, MemoryCategory c) {
+  return p.memory()[static_cast<std::size_t>(c)];
+}
+
+// The bytes of each category right after the plan's memory operation with index `i`, from the
+// operations themselves (what every executor applies), for checks inside a command.
+std::array<std::int64_t, kNumMemoryCategories> MemAfter(const std::vector<PlanOp>& ops,
+                                                        std::size_t i) {
+  std::array<std::int64_t, kNumMemoryCategories> m{};
+  for (std::size_t k = 0; k <= i; ++k) {
+    const PlanOp& op = ops[k];
+    if (op.kind != PlanOpKind::kAlloc && op.kind != PlanOpKind::kFree) continue;
+    const auto sign = op.kind == PlanOpKind::kAlloc ? 1 : -1;
+    m[static_cast<std::size_t>(op.category)] += sign * static_cast<std::int64_t>(op.bytes);
+  }
+  return m;
+}
+
+// A measured compute holds, while it runs, what its peak rises beyond what it keeps and the
+// gradients the plan gives it: model.l0's backward with peak 10000 gets its bf16 gradient buffer
+// (4096 elements x 2 = 8192 bytes, whole: no grad_bytes) and 10000 - 8192 = 1808 bytes of
+// temporaries, freed when it ends; the 300 it releases leave the activations.
+TEST_F(StreamPlanTest, MeasuredPeakBeyondGradientsIsTemporaries) {
+  StreamPlanner p = Make();
+  ComputeCmd fwd = ComputeL0(Phase::kForward, PlaneSet::Rowwise());
+  fwd.saved_bytes = 1000;
+  fwd.peak_bytes = 1600;  // 600 beyond what it keeps
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
+  p.TakeNewOps();
+  ASSERT_TRUE(p.Lower(Cmd(fwd)).ok());
+  std::vector<PlanOp> ops = p.TakeNewOps();
+  std::int64_t most_temporaries = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    most_temporaries = std::max(
+        most_temporaries, MemAfter(ops, i)[static_cast<std::size_t>(MemoryCategory::kTemporaries)]);
+  }
+  EXPECT_EQ(most_temporaries, 600);
+  EXPECT_EQ(Mem(p, MemoryCategory::kTemporaries), 0u);
+  EXPECT_EQ(Mem(p, MemoryCategory::kActivations), 1000u);
+  ASSERT_TRUE(p.Lower(Cmd(ReleaseL0(PlaneSet::Rowwise()))).ok());
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Columnwise(), Phase::kBackward))).ok());
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
+  p.TakeNewOps();
+  ComputeCmd bwd = ComputeL0(Phase::kBackward, PlaneSet::Columnwise());
+  bwd.peak_bytes = 10000;
+  bwd.freed_bytes = 300;
+  ASSERT_TRUE(p.Lower(Cmd(bwd)).ok());
+  ops = p.TakeNewOps();
+  most_temporaries = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    most_temporaries = std::max(
+        most_temporaries, MemAfter(ops, i)[static_cast<std::size_t>(MemoryCategory::kTemporaries)]);
+  }
+  EXPECT_EQ(most_temporaries, 1808);
+  EXPECT_EQ(Mem(p, MemoryCategory::kTemporaries), 0u);
+  EXPECT_EQ(Mem(p, MemoryCategory::kUnshardedGrads), 8192u);
+  EXPECT_EQ(Mem(p, MemoryCategory::kActivations), 700u);
+}
+
+// grad_bytes: a backward compute accounts the gradients it produced, the unit's later backward
+// computes the rest; the reduction frees what was accounted. The root's bf16 w [64, 32] has
+// 2048 elements: 4096 gradient bytes, over 4 ranks already a multiple of 4 (no padding).
+TEST_F(StreamPlanTest, GradientsComeWithTheComputesThatProduceThem) {
+  StreamPlanner p = Make();
+  ASSERT_TRUE(
+      p
+          .Lower(Cmd(GatherCmd{
+              .unit = 0,
+              .phase = Phase::kBackward,
+              .reason = GatherReason::kDemand,
+              .pieces = {PlanePiece{
+                  .group = 0, .planes = PlaneSet::Rowwise(), .bytes = 4096, .shard_bytes = 1024}},
+              .bytes = 4096}))
+          .ok());
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 0})).ok());
+  ComputeCmd head;
+  head.unit = 0;
+  head.phase = Phase::kBackward;
+  head.us = 10;
+  head.grad_bytes = 1000;  // the head's gradients
+  ASSERT_TRUE(p.Lower(Cmd(head)).ok());
+  EXPECT_EQ(Mem(p, MemoryCategory::kUnshardedGrads), 1000u);
+  ComputeCmd embed = head;
+  embed.grad_bytes = 5000;  // more than is left: the rest of the buffer, 3096
+  ASSERT_TRUE(p.Lower(Cmd(embed)).ok());
+  EXPECT_EQ(Mem(p, MemoryCategory::kUnshardedGrads), 4096u);
+  ASSERT_TRUE(
+      p.Lower(Cmd(StreamWaitCmd{.waiter = Stream::kReduceScatter, .signaler = Stream::kCompute}))
+          .ok());
+  ReduceScatterCmd rs;
+  rs.unit = 0;
+  rs.bytes = 4096;
+  rs.shard_bytes = 1024;
+  ASSERT_TRUE(p.Lower(Cmd(rs)).ok());
+  EXPECT_EQ(Mem(p, MemoryCategory::kUnshardedGrads), 0u);
+}
+
+// reduce_scatter_input_buffers 1 (FSDP2): after a reduction its input buffer, the size of the
+// gradients, stays allocated (reduce-scatter buffers) until the next reduction begins, and the
+// last one until the pass ends.
+TEST_F(StreamPlanTest, KeptReduceScatterInputLastsUntilTheNextReduction) {
+  Policy fsdp2;
+  fsdp2.reduce_scatter_input_buffers = 1;
+  StreamPlanner p = Make(fsdp2);
+  const StreamWaitCmd rs_waits{.waiter = Stream::kReduceScatter, .signaler = Stream::kCompute};
+  ReduceScatterCmd rs;
+  rs.unit = 1;
+  rs.bytes = 8192;
+  rs.shard_bytes = 2048;
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Columnwise(), Phase::kBackward))).ok());
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
+  ASSERT_TRUE(p.Lower(Cmd(ComputeL0(Phase::kBackward, PlaneSet::Columnwise()))).ok());
+  ASSERT_TRUE(p.Lower(Cmd(rs_waits)).ok());
+  ASSERT_TRUE(p.Lower(Cmd(rs)).ok());
+  // model.l0's 8192 bytes of bf16 gradients are gone; their input buffer stays.
+  EXPECT_EQ(Mem(p, MemoryCategory::kUnshardedGrads), 0u);
+  EXPECT_EQ(Mem(p, MemoryCategory::kReduceScatterBuffers), 8192u);
+  // The root's reduction (4096 bytes of bf16 gradients, its own buffer) frees l0's first.
+  ReduceScatterCmd root_rs;
+  root_rs.unit = 0;
+  root_rs.bytes = 4096;
+  root_rs.shard_bytes = 1024;
+  ASSERT_TRUE(p.Lower(Cmd(root_rs)).ok());
+  EXPECT_EQ(Mem(p, MemoryCategory::kReduceScatterBuffers), 4096u);
+  ASSERT_TRUE(p.Lower(Cmd(PassEndCmd{})).ok());
+  EXPECT_EQ(Mem(p, MemoryCategory::kReduceScatterBuffers), 0u);
 }
 
 // The collectives' footprint counts each buffer they name once, however often: model.l0's

@@ -114,19 +114,23 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
   EXPECT_EQ(t.model.unit(0).params()[0].Numel(), 12u);
   EXPECT_EQ(t.model.unit(0).params()[1].Numel(), 4u);
   EXPECT_EQ(t.model.unit(0).params()[0].dtype, DType::kFp32);
-  // By hand: the optimizer's 30 us after backward_end moves to the step's start; the forward
-  // is aten::linear (50 us, FSDP's copy-in and the c10d operator excluded); the loss (10 us)
-  // runs outside every unit; the backward function takes 80 us. Gather: output [16] fp32 =
-  // 64 bytes over [14, 18]; reduce-scatter: input [16] fp32 = 64 bytes over [415, 435].
+  // By hand: the optimizer's 30 us after backward_end moves to the step's start; a unit's
+  // compute is the thread's time from its hook to the next, less FSDP's ranges: the forward
+  // from pre_forward (10) to post_forward (100) less FSDP::pre_forward [10, 20] (the copy-in
+  // and the c10d operator inside it) = 80 (aten::linear's 50 and the framework's 30 around
+  // it); the loss (10 us) runs outside every unit (its operators' time); the backward from
+  // pre_backward (200) to the post-backward callback (400) less its range [200, 210] = 190.
+  // Gather: output [16] fp32 = 64 bytes over [14, 18]; reduce-scatter: input [16] fp32 = 64
+  // bytes over [415, 435].
   EXPECT_EQ(Lines(t), (std::vector<std::string>{
                           "compute - forward 30 after_backward",
                           "pre_forward model",
                           "all_gather model 64 14-18",
-                          "compute model forward 50",
+                          "compute model forward 80",
                           "post_forward model",
                           "compute - forward 10 other",
                           "pre_backward model",
-                          "compute model backward 80",
+                          "compute model backward 190",
                           "post_backward model",
                           "reduce_scatter model 64 415-435",
                           "backward_end -",
@@ -139,6 +143,65 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
   EXPECT_DOUBLE_EQ(im->steps[0].compute_us, 170);
   EXPECT_DOUBLE_EQ(im->steps[0].exposed_comm_us, 24);
   EXPECT_TRUE(CheckTraceStructure(t).empty());
+  EXPECT_TRUE(CheckTraceEvents(t).empty());
+}
+
+// An allocation (bytes > 0) or free (bytes < 0) of the host's memory (profile_memory=True).
+std::string Mem(double ts, long long bytes, long long addr = 0, int tid = 1) {
+  return fmt::format(
+      R"({{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": {}, "ts": {}, "s": "t", "args": {{"Device Type": 0, "Device Id": -1, "Addr": {}, "Bytes": {}}}}})",
+      tid, ts, addr, bytes);
+}
+
+// With memory events each compute carries what it kept, released and peaked at, a backward the
+// gradient bytes AccumulateGrad received; the optimizer's range names meta.optimizer.
+TEST(KinetoImport, MemoryEventsAndTheOptimizerClass) {
+  std::vector<std::string> events = OneUnitEvents();
+  // FSDP's gather output (inside its pre_forward range [10, 20]), freed inside the forward:
+  // the plan's buffer, in no compute's memory.
+  events.push_back(Mem(15, 64, 7000));
+  events.push_back(Mem(60, -64, 7000));
+  // Forward (aten::linear, 30-80): +400, +100, -100: keeps 400, rises 500 above its start.
+  events.push_back(Mem(35, 400));
+  events.push_back(Mem(40, 100));
+  events.push_back(Mem(50, -100));
+  // The loss (aten::sum, 110-120): +4, kept.
+  events.push_back(Mem(112, 4));
+  // Backward (220-300): the weight's gradient (+64, handed to AccumulateGrad: [16] fp32 = 64
+  // bytes), a temporary (+200, -200), the forward's 400 freed: curve 64, 264, 64, -336; less
+  // the 64 gradient bytes (the plan's) it released 400 and rose 264.
+  events.push_back(Mem(230, 64));
+  events.push_back(Mem(240, 200));
+  events.push_back(Mem(250, -200));
+  events.push_back(Mem(260, -400));
+  events.push_back(Op("torch::autograd::AccumulateGrad", 270, 5, 1,
+                      R"({"Input Dims": [[16]], "Input type": ["float"]})"));
+  // FSDP's own allocation inside its reduce range is the plan's, not a compute's.
+  events.push_back(Mem(420, 32));
+  events.push_back(Ann("Optimizer.step#AdamW.step", 495, 40));
+  StatusOr<Imported> im = Import(ProfileText(events));
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  const Trace& t = im->trace;
+  std::vector<const Event*> computes;
+  for (const Event& e : t.steps.at(0).microbatches.at(0).events) {
+    if (e.op == fsdplab::Op::kCompute && e.name != "after_backward") computes.push_back(&e);
+  }
+  ASSERT_EQ(computes.size(), 3u);  // forward, the loss, backward
+  const Event& fwd = *computes[0];
+  EXPECT_EQ(fwd.saved_bytes, 400u);
+  EXPECT_EQ(fwd.released_bytes, std::optional<Bytes>(0));
+  EXPECT_EQ(fwd.peak_bytes, 500u);
+  EXPECT_FALSE(fwd.grad_bytes.has_value());
+  EXPECT_EQ(computes[1]->saved_bytes, 4u);
+  EXPECT_EQ(computes[1]->peak_bytes, 4u);
+  const Event& bwd = *computes[2];
+  EXPECT_EQ(bwd.saved_bytes, 0u);
+  EXPECT_EQ(bwd.released_bytes, std::optional<Bytes>(400));
+  EXPECT_EQ(bwd.peak_bytes, 264u);
+  EXPECT_EQ(bwd.grad_bytes, std::optional<Bytes>(64));
+  const nlohmann::json extra = nlohmann::json::parse(t.meta.extra_json);
+  EXPECT_EQ(extra.at("optimizer"), "adam");
+  EXPECT_EQ(extra.at("master_weights"), "none");
   EXPECT_TRUE(CheckTraceEvents(t).empty());
 }
 
@@ -172,22 +235,29 @@ TEST(KinetoImport, NestedUnitsAutogradThreadAndRecompute) {
   ASSERT_EQ(t.model.num_units(), 2);
   EXPECT_EQ(t.model.unit(1).name(), "model.layers.0");
   EXPECT_EQ(t.model.unit(1).parent(), 0);
-  // By hand: the root's forward is 10 (embedding) + 5 (head) = 15, layers.0's 30. In backward
-  // (thread 2), layers.0's backward function runs 40 us of which aten::linear's 10 are a
-  // recomputation; the root's backward is the embedding's 10.
+  // By hand, each run of a unit's own work is a compute: its time from one hook to the next,
+  // less FSDP's ranges. Forward: the root from 0 to layers.0's pre_forward (30) less its
+  // pre_forward [0, 5] = 25 (the embedding's 10 and the gaps), layers.0 from 30 to 80 less
+  // [30, 35] = 45, the root again from 80 to 100 less [80, 85] = 15. Backward (thread 2): the
+  // root from 200 to 210 less [200, 205] = 5; layers.0 from 210 to its post-backward (270) less
+  // [210, 215] = 55, of which aten::linear's 10 inside its backward function are a
+  // recomputation; the root from 270 to its post-backward (305) less [270, 275] and the
+  // callback's [300, 305] = 25.
   EXPECT_EQ(Lines(t), (std::vector<std::string>{
                           "pre_forward model",
+                          "compute model forward 25",
                           "pre_forward model.layers.0",
-                          "compute model.layers.0 forward 30",
+                          "compute model.layers.0 forward 45",
                           "post_forward model.layers.0",
                           "compute model forward 15",
                           "post_forward model",
                           "pre_backward model",
+                          "compute model backward 5",
                           "pre_backward model.layers.0",
                           "compute model.layers.0 recompute 10",
-                          "compute model.layers.0 backward 30",
+                          "compute model.layers.0 backward 45",
                           "post_backward model.layers.0",
-                          "compute model backward 10",
+                          "compute model backward 25",
                           "post_backward model",
                           "backward_end -",
                       }));

@@ -147,8 +147,9 @@ FORWARD_ORDER = [
 BACKWARD_ORDER = ["model", "model.layers.3", "model.layers.0", "model.layers.1", "model.layers.2"]
 
 # One microbatch, event by event (op, unit, phase for computes), by hand:
-#  - forward: each unit's compute (its own time) comes just before its post_forward, so the root's
-#    comes after its children; the loss, outside every unit, is a compute without a unit before
+#  - forward: each contiguous run of a unit's own work is a compute, so the root has one before
+#    its first child and one after each child (the last, the head, just before its post_forward),
+#    and in backward one before its layers' (the head's) and one after them; the loss, outside every unit, is a compute without a unit before
 #    the backward begins.
 #  - backward: the engine runs layers.3 (second call) and reaches layers.0's output once the
 #    residual and layers.3's own input gradient have both arrived; a unit's post_backward comes
@@ -162,28 +163,35 @@ BACKWARD_ORDER = ["model", "model.layers.3", "model.layers.0", "model.layers.1",
 L0, L1, L2, L3, L4 = (f"model.layers.{i}" for i in range(5))
 MICROBATCH_EVENTS = [
     ("pre_forward", "model", None),
+    ("compute", "model", "forward"),  # the embedding, before the root's first child
     ("pre_forward", L4, None),
     ("compute", L4, "forward"),
     ("post_forward", L4, None),
-    ("pre_forward", L3, None),
-    ("compute", L3, "forward"),
-    ("post_forward", L3, None),
-    ("pre_forward", L2, None),
-    ("compute", L2, "forward"),
-    ("post_forward", L2, None),
-    ("pre_forward", L1, None),
-    ("compute", L1, "forward"),
-    ("post_forward", L1, None),
-    ("pre_forward", L0, None),
-    ("compute", L0, "forward"),
-    ("post_forward", L0, None),
+    ("compute", "model", "forward"),  # h + bias
     ("pre_forward", L3, None),
     ("compute", L3, "forward"),
     ("post_forward", L3, None),
     ("compute", "model", "forward"),
+    ("pre_forward", L2, None),
+    ("compute", L2, "forward"),
+    ("post_forward", L2, None),
+    ("compute", "model", "forward"),
+    ("pre_forward", L1, None),
+    ("compute", L1, "forward"),
+    ("post_forward", L1, None),
+    ("compute", "model", "forward"),
+    ("pre_forward", L0, None),
+    ("compute", L0, "forward"),
+    ("post_forward", L0, None),
+    ("compute", "model", "forward"),
+    ("pre_forward", L3, None),
+    ("compute", L3, "forward"),
+    ("post_forward", L3, None),
+    ("compute", "model", "forward"),  # the head
     ("post_forward", "model", None),
     ("compute", None, "forward"),
     ("pre_backward", "model", None),
+    ("compute", "model", "backward"),  # the head's backward, before its layers'
     ("pre_backward", L3, None),
     ("compute", L3, "backward"),  # its second call's backward, ended by layers.0's
     ("pre_backward", L0, None),
@@ -202,7 +210,7 @@ MICROBATCH_EVENTS = [
     ("pre_backward", L3, None),
     ("compute", L3, "backward"),
     ("post_backward", L3, None),
-    ("compute", "model", "backward"),
+    ("compute", "model", "backward"),  # the embedding's backward, after its layers'
     ("post_backward", "model", None),
     ("backward_end", None, None),
 ]
@@ -225,7 +233,8 @@ class TinyLMTraceTest(unittest.TestCase):
         train_step(reference, cls.batches)
         cls.reference_grads = grads(reference)
 
-        cls.rec = fsdplab_record.Recorder(recorded)
+        # memory_steps=0: saved_bytes from the saved-tensor hooks (Fsdp2Test: the probe).
+        cls.rec = fsdplab_record.Recorder(recorded, memory_steps=0)
         with cls.rec.step():
             train_step(recorded, cls.batches)
         cls.recorded_grads = grads(recorded)
@@ -327,8 +336,9 @@ class TinyLMTraceTest(unittest.TestCase):
         for mb in range(2):
             events = self.events(mb)
             computes = [e for e in events if e["op"] == "compute"]
-            # 7 forward calls + the loss + 6 backward computes (layers.3 twice) + 2 recomputes.
-            self.assertEqual(len(computes), 16)
+            # 7 forward calls and 6 more of the root's between and around them + the loss + 6
+            # backward computes (layers.3 twice) and the root's before them + 2 recomputes.
+            self.assertEqual(len(computes), 23)
             for e in computes:
                 self.assertGreater(e["us"], 0, e)
             # Hook events carry when they happened, in order.
@@ -370,9 +380,9 @@ class TinyLMTraceTest(unittest.TestCase):
         out = fsdplab_json(self, "validate", self.path, "--json")
         (f,) = out["files"]
         self.assertTrue(f["valid"], f["problems"])
-        # 44 events per microbatch (MICROBATCH_EVENTS), two microbatches.
-        self.assertEqual(len(MICROBATCH_EVENTS), 44)
-        self.assertEqual((f["units"], f["steps"], f["events"]), (6, 1, 2 * 44))
+        # 51 events per microbatch (MICROBATCH_EVENTS), two microbatches.
+        self.assertEqual(len(MICROBATCH_EVENTS), 51)
+        self.assertEqual((f["units"], f["steps"], f["events"]), (6, 1, 2 * 51))
 
     def test_fsdplab_order_recorded_is_the_call_order(self):
         order = fsdplab_json(self, "order", self.path, "--order", "recorded", "--json")
@@ -514,6 +524,7 @@ class DTypeTest(unittest.TestCase):
 
 
 class RecorderBehaviourTest(unittest.TestCase):
+    maxDiff = None
     def test_unit_without_parameters_uses_its_backward_hook(self):
         class Scale(nn.Module):
             def forward(self, x):
@@ -541,9 +552,11 @@ class RecorderBehaviourTest(unittest.TestCase):
             got,
             [
                 ("pre_forward", "model", None),
+                ("compute", "model", "forward"),  # inp, before the root's first child
                 ("pre_forward", "model.blocks.0", None),
                 ("compute", "model.blocks.0", "forward"),
                 ("post_forward", "model.blocks.0", None),
+                ("compute", "model", "forward"),  # between its children: a compute each
                 ("pre_forward", "model.blocks.1", None),
                 ("compute", "model.blocks.1", "forward"),
                 ("post_forward", "model.blocks.1", None),
@@ -551,9 +564,11 @@ class RecorderBehaviourTest(unittest.TestCase):
                 ("post_forward", "model", None),
                 ("compute", None, "forward"),
                 ("pre_backward", "model", None),
+                ("compute", "model", "backward"),  # the root's own, before blocks.1's
                 ("pre_backward", "model.blocks.1", None),
                 ("compute", "model.blocks.1", "backward"),
                 ("post_backward", "model.blocks.1", None),
+                ("compute", "model", "backward"),  # between its children, as in forward
                 ("pre_backward", "model.blocks.0", None),
                 ("compute", "model.blocks.0", "backward"),
                 ("post_backward", "model.blocks.0", None),
@@ -658,7 +673,9 @@ class RecorderBehaviourTest(unittest.TestCase):
         self.assertEqual(hooked, [3, 3, 2, 2, 2, 3, 2, 2])
         tail = [
             ("pre_backward", "model", None),
+            ("compute", "model", "backward"),  # the root's own (the sum's gradient), tiny
             ("pre_backward", "model.outer", None),
+            ("compute", "model.outer", "backward"),  # x * p's backward, before the child's
             ("pre_backward", "model.outer.child", None),
             ("compute", "model.outer.child", "backward"),
             ("post_backward", "model.outer.child", None),
@@ -797,10 +814,12 @@ class RecorderBehaviourTest(unittest.TestCase):
             self.assertEqual(p.stderr, "")  # no warning either
             path = os.path.join(tmp, "trace.json")
             out = fsdplab_json(self, "validate", path, "--json")
-            # Root + 4 layers; per microbatch: 5 forward pairs and computes (15), the loss (1), 5
-            # backward pairs and computes (15), backward_end (1) = 32; two microbatches; the
-            # step's optimizer compute after the last one: 65.
-            self.assertEqual((out["files"][0]["units"], out["files"][0]["events"]), (5, 65))
+            # Root + 4 layers; per microbatch: 5 forward pairs and computes (15) and the root's
+            # own before its first layer and after the first three (4 more), the loss (1), 5
+            # backward pairs and computes (15) and the root's before its first layer and between
+            # them (4 more), backward_end (1) = 40; two microbatches; the
+            # step's optimizer compute after the last one: 81.
+            self.assertEqual((out["files"][0]["units"], out["files"][0]["events"]), (5, 81))
             report = fsdplab_json(self, "simulate", path, "--order", "recorded", "--json")
             self.assertEqual(report["errors"], [])
 
@@ -1335,18 +1354,21 @@ class Fsdp2Test(unittest.TestCase):
             self.assertLessEqual(excluded, self.events(r)[-1]["ts_us"])
 
     def test_saved_bytes_exclude_fsdp_parameters(self):
-        # By hand, 4 x 8 = 32 tokens: a block saves fc1's input (32 x 16 fp32 = 2048 bytes) and
-        # relu's output (32 x 32 = 4096; fc2 saves the same tensor) = 6144; the root saves the
-        # token ids for the embedding (32 int64 = 256) and the head's input (2048) = 2304. The
-        # unsharded parameters that FSDP swaps in (which linear saves too) are not activations.
+        # The recorded step is a memory step (memory_steps=1): saved_bytes is what a compute
+        # allocated and still holds at its end. By hand, 4 x 8 = 32 tokens, fp32: a block makes
+        # fc1's output (32 x 32 = 4096 bytes, freed once relu has read it), relu's output (4096,
+        # kept: fc2 saves it), fc2's output (32 x 16 = 2048, freed by the residual add) and the
+        # sum (2048, its output, kept) = 6144. The root's computes: the embedding's output
+        # (2048), nothing between its blocks, the logits (32 x 32 = 4096). The unsharded
+        # parameters that FSDP gathers (which linear saves too) are FSDP's, not the computes'.
         for r in range(2):
-            saved = {
-                e["unit"]: e.get("saved_bytes", 0)
-                for e in self.events(r)
-                if e["op"] == "compute" and e["phase"] == "forward" and e["unit"]
-            }
+            saved = {}
+            for e in self.events(r):
+                if e["op"] == "compute" and e["phase"] == "forward" and e["unit"]:
+                    saved.setdefault(e["unit"], []).append(e.get("saved_bytes", 0))
             self.assertEqual(
-                saved, {"model": 2304, "model.layers.0": 6144, "model.layers.1": 6144}
+                saved,
+                {"model": [2048, 0, 4096], "model.layers.0": [6144], "model.layers.1": [6144]},
             )
 
     def test_unit_backward_ends_before_its_reduce_scatter(self):

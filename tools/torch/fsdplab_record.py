@@ -16,12 +16,24 @@ What is recorded (DESIGN section 4.1):
     process group's backend for that device: "gloo", "nccl", ...);
   * units in registration order (module definition order), each with its parameters (name
     relative to the unit, dtype fp32/bf16/fp16/mxfp8, shape);
-  * per microbatch: pre_forward / post_forward, pre_backward / post_backward, backward_end, and one
-    ``compute`` per unit and phase with the unit's own time (nested units excluded) and the bytes
-    autograd saved for backward (``saved_bytes``) where saved-tensor hooks can see them;
+  * per microbatch: pre_forward / post_forward, pre_backward / post_backward, backward_end, and a
+    ``compute`` for each run of a unit's own work (nested units excluded: a parent's forward is
+    a compute before its first child and one after each child; its backward likewise, so a
+    model's loss and head backward come before its layers' and its embedding's after them) with
+    its time and the bytes autograd saved for backward (``saved_bytes``) where saved-tensor hooks
+    can see them;
   * the optimizer step, when the Recorder is given the optimizer: its step() and zero_grad()
     inside rec.step() as one ``compute`` without a unit, phase "optimizer", after the last
     microbatch's backward_end (a zero_grad() at the start of the step counts there too);
+  * memory: in the first ``memory_steps`` steps (default 1) a dispatch mode counts every
+    storage an operator creates until it is freed, and each compute gets what it did to the
+    memory beyond the parameters, gradients and FSDP's buffers: ``saved_bytes`` it keeps,
+    ``released_bytes`` of earlier computes' it frees, ``peak_bytes``, how far its own
+    allocations rose above its start (its temporaries: activation gradients, the loss's
+    logits gradient, what a recomputation keeps), and for a backward ``grad_bytes``, the unit's
+    gradients it produced. The count slows those steps' computes several times over, so their
+    times are not the run's (the simulator's step time leaves the first step out); a later step
+    that ran alike (the same hooks and computes) carries the same memory;
   * recomputation: a unit's forward hooks firing during backward is a reentrant recomputation
     (pre_forward, compute phase "recompute", post_forward), whatever torch.utils.checkpoint mode
     ran it (reentrant, non-reentrant, selective); a forward of modules that hold a unit's
@@ -267,7 +279,18 @@ class _Frame:
     the tensors autograd saves while it is the innermost (`tensors`); they are measured into
     `saved` when the frame's compute is emitted."""
 
-    __slots__ = ("unit", "phase", "segments", "saved", "tensors", "leaf", "inside", "name")
+    __slots__ = (
+        "unit",
+        "phase",
+        "segments",
+        "saved",
+        "tensors",
+        "leaf",
+        "inside",
+        "name",
+        "grads0",
+        "memory",
+    )
 
     def __init__(self, unit, phase, leaf=None, inside=False, name=None):
         self.unit = unit  # _Unit, or None for work outside every unit (the loss) or FSDP's
@@ -278,6 +301,8 @@ class _Frame:
         self.leaf = leaf  # the module of an inside recomputation running now
         self.inside = inside
         self.name = name  # the event's label ("fsdp": FSDP's own work outside collectives)
+        self.grads0 = None  # memory steps, backward: the unit's gradients when the frame opened
+        self.memory = None  # memory steps: (saved, released, peak, grad bytes), when emitted
 
 
 class _CpuClock:
@@ -317,6 +342,95 @@ class _CudaClock:
         torch.cuda.synchronize()
         first = self.marks[0]
         return [first.elapsed_time(ev) * 1000.0 for ev in self.marks]
+
+
+def _dispatch_mode_class():
+    """torch's TorchDispatchMode where storages can be followed (torch >= 2.0), or None."""
+    if not hasattr(torch.Tensor, "untyped_storage"):
+        return None
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+    except ImportError:
+        return None
+    return TorchDispatchMode
+
+
+def _storage(t):
+    """The untyped storage of a plain tensor, or None (no storage, or a tensor subclass)."""
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        return None
+
+
+def _make_memory_probe():
+    """The memory probe of a memory step: a dispatch mode that adds the bytes of every storage an
+    operator creates and takes them off when the storage is freed (a weak reference's callback),
+    so that each mark can read what is allocated now and the most that was since the last mark.
+    Tensor subclasses (DTensor) are left to unwrap into the operators it counts, as
+    FSDPMemTracker does. None when torch has no dispatch modes."""
+    base = _dispatch_mode_class()
+    if base is None:
+        return None
+
+    class _MemoryProbe(base):
+        def __init__(self):
+            super().__init__()
+            self.live = 0
+            self.peak = 0
+            self._held = {}  # id(storage) -> (weak reference, bytes)
+            # > 0 while FSDP's own methods run: what they create (gather buffers, gradient
+            # copies) is the plan's, so it is neither counted nor its free taken off later.
+            self.foreign = 0
+            self._foreign = {}  # id(storage) -> weak reference
+
+        def read(self):
+            """(bytes allocated now, the most allocated since the last read)."""
+            peak, self.peak = self.peak, self.live
+            return self.live, peak
+
+        def _freed(self, key):
+            entry = self._held.pop(key, None)
+            if entry is not None:
+                self.live -= entry[1]
+
+        def _count(self, t):
+            st = _storage(t)
+            if st is None:
+                return
+            key = id(st)
+            entry = self._held.get(key)
+            if entry is not None and entry[0]() is st:
+                return
+            ref = self._foreign.get(key)
+            if ref is not None and ref() is st:
+                return
+            if self.foreign > 0:
+                self._foreign[key] = weakref.ref(st, lambda _, k=key: self._foreign.pop(k, None))
+                return
+            n = int(st.nbytes())
+            if n <= 0:
+                return
+            self._held[key] = (weakref.ref(st, lambda _, k=key: self._freed(k)), n)
+            self.live += n
+            if self.live > self.peak:
+                self.peak = self.live
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types):
+                return NotImplemented
+            out = func(*args, **(kwargs or {}))
+            # An output on an input's storage (a view, an in-place or out= result) allocated
+            # nothing: a parameter's transpose is not new memory.
+            inputs = _tensors_in(kwargs, _tensors_in(args, [])) if kwargs else _tensors_in(args, [])
+            reused = {st.data_ptr() for st in map(_storage, inputs) if st is not None}
+            for t in _tensors_in(out, []):
+                st = _storage(t)
+                if st is not None and st.data_ptr() not in reused:
+                    self._count(t)
+            return out
+
+    return _MemoryProbe()
 
 
 def _has_post_accumulate_grad_hook():
@@ -428,6 +542,8 @@ class Recorder:
       fsdp_work: with FSDP2, write FSDP's own work outside its collectives (copies in and out of
         the gather buffers, casts, gradient division) as computes without a unit, so that a
         replay keeps that time; False drops it. Never part of a unit's compute.
+      memory_steps: how many steps, from the first, measure memory with the dispatch-mode count
+        (their computes run several times slower); 0: only what the saved-tensor hooks see.
       optimizer: the training's optimizer (a torch.optim.Optimizer, or "adam", "sgd", "none"),
         written as meta.optimizer so that memory reports count its sharded state: Adam and
         AdamW are "adam", SGD with momentum "sgd", SGD without momentum "none". Its parameters'
@@ -456,6 +572,7 @@ class Recorder:
         param_dtype=None,
         fsdp_work=True,
         optimizer=None,
+        memory_steps=1,
     ):
         if hooks not in ("auto", "tensor"):
             raise ValueError(f"fsdplab_record: hooks={hooks!r}: expected 'auto' or 'tensor'")
@@ -477,6 +594,13 @@ class Recorder:
         self._root_name = root_name
         self._units_arg = units
         self._saved_bytes = saved_bytes and hasattr(torch.autograd.graph, "saved_tensors_hooks")
+        if not isinstance(memory_steps, int) or memory_steps < 0:
+            raise ValueError(
+                f"fsdplab_record: memory_steps={memory_steps!r}: expected a number of steps >= 0"
+            )
+        self._memory_steps = memory_steps if _dispatch_mode_class() is not None else 0
+        self._probe = None  # the memory probe of the step being recorded, in a memory step
+        self._mem = []  # memory steps: (allocated, most allocated since the last mark) per mark
         if timing == "auto":
             on_cuda = any(p.is_cuda for p in model.parameters())
             timing = "cuda" if on_cuda and torch.cuda.is_available() else "cpu"
@@ -523,10 +647,13 @@ class Recorder:
                 # torch 2.x warns when the backward hook of a unit without parameters fires with
                 # no input that needs a gradient: the recorder's hook, which expects that.
                 warnings.filterwarnings("ignore", message=_NO_INPUT_GRAD_WARNING)
-                if self._saved_bytes:
-                    with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-                        yield self
-                else:
+                with contextlib.ExitStack() as stack:
+                    if self._probe is not None:
+                        stack.enter_context(self._probe)
+                    if self._saved_bytes:
+                        stack.enter_context(
+                            torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+                        )
                     yield self
         except BaseException:
             self._active = False
@@ -584,12 +711,16 @@ class Recorder:
             meta["optimizer"] = name
             trace_dtypes = {p["dtype"] for u in units for p in u["params"]}
             meta["master_weights"] = "fp32" if master_fp32 and trace_dtypes - {"fp32"} else "none"
+        if self._memory_steps:
+            recorder["memory_steps"] = min(self._memory_steps, len(self._steps))
+        steps = [self._step_dict(s) for s in self._steps]
+        _carry_memory(steps)
         return {
             "format": _TRACE_FORMAT,
             "version": _TRACE_VERSION,
             "meta": meta,
             "units": units,
-            "steps": [self._step_dict(s) for s in self._steps],
+            "steps": steps,
         }
 
     def _run_where(self):
@@ -824,6 +955,8 @@ class Recorder:
         if self._events is None and name not in _FSDP_OPENS_PASS:
             return None  # after backward_end (nothing of a microbatch is open): not recorded
         m = self._mark()
+        if self._probe is not None:
+            self._probe.foreign += 1
         frame = _Frame(None, "fsdp")
         self._stack.append(frame)
         if self._fsdp_depth == 0:
@@ -844,6 +977,8 @@ class Recorder:
         t1 = time.perf_counter_ns()
         frame, u, name, group, start, t0, before = token
         m = self._mark()
+        if self._probe is not None:
+            self._probe.foreign = max(self._probe.foreign - 1, 0)
         self._stack.remove(frame)
         if name == "unshard" and before is None and self._world_size > 1:
             result = getattr(group, "_all_gather_result", None)
@@ -961,6 +1096,8 @@ class Recorder:
                     u.trainable_slots += p.requires_grad
                     with contextlib.suppress(RuntimeError, NotImplementedError, TypeError):
                         self._param_ptrs.add(p.data_ptr())
+        self._mem = []
+        self._probe = _make_memory_probe() if len(self._steps) < self._memory_steps else None
         self._reset_microbatch()
         self._register_hooks()
         self._active = True
@@ -975,6 +1112,7 @@ class Recorder:
 
     def _clear_step(self):
         self._remove_hooks()
+        self._probe = None
         self._clock = None
         self._microbatches = None
         self._events = None
@@ -992,6 +1130,8 @@ class Recorder:
                 self._stack.pop()
                 self._emit_compute(top)
         m = self._clock.mark()
+        if self._probe is not None:
+            self._mem.append(self._probe.read())
         if self._events is None:
             self._events = []
             self._microbatches.append(self._events)
@@ -1008,6 +1148,8 @@ class Recorder:
     def _emit(self, op, unit, m):
         if self._gap is not None:
             # Work outside every unit before the backward (the loss): a compute without a unit.
+            if self._probe is not None:
+                self._measure_memory(self._gap)
             self._events.append(("compute", self._gap, self._gap.segments[0][0]))
             self._gap = None
         self._events.append((op, unit, m))
@@ -1016,6 +1158,8 @@ class Recorder:
         if frame.tensors:
             self._measure_saved(frame)
         frame.tensors = None
+        if self._probe is not None and frame.name != "fsdp":
+            self._measure_memory(frame)
         first = frame.segments[0][0] if frame.segments else self._last_mark
         self._events.append(("compute", frame, first))
 
@@ -1061,7 +1205,16 @@ class Recorder:
                         "phase": frame.phase,
                         "us": round(max(us, 0.0), 3),
                     }
-                    if frame.saved:
+                    if frame.memory is not None:
+                        saved, released, peak, grads = frame.memory
+                        if saved:
+                            ev["saved_bytes"] = saved
+                        ev["released_bytes"] = released
+                        if peak:
+                            ev["peak_bytes"] = peak
+                        if grads is not None and frame.phase == "backward":
+                            ev["grad_bytes"] = grads
+                    elif frame.saved:
                         ev["saved_bytes"] = frame.saved
                     if frame.name == "fsdp" and ev["us"] <= 0:
                         continue  # the bracket was all collective
@@ -1103,6 +1256,7 @@ class Recorder:
                 return
             t0 = time.perf_counter_ns()
             m = self._mark()
+            self._split_outer(u)
             if self._in_backward:
                 phase = "recompute"
                 u.recompute_seen.add("reentrant")
@@ -1292,7 +1446,8 @@ class Recorder:
             self._install_leaf_hooks()
         top = self._stack[-1] if self._stack else None
         if top is not None and top.phase == "backward" and top.unit is not u:
-            self._split_backward(top)
+            if not self._split_backward(top):
+                self._split_outer(u)
         if u.bw_frame is not None:
             # Called again while still in backward (a shared unit): the earlier call's backward
             # compute ends here, unless it was already ended by another unit's pre_backward.
@@ -1301,6 +1456,7 @@ class Recorder:
             self._stack.append(u.bw_frame)
         else:
             u.bw_frame = _Frame(u, "backward")
+            self._open_memory(u.bw_frame)
             if not u.trainable:
                 u.remaining = 0
             elif u.sparse:
@@ -1316,15 +1472,35 @@ class Recorder:
 
     def _split_backward(self, frame):
         """A unit called more than once in forward has that many backward computes: when another
-        backward starts over one of its calls' backward, that call's compute ends."""
+        backward starts over one of its calls' backward, that call's compute ends. Returns
+        whether it did."""
         u = frame.unit
         if not frame.segments or u.fw_calls - u.bw_done <= 1:
-            return
+            return False
         self._emit_compute(frame)
         u.bw_done += 1
         fresh = _Frame(u, "backward")
+        self._open_memory(fresh)
         self._stack[self._stack.index(frame)] = fresh
         u.bw_frame = fresh
+        return True
+
+    def _split_outer(self, u):
+        """Unit u's hook opens its work over an enclosing unit's (the root's forward or
+        backward): that unit's compute so far ends here and goes on in a compute of its own
+        later, so each compute is one contiguous run of a unit's own work, in program order (the
+        root's loss and head backward come before its layers', its embedding's after)."""
+        top = self._stack[-1] if self._stack else None
+        if top is None or top.unit is None or top.inside or not top.segments:
+            return
+        if top.phase not in ("forward", "backward") or not _encloses(top.unit, u):
+            return
+        self._emit_compute(top)
+        fresh = _Frame(top.unit, top.phase)
+        if top.phase == "backward":
+            self._open_memory(fresh)
+            top.unit.bw_frame = fresh
+        self._stack[-1] = fresh
 
     def _make_param_grad(self, u, key):
         # Run once per backward for each hooked parameter (one per unit once the last is learned,
@@ -1418,6 +1594,46 @@ class Recorder:
         self._hook_calls += 1
         self._hook_ns += time.perf_counter_ns() - t0
 
+    # Memory steps: what each compute did to the memory, from the probe's reading at each mark.
+    @staticmethod
+    def _grads_of(u):
+        """{id(storage): bytes} of the gradients the unit's parameters hold now (FSDP2: the
+        unsharded parameters' while the unit is unsharded)."""
+        grads = {}
+        for module, attr in u.param_slots:
+            p = module._parameters.get(attr)
+            g = getattr(p, "grad", None) if p is not None else None
+            st = _storage(g) if g is not None else None
+            if st is not None:
+                grads[id(st)] = int(st.nbytes())
+        return grads
+
+    def _open_memory(self, frame):
+        """A unit's backward frame opens in a memory step: the gradients already there."""
+        if self._probe is not None and frame.unit is not None:
+            frame.grads0 = self._grads_of(frame.unit)
+
+    def _measure_memory(self, frame):
+        """The compute's own memory curve over its segments (what ran between them, children,
+        FSDP's brackets, is not its own): how far it rose above its start (peak) and where it
+        ended (net); less, for a backward, the unit's gradients it produced, which the plan
+        holds as gradients. The net is what it keeps (saved) or releases."""
+        mem = self._mem
+        base = 0
+        top = 0
+        for a, b in frame.segments:
+            if b <= a or b >= len(mem):
+                continue
+            start = mem[a][0]
+            live, peak = mem[b]
+            top = max(top, base + peak - start)
+            base += live - start
+        grads = None
+        if frame.grads0 is not None:
+            grads = sum(n for k, n in self._grads_of(frame.unit).items() if k not in frame.grads0)
+        net = base - (grads or 0)
+        frame.memory = (max(net, 0), max(-net, 0), max(top, 0), grads)
+
     # Saved-tensor hooks. The pack hook runs for every tensor autograd saves (about 150 per step
     # of a 6-layer transformer), in the middle of the step's tensor work: it only hands the tensor
     # to the innermost open forward or recompute frame. The frame measures them when its compute
@@ -1462,6 +1678,58 @@ class Recorder:
     @staticmethod
     def _unpack(t):
         return t
+
+
+_MEMORY_KEYS = ("saved_bytes", "released_bytes", "peak_bytes", "grad_bytes")
+
+
+def _memory_events(step):
+    """Per microbatch, the events that carry memory (hooks and computes but FSDP's own work),
+    and their shape (op, unit, phase, name): two steps that ran alike have the same shape."""
+    out = []
+    for mb in step["microbatches"]:
+        events = [
+            e
+            for e in mb["events"]
+            if e["op"] != "collective" and not (e["op"] == "compute" and e.get("name") == "fsdp")
+        ]
+        shape = [(e["op"], e.get("unit"), e.get("phase"), e.get("name")) for e in events]
+        out.append((events, shape))
+    return out
+
+
+def _encloses(outer, u):
+    """Whether unit `outer` is one of u's ancestors."""
+    p = u.parent
+    while p is not None:
+        if p is outer:
+            return True
+        p = p.parent
+    return False
+
+
+def _carry_memory(steps):
+    """A step recorded without the memory probe takes the memory of the last probed step before
+    it when both ran alike (the same hooks and computes in each microbatch); otherwise it keeps
+    what the saved-tensor hooks measured."""
+    source = None
+    for step in steps:
+        mbs = _memory_events(step)
+        probed = any("released_bytes" in e for events, _ in mbs for e in events)
+        if probed:
+            source = mbs
+            continue
+        if source is None or [shape for _, shape in mbs] != [shape for _, shape in source]:
+            continue
+        for (events, _), (from_events, _) in zip(mbs, source):
+            for e, f in zip(events, from_events):
+                if e["op"] != "compute":
+                    continue
+                for key in _MEMORY_KEYS:
+                    e.pop(key, None)
+                for key in _MEMORY_KEYS:
+                    if key in f:
+                        e[key] = f[key]
 
 
 def _dumps(trace):

@@ -58,6 +58,9 @@ class EventChecker final {
           add("phase", fmt::format("an optimizer compute has no unit (it names '{}')",
                                    unit_ok ? name_of(ev.unit) : std::string_view("?")));
         }
+        if (ev.grad_bytes.has_value() && (ev.phase != Phase::kBackward || ev.unit == kNoUnit)) {
+          add("grad_bytes", "only a unit's backward compute produces gradients");
+        }
         break;
       case Op::kCollective: {
         bool a = time_ok("start_us", ev.start_us, "timestamp");

@@ -59,6 +59,9 @@ enum class EventKey {
   kUs,
   kTsUs,
   kSavedBytes,
+  kReleasedBytes,
+  kPeakBytes,
+  kGradBytes,
   kBytes,
   kKind,
   kStartUs,
@@ -92,8 +95,15 @@ EventKey EventKeyOf(std::string_view key) {
     case 8:
       if (key == "start_us") return EventKey::kStartUs;
       break;
+    case 10:
+      if (key == "peak_bytes") return EventKey::kPeakBytes;
+      if (key == "grad_bytes") return EventKey::kGradBytes;
+      break;
     case 11:
       if (key == "saved_bytes") return EventKey::kSavedBytes;
+      break;
+    case 14:
+      if (key == "released_bytes") return EventKey::kReleasedBytes;
       break;
     default: break;
   }
@@ -450,6 +460,7 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
   std::string_view kind_text;
   bool has_op = false, has_unit = false, unit_null = false, has_phase = false, has_us = false;
   bool has_saved = false, has_kind = false, has_bytes = false, has_start = false, has_end = false;
+  bool has_released = false, has_peak = false, has_grad = false;
   bool unit_bad = false, phase_read = false, kind_read = false;
   bool bad = false;
   r = Fields(obj, where, [&](std::string_view key, od::value& fv) -> R {
@@ -488,16 +499,31 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
         break;
       }
       case EventKey::kSavedBytes:
+      case EventKey::kReleasedBytes:
+      case EventKey::kPeakBytes:
+      case EventKey::kGradBytes:
       case EventKey::kBytes: {
-        const bool is_bytes = EventKeyOf(key) == EventKey::kBytes;
+        const EventKey k = EventKeyOf(key);
         std::int64_t n = 0;
         x = Int(fv, n, fwhere);
-        (is_bytes ? has_bytes : has_saved) = true;
+        (k == EventKey::kBytes           ? has_bytes
+         : k == EventKey::kSavedBytes    ? has_saved
+         : k == EventKey::kReleasedBytes ? has_released
+         : k == EventKey::kPeakBytes     ? has_peak
+                                         : has_grad) = true;
         if (x == R::kOk && n < 0) {
           Add(fmt::format("{}: negative size {}", fwhere(), n));
           x = R::kBad;
         }
-        if (x == R::kOk) (is_bytes ? out.bytes : out.saved_bytes) = static_cast<Bytes>(n);
+        if (x != R::kOk) break;
+        const auto b = static_cast<Bytes>(n);
+        switch (k) {
+          case EventKey::kBytes: out.bytes = b; break;
+          case EventKey::kSavedBytes: out.saved_bytes = b; break;
+          case EventKey::kReleasedBytes: out.released_bytes = b; break;
+          case EventKey::kPeakBytes: out.peak_bytes = b; break;
+          default: out.grad_bytes = b; break;
+        }
         break;
       }
       case EventKey::kKind:
@@ -527,7 +553,8 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
       case EventKey::kUnknown:
         Add(
             fmt::format("{}: unknown key '{}' (an event has op, unit, phase, us, saved_bytes, "
-                        "ts_us, kind, bytes, start_us, end_us, name, args)",
+                        "released_bytes, peak_bytes, grad_bytes, ts_us, kind, bytes, start_us, "
+                        "end_us, name, args)",
                         where(), key));
         x = R::kBad;
         break;
@@ -566,6 +593,9 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
     not_for(has_phase, "phase", "compute");
     not_for(has_us, "us", "compute");
     not_for(has_saved, "saved_bytes", "compute");
+    not_for(has_released, "released_bytes", "compute");
+    not_for(has_peak, "peak_bytes", "compute");
+    not_for(has_grad, "grad_bytes", "compute");
   }
   if (!collective) {
     not_for(has_kind, "kind", "collective");

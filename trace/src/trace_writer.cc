@@ -82,6 +82,18 @@ void AppendEvent(Buffer& out, const Event& ev, const Model& model) {
       out.append(std::string_view(", \"saved_bytes\": "));
       AppendNumber(out, ev.saved_bytes);
     }
+    if (ev.released_bytes.has_value()) {
+      out.append(std::string_view(", \"released_bytes\": "));
+      AppendNumber(out, *ev.released_bytes);
+    }
+    if (ev.peak_bytes != 0) {
+      out.append(std::string_view(", \"peak_bytes\": "));
+      AppendNumber(out, ev.peak_bytes);
+    }
+    if (ev.grad_bytes.has_value()) {
+      out.append(std::string_view(", \"grad_bytes\": "));
+      AppendNumber(out, *ev.grad_bytes);
+    }
   }
   if (ev.op == Op::kCollective) {
     out.append(std::string_view(", \"kind\": \""));
@@ -129,7 +141,9 @@ bool SameEvent(const Event& a, const Event& b) {
   }
   if (a.op != Op::kBackwardEnd && a.unit != b.unit) return false;
   if (a.op == Op::kCompute) {
-    return a.phase == b.phase && a.us == b.us && a.saved_bytes == b.saved_bytes;
+    return a.phase == b.phase && a.us == b.us && a.saved_bytes == b.saved_bytes &&
+           a.released_bytes == b.released_bytes && a.peak_bytes == b.peak_bytes &&
+           a.grad_bytes == b.grad_bytes;
   }
   if (a.op == Op::kCollective) {
     return a.kind == b.kind && a.bytes == b.bytes && a.start_us == b.start_us &&

@@ -12,6 +12,12 @@
 namespace fsdplab::kineto::internal {
 
 inline constexpr std::string_view kRootName = "model";
+// The profiler's allocation events (profile_memory=True) and the operator that hands a
+// parameter its gradient (its input: the gradient, with record_shapes=True).
+inline constexpr std::string_view kMemoryEvent = "[memory]";
+inline constexpr std::string_view kAccumulateGrad = "torch::autograd::AccumulateGrad";
+// The optimizer's step range, "Optimizer.step#AdamW.step": the class is after '#'.
+inline constexpr std::string_view kOptimizerStep = "Optimizer.step#";
 
 enum class Hook : std::uint8_t {
   kPreForward,

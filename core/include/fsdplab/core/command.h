@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -74,6 +75,11 @@ struct ComputeCmd final {
   PlaneSet needs;         // planes this compute reads (mxfp8 groups); checked by the scheduler
   Bytes saved_bytes = 0;  // activations allocated when it starts
   Bytes freed_bytes = 0;  // activations released when it ends
+  // Measured: how far its own allocations rose above its start (the plan holds the part not
+  // already allocated for it as temporaries while it runs), and for a backward compute the
+  // gradient bytes it produces (absent: the unit's gradients, whole, at its first backward).
+  Bytes peak_bytes = 0;
+  std::optional<Bytes> grad_bytes;
   bool inside_recompute = false;
   friend bool operator==(const ComputeCmd&, const ComputeCmd&) = default;
 };

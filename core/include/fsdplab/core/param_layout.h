@@ -135,9 +135,13 @@ class ModelLayout final {
   Bytes MasterBytes() const;
   Bytes OptimizerBytes() const;
   Bytes AccumulationBytes() const;
+  // The reductions whose input buffer stays allocated after them (Policy's
+  // reduce_scatter_input_buffers; 0: a reduction reads the gradient buffer itself).
+  int reduce_scatter_input_buffers() const { return reduce_scatter_input_buffers_; }
 
  private:
   int world_size_ = 1;
+  int reduce_scatter_input_buffers_ = 0;
   int shard_group_size_ = 1;
   bool sharded_ = true;
   std::vector<std::vector<GroupLayout>> units_;

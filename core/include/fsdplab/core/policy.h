@@ -105,6 +105,11 @@ struct Policy final {
   OnDivergence on_divergence = OnDivergence::kError;
   // Gradient reduce dtype; nullopt: the parameter dtype (bf16 for mxfp8 parameters).
   std::optional<DType> reduce_dtype;
+  // 0: a reduction reads the unsharded gradient buffer, freed when it completes. N > 0: the
+  // gradients are copied into a reduce-scatter input buffer and freed at once; that buffer
+  // stays allocated until N later reductions have been issued, or the backward ends (FSDP2's
+  // set_reduce_scatter_max_input_buffers, 1 by default).
+  int reduce_scatter_input_buffers = 0;
   // The training state beside the parameters (memory only): see OptimizerStateBytes in
   // param_layout.h. A trace's meta may state them (ApplyTraceMetaPolicy).
   Optimizer optimizer = Optimizer::kNone;

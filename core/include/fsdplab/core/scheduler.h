@@ -48,6 +48,18 @@ struct Divergence final {
   std::string message;        // full human-readable description
 };
 
+// What a compute does to memory beyond the plan's own buffers: the trace's compute fields
+// (`saved_bytes`, `released_bytes`, `peak_bytes`, `grad_bytes`; docs/formats.md §2.4).
+struct ComputeMemory final {
+  Bytes saved = 0;
+  std::optional<Bytes> released;  // measured release; absent: the unit's forward's saved bytes
+  Bytes peak = 0;
+  std::optional<Bytes> grads;  // gradient bytes it produces; absent: all at the first backward
+  static ComputeMemory Of(const Event& event) {
+    return {event.saved_bytes, event.released_bytes, event.peak_bytes, event.grad_bytes};
+  }
+};
+
 class Scheduler final {
  public:
   Scheduler(const Model& model, Policy policy, int world_size);
@@ -63,7 +75,7 @@ class Scheduler final {
   Status PostForward(UnitId unit, const CommandOrigin& origin, CommandSink& sink);
   Status PreBackward(UnitId unit, const CommandOrigin& origin, CommandSink& sink);
   Status PostBackward(UnitId unit, const CommandOrigin& origin, CommandSink& sink);
-  Status Compute(UnitId unit, Phase phase, TimeUs us, Bytes saved_bytes,
+  Status Compute(UnitId unit, Phase phase, TimeUs us, const ComputeMemory& memory,
                  const CommandOrigin& origin, CommandSink& sink);
   Status BackwardEnd(const CommandOrigin& origin, CommandSink& sink);
   Status StepEnd(CommandSink& sink);

@@ -14,9 +14,11 @@
 //                 all-gather stream; record start; ONE collective over every plane (the
 //                 executor may issue it as a group of calls); record end (WaitGather waits on it).
 //   WaitGather    the compute stream waits for the unit's latest gather-end event.
-//   Compute       alloc saved activations (kActivations) and, at a unit's first backward compute
-//                 since its last reduce-scatter, its unsharded gradients (kUnshardedGrads, one
-//                 buffer per group); record start; compute; record end; free the activations the
+//   Compute       alloc saved activations (kActivations), for a backward compute the unit's
+//                 unsharded gradients (kUnshardedGrads, one buffer per group, at its first
+//                 backward compute since its last reduce-scatter; or the grad_bytes it says it
+//                 produced) and what its measured peak holds beyond both (kTemporaries); record
+//                 start; compute; record end; free the temporaries and the activations the
 //                 compute releases. Every plane it reads must be unsharded and ordered before it.
 //                 The optimizer step (phase optimizer, no unit) then frees every sharded
 //                 gradient and gradient accumulator (zero_grad's set_to_none).
@@ -31,7 +33,9 @@
 //                 reduction, its sharded gradients (kShardedGrads, kept until an optimizer step
 //                 frees them); record start;
 //                 one collective over every group; record end; free the output and the unsharded
-//                 gradients.
+//                 gradients. With reduce_scatter_input_buffers N > 0 (FSDP2), an input buffer of
+//                 the gradients' size is then kept (kReduceScatterBuffers) until N later
+//                 reductions have begun (the oldest are freed first) or the pass ends.
 //                 Under hsdp with more than one replica the reduced shard is not final yet:
 //                 the all-reduce stream waits for the reduce-scatter's end, all-reduces the
 //                 sharded gradients in place across the replicas (one collective over every
@@ -353,10 +357,17 @@ class StreamPlanner final : public CommandSink {
   int PlaneSlot(UnitId unit, int group, int plane) const {
     return GroupSlot(unit, group) * 2 + plane;
   }
-  std::vector<int> group_base_;            // per unit
-  std::vector<int> unsharded_;             // per plane slot: the unsharded buffer
-  std::vector<int> sharded_;               // per plane slot: the sharded buffer
-  std::vector<int> grads_;                 // per group slot: the unsharded gradients
+  std::vector<int> group_base_;           // per unit
+  std::vector<int> unsharded_;            // per plane slot: the unsharded buffer
+  std::vector<int> sharded_;              // per plane slot: the sharded buffer
+  std::vector<int> grads_;                // per group slot: the unsharded gradients
+  std::vector<Bytes> grad_buffer_bytes_;  // per group slot: what the buffer's alloc accounted
+  std::vector<Bytes> grad_extra_bytes_;   // per group slot: accounted by later computes
+  struct KeptInput {
+    UnitId unit = kNoUnit;
+    Bytes bytes = 0;
+  };
+  std::vector<KeptInput> kept_inputs_;     // reduce-scatter inputs kept, oldest first
   std::vector<int> sharded_grads_;         // per group slot: the sharded gradients
   std::vector<GatherRecord> last_gather_;  // per unit
   std::vector<std::int64_t> filled_at_;    // per buffer: its collective's position + 1

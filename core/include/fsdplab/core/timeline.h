@@ -70,6 +70,9 @@ enum class MemoryCategory : std::uint8_t {
   kUnshardedGrads,
   kReduceScatterBuffers,
   kActivations,
+  // What a compute holds only while it runs beyond what it keeps (a measured compute's peak:
+  // the gradients of its activations, the loss's logits gradient, a recomputation's transients).
+  kTemporaries,
   // The optimizer's side of the sharded state (core/param_layout.h, OptimizerSpec): the fp32
   // master copy of the parameters under mixed precision, the optimizer's state (Adam: two
   // moments), and the gradient accumulator (the sharded gradient in the master dtype, kept across
@@ -78,7 +81,7 @@ enum class MemoryCategory : std::uint8_t {
   kOptimizerState,
   kGradAccumulation,
 };
-inline constexpr int kNumMemoryCategories = 9;
+inline constexpr int kNumMemoryCategories = 10;
 std::string_view MemoryCategoryName(MemoryCategory category);  // "sharded_params", ...
 
 struct MemorySample final {

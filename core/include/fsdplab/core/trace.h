@@ -45,7 +45,15 @@ struct Event final {
   Phase phase = Phase::kForward;  // compute only
   TimeUs us = 0;                  // compute only: duration
   Bytes saved_bytes = 0;          // compute only: activations kept for the backward
-  std::optional<TimeUs> ts_us;    // measured start, when recorded
+  // Compute only, memory measured while it ran (recorded and imported traces; formats §2.4):
+  // the activations of earlier computes it releases at its end (absent: a backward compute
+  // releases what its unit's forward saved), how far its own allocations rose above what was
+  // allocated when it started, and for a backward compute the bytes of its unit's gradients it
+  // produced (absent: all of them, at the unit's first backward compute).
+  std::optional<Bytes> released_bytes;
+  Bytes peak_bytes = 0;
+  std::optional<Bytes> grad_bytes;
+  std::optional<TimeUs> ts_us;  // measured start, when recorded
   // Measured collectives (op == kCollective).
   CollectiveKind kind = CollectiveKind::kAllGather;
   Bytes bytes = 0;

@@ -64,6 +64,16 @@ struct ProfileEvent final {  // 40 bytes: a profile's events are most of the imp
   Category cat = Category::kOther;
 };
 
+// One allocation (bytes > 0) or free (bytes < 0) the profiler reported (profile_memory=True:
+// the "[memory]" instant events).
+struct MemoryEvent final {
+  TimeUs ts = 0;
+  std::int64_t bytes = 0;
+  std::int64_t addr = 0;    // the block's address (0: not given)
+  std::int32_t thread = 0;  // index into Profile::threads
+  bool device = false;      // a GPU's memory (Device Type 1), else the host's
+};
+
 struct Profile final {
   std::string source;  // the file name, for messages
   std::optional<int> rank;
@@ -73,7 +83,8 @@ struct Profile final {
   std::vector<std::string> threads;  // "pid/tid"
   std::vector<ProfileEvent> events;  // in file order
   std::vector<OpArgs> args;
-  std::uint64_t json_bytes = 0;  // uncompressed JSON read
+  std::vector<MemoryEvent> memory;  // in file order
+  std::uint64_t json_bytes = 0;     // uncompressed JSON read
 };
 
 // Reads a profile, streaming: gzip (by its magic bytes) or plain JSON, a chunk at a time; only
