@@ -20,9 +20,12 @@ set -euo pipefail
 # libgloo-dev: the same under torchrun's (or fsdplab's) variables, over a TCP rendezvous.
 # libjs-chart.js: Chart.js, which the build inlines into the report page (fsdplab report, --html).
 # chromium-headless-shell: the browser the report page's tests load each page in (label browser).
+# python3-dev and ccache: the Python package's extension module (`pip install .`), built through
+# ccache by scripts/test_python.sh.
 FSDPLAB_PACKAGES=(cmake g++ make libboost-graph-dev nlohmann-json3-dev libfmt-dev
   libsimdjson-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev clang-format python3-torch
-  python3-venv libopenmpi-dev openmpi-bin libgloo-dev libjs-chart.js chromium-headless-shell)
+  python3-venv python3-dev ccache libopenmpi-dev openmpi-bin libgloo-dev libjs-chart.js
+  chromium-headless-shell)
 
 missing=()
 for p in "${FSDPLAB_PACKAGES[@]}"; do

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: set up, build with warnings as errors, run every test (C++ and the
-# PyTorch recorder's, under Debian's torch 1.13 and under torch 2.x), the host executor's tests
-# under ThreadSanitizer, the core, trace, report, live, sim, inputs and host tests and the fuzz
-# corpora under AddressSanitizer + UBSan, and the format check. The sanitizer builds keep line
+# PyTorch recorder's, under Debian's torch 1.13 and under torch 2.x), the Python package built
+# as a wheel and tested in fresh virtual environments (scripts/test_python.sh), the host
+# executor's tests under ThreadSanitizer, the core, trace, report, live, sim, inputs and host
+# tests and the fuzz corpora under AddressSanitizer + UBSan, and the format check. The sanitizer builds keep line
 # numbers in every report (-g1) and compile at the level that is cheapest in build plus test time
 # (the presets): TSan at -O1; ASan + UBSan at -Og, as UBSan's checks nearly double a test file's
 # compile at -O1.
@@ -33,6 +34,9 @@ cmake --build --preset default -j"$jobs"
 
 phase "tests"
 ctest --preset default -j"$jobs"
+
+phase "Python package: wheel from a clean checkout, API tests under Debian's python3 and torch 2.x"
+bash scripts/test_python.sh "$torch2_python"
 
 phase "host executor under ThreadSanitizer"
 cmake --preset tsan >/dev/null

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "fsdplab/core/limits.h"
 #include "fsdplab/core/policy_fields.h"
 #include "fsdplab/core/size_text.h"
 
@@ -748,6 +749,65 @@ StatusOr<Policy> ResolvePolicy(const PolicyLayers& layers, const Model& model) {
   FSDP_ASSIGN_OR_RETURN(Policy policy, LayerPolicy(layers));
   FSDP_RETURN_IF_ERROR(ValidatePolicy(policy, model));
   return policy;
+}
+
+StatusOr<std::vector<Policy>> PolicyGrid(PolicyLayers layers, const std::vector<PolicyAxis>& axes,
+                                         const Model& model,
+                                         std::vector<std::string>* varied_keys) {
+  // What lies under the keys, once (its errors come first); each combination then applies over
+  // it.
+  layers.keys.clear();
+  FSDP_ASSIGN_OR_RETURN(layers.base, LayerPolicy(layers));
+  layers.trace_meta_json = {};
+  layers.file_text.reset();
+  if (varied_keys != nullptr) varied_keys->clear();
+  for (const PolicyAxis& a : axes) {
+    // Check every alternative alone, so an error names the bad one.
+    for (const std::string& v : a.values) {
+      Policy probe = layers.base;
+      if (Status s = ApplyPolicyKey(a.key, v, probe); !s.ok()) {
+        return layers.key_error ? layers.key_error(s) : s;
+      }
+    }
+    if (a.values.size() > 1 && varied_keys != nullptr) varied_keys->push_back(a.key);
+  }
+  // Every combination is built: bound their number before building any (a few keys with many
+  // alternatives would otherwise multiply past memory, or past 64 bits).
+  std::size_t combos = 1;
+  for (const PolicyAxis& a : axes) {
+    if (a.values.empty()) return UsageError(fmt::format("{}: no value to sweep", a.key));
+    if (a.values.size() > kMaxSweepPolicies / combos) {
+      return UsageError(
+          fmt::format("the policy flags give more than {} combinations to sweep; narrow the lists",
+                      kMaxSweepPolicies));
+    }
+    combos *= a.values.size();
+  }
+  std::vector<Policy> grid;
+  std::vector<std::size_t> idx(axes.size(), 0);
+  Status first_error;
+  for (std::size_t c = 0; c < combos; ++c) {
+    layers.keys.clear();
+    for (std::size_t k = 0; k < axes.size(); ++k) {
+      layers.keys.emplace_back(axes[k].key, axes[k].values[idx[k]]);
+    }
+    FSDP_ASSIGN_OR_RETURN(Policy p, LayerPolicy(layers));
+    Status s = ValidatePolicy(p, model);
+    if (s.ok()) {
+      grid.push_back(std::move(p));
+    } else if (s.code() != StatusCode::kUsage || combos == 1) {
+      return s;  // a unit that does not exist is wrong in every combination
+    } else if (first_error.ok()) {
+      first_error = s;  // an impossible combination (recompute_aware without recorded): skipped
+    }
+    // Advance the odometer: the last key varies fastest.
+    for (std::size_t k = axes.size(); k-- > 0;) {
+      if (++idx[k] < axes[k].values.size()) break;
+      idx[k] = 0;
+    }
+  }
+  if (grid.empty()) return first_error;
+  return grid;
 }
 
 }  // namespace fsdplab

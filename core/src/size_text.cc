@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <cctype>
+#include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 
@@ -53,6 +55,24 @@ std::string SizeWithSuffix(std::uint64_t v, std::uint64_t base) {
     ++k;
   }
   return fmt::format("{}{}", v, suffixes[k]);
+}
+
+std::optional<std::int64_t> ParseInteger(std::string_view text) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || p != text.data() + text.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<double> ParseNumber(std::string_view text) {
+  const std::string s(text);
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(v)) {
+    return std::nullopt;
+  }
+  return v;
 }
 
 }  // namespace fsdplab

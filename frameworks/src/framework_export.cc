@@ -348,6 +348,26 @@ StatusOr<Policy> ImportExportedPolicy(const Trace& trace, const ExportedPolicy& 
   return p;
 }
 
+StatusOr<std::optional<Framework>> TuneTarget(std::optional<Framework> preset,
+                                              const std::optional<std::string>& to) {
+  std::optional<Framework> target = preset;
+  std::string flag = "--preset";
+  if (to) {
+    if (*to == "any") return std::optional<Framework>();
+    StatusOr<Framework> f = ParseFramework(*to);
+    if (!f.ok()) return UsageError("--to: " + f.status().message());
+    target = *f;
+    flag = "--to";
+  }
+  if (target == Framework::kDeepSpeedZero3) {
+    return UsageError(
+        flag +
+        " deepspeed-zero3: DeepSpeed ZeRO-3 has no per-module prefetch settings to export a "
+        "tuned policy to; tune for fsdp2 or megatron-fsdp (--to), or for any policy (--to any)");
+  }
+  return target;
+}
+
 StatusOr<Policy> ExpressedPolicy(const Trace& trace, const Policy& policy, Framework framework) {
   FSDP_ASSIGN_OR_RETURN(ExportedPolicy e, ExportPolicy(trace, policy, framework));
   return ImportExportedPolicy(trace, e);

@@ -653,4 +653,12 @@ std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap, const 
   return svg;
 }
 
+std::optional<std::size_t> ChosenRow(const std::vector<SweepRow>& rows, std::optional<Bytes> cap,
+                                     CapPeak which) {
+  if (cap) return BestUnderCap(rows, *cap, which);
+  const std::vector<std::size_t> order = SortedByStepTime(rows);
+  if (!order.empty() && rows[order.front()].ok()) return order.front();
+  return std::nullopt;
+}
+
 }  // namespace fsdplab::sim

@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "fsdplab/core/text_format.h"
+#include "fsdplab/sim/allocator_model.h"
 #include "tune_internal.h"
 
 namespace fsdplab::sim {
@@ -313,6 +315,104 @@ StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options,
 StatusOr<TuneResult> Tune(const std::vector<const Trace*>& rank_traces, const TuneOptions& options,
                           const std::function<void(const TuneProgress&)>& progress) {
   return RunTune(rank_traces, options, progress);
+}
+
+StatusOr<std::vector<Budget::Kind>> ParseBudgetKinds(std::string_view text) {
+  std::vector<Budget::Kind> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::string k(
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (k == "units") {
+      out.push_back(Budget::Kind::kUnits);
+    } else if (k == "elements") {
+      out.push_back(Budget::Kind::kElements);
+    } else if (k == "bytes") {
+      out.push_back(Budget::Kind::kBytes);
+    } else {
+      return UsageError(fmt::format(
+          "--budget-kinds: '{}' is not a budget kind (expected units, elements or bytes)", k));
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+StatusOr<TuneObjective> ParseTuneObjective(std::string_view text) {
+  if (text == "step") return TuneObjective::kStep;
+  if (text == "exposed") return TuneObjective::kExposed;
+  return UsageError(
+      fmt::format("--objective: '{}' is not an objective (expected step or exposed)", text));
+}
+
+std::string ChooseTuneMemoryModel(const Trace& trace, bool allocator_given, SimOptions& options) {
+  if (allocator_given) {
+    return options.allocator_model ? "the caching allocator's reserved bytes (--allocator)"
+                                   : "the tensors' bytes (--allocator exact)";
+  }
+  const TraceDevice device = DeviceOfTrace(trace.meta);
+  options.allocator_model = !device.cpu;
+  return device.cpu ? "the tensors' bytes: a CPU run (" + device.why + ")"
+                    : "the CUDA caching allocator's reserved bytes (" + device.why + ")";
+}
+
+namespace {
+
+nlohmann::ordered_json RowJson(const SweepRow& r) {
+  nlohmann::ordered_json j;
+  j["step_time_us"] = r.step_time_us;
+  j["exposed_comm_us"] = r.exposed_comm_us;
+  j["peak_memory_bytes"] = r.peak_memory_bytes;
+  j["peak_reserved_bytes"] = r.peak_reserved_bytes;
+  j["held_bytes"] = PeakFor(r, CapPeak::kSimulated);
+  j["policy"] = nlohmann::ordered_json::parse(PolicyToJson(r.policy));
+  return j;
+}
+
+}  // namespace
+
+std::string TuneResultJson(const TuneResult& result, const TuneOptions& options,
+                           std::string_view memory_model, std::string_view framework,
+                           const std::optional<SweepRow>& preset_default) {
+  const TuneResult* r = &result;
+  const double rate = r->seconds > 0 ? r->simulated / r->seconds : 0.0;
+  nlohmann::ordered_json j;
+  j["memory_cap_bytes"] = options.memory_cap;
+  j["memory_model"] = std::string(memory_model);
+  j["framework"] = std::string(framework);
+  for (auto [key, row] : {std::pair{"start", &r->start}, std::pair{"global_best", &r->global_best},
+                          std::pair{"structured_best", &r->structured_best},
+                          std::pair{"searched", &r->searched}, std::pair{"best", &r->best}}) {
+    j[key] = *row ? RowJson(**row) : nlohmann::ordered_json();
+  }
+  j["structured_family"] = r->structured_family;
+  if (r->exact) {
+    nlohmann::ordered_json e;
+    e["policies"] = r->exact->policies;
+    e["space"] = r->exact->space;
+    e["best"] = r->exact->best ? RowJson(*r->exact->best) : nlohmann::ordered_json();
+    j["exact"] = std::move(e);
+  } else {
+    j["exact"] = nullptr;
+  }
+  if (preset_default) {
+    j["preset_default"] =
+        preset_default->ok() ? RowJson(*preset_default) : nlohmann::ordered_json();
+  }
+  j["lower_bound_us"] = r->lower_bound_us;
+  j["stop"] = std::string(TuneStopName(r->stop));
+  j["stop_text"] = std::string(TuneStopText(r->stop));
+  j["seconds"] = r->seconds;
+  j["evaluated"] = r->evaluated;
+  j["simulated"] = r->simulated;
+  j["policies_per_second"] = rate;
+  j["global_evaluated"] = r->global_evaluated;
+  j["moves"] = r->rounds;
+  j["why"] = r->why;
+  j["failure"] = r->failure;
+  return j.dump(2);
 }
 
 }  // namespace fsdplab::sim

@@ -262,5 +262,27 @@ TEST(SynthTrace, MicrobatchesAndSteps) {
   EXPECT_EQ(t.steps[1].microbatches[2].events.back().op, Op::kBackwardEnd);
 }
 
+TEST(SynthSettings, KeysAreTheFieldsKvHeadsFollowsHeads) {
+  const SynthConfig c = SynthConfigFromSettings({{"layers", "3"},
+                                                 {"heads", "8"},
+                                                 {"hidden", "512"},
+                                                 {"tie_embeddings", "true"},
+                                                 {"dtype", "mxfp8"},
+                                                 {"layers", "5"}})
+                            .value();
+  EXPECT_EQ(c.layers, 5);    // the later value
+  EXPECT_EQ(c.kv_heads, 8);  // unset: the heads
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.dtype, DType::kMxfp8);
+  EXPECT_EQ(SynthConfigFromSettings({{"layers", "x"}}).status().message(),
+            "layers: 'x' is not an integer");
+  EXPECT_EQ(SynthConfigFromSettings({{"dtype", "fp32"}}).status().message(),
+            "dtype: expected bf16 or mxfp8, got 'fp32'");
+  EXPECT_EQ(SynthConfigFromSettings({{"layer", "3"}}).status().code(), StatusCode::kUsage);
+  // Validated: 5 heads do not divide a hidden size of 512 (ValidateSynthConfig names heads).
+  Status s = SynthConfigFromSettings({{"heads", "5"}, {"hidden", "512"}}).status();
+  EXPECT_EQ(s.message().rfind("heads", 0), 0u) << s.message();
+}
+
 }  // namespace
 }  // namespace fsdplab::synth

@@ -106,23 +106,15 @@ StatusOr<std::uint64_t> ParseSize(std::string_view text, std::string_view flag) 
 }
 
 StatusOr<double> ParseDouble(std::string_view text, std::string_view flag) {
-  std::string s(text);
-  char* end = nullptr;
-  errno = 0;
-  double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(v)) {
-    return UsageError(fmt::format("{}: '{}' is not a number", flag, text));
-  }
-  return v;
+  std::optional<double> v = fsdplab::ParseNumber(text);
+  if (!v) return UsageError(fmt::format("{}: '{}' is not a number", flag, text));
+  return *v;
 }
 
 StatusOr<std::int64_t> ParseInt(std::string_view text, std::string_view flag) {
-  std::int64_t v = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || p != text.data() + text.size()) {
-    return UsageError(fmt::format("{}: '{}' is not an integer", flag, text));
-  }
-  return v;
+  std::optional<std::int64_t> v = fsdplab::ParseInteger(text);
+  if (!v) return UsageError(fmt::format("{}: '{}' is not an integer", flag, text));
+  return *v;
 }
 
 StatusOr<bool> ParseBool(std::string_view text, std::string_view flag) {

@@ -115,69 +115,15 @@ StatusOr<Policy> PolicyFromArgs(const Args& args, const Trace& trace) {
 
 StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Trace& trace,
                                                  std::vector<std::string>* varied_keys) {
-  const Model& model = trace.model;
   FSDP_ASSIGN_OR_RETURN(PolicyLayers layers, LayersFromArgs(args, trace));
-  // What lies under the flags, once (its errors come first); each combination of flags then
-  // applies over it.
-  FSDP_ASSIGN_OR_RETURN(layers.base, LayerPolicy(layers));
-  layers.trace_meta_json = {};
-  layers.file_text.reset();
-  struct Dim {
-    std::string_view key;
-    std::vector<std::string> values;
-  };
-  std::vector<Dim> dims;
-  if (varied_keys != nullptr) varied_keys->clear();
+  std::vector<PolicyAxis> axes;
   for (const auto& [flag, value] : GivenPolicyFlags(args)) {
     const PolicyField* f = FieldOfFlag(flag);
-    const std::string_view key = f->key;
     // Unit lists use commas themselves: their alternatives are separated by ';'.
     const char sep = f->json == PolicyJson::kUnitList ? ';' : ',';
-    Dim d{key, Split(value, sep)};
-    // Check every alternative alone, so an error names the bad one.
-    for (const std::string& v : d.values) {
-      Policy probe = layers.base;
-      if (Status s = ApplyPolicyKey(key, v, probe); !s.ok()) return FlagError(s);
-    }
-    if (d.values.size() > 1 && varied_keys != nullptr) varied_keys->emplace_back(key);
-    dims.push_back(std::move(d));
+    axes.push_back(PolicyAxis{std::string(f->key), Split(value, sep)});
   }
-  std::vector<Policy> grid;
-  std::vector<std::size_t> idx(dims.size(), 0);
-  // Every combination is built: bound their number before building any (a few flags with many
-  // alternatives would otherwise multiply past memory, or past 64 bits).
-  std::size_t combos = 1;
-  for (const Dim& d : dims) {
-    if (d.values.size() > kMaxSweepPolicies / combos) {
-      return UsageError(
-          fmt::format("the policy flags give more than {} combinations to sweep; narrow the lists",
-                      kMaxSweepPolicies));
-    }
-    combos *= d.values.size();
-  }
-  Status first_error;
-  for (std::size_t c = 0; c < combos; ++c) {
-    layers.keys.clear();
-    for (std::size_t k = 0; k < dims.size(); ++k) {
-      layers.keys.emplace_back(dims[k].key, dims[k].values[idx[k]]);
-    }
-    FSDP_ASSIGN_OR_RETURN(Policy p, LayerPolicy(layers));
-    Status s = ValidatePolicy(p, model);
-    if (s.ok()) {
-      grid.push_back(std::move(p));
-    } else if (s.code() != StatusCode::kUsage || combos == 1) {
-      return s;  // a unit that does not exist is wrong in every combination
-    } else if (first_error.ok()) {
-      first_error = s;  // an impossible combination (recompute_aware without recorded): skipped
-    }
-    // Advance the odometer: the last flag varies fastest.
-    for (std::size_t k = dims.size(); k-- > 0;) {
-      if (++idx[k] < dims[k].values.size()) break;
-      idx[k] = 0;
-    }
-  }
-  if (grid.empty()) return first_error;
-  return grid;
+  return PolicyGrid(std::move(layers), axes, trace.model, varied_keys);
 }
 
 namespace {
@@ -230,6 +176,7 @@ constexpr FieldFlag kFieldFlags[] = {
     {FlagScope::kSynth, "shared_layers", "--shared-layers"},
     {FlagScope::kSynth, "micro_batch_size", "--micro-batch-size"},
     {FlagScope::kSynth, "world_size", "--world-size"},
+    {FlagScope::kSynth, "tie_embeddings", "--tie-embeddings"},
     {FlagScope::kSynth, "reverse_registration", "--reverse-registration"},
     {FlagScope::kSynth, "shuffle_registration", "--shuffle-registration"},
     {FlagScope::kSynth, "seed", "--seed"},
@@ -291,17 +238,6 @@ int Fail(std::string_view command, const Status& status) {
 int PrintHelp(std::string_view usage, std::string_view description, const Args& args) {
   fmt::print("usage: {}\n\n{}\n\noptions:\n{}", usage, description, args.FlagHelp());
   return 0;
-}
-
-StatusOr<Trace> ReadReplayableTrace(const std::string& path) {
-  FSDP_ASSIGN_OR_RETURN(Trace trace, ReadTraceFile(path));
-  std::vector<Status> problems = CheckTraceStructure(trace);
-  if (problems.empty()) return trace;
-  std::string more;
-  if (problems.size() > 1) {
-    more = fmt::format(" (and {} more; `fsdplab validate` lists them)", problems.size() - 1);
-  }
-  return InvalidInput(fmt::format("{}: {}{}", path, problems.front().message(), more));
 }
 
 }  // namespace fsdplab::cli

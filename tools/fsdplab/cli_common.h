@@ -13,6 +13,7 @@
 #include "fsdplab/core/status.h"
 #include "fsdplab/core/trace.h"
 #include "fsdplab/frameworks/preset.h"
+#include "fsdplab/trace/trace_files.h"
 
 namespace fsdplab::cli {
 
@@ -28,10 +29,6 @@ std::optional<std::string> FirstPolicyFlag(const Args& args);
 // The framework --preset names, if given (a usage error for an unknown name).
 StatusOr<std::optional<Framework>> PresetFromArgs(const Args& args);
 
-// Reads a trace for a command that replays it (order, schedule, simulate, sweep, run): the
-// reader's field checks, then the structure the scheduler relies on (trace/trace_structure.h), so
-// a broken trace is invalid input (exit 2) naming its event, not a scheduler error later.
-StatusOr<Trace> ReadReplayableTrace(const std::string& path);
 // Like PolicyFromArgs, but a flag may hold a comma-separated list (for sweep): returns every
 // combination. Keys with lists are returned in `varied_keys`.
 StatusOr<std::vector<Policy>> PolicyGridFromArgs(const Args& args, const Trace& trace,

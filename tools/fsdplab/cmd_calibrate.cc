@@ -12,6 +12,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/calib/bench_gather_format.h"
+#include "fsdplab/calib/calibrate.h"
 #include "fsdplab/calib/calibration.h"
 #include "fsdplab/calib/nccl_tests.h"
 #include "fsdplab/calib/plot.h"
@@ -46,17 +47,6 @@ constexpr std::string_view kDescription =
     "`fsdplab bench-gather --op concurrent -J BENCH.json` (how much slower an all-gather and a\n"
     "reduce-scatter run while both are in progress) to the cluster file; given alone, it writes\n"
     "a cluster file with the default link lines and that contention.";
-
-// Devices per host, the largest over all outputs; nullopt when no output lists devices.
-std::optional<int> GpusPerNodeFromDevices(const std::vector<calib::NcclTestsResult>& results) {
-  std::optional<int> best;
-  for (const calib::NcclTestsResult& r : results) {
-    std::map<std::string, int> per_host;
-    for (const calib::NcclDevice& d : r.devices) ++per_host[d.hostname];
-    for (const auto& [host, n] : per_host) best = std::max(best.value_or(0), n);
-  }
-  return best;
-}
 
 Status Run(const Args& args) {
   const std::optional<std::string> contention_file = args.Get("--contention");
@@ -95,95 +85,17 @@ Status Run(const Args& args) {
     if (!(compute_scale > 0)) return UsageError("--compute-scale: must be positive");
   }
 
-  std::vector<calib::NcclTestsResult> results;
-  std::vector<std::string> notes;
-  for (const std::string& path : args.positionals()) {
-    FSDP_ASSIGN_OR_RETURN(std::vector<calib::NcclTestsResult> blocks,
-                          calib::ReadNcclTestsBlocks(path, parse_opts, &notes));
-    for (calib::NcclTestsResult& b : blocks) results.push_back(std::move(b));
-  }
-  std::optional<int> gpn_from_devices = GpusPerNodeFromDevices(results);
-  int gpus_per_node = gpn_from_devices.value_or(8);
+  calib::CalibrateInputs in{args.positionals(), parse_opts,   tier_flag,      fit_opts,
+                            compute_scale,      std::nullopt, contention_file};
   if (auto v = args.Get("--gpus-per-node")) {
     FSDP_ASSIGN_OR_RETURN(std::int64_t g, ParseInt(*v, "--gpus-per-node"));
     if (g < 1) return UsageError("--gpus-per-node: must be positive");
-    gpus_per_node = static_cast<int>(g);
+    in.gpus_per_node = static_cast<int>(g);
   }
-
-  // Group blocks by (collective, tier); fit each group.
-  using Key = std::pair<CollectiveKind, calib::TierKind>;
-  std::map<Key, std::vector<const calib::NcclTestsResult*>> groups;
-  for (const calib::NcclTestsResult& r : results) {
-    FSDP_ASSIGN_OR_RETURN(calib::TierKind tier, calib::InferTier(r, tier_flag, gpus_per_node));
-    std::vector<const calib::NcclTestsResult*>& g = groups[{*r.collective, tier}];
-    if (!g.empty() && g.front()->ranks != r.ranks) {
-      return InvalidInput(fmt::format(
-          "{} {}: {} has {} ranks but {} has {}; one tier's curve is measured at one size of "
-          "world: pick one block with --block N, or calibrate the files separately (or give "
-          "--tier if one of them spans nodes)",
-          CollectiveKindName(*r.collective), calib::TierKindName(tier), g.front()->source,
-          g.front()->ranks, r.source, r.ranks));
-    }
-    g.push_back(&r);
-  }
-  calib::CalibratedCluster cluster;
-  cluster.gpus_per_node = gpus_per_node;
-  cluster.compute_scale = compute_scale;
-  cluster.world_size = 0;
-  std::string text;
-  nlohmann::ordered_json fits_json = nlohmann::ordered_json::array();
-  for (const auto& [key, group] : groups) {
-    FSDP_ASSIGN_OR_RETURN(calib::CollectiveFit fit,
-                          calib::FitNcclTests(group, key.second, fit_opts));
-    text += calib::FormatFit(fit) + "\n";
-    fits_json.push_back(nlohmann::ordered_json::parse(calib::FitToJson(fit)));
-    cluster.world_size = std::max(cluster.world_size, fit.world_size);
-    cluster.fits.push_back(std::move(fit));
-  }
-  nlohmann::ordered_json contention_json;
-  if (contention_file) {
-    FSDP_ASSIGN_OR_RETURN(calib::MeasuredContention m, calib::ReadContentionFile(*contention_file));
-    if (m.world_size) {
-      if (groups.empty()) {
-        cluster.world_size = *m.world_size;
-      } else if (*m.world_size != cluster.world_size) {
-        return InvalidInput(fmt::format(
-            "{}: world_size {} but the nccl-tests outputs measured {} ranks (the cluster's "
-            "world_size); measure the contention on the same number of ranks",
-            *contention_file, *m.world_size, cluster.world_size));
-      }
-    } else if (groups.empty()) {
-      return InvalidInput(
-          fmt::format("{}: world_size: missing, and no nccl-tests output gives the number of ranks",
-                      *contention_file));
-    }
-    cluster.comm_contention = m.factors;
-    std::string line = fmt::format(
-        "comm contention from {}{}: all-gather x{:.3g}, reduce-scatter x{:.3g} while both run\n",
-        *contention_file, m.statistic.empty() ? "" : fmt::format(" ({})", m.statistic),
-        1 + m.factors.all_gather, 1 + m.factors.reduce_scatter);
-    for (const std::string& n : m.notes) line += fmt::format("  note: {}\n", n);
-    if (m.stream_wake) {
-      cluster.stream_wake = m.stream_wake;
-      line += fmt::format("stream wake-up from {}: {}\n", *contention_file,
-                          calib::DescribeStreamWake(*m.stream_wake));
-    }
-    text += line + "\n";
-    contention_json = {{"source", *contention_file},
-                       {"statistic", m.statistic},
-                       {"all_gather", m.factors.all_gather},
-                       {"reduce_scatter", m.factors.reduce_scatter},
-                       {"notes", m.notes}};
-  }
-  if (cluster.world_size == 0) cluster.world_size = 8;
-  std::string cluster_json = calib::CalibratedClusterJson(cluster);
-  const calib::DerivedTiers tiers = calib::DeriveTierLines(cluster);
-  if (!cluster.fits.empty()) {
-    text += "notes:\n";
-    for (const std::string& n : notes) text += fmt::format("  {}\n", n);
-    for (const std::string& n : tiers.notes) text += fmt::format("  {}\n", n);
-    text += "\n";
-  }
+  FSDP_ASSIGN_OR_RETURN(calib::Calibration cal, calib::Calibrate(in));
+  const calib::CalibratedCluster& cluster = cal.cluster;
+  const std::string& cluster_json = cal.cluster_json;
+  const std::string& text = cal.text;
   if (auto plot = args.Get("--plot")) {
     if (cluster.fits.empty()) return UsageError("--plot: no nccl-tests output to plot");
     FSDP_RETURN_IF_ERROR(WriteFileAtomic(*plot, calib::FitPlotSvg(cluster.fits)));
@@ -191,12 +103,7 @@ Status Run(const Args& args) {
   if (auto out = args.Get("-o")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*out, cluster_json));
 
   if (args.Has("--json")) {
-    nlohmann::ordered_json doc;
-    doc["fits"] = std::move(fits_json);
-    doc["notes"] = notes;
-    if (contention_file) doc["comm_contention"] = std::move(contention_json);
-    doc["cluster"] = nlohmann::ordered_json::parse(cluster_json);
-    fmt::print("{}\n", doc.dump(2));
+    fmt::print("{}\n", cal.json);
   } else {
     fmt::print("{}", text);
     if (auto plot = args.Get("--plot")) fmt::print("plot written to {}\n", *plot);

@@ -4,14 +4,13 @@
 //   fsdplab cost --cluster c.json --collective all_gather --world-size 16 --bytes 1M,64M,1G
 #include <fmt/format.h>
 
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "cli_common.h"
 #include "commands.h"
-#include "fsdplab/calib/cost_curve.h"
 #include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/cost_table.h"
 
 namespace fsdplab::cli {
 namespace {
@@ -73,45 +72,26 @@ Status Run(const Args& args) {
     if (w < 1 || w > (1 << 24)) return UsageError("--world-size: must be in 1..16777216");
     world = static_cast<int>(w);
   }
-  const double factor = calib::BusFactor(*kind, world);
-  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  const std::vector<sim::CostRow> rows = sim::CostTable(cluster, *kind, sizes, world);
+  if (args.Has("--json")) {
+    fmt::print("{}\n", sim::CostTableJson(cluster, *kind, world, rows, *file));
+    return Status::Ok();
+  }
   std::string text = fmt::format("{} over {} ranks ({} per node), cluster {}\n",
                                  CollectiveKindName(*kind), world, cluster.gpus_per_node, *file);
   text += fmt::format("  {:>14}  {:>12}  {:>23}  {:>11}  {:>11}  {:<11}  {}\n", "size (B)",
                       "time us", "band us", "algbw GB/s", "busbw GB/s", "tier", "from");
-  for (Bytes b : sizes) {
-    sim::CollectiveCost c = cluster.Cost(*kind, b, world);
-    double algbw = c.time_us > 0 ? static_cast<double>(b) / (c.time_us * 1e3) : 0.0;
-    double busbw = algbw * factor;
-    text += fmt::format("  {:>14}  {:>12.2f}  {:>23}  {:>11.2f}  {:>11.2f}  {:<11}  {}: {}\n", b,
-                        c.time_us, fmt::format("{:.2f} .. {:.2f}", c.low_us, c.high_us), algbw,
-                        busbw, c.tier, c.source, c.detail);
-    rows.push_back({{"bytes", b},
-                    {"time_us", c.time_us},
-                    {"low_us", c.low_us},
-                    {"high_us", c.high_us},
-                    {"algbw_GBps", algbw},
-                    {"busbw_GBps", busbw},
-                    {"tier", c.tier},
-                    {"source", c.source},
-                    {"detail", c.detail}});
+  for (const sim::CostRow& r : rows) {
+    const sim::CollectiveCost& c = r.cost;
+    text += fmt::format("  {:>14}  {:>12.2f}  {:>23}  {:>11.2f}  {:>11.2f}  {:<11}  {}: {}\n",
+                        r.bytes, c.time_us, fmt::format("{:.2f} .. {:.2f}", c.low_us, c.high_us),
+                        r.algbw_GBps, r.busbw_GBps, c.tier, c.source, c.detail);
   }
   if (!cluster.notes.empty()) {
     text += "notes (from the cluster file):\n";
     for (const std::string& n : cluster.notes) text += fmt::format("  {}\n", n);
   }
-  if (args.Has("--json")) {
-    nlohmann::ordered_json doc;
-    doc["collective"] = std::string(CollectiveKindName(*kind));
-    doc["world_size"] = world;
-    doc["gpus_per_node"] = cluster.gpus_per_node;
-    doc["cluster_file"] = *file;
-    doc["sizes"] = std::move(rows);
-    doc["notes"] = cluster.notes;
-    fmt::print("{}\n", doc.dump(2));
-  } else {
-    fmt::print("{}", text);
-  }
+  fmt::print("{}", text);
   return Status::Ok();
 }
 

@@ -17,6 +17,7 @@
 #include "fsdplab/core/trace.h"
 #include "fsdplab/report/report.h"
 #include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/sim_options.h"
 #include "fsdplab/sim/simulate_report.h"
 #include "fsdplab/sim/simulator.h"
 #include "fsdplab/sim/trace_calibration.h"
@@ -48,97 +49,41 @@ void DeclareClusterFlags(Args& args) {
 
 StatusOr<sim::Cluster> ClusterFromArgs(const Args& args, const std::vector<const Trace*>& traces,
                                        int trace_world_size) {
-  sim::Cluster c;
-  bool described = false;
-  bool links_described = false;
+  sim::ClusterLayers layers;
   if (std::optional<std::string> file = args.Get("--cluster")) {
-    FSDP_ASSIGN_OR_RETURN(c, sim::ReadClusterFile(*file));
-    described = true;
-    links_described = true;
+    FSDP_ASSIGN_OR_RETURN(layers.file, sim::ReadClusterFile(*file));
   }
-  bool world_given = described;
   if (std::optional<std::string> v = args.Get("--world-size")) {
     FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--world-size"));
     if (n < 1) return UsageError("--world-size: must be at least 1");
-    c.world_size = static_cast<int>(n);
-    world_given = true;
-    described = true;
+    layers.world_size = static_cast<int>(n);
   }
   if (std::optional<std::string> v = args.Get("--gpus-per-node")) {
     FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--gpus-per-node"));
     if (n < 1) return UsageError("--gpus-per-node: must be at least 1");
-    c.gpus_per_node = static_cast<int>(n);
-    described = true;
-    links_described = true;
+    layers.gpus_per_node = static_cast<int>(n);
   }
   struct DoubleFlag {
     std::string_view flag;
-    double* target;
+    std::optional<double>* target;
   };
-  for (DoubleFlag f : {DoubleFlag{"--intra-bw", &c.intra.bandwidth_GBps},
-                       DoubleFlag{"--intra-latency", &c.intra.latency_us},
-                       DoubleFlag{"--inter-bw", &c.inter.bandwidth_GBps},
-                       DoubleFlag{"--inter-latency", &c.inter.latency_us},
-                       DoubleFlag{"--compute-scale", &c.compute_scale}}) {
+  for (DoubleFlag f : {DoubleFlag{"--intra-bw", &layers.intra_bandwidth_GBps},
+                       DoubleFlag{"--intra-latency", &layers.intra_latency_us},
+                       DoubleFlag{"--inter-bw", &layers.inter_bandwidth_GBps},
+                       DoubleFlag{"--inter-latency", &layers.inter_latency_us},
+                       DoubleFlag{"--compute-scale", &layers.compute_scale}}) {
     if (std::optional<std::string> v = args.Get(f.flag)) {
       FSDP_ASSIGN_OR_RETURN(*f.target, ParseDouble(*v, f.flag));
-      described = true;
-      links_described = links_described || f.target != &c.compute_scale;
     }
   }
-  if (!world_given && trace_world_size > 1) c.world_size = trace_world_size;
-  c.defaults_used = !described;
-  Status s = sim::ValidateCluster(c);
-  if (!s.ok()) return UsageError(s.message());
-  return sim::ClusterForTraces(c, links_described, traces);
+  return sim::ResolveCluster(layers, traces, trace_world_size);
 }
 
 void DeclareEngineFlags(Args& args) {
-  args.Declare("--steps", ArgKind::kValue,
-               "steps to simulate (default: the trace's steps, at least 2 so that a recorded "
-               "order is used after step 0); the trace's steps repeat when N is larger",
-               "N");
-  args.Declare("--launch-us", ArgKind::kValue, "host launch cost per command, us (default 2)",
-               "US");
-  args.Declare("--contention", ArgKind::kValue,
-               "compute runs (1+F) times slower while a collective runs beside it (default 0)",
-               "F");
-  args.Declare("--comm-contention", ArgKind::kValue,
-               "collectives in progress on the all-gather and reduce-scatter streams at once each "
-               "run (1+F) times slower: 0 independent, 1 one shared resource; overrides the "
-               "cluster file's measured comm_contention (default: that, else 0)",
-               "F");
-  args.Declare("--straggler", ArgKind::kRepeated,
-               "RANK:FACTOR: that rank's compute takes FACTOR times longer (repeatable)", "RANK:F");
-  args.Declare("--memory-cap", ArgKind::kValue,
-               "per-rank memory cap in bytes (suffixes K M G) on what the caching allocator "
-               "reserves (--allocator): a gather waits on its stream until a free makes room, "
-               "and any other allocation that cannot fit fails like an out-of-memory error",
-               "BYTES");
-  args.Declare("--rank-jitter", ArgKind::kValue,
-               "per-rank compute scales from a seeded log-normal distribution, exp(SIGMA z): "
-               "every rank a speed of its own (SEED default 0)",
-               "SIGMA[:SEED]");
-  args.Declare("--step-jitter", ArgKind::kValue,
-               "per-step variation of every rank's compute: in each step rank r's compute is "
-               "scaled by exp(SIGMA z), z drawn anew per rank and step from SEED (default 0), on "
-               "top of --rank-jitter (the persistent part); with --steps N the report gives the "
-               "step-time distribution (p50, p90, p99, max), the ranks, nodes and shard groups "
-               "slowest most often, and the cost against a uniform cluster",
-               "SIGMA[:SEED]");
-  args.Declare("--step-stragglers", ArgKind::kValue,
-               "in each step K ranks drawn at random (from SEED, default 0) compute FACTOR times "
-               "slower; reported as --step-jitter is",
-               "K:FACTOR[:SEED]");
-  args.Declare("--timeline-ranks", ArgKind::kValue,
-               "keep the timeline (ops, memory samples) of the first N simulated ranks or rank "
-               "classes only; the others keep their peaks (default 64)",
-               "N");
-  args.Declare("--allocator", ArgKind::kValue,
-               "caching (default): model PyTorch's CUDA caching allocator (512-byte rounding, "
-               "2/20 MiB segments, per-stream pools) and report its reserved bytes; exact: the "
-               "cap applies to the tensors' bytes alone",
-               "MODEL");
+  for (const sim::EngineOption& o : sim::EngineOptions()) {
+    args.Declare(sim::OptionFlag(o.key), o.repeated ? ArgKind::kRepeated : ArgKind::kValue,
+                 std::string(o.help), std::string(o.meta));
+  }
 }
 
 void DeclareCapPeakFlag(Args& args) {
@@ -157,141 +102,14 @@ StatusOr<sim::CapPeak> CapPeakFromArgs(const Args& args, bool have_cap) {
 }
 
 Status EngineOptionsFromArgs(const Args& args, sim::SimOptions& o) {
-  if (std::optional<std::string> v = args.Get("--steps")) {
-    FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--steps"));
-    if (n < 1) return UsageError("--steps: must be at least 1");
-    if (n > kMaxSteps) {
-      return UsageError(
-          fmt::format("--steps: {} is more than the {} steps a run may have", n, kMaxSteps));
+  sim::Settings settings;
+  for (const sim::EngineOption& e : sim::EngineOptions()) {
+    for (std::string& v : args.GetAll(sim::OptionFlag(e.key))) {
+      settings.emplace_back(e.key, std::move(v));
     }
-    o.steps = static_cast<int>(n);
   }
-  if (std::optional<std::string> v = args.Get("--launch-us")) {
-    FSDP_ASSIGN_OR_RETURN(o.launch_us, ParseDouble(*v, "--launch-us"));
-    if (o.launch_us < 0) return UsageError("--launch-us: must be >= 0");
-  }
-  if (std::optional<std::string> v = args.Get("--contention")) {
-    FSDP_ASSIGN_OR_RETURN(o.contention, ParseDouble(*v, "--contention"));
-    if (o.contention < 0) return UsageError("--contention: must be >= 0");
-  }
-  if (std::optional<std::string> v = args.Get("--comm-contention")) {
-    FSDP_ASSIGN_OR_RETURN(double f, ParseDouble(*v, "--comm-contention"));
-    if (f < 0) return UsageError("--comm-contention: must be >= 0");
-    o.comm_contention = f;
-  }
-  for (const std::string& v : args.GetAll("--straggler")) {
-    FSDP_ASSIGN_OR_RETURN(sim::Straggler s, sim::ParseStraggler(v));
-    o.stragglers.push_back(s);
-  }
-  if (std::optional<std::string> v = args.Get("--memory-cap")) {
-    FSDP_ASSIGN_OR_RETURN(std::uint64_t cap, ParseSize(*v, "--memory-cap"));
-    o.memory_cap = cap;
-  }
-  if (std::optional<std::string> v = args.Get("--rank-jitter")) {
-    FSDP_ASSIGN_OR_RETURN(o.rank_compute_scales, sim::RankComputeScales(*v, o.cluster.world_size));
-  }
-  if (std::optional<std::string> v = args.Get("--step-jitter")) {
-    FSDP_RETURN_IF_ERROR(sim::ParseStepJitter(*v, o.step_variation));
-  }
-  if (std::optional<std::string> v = args.Get("--step-stragglers")) {
-    FSDP_RETURN_IF_ERROR(sim::ParseStepStragglers(*v, o.step_variation));
-  }
-  o.max_recorded_ranks = 64;
-  if (std::optional<std::string> v = args.Get("--timeline-ranks")) {
-    FSDP_ASSIGN_OR_RETURN(std::int64_t n, ParseInt(*v, "--timeline-ranks"));
-    if (n < 1) return UsageError("--timeline-ranks: must be at least 1");
-    o.max_recorded_ranks = static_cast<int>(std::min<std::int64_t>(n, 1 << 30));
-  }
-  if (std::optional<std::string> v = args.Get("--allocator")) {
-    if (*v != "caching" && *v != "exact") {
-      return UsageError(fmt::format("--allocator '{}': expected caching or exact", *v));
-    }
-    o.allocator_model = *v == "caching";
-  }
-  return Status::Ok();
+  return sim::ApplyEngineOptions(settings, o);
 }
-
-namespace {
-
-// Whether a JSON document's top-level "format" is "fsdplab.trace". Read with a SAX parser that
-// stops at that key's value (the first key of every trace fsdplab and the recorder write), so a
-// large trace is not parsed twice; text that is not JSON, or has no such key, is not a trace.
-bool IsTraceDocument(const std::string& text) {
-  using Json = nlohmann::json;
-  struct Sax final : nlohmann::json_sax<Json> {
-    int depth = 0;
-    bool format_next = false;
-    bool found = false;
-    bool Value() { return !format_next; }  // the format key's value (not a string) ends it
-    bool null() override { return Value(); }
-    bool boolean(bool) override { return Value(); }
-    bool number_integer(Json::number_integer_t) override { return Value(); }
-    bool number_unsigned(Json::number_unsigned_t) override { return Value(); }
-    bool number_float(Json::number_float_t, const Json::string_t&) override { return Value(); }
-    bool binary(Json::binary_t&) override { return Value(); }
-    bool string(Json::string_t& v) override {
-      if (!format_next) return true;
-      found = v == "fsdplab.trace";
-      return false;
-    }
-    bool start_object(std::size_t) override { return Value() && ++depth > 0; }
-    bool end_object() override { return --depth >= 0; }
-    bool start_array(std::size_t) override { return Value() && ++depth > 0; }
-    bool end_array() override { return --depth >= 0; }
-    bool key(Json::string_t& k) override {
-      format_next = depth == 1 && k == "format";
-      return true;
-    }
-    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
-      return false;
-    }
-  } sax;
-  Json::sax_parse(text, &sax, nlohmann::detail::input_format_t::json, false);
-  return sax.found;
-}
-
-// The fsdplab.trace documents among a directory's *.json files (reports, policies, clusters or
-// profiles beside them are not traces and are left out), in file-name order.
-StatusOr<std::vector<Trace>> ReadDirectory(const std::string& dir) {
-  std::vector<std::string> files;
-  std::vector<std::string> others;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    if (!entry.is_regular_file() || entry.path().extension() != ".json") continue;
-    FSDP_ASSIGN_OR_RETURN(std::string text, ReadFile(entry.path().string()));
-    (IsTraceDocument(text) ? files : others).push_back(entry.path().filename().string());
-  }
-  if (ec) return NotFound(fmt::format("{}: {}", dir, ec.message()));
-  if (files.empty()) {
-    std::sort(others.begin(), others.end());
-    return InvalidInput(fmt::format(
-        "{}: no fsdplab.trace files in the directory{}", dir,
-        others.empty()
-            ? std::string(" (no *.json at all)")
-            : fmt::format(" ({} other *.json: {})", others.size(), fmt::join(others, ", "))));
-  }
-  for (std::string& f : files) f = (std::filesystem::path(dir) / f).string();
-  std::sort(files.begin(), files.end());
-  std::vector<Trace> traces;
-  for (const std::string& f : files) {
-    FSDP_ASSIGN_OR_RETURN(Trace t, ReadReplayableTrace(f));
-    traces.push_back(std::move(t));
-  }
-  // Order by meta.rank when the ranks are 0..N-1 exactly; else keep the file-name order.
-  std::vector<int> ranks;
-  for (const Trace& t : traces) ranks.push_back(t.meta.rank);
-  std::vector<int> sorted = ranks;
-  std::sort(sorted.begin(), sorted.end());
-  bool exact = true;
-  for (std::size_t i = 0; i < sorted.size(); ++i) exact = exact && sorted[i] == static_cast<int>(i);
-  if (exact) {
-    std::sort(traces.begin(), traces.end(),
-              [](const Trace& a, const Trace& b) { return a.meta.rank < b.meta.rank; });
-  }
-  return traces;
-}
-
-}  // namespace
 
 StatusOr<LoadedTraces> LoadTraces(const Args& args) {
   LoadedTraces out;
@@ -302,7 +120,7 @@ StatusOr<LoadedTraces> LoadTraces(const Args& args) {
     out.per_rank = true;
     for (const std::string& f : rank_files) {
       if (std::filesystem::is_directory(f)) {
-        FSDP_ASSIGN_OR_RETURN(std::vector<Trace> dir, ReadDirectory(f));
+        FSDP_ASSIGN_OR_RETURN(std::vector<Trace> dir, ReadTraceDirectory(f));
         for (Trace& t : dir) out.traces.push_back(std::move(t));
       } else {
         FSDP_ASSIGN_OR_RETURN(Trace t, ReadReplayableTrace(f));
@@ -313,7 +131,7 @@ StatusOr<LoadedTraces> LoadTraces(const Args& args) {
   }
   if (pos.size() != 1) return UsageError("expected exactly one TRACE (see --help)");
   if (std::filesystem::is_directory(pos[0])) {
-    FSDP_ASSIGN_OR_RETURN(out.traces, ReadDirectory(pos[0]));
+    FSDP_ASSIGN_OR_RETURN(out.traces, ReadTraceDirectory(pos[0]));
     out.per_rank = out.traces.size() > 1;
     return out;
   }
@@ -393,7 +211,7 @@ int RunSimulate(const Argv& argv) {
   if (!cluster.ok()) return Fail(kCmd, cluster.status());
   opt.cluster = *cluster;
   if (Status s = EngineOptionsFromArgs(args, opt); !s.ok()) return Fail(kCmd, s);
-  if (opt.steps == 0) opt.steps = std::max<int>(2, static_cast<int>(first.steps.size()));
+  sim::DefaultSteps(first, opt);
   opt.critical_path = args.Has("--explain");
   opt.prune_ranks = args.Has("--prune-ranks");
 
@@ -404,30 +222,16 @@ int RunSimulate(const Argv& argv) {
       return Fail(kCmd, UsageError(fmt::format("--world-size {} but {} rank traces were given",
                                                opt.cluster.world_size, loaded->traces.size())));
     }
-    for (const Trace& t : loaded->traces) ptrs.push_back(&t);
   }
+  for (const Trace& t : loaded->traces) ptrs.push_back(&t);
   StatusOr<sim::SimulatedRun> run =
       loaded->per_rank ? sim::SimulateToReport(ptrs, opt) : sim::SimulateToReport(first, opt);
   if (!run.ok()) return Fail(kCmd, run.status());
   const sim::SimResult& result = run->result;
   if (args.Has("--band")) {
-    // The step time at either end of the calibrated curves' error bands: one run at each.
-    TimeUs at[2] = {0, 0};
-    for (int i = 0; i < 2; ++i) {
-      sim::SimOptions o = opt;
-      o.cluster.band_end = i == 0 ? sim::BandEnd::kLow : sim::BandEnd::kHigh;
-      o.critical_path = false;
-      StatusOr<sim::SimulatedRun> r =
-          loaded->per_rank ? sim::SimulateToReport(ptrs, o) : sim::SimulateToReport(first, o);
-      if (!r.ok()) return Fail(kCmd, r.status());
-      at[i] = r->report.summary.step_time_us;
+    if (Status s = sim::AddCostBandNote(ptrs, loaded->per_rank, opt, *run); !s.ok()) {
+      return Fail(kCmd, s);
     }
-    run->report.notes.push_back(fmt::format(
-        "collective cost band (--band): step time {:.1f} us with every calibrated collective at "
-        "the fast end of its cross-validated error band, {:.1f} us at the slow end ({:.1f} us "
-        "on the curves){}",
-        at[0], at[1], run->report.summary.step_time_us,
-        at[0] == at[1] ? "; no calibrated curve with a band costs this run's collectives" : ""));
   }
   std::string text;
   if (result.critical_path) {

@@ -11,6 +11,7 @@
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/text_format.h"
 #include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/sim_options.h"
 #include "fsdplab/sim/simulate_report.h"
 #include "fsdplab/sim/sweep.h"
 #include "report_output.h"
@@ -115,7 +116,7 @@ int RunSweep(const Argv& argv) {
                ? fmt::format("{} ({} if late)", GiBValue(held), GiBValue(if_late))
                : GiBValue(held);
   };
-  if (base.steps == 0) base.steps = std::max<int>(2, static_cast<int>(trace.steps.size()));
+  sim::DefaultSteps(trace, base);
   int jobs = 0;
   if (std::optional<std::string> j = args.Get("--jobs")) {
     StatusOr<std::int64_t> n = ParseInt(*j, "--jobs");
@@ -272,12 +273,7 @@ int RunSweep(const Argv& argv) {
     if (Status s = WriteFileAtomic(*csv, sim::SweepCsv(result)); !s.ok()) return Fail(kCmd, s);
   }
   // The policy the page and the JSON call chosen: the best under the cap, else the fastest.
-  std::optional<std::size_t> chosen;
-  if (cap) {
-    chosen = sim::BestUnderCap(result.rows, *cap, *cap_peak);
-  } else if (!order.empty() && result.rows[order.front()].ok()) {
-    chosen = order.front();
-  }
+  const std::optional<std::size_t> chosen = sim::ChosenRow(result.rows, cap, *cap_peak);
   const std::string sweep_json =
       sim::SweepToJson(result, cap, *cap_peak, chosen, "sweep",
                        cap ? "the fastest policy under the memory cap" : "the fastest policy",

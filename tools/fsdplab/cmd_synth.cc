@@ -1,6 +1,8 @@
 // fsdplab synth: generate the trace of a GPT/Llama-like model.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "cli_common.h"
 #include "commands.h"
 #include "fsdplab/synth/synth.h"
@@ -23,69 +25,21 @@ constexpr std::string_view kDescription =
     "from FLOPs at --tflops, saved activations from the shapes; the trace's meta states the\n"
     "formulas. Without -o the trace goes to stdout; a summary goes to stderr.";
 
-Status IntFlag(const Args& args, std::string_view flag, std::int64_t& out) {
-  if (auto v = args.Get(flag)) {
-    FSDP_ASSIGN_OR_RETURN(out, ParseInt(*v, flag));
-  }
-  return Status::Ok();
-}
-
-template <typename T>
-Status NarrowFlag(const Args& args, std::string_view flag, T& out) {
-  std::int64_t v = out;
-  FSDP_RETURN_IF_ERROR(IntFlag(args, flag, v));
-  if (v < -(std::int64_t{1} << 30) || v > (std::int64_t{1} << 30)) {
-    return UsageError(fmt::format("{}: {} is out of range", flag, v));
-  }
-  out = static_cast<T>(v);
-  return Status::Ok();
-}
-
 Status Run(const Args& args) {
   if (!args.positionals().empty()) {
     return UsageError(fmt::format("unexpected argument '{}'", args.positionals().front()));
   }
-  synth::SynthConfig c;
-  FSDP_RETURN_IF_ERROR(NarrowFlag(args, "--layers", c.layers));
-  FSDP_RETURN_IF_ERROR(IntFlag(args, "--hidden", c.hidden));
-  FSDP_RETURN_IF_ERROR(IntFlag(args, "--ffn", c.ffn));
-  FSDP_RETURN_IF_ERROR(NarrowFlag(args, "--heads", c.heads));
-  c.kv_heads = c.heads;
-  FSDP_RETURN_IF_ERROR(NarrowFlag(args, "--kv-heads", c.kv_heads));
-  FSDP_RETURN_IF_ERROR(IntFlag(args, "--vocab", c.vocab));
-  FSDP_RETURN_IF_ERROR(NarrowFlag(args, "--microbatches", c.microbatches));
-  FSDP_RETURN_IF_ERROR(NarrowFlag(args, "--steps", c.steps));
-  FSDP_RETURN_IF_ERROR(NarrowFlag(args, "--shared-layers", c.shared_layers));
-  FSDP_RETURN_IF_ERROR(NarrowFlag(args, "--dtype-recompute-every", c.dtype_recompute_every));
-  FSDP_RETURN_IF_ERROR(IntFlag(args, "--seq", c.seq));
-  FSDP_RETURN_IF_ERROR(IntFlag(args, "--micro-batch-size", c.micro_batch_size));
-  FSDP_RETURN_IF_ERROR(NarrowFlag(args, "--world-size", c.world_size));
-  std::int64_t seed = 0;
-  FSDP_RETURN_IF_ERROR(IntFlag(args, "--seed", seed));
-  c.seed = static_cast<std::uint64_t>(seed);
-  if (auto v = args.Get("--tflops")) {
-    FSDP_ASSIGN_OR_RETURN(c.tflops, ParseDouble(*v, "--tflops"));
+  // Each flag is its field's key: --kv-heads is kv_heads; a switch given is "true".
+  std::vector<std::pair<std::string, std::string>> settings;
+  for (const auto& [flag, value] : args.Given()) {
+    if (flag == "-o") continue;
+    std::string key = flag.substr(2);
+    std::replace(key.begin(), key.end(), '-', '_');
+    settings.emplace_back(std::move(key), value);
   }
-  if (auto v = args.Get("--dtype")) {
-    std::optional<DType> d = ParseDType(*v);
-    if (!d || (*d != DType::kBf16 && *d != DType::kMxfp8)) {
-      return UsageError(fmt::format("--dtype: expected bf16 or mxfp8, got '{}'", *v));
-    }
-    c.dtype = *d;
-  }
-  if (auto v = args.Get("--recompute")) {
-    std::optional<synth::SynthRecompute> r = synth::ParseSynthRecompute(*v);
-    if (!r) {
-      return UsageError(
-          fmt::format("--recompute: expected none, reentrant, inside or selective, got '{}'", *v));
-    }
-    c.recompute = *r;
-  }
-  c.tie_embeddings = args.Has("--tie-embeddings");
-  c.reverse_registration = args.Has("--reverse-registration");
-  c.shuffle_registration = args.Has("--shuffle-registration");
-
-  FSDP_RETURN_IF_ERROR(InFlags(synth::ValidateSynthConfig(c), FlagScope::kSynth));
+  StatusOr<synth::SynthConfig> config = synth::SynthConfigFromSettings(settings);
+  if (!config.ok()) return InFlags(config.status(), FlagScope::kSynth);
+  const synth::SynthConfig& c = *config;
   FSDP_ASSIGN_OR_RETURN(synth::SynthParamCounts counts, synth::CountSynthParams(c));
   FSDP_ASSIGN_OR_RETURN(Trace trace, synth::SynthesizeTrace(c));
   std::string text = WriteTrace(trace);

@@ -16,71 +16,12 @@
 #include "fsdplab/frameworks/framework_export.h"
 #include "fsdplab/sim/allocator_model.h"
 #include "fsdplab/sim/cluster.h"
+#include "fsdplab/sim/sim_options.h"
 #include "fsdplab/sim/tune.h"
 #include "report_output.h"
 #include "sim_flags.h"
 
 namespace fsdplab::cli {
-namespace {
-
-StatusOr<std::vector<Budget::Kind>> ParseKinds(const std::string& text) {
-  std::vector<Budget::Kind> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = text.find(',', start);
-    const std::string k =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (k == "units") {
-      out.push_back(Budget::Kind::kUnits);
-    } else if (k == "elements") {
-      out.push_back(Budget::Kind::kElements);
-    } else if (k == "bytes") {
-      out.push_back(Budget::Kind::kBytes);
-    } else {
-      return UsageError(fmt::format(
-          "--budget-kinds: '{}' is not a budget kind (expected units, elements or bytes)", k));
-    }
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-// The framework whose knobs the search keeps to: --to, else --preset's (DeepSpeed ZeRO-3 has no
-// per-module knobs to export to: an error naming both ways out).
-StatusOr<std::optional<Framework>> TargetFramework(const Args& args,
-                                                   const std::optional<Framework>& preset) {
-  std::optional<Framework> target = preset;
-  std::string flag = "--preset";
-  if (std::optional<std::string> to = args.Get("--to")) {
-    if (*to == "any") return std::optional<Framework>();
-    StatusOr<Framework> f = ParseFramework(*to);
-    if (!f.ok()) return UsageError("--to: " + f.status().message());
-    target = *f;
-    flag = "--to";
-  }
-  if (target == Framework::kDeepSpeedZero3) {
-    return UsageError(
-        flag +
-        " deepspeed-zero3: DeepSpeed ZeRO-3 has no per-module prefetch settings to export a "
-        "tuned policy to; tune for fsdp2 or megatron-fsdp (--to), or for any policy (--to any)");
-  }
-  return target;
-}
-
-nlohmann::ordered_json RowJson(const sim::SweepRow& r) {
-  nlohmann::ordered_json j;
-  j["step_time_us"] = r.step_time_us;
-  j["exposed_comm_us"] = r.exposed_comm_us;
-  j["peak_memory_bytes"] = r.peak_memory_bytes;
-  j["peak_reserved_bytes"] = r.peak_reserved_bytes;
-  j["held_bytes"] = sim::PeakFor(r, sim::CapPeak::kSimulated);
-  j["policy"] = nlohmann::ordered_json::parse(PolicyToJson(r.policy));
-  return j;
-}
-
-}  // namespace
-
 int RunTune(const Argv& argv) {
   constexpr std::string_view kCmd = "tune";
   Args args(argv);
@@ -161,17 +102,8 @@ int RunTune(const Argv& argv) {
   if (Status s = EngineOptionsFromArgs(args, opt.base); !s.ok()) return Fail(kCmd, s);
   if (!opt.base.memory_cap) return Fail(kCmd, UsageError("--memory-cap BYTES is required"));
   opt.memory_cap = *opt.base.memory_cap;
-  // The memory model of the device the trace came from, unless --allocator says.
-  const TraceDevice device = DeviceOfTrace(trace.meta);
-  std::string memory_model;
-  if (args.Get("--allocator")) {
-    memory_model = opt.base.allocator_model ? "the caching allocator's reserved bytes (--allocator)"
-                                            : "the tensors' bytes (--allocator exact)";
-  } else {
-    opt.base.allocator_model = !device.cpu;
-    memory_model = device.cpu ? "the tensors' bytes: a CPU run (" + device.why + ")"
-                              : "the CUDA caching allocator's reserved bytes (" + device.why + ")";
-  }
+  const std::string memory_model =
+      sim::ChooseTuneMemoryModel(trace, args.Get("--allocator").has_value(), opt.base);
   StatusOr<sim::CapPeak> cap_peak = CapPeakFromArgs(args, true);
   if (!cap_peak.ok()) return Fail(kCmd, cap_peak.status());
   opt.cap_peak = *cap_peak;
@@ -189,20 +121,14 @@ int RunTune(const Argv& argv) {
     }
     return text;
   };
-  if (opt.base.steps == 0) opt.base.steps = std::max<int>(2, static_cast<int>(trace.steps.size()));
+  sim::DefaultSteps(trace, opt.base);
   if (std::optional<std::string> v = args.Get("--objective")) {
-    if (*v == "step") {
-      opt.objective = sim::TuneObjective::kStep;
-    } else if (*v == "exposed") {
-      opt.objective = sim::TuneObjective::kExposed;
-    } else {
-      return Fail(kCmd,
-                  UsageError(fmt::format(
-                      "--objective: '{}' is not an objective (expected step or exposed)", *v)));
-    }
+    StatusOr<sim::TuneObjective> objective = sim::ParseTuneObjective(*v);
+    if (!objective.ok()) return Fail(kCmd, objective.status());
+    opt.objective = *objective;
   }
   if (std::optional<std::string> v = args.Get("--budget-kinds")) {
-    StatusOr<std::vector<Budget::Kind>> kinds = ParseKinds(*v);
+    StatusOr<std::vector<Budget::Kind>> kinds = sim::ParseBudgetKinds(*v);
     if (!kinds.ok()) return Fail(kCmd, kinds.status());
     opt.budget_kinds = *kinds;
   }
@@ -221,7 +147,7 @@ int RunTune(const Argv& argv) {
 
   StatusOr<std::optional<Framework>> preset = PresetFromArgs(args);
   if (!preset.ok()) return Fail(kCmd, preset.status());
-  StatusOr<std::optional<Framework>> target = TargetFramework(args, *preset);
+  StatusOr<std::optional<Framework>> target = TuneTarget(*preset, args.Get("--to"));
   if (!target.ok()) return Fail(kCmd, target.status());
   if (*target) {
     const Framework f = **target;
@@ -288,39 +214,8 @@ int RunTune(const Argv& argv) {
   }
 
   if (json) {
-    nlohmann::ordered_json j;
-    j["memory_cap_bytes"] = opt.memory_cap;
-    j["memory_model"] = memory_model;
-    j["framework"] = *target ? std::string(FrameworkName(**target)) : std::string("any");
-    for (auto [key, row] :
-         {std::pair{"start", &r->start}, std::pair{"global_best", &r->global_best},
-          std::pair{"structured_best", &r->structured_best}, std::pair{"searched", &r->searched},
-          std::pair{"best", &r->best}}) {
-      j[key] = *row ? RowJson(**row) : nlohmann::ordered_json();
-    }
-    j["structured_family"] = r->structured_family;
-    if (r->exact) {
-      nlohmann::ordered_json e;
-      e["policies"] = r->exact->policies;
-      e["space"] = r->exact->space;
-      e["best"] = r->exact->best ? RowJson(*r->exact->best) : nlohmann::ordered_json();
-      j["exact"] = std::move(e);
-    } else {
-      j["exact"] = nullptr;
-    }
-    if (def) j["preset_default"] = def->ok() ? RowJson(*def) : nlohmann::ordered_json();
-    j["lower_bound_us"] = r->lower_bound_us;
-    j["stop"] = std::string(sim::TuneStopName(r->stop));
-    j["stop_text"] = std::string(sim::TuneStopText(r->stop));
-    j["seconds"] = r->seconds;
-    j["evaluated"] = r->evaluated;
-    j["simulated"] = r->simulated;
-    j["policies_per_second"] = rate;
-    j["global_evaluated"] = r->global_evaluated;
-    j["moves"] = r->rounds;
-    j["why"] = r->why;
-    j["failure"] = r->failure;
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", sim::TuneResultJson(*r, opt, memory_model,
+                                           *target ? FrameworkName(**target) : "any", def));
   }
 
   const std::string_view obj_name =

@@ -10,48 +10,6 @@
 #include "fsdplab/trace/trace_structure.h"
 
 namespace fsdplab::cli {
-namespace {
-
-struct FileResult {
-  std::string path;
-  bool valid = false;
-  int units = 0;
-  std::size_t steps = 0;
-  std::size_t events = 0;
-  std::vector<std::string> problems;
-};
-
-FileResult Check(const std::string& path) {
-  FileResult r;
-  r.path = path;
-  StatusOr<std::string> text = ReadFile(path);
-  if (!text.ok()) {
-    // ReadFile's message starts with the path, which every output line already shows.
-    std::string msg = text.status().message();
-    if (msg.rfind(path + ": ", 0) == 0) msg.erase(0, path.size() + 2);
-    r.problems.push_back(std::move(msg));
-    return r;
-  }
-  // The common case reads once; only an invalid trace is walked again to list every problem.
-  StatusOr<Trace> trace = ParseTrace(*text);
-  if (trace.ok()) {
-    // Fields are valid; now what the scheduler relies on (pairs closed in the right phase).
-    for (const Status& s : CheckTraceStructure(*trace)) r.problems.push_back(s.message());
-    if (!r.problems.empty()) return r;
-    r.valid = true;
-    r.units = trace->model.num_units();
-    r.steps = trace->steps.size();
-    for (const Step& s : trace->steps) {
-      for (const Microbatch& m : s.microbatches) r.events += m.events.size();
-    }
-    return r;
-  }
-  for (const Status& s : ValidateTraceText(*text)) r.problems.push_back(s.message());
-  if (r.problems.empty()) r.problems.push_back(trace.status().message());
-  return r;
-}
-
-}  // namespace
 
 int RunValidate(const Argv& argv) {
   constexpr std::string_view kCmd = "validate";
@@ -77,18 +35,20 @@ int RunValidate(const Argv& argv) {
   if (args.positionals().empty()) {
     return Fail(kCmd, UsageError("expected at least one TRACE file"));
   }
-  std::vector<FileResult> results;
+  std::vector<TraceCheck> results;
   bool all_valid = true;
-  for (const std::string& path : args.positionals()) {
-    results.push_back(Check(path));
+  const std::vector<std::string>& paths = args.positionals();
+  for (const std::string& path : paths) {
+    results.push_back(CheckTraceFile(path));
     all_valid = all_valid && results.back().valid;
   }
   std::string out;
   if (args.Has("--json")) {
     nlohmann::ordered_json files = nlohmann::ordered_json::array();
-    for (const FileResult& r : results) {
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const TraceCheck& r = results[i];
       nlohmann::ordered_json f;
-      f["path"] = r.path;
+      f["path"] = paths[i];
       f["valid"] = r.valid;
       if (r.valid) {
         f["units"] = r.units;
@@ -102,14 +62,15 @@ int RunValidate(const Argv& argv) {
     doc["files"] = std::move(files);
     out = doc.dump(2) + "\n";
   } else {
-    for (const FileResult& r : results) {
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const TraceCheck& r = results[i];
       if (r.valid) {
-        out += fmt::format("{}: valid ({} units, {} steps, {} events)\n", r.path, r.units, r.steps,
-                           r.events);
+        out += fmt::format("{}: valid ({} units, {} steps, {} events)\n", paths[i], r.units,
+                           r.steps, r.events);
         continue;
       }
-      for (const std::string& p : r.problems) out += fmt::format("{}: {}\n", r.path, p);
-      out += fmt::format("{}: invalid ({} problem{})\n", r.path, r.problems.size(),
+      for (const std::string& p : r.problems) out += fmt::format("{}: {}\n", paths[i], p);
+      out += fmt::format("{}: invalid ({} problem{})\n", paths[i], r.problems.size(),
                          r.problems.size() == 1 ? "" : "s");
     }
   }

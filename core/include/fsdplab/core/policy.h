@@ -203,6 +203,19 @@ StatusOr<Policy> ResolvePolicy(const PolicyLayers& layers, const Model& model);
 // The same layers, not yet checked against a model (a sweep checks each combination of keys).
 StatusOr<Policy> LayerPolicy(const PolicyLayers& layers);
 
+// One key a sweep varies and its alternatives, in text form (ApplyPolicyKey).
+struct PolicyAxis final {
+  std::string key;
+  std::vector<std::string> values;
+};
+// Every combination of `axes` (the last varying fastest) over what `layers` gives (its `keys`
+// are ignored), each validated against `model`. An alternative that is wrong alone is an error
+// naming it (through layers.key_error); a combination that is impossible (recompute_aware
+// without a recorded order) is left out, an error only when none is left. The keys with more
+// than one alternative are returned in `varied_keys`. At most kMaxSweepPolicies combinations.
+StatusOr<std::vector<Policy>> PolicyGrid(PolicyLayers layers, const std::vector<PolicyAxis>& axes,
+                                         const Model& model, std::vector<std::string>* varied_keys);
+
 // The gradient dtype a group is reduced in under `policy`.
 DType ReduceDType(const Policy& policy, DType param_dtype);
 

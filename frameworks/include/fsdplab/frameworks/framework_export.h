@@ -66,6 +66,11 @@ StatusOr<Policy> ImportExportedPolicy(const Trace& trace, const ExportedPolicy& 
 // ImportExportedPolicy(trace, ExportPolicy(trace, policy, framework)): what `framework` runs when
 // given `policy`, so that simulating it predicts the framework's run. `fsdplab tune --preset`
 // searches only such policies: the gain it prints is the gain the export delivers.
+// The framework a tune keeps to (TuneOptions::express): `to` ("fsdp2", "megatron-fsdp", "any":
+// none), else the preset's. DeepSpeed ZeRO-3 has no per-module knobs to export to: an error
+// naming both ways out (--to, as the command line says).
+StatusOr<std::optional<Framework>> TuneTarget(std::optional<Framework> preset,
+                                              const std::optional<std::string>& to);
 StatusOr<Policy> ExpressedPolicy(const Trace& trace, const Policy& policy, Framework framework);
 
 // Reads what ExportedPolicyToJson writes (`export-policy --format json`); errors name the field.

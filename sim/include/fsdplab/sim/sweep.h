@@ -101,6 +101,10 @@ bool FitsOnDevice(SweepRow& row, Bytes cap, CapPeak which,
 // The fastest successful row whose peak memory (PeakFor `which`) fits under `cap`.
 std::optional<std::size_t> BestUnderCap(const std::vector<SweepRow>& rows, Bytes cap,
                                         CapPeak which = CapPeak::kSimulated);
+// The row a sweep chooses (its JSON's and its page's "chosen"): the best under `cap` when there
+// is one, else the fastest successful row; none when nothing fits or every run failed.
+std::optional<std::size_t> ChosenRow(const std::vector<SweepRow>& rows, std::optional<Bytes> cap,
+                                     CapPeak which);
 // "Fragile: a reduce_scatter of model.layers.2 22% slower than simulated (0.018 ms late) puts the
 // reserved memory at 0.396 GiB, over the cap." when the row's nearest late race
 // (SweepRow::nearest_race) puts what the cap holds (its extra bytes on top of PeakFor

@@ -119,6 +119,24 @@ struct TuneResult final {
 // The objective of a row.
 TimeUs TuneObjectiveOf(const SweepRow& row, TuneObjective objective);
 
+// The memory a tune's cap holds (sets options.allocator_model unless `allocator_given`): on a
+// CUDA trace what the caching allocator reserves, on a CPU trace (DeviceOfTrace) what the tensors
+// hold. Returns the choice in words, with its reason.
+std::string ChooseTuneMemoryModel(const Trace& trace, bool allocator_given, SimOptions& options);
+
+// `fsdplab tune --json`: the cap and memory model, the framework searched for, the start, the
+// best global, structured, searched and tuned rows, the exact optimum, the framework's default
+// (`preset_default`, when given), the bound, why the search stopped, its counts, and why; indented
+// by 2.
+std::string TuneResultJson(const TuneResult& result, const TuneOptions& options,
+                           std::string_view memory_model, std::string_view framework,
+                           const std::optional<SweepRow>& preset_default);
+
+// "units,elements,bytes" (--budget-kinds) and "step" or "exposed" (--objective); errors name
+// the flag.
+StatusOr<std::vector<Budget::Kind>> ParseBudgetKinds(std::string_view text);
+StatusOr<TuneObjective> ParseTuneObjective(std::string_view text);
+
 StatusOr<TuneResult> Tune(const Trace& trace, const TuneOptions& options,
                           const std::function<void(const TuneProgress&)>& progress = {});
 // One trace per rank (rank i runs rank_traces[i]); the world size is their number.

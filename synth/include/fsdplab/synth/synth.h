@@ -49,6 +49,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "fsdplab/core/model.h"
 #include "fsdplab/core/status.h"
@@ -85,6 +87,13 @@ struct SynthConfig final {
   std::int64_t micro_batch_size = 1;
   int world_size = 8;
 };
+
+// A configuration from key=value settings (the keys are SynthConfig's fields: `layers`,
+// `kv_heads`, `tie_embeddings`, ...; values as text, switches "true" or "false"), the later of a
+// repeated key counting; `kv_heads` defaults to `heads`. Then validated. Errors name the key
+// (`heads: 'x' is not an integer`); an unknown key is a usage error.
+StatusOr<SynthConfig> SynthConfigFromSettings(
+    const std::vector<std::pair<std::string, std::string>>& settings);
 
 // Checks the configuration; errors name the field (`heads: ...`).
 Status ValidateSynthConfig(const SynthConfig& config);
