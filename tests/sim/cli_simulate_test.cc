@@ -15,24 +15,13 @@
 #include <utility>
 #include <vector>
 
+#include "cli_test_util.h"
+
 namespace {
 
-int RunCli(const std::string& args) {
-  std::string cmd = std::string(FSDPLAB_BIN) + " " + args + " > /dev/null 2>&1";
-  int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-nlohmann::json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return nlohmann::json::parse(ss.str());
-}
-
-std::string Tmp(const std::string& name) {
-  return (::testing::TempDir().empty() ? std::string("/tmp/") : ::testing::TempDir()) + name;
-}
+using fsdplab::cli_test::ReadJson;
+using fsdplab::cli_test::RunCli;
+using fsdplab::cli_test::Tmp;
 
 TEST(CliSimulate, WritesReportAndTimeline) {
   std::string trace = std::string(FSDPLAB_TRACES_DIR) + "/gpt_small.json";
