@@ -17,6 +17,7 @@
 #include "fsdplab/core/limits.h"
 #include "fsdplab/kineto/kineto.h"
 #include "fsdplab/report/intervals.h"
+#include "internal/collective_end.h"
 #include "internal/point_masses.h"
 #include "internal/vocabulary.h"
 
@@ -373,6 +374,7 @@ class Importer final {
     for (const FsdpRange& r : ranges_) {
       if (compute_threads_.count(r.thread)) excluded.push_back({r.start, r.end});
     }
+    fsdp_ranges_ = IntervalSet(excluded);
     std::vector<Interval> evals_all;
     std::vector<Interval> forward_ops;
     std::vector<Interval> busy;
@@ -405,6 +407,7 @@ class Importer final {
     }
     std::vector<std::pair<TimeUs, TimeUs>> work;
     std::vector<std::pair<TimeUs, TimeUs>> rework;
+    std::vector<std::pair<TimeUs, TimeUs>> fsdp;
     std::vector<Interval> kernels;
     for (const ProfileEvent& e : p_.events) {
       if (e.cat != Category::kKernel) continue;
@@ -412,6 +415,7 @@ class Importer final {
       auto it = launches.find(e.correlation);
       if (it == launches.end() || !compute_threads_.count(it->second->thread)) continue;
       const TimeUs at = it->second->ts;
+      if (fsdp_ranges_.Contains(at)) fsdp.emplace_back(at, e.dur);
       if (excluded_.Contains(at)) continue;
       work.emplace_back(at, e.dur);
       kernels.push_back({e.ts, e.ts + e.dur});
@@ -419,6 +423,7 @@ class Importer final {
     }
     gpu_work_ = PointMasses(std::move(work));
     gpu_rework_ = PointMasses(std::move(rework));
+    gpu_fsdp_ = PointMasses(std::move(fsdp));
     gpu_busy_ = IntervalSet(std::move(kernels));
   }
 
@@ -525,6 +530,11 @@ class Importer final {
   TimeUs Rework(TimeUs a, TimeUs b) const {
     return gpu_ ? gpu_rework_.Between(a, b) : recompute_cpu_.Between(a, b);
   }
+  // FSDP's own work in [a, b): its ranges' time less its collectives (copies in and out, the
+  // reshard, the reduce-scatter's copies); on a GPU, the kernels launched inside its ranges.
+  TimeUs FsdpWork(TimeUs a, TimeUs b) const {
+    return gpu_ ? gpu_fsdp_.Between(a, b) : fsdp_cpu_.Between(a, b);
+  }
 
   // The innermost all-gather or reduce range of `thread` around time t, or nullptr.
   const FsdpRange* Enclosing(std::int32_t thread, TimeUs t) const {
@@ -549,30 +559,54 @@ class Importer final {
     for (const ProfileEvent& e : p_.events) {
       if (e.args >= 0 && Name(e) == "record_param_comms") nccl_args = true;
     }
-    // gloo's worker ranges, in start order: the k-th collective issued runs as the k-th.
-    std::vector<const ProfileEvent*> gloo;
+    // The operators that issue collectives (every c10d:: operator queues work on gloo, the
+    // barrier included, so all of them are paired with gloo's worker ranges; one nested in
+    // another is the same call), gloo's worker ranges, NCCL's kernels.
+    std::vector<const ProfileEvent*> workers;
     std::vector<const ProfileEvent*> issued;
     std::unordered_map<std::int64_t, const ProfileEvent*> kernels;
     for (const ProfileEvent& e : p_.events) {
       std::string_view n = Name(e);
-      if (e.cat == Category::kAnnotation && n.starts_with("gloo:")) gloo.push_back(&e);
+      if (e.cat == Category::kAnnotation && n.starts_with("gloo:")) workers.push_back(&e);
       if (e.cat == Category::kKernel && IsCommKernel(n) && e.correlation >= 0) {
         kernels[e.correlation] = &e;
       }
-      if (e.cat != Category::kCpuOp || e.args < 0) continue;
-      if (nccl_args ? n == "record_param_comms" : n.starts_with("c10d::")) issued.push_back(&e);
+      if (e.cat != Category::kCpuOp) continue;
+      if (nccl_args ? (n == "record_param_comms" && e.args >= 0) : n.starts_with("c10d::")) {
+        issued.push_back(&e);
+      }
     }
     auto by_ts = [](const ProfileEvent* a, const ProfileEvent* b) { return a->ts < b->ts; };
-    std::stable_sort(gloo.begin(), gloo.end(), by_ts);
+    std::stable_sort(workers.begin(), workers.end(), by_ts);
     std::stable_sort(issued.begin(), issued.end(), by_ts);
-    gloo_ = !gloo.empty();
-    std::size_t gloo_used = 0;
+    {
+      std::vector<const ProfileEvent*> outer;
+      std::map<std::int32_t, TimeUs> open_until;  // by thread: the end of the last one kept
+      for (const ProfileEvent* e : issued) {
+        auto [it, fresh] = open_until.try_emplace(e->thread, e->ts + e->dur);
+        if (!fresh && e->ts < it->second) continue;
+        it->second = e->ts + e->dur;
+        outer.push_back(e);
+      }
+      issued = std::move(outer);
+    }
+    gloo_ = !workers.empty();
+    std::vector<int> worker_of(issued.size(), -1);
+    if (!nccl_args && kernels.empty()) {
+      std::vector<internal::Queued> q;
+      std::vector<internal::Queued> w;
+      for (const ProfileEvent* e : issued) q.push_back({Name(*e), e->ts});
+      for (const ProfileEvent* e : workers) w.push_back({Name(*e), e->ts});
+      worker_of = internal::PairWorkerRanges(q, w);
+    }
     std::size_t outside = 0;
     std::size_t no_bytes = 0;
-    std::size_t collective_ops = 0;
-    for (const ProfileEvent* e : issued) {
-      const OpArgs& a = p_.args[static_cast<std::size_t>(e->args)];
-      std::string kind_text = nccl_args ? a.collective_name : std::string(Name(*e));
+    std::size_t waited = 0;
+    for (std::size_t k = 0; k < issued.size(); ++k) {
+      const ProfileEvent* e = issued[k];
+      std::string kind_text(Name(*e));
+      const OpArgs* args = e->args >= 0 ? &p_.args[static_cast<std::size_t>(e->args)] : nullptr;
+      if (nccl_args) kind_text = args->collective_name;
       std::optional<CollectiveKind> kind;
       std::size_t buffer = 0;  // which input holds the full (unsharded) buffer
       if (kind_text.find("allgather") != std::string::npos ||
@@ -588,59 +622,31 @@ class Importer final {
         buffer = 0;
       }
       if (!kind) continue;  // barriers, broadcasts, ...
-      ++collective_ops;
       Collective c;
       c.kind = *kind;
       c.start = e->ts;
       c.end = e->ts + e->dur;
-      if (nccl_args) {
-        const std::int64_t n = *kind == CollectiveKind::kReduceScatter ? a.in_nelems
-                               : *kind == CollectiveKind::kAllGather   ? a.out_nelems
-                                                                       : a.in_nelems;
-        std::optional<Bytes> size = ElementBytes(a.dtype);
-        if (n >= 0 && size)
-          c.bytes = static_cast<Bytes>(n) * *size;
-        else
-          ++no_bytes;
-      } else if (a.input_dims.size() > buffer && a.input_types.size() > buffer) {
-        // Elements of the buffer (a tensor list: the sum), saturating at the element limit.
-        constexpr Elements kCap = kMaxParamElements;
-        Elements n = 0;
-        if (!a.list_dims[buffer].empty()) {
-          for (std::int64_t k : a.list_dims[buffer]) {
-            n = std::min(kCap, n + static_cast<Elements>(std::max<std::int64_t>(k, 0)));
-          }
-        } else {
-          n = 1;
-          for (std::int64_t k : a.input_dims[buffer]) {
-            const auto d = static_cast<Elements>(std::max<std::int64_t>(k, 0));
-            n = (d != 0 && n > kCap / d) ? kCap : n * d;
-          }
-        }
-        std::optional<Bytes> size = ElementBytes(a.input_types[buffer]);
-        if (size) {
-          c.bytes = n * *size;
-        } else {
-          ++no_bytes;
-        }
-      } else {
-        ++no_bytes;
-      }
-      // Where the transfer ran: the NCCL kernel launched inside, or gloo's worker range.
+      c.bytes = args != nullptr ? CollectiveBytes(*args, *kind, buffer, nccl_args) : 0;
+      if (args == nullptr || (c.bytes == 0 && !HasSize(*args, buffer, nccl_args))) ++no_bytes;
+      const FsdpRange* owner = Enclosing(e->thread, e->ts);
+      // Where the work completed: the NCCL kernels launched inside the operator, else the gloo
+      // worker range that ran it, else the end of FSDP's wait for it.
       bool device_end = false;
       for (std::size_t i : OnThread(e->thread, e->ts, e->ts + e->dur)) {
         const ProfileEvent& r = p_.events[i];
         if (r.cat != Category::kRuntime) continue;
-        auto k = kernels.find(r.correlation);
-        if (k == kernels.end()) continue;
-        c.end = std::max(c.end, k->second->ts + k->second->dur);
+        auto kernel = kernels.find(r.correlation);
+        if (kernel == kernels.end()) continue;
+        c.end = std::max(c.end, kernel->second->ts + kernel->second->dur);
         device_end = true;
       }
-      if (!device_end && !nccl_args && gloo_used < gloo.size() && gloo.size() >= issued.size()) {
-        const ProfileEvent* g = gloo[gloo_used++];
+      if (!device_end && worker_of[k] >= 0) {
+        const ProfileEvent* g = workers[static_cast<std::size_t>(worker_of[k])];
         c.end = std::max(c.end, g->ts + g->dur);
+      } else if (!device_end && owner != nullptr) {
+        c.end = std::max(c.end, WaitEnd(*e, *owner));
+        ++waited;
       }
-      const FsdpRange* owner = Enclosing(e->thread, e->ts);
       if (owner == nullptr) {
         ++outside;
         continue;
@@ -661,14 +667,63 @@ class Importer final {
       out_.notes.push_back(fmt::format(
           "{} collective(s) without a readable size (record_shapes off?): bytes 0", no_bytes));
     }
-    if (collective_ops > 0 && gloo.size() != issued.size() && !nccl_args && kernels.empty()) {
-      out_.notes.push_back(
-          "gloo worker ranges do not pair with the issued collectives: a collective ends with "
-          "its operator");
+    if (waited > 0) {
+      out_.notes.push_back(fmt::format(
+          "{} collective(s) with no gloo worker range or NCCL kernel: each ends where FSDP's "
+          "wait for it ends",
+          waited));
     }
     std::stable_sort(collectives_.begin(), collectives_.end(),
                      [](const Collective& a, const Collective& b) { return a.start < b.start; });
+    std::vector<Interval> spans;
+    for (const Collective& c : collectives_) spans.push_back({c.start, c.end});
+    fsdp_cpu_ = fsdp_ranges_.Minus(IntervalSet(std::move(spans)));
     return Status::Ok();
+  }
+
+  // FSDP's wait for collective `e` issued inside its range `owner`: synchronous (gloo), the
+  // issuing thread blocks from the operator's end until the work completes, so the wait ends at
+  // the thread's next operator or range, or at the end of FSDP's range, whichever comes first.
+  TimeUs WaitEnd(const ProfileEvent& e, const FsdpRange& owner) const {
+    const TimeUs after = e.ts + e.dur;
+    for (std::size_t i : OnThread(e.thread, after, owner.end)) {
+      const ProfileEvent& n = p_.events[i];
+      if (&n != &e && n.ts >= after) return n.ts;
+    }
+    return owner.end;
+  }
+
+  // Bytes of the full buffer: NCCL's element count and dtype, else the operator's input shapes
+  // (a tensor list: the sum), saturating at the element limit.
+  static Bytes CollectiveBytes(const OpArgs& a, CollectiveKind kind, std::size_t buffer,
+                               bool nccl) {
+    if (nccl) {
+      const std::int64_t n = kind == CollectiveKind::kAllGather ? a.out_nelems : a.in_nelems;
+      std::optional<Bytes> size = ElementBytes(a.dtype);
+      return n >= 0 && size ? static_cast<Bytes>(n) * *size : 0;
+    }
+    if (a.input_dims.size() <= buffer || a.input_types.size() <= buffer) return 0;
+    constexpr Elements kCap = kMaxParamElements;
+    Elements n = 0;
+    if (!a.list_dims[buffer].empty()) {
+      for (std::int64_t k : a.list_dims[buffer]) {
+        n = std::min(kCap, n + static_cast<Elements>(std::max<std::int64_t>(k, 0)));
+      }
+    } else {
+      n = 1;
+      for (std::int64_t k : a.input_dims[buffer]) {
+        const auto d = static_cast<Elements>(std::max<std::int64_t>(k, 0));
+        n = (d != 0 && n > kCap / d) ? kCap : n * d;
+      }
+    }
+    std::optional<Bytes> size = ElementBytes(a.input_types[buffer]);
+    return size ? n * *size : 0;
+  }
+  // Whether the arguments give a size at all (a size of 0 bytes is then a real one).
+  static bool HasSize(const OpArgs& a, std::size_t buffer, bool nccl) {
+    if (nccl) return a.in_nelems >= 0 && ElementBytes(a.dtype).has_value();
+    return a.input_dims.size() > buffer && a.input_types.size() > buffer &&
+           ElementBytes(a.input_types[buffer]).has_value();
   }
 
   Status ImportStep(const StepRange& s) {
@@ -741,6 +796,7 @@ class Importer final {
     void Attribute(TimeUs a, TimeUs b) {
       if (b <= a) return;
       AttributeMemory(a, b);
+      fsdp_ += im_.FsdpWork(a, b);
       if (stack_.empty()) {
         other_ += im_.Work(a, b);
         return;
@@ -962,6 +1018,13 @@ class Importer final {
     }
 
     void FlushOther(TimeUs ts) {
+      if (fsdp_ >= kMinOtherUs) {
+        Event e = ComputeEvent(kNoUnit, in_backward_ ? Phase::kBackward : Phase::kForward, fsdp_);
+        e.name = "fsdp";
+        e.ts_us = ts;
+        events_.push_back(std::move(e));
+      }
+      fsdp_ = 0;
       if (other_ < kMinOtherUs && other_mem_.top == 0 && other_mem_.base == 0) return;
       Event e =
           Measured(ComputeEvent(kNoUnit, in_backward_ ? Phase::kBackward : Phase::kForward, other_),
@@ -987,6 +1050,7 @@ class Importer final {
     std::vector<Event> events_;
     Step step_;
     TimeUs other_ = 0;
+    TimeUs fsdp_ = 0;  // FSDP's own work since the last hook
     Curve other_mem_;
     bool in_backward_ = false;
   };
@@ -1006,11 +1070,14 @@ class Importer final {
   std::vector<Collective> collectives_;
   std::map<std::int32_t, std::vector<const FsdpRange*>> comm_ranges_;  // by thread, by start
   IntervalSet excluded_;
+  IntervalSet fsdp_ranges_;  // FSDP's ranges on the compute threads
+  IntervalSet fsdp_cpu_;     // those less the collectives' spans: FSDP's own work
   IntervalSet cpu_busy_;
   IntervalSet recompute_cpu_;
   IntervalSet gpu_busy_;
   PointMasses gpu_work_;
   PointMasses gpu_rework_;
+  PointMasses gpu_fsdp_;
   std::vector<Change> memory_;  // allocations (+) and frees (-) a compute can own
   std::vector<Change> grads_;   // parameter gradients handed over
 };

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -119,19 +120,30 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
   // from pre_forward (10) to post_forward (100) less FSDP::pre_forward [10, 20] (the copy-in
   // and the c10d operator inside it) = 80 (aten::linear's 50 and the framework's 30 around
   // it); the loss (10 us) runs outside every unit (its operators' time); the backward from
-  // pre_backward (200) to the post-backward callback (400) less its range [200, 210] = 190.
-  // Gather: output [16] fp32 = 64 bytes over [14, 18]; reduce-scatter: input [16] fp32 = 64
-  // bytes over [415, 435].
+  // pre_backward (200) to the post-backward reshard (405) less [200, 210] and the callback's
+  // [400, 405] = 190.
+  // No gloo worker range: a collective ends where FSDP's wait for it ends, the thread's next
+  // operator or the end of FSDP's range that issued it. Gather: output [16] fp32 = 64 bytes
+  // from its issue (14) to the end of FSDP::all_gather (19: no operator after 18 inside it);
+  // reduce-scatter: input [16] fp32 = 64 bytes over [415, 440] (FSDP::post_backward_reduce's
+  // end). FSDP's own work, its ranges less the collectives, is a unit-less compute "fsdp" at
+  // the next hook: [10, 14] + [19, 20] = 5 in the forward, post_forward's [100, 105] = 5,
+  // pre_backward's [200, 210] + the callback's [400, 405] = 15, and after the reshard the
+  // callback's [405, 450] less the reduce-scatter's [415, 440] = 20.
   EXPECT_EQ(Lines(t), (std::vector<std::string>{
                           "pre_forward model",
-                          "all_gather model 64 14-18",
+                          "all_gather model 64 14-19",
+                          "compute - forward 5 fsdp",
                           "compute model forward 80",
                           "post_forward model",
+                          "compute - forward 5 fsdp",
                           "compute - forward 10 other",
                           "pre_backward model",
+                          "compute - backward 15 fsdp",
                           "compute model backward 190",
                           "post_backward model",
-                          "reduce_scatter model 64 415-435",
+                          "reduce_scatter model 64 415-440",
+                          "compute - backward 20 fsdp",
                           "backward_end -",
                           "compute - optimizer 30 optimizer",
                       }));
@@ -139,13 +151,13 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
   const nlohmann::json extra = nlohmann::json::parse(t.meta.extra_json);
   EXPECT_EQ(extra.at("device"), "cpu");
   EXPECT_EQ(extra.at("backend"), "gloo");
-  // Measured: 1000 us step; compute 50 + 10 + 80 + 30 = 170; the collectives (4 + 20 us)
+  // Measured: 1000 us step; compute 50 + 10 + 80 + 30 = 170; the collectives (5 + 25 us)
   // overlap no compute.
   ASSERT_EQ(im->steps.size(), 1u);
   EXPECT_EQ(im->steps[0].profiler_step, 5);
   EXPECT_DOUBLE_EQ(im->steps[0].time_us, 1000);
   EXPECT_DOUBLE_EQ(im->steps[0].compute_us, 170);
-  EXPECT_DOUBLE_EQ(im->steps[0].exposed_comm_us, 24);
+  EXPECT_DOUBLE_EQ(im->steps[0].exposed_comm_us, 30);
   EXPECT_TRUE(CheckTraceStructure(t).empty());
   EXPECT_TRUE(CheckTraceEvents(t).empty());
 }
@@ -188,7 +200,9 @@ TEST(KinetoImport, MemoryEventsAndTheOptimizerClass) {
   const Trace& t = im->trace;
   std::vector<const Event*> computes;
   for (const Event& e : t.steps.at(0).microbatches.at(0).events) {
-    if (e.op == fsdplab::Op::kCompute && e.phase != Phase::kOptimizer) computes.push_back(&e);
+    if (e.op == fsdplab::Op::kCompute && e.phase != Phase::kOptimizer && e.name != "fsdp") {
+      computes.push_back(&e);
+    }
   }
   ASSERT_EQ(computes.size(), 3u);  // forward, the loss, backward
   const Event& fwd = *computes[0];
@@ -246,23 +260,32 @@ TEST(KinetoImport, NestedUnitsAutogradThreadAndRecompute) {
   // root from 200 to 210 less [200, 205] = 5; layers.0 from 210 to its post-backward (270) less
   // [210, 215] = 55, of which aten::linear's 10 inside its backward function are a
   // recomputation; the root from 270 to its post-backward (305) less [270, 275] and the
-  // callback's [300, 305] = 25.
+  // callback's [300, 305] = 25. FSDP's ranges are its own work ("fsdp", at the next hook): 5
+  // each, the root's backward 10 ([270, 275] and [300, 305]), the callback after 305: 15.
   EXPECT_EQ(Lines(t), (std::vector<std::string>{
                           "pre_forward model",
+                          "compute - forward 5 fsdp",
                           "compute model forward 25",
                           "pre_forward model.layers.0",
+                          "compute - forward 5 fsdp",
                           "compute model.layers.0 forward 45",
                           "post_forward model.layers.0",
+                          "compute - forward 5 fsdp",
                           "compute model forward 15",
                           "post_forward model",
+                          "compute - forward 5 fsdp",
                           "pre_backward model",
+                          "compute - backward 5 fsdp",
                           "compute model backward 5",
                           "pre_backward model.layers.0",
+                          "compute - backward 5 fsdp",
                           "compute model.layers.0 recompute 10",
                           "compute model.layers.0 backward 45",
                           "post_backward model.layers.0",
+                          "compute - backward 10 fsdp",
                           "compute model backward 25",
                           "post_backward model",
+                          "compute - backward 15 fsdp",
                           "backward_end -",
                       }));
   EXPECT_TRUE(CheckTraceStructure(t).empty());
@@ -300,6 +323,88 @@ TEST(KinetoImport, GpuKernelsByCorrelationAndNcclBytesFromRecordParamComms) {
                                   "compute model forward 100",
                                   "post_forward model",
                               }));
+}
+
+// gloo runs each collective on a worker thread (`gloo:all_gather`) after the c10d operator has
+// queued it, and FSDP waits for it on the thread that computes: a collective lasts from its
+// issue to the end of the worker range that ran it. The ranges pair with the operators in the
+// order they were queued, the barrier's included, and a range that started before every
+// operator (work queued before the profile) is nobody's.
+TEST(KinetoImport, GlooCollectiveEndsWithItsWorkerRange) {
+  constexpr int kWorker = 3;
+  std::vector<std::string> ev = {
+      Ann("ProfilerStep#1", 0, 1000),
+      Ann("gloo:all_reduce", 1, 3, kWorker),  // queued before the profile: nobody's
+      Op("c10d::barrier", 2, 1, 1, R"({"Input Dims": [[]], "Input type": [""]})"),
+      Ann("gloo:barrier", 4, 2, kWorker),
+      Ann("FSDP::pre_forward", 10, 50),
+      Ann("FSDP::all_gather", 11, 29),
+      Op("fsdp::all_gather_copy_in", 12, 1, 1,
+         R"({"Input Dims": [[[3], [1]], [8], [], [], []], "Input type": ["TensorList", "float", "ScalarList", "Scalar", "Scalar"], "Concrete Inputs": ["", "", "[6, 2]", "8", "0"]})"),
+      Op("c10d::_allgather_base_", 14, 4, 1,
+         R"({"Input Dims": [[16], [8], [], [], []], "Input type": ["float", "float", "", "Scalar", "Scalar"]})"),
+      Ann("gloo:all_gather", 16, 20, kWorker),
+      Ann("FSDP::all_gather_copy_out", 42, 8),
+      Op("aten::linear", 70, 20),
+      Ann("FSDP::post_forward", 100, 5),
+      Ann("FSDP::pre_backward", 200, 10),
+      Op("autograd::engine::evaluate_function: AddmmBackward0", 220, 80),
+      Ann("FSDP::root_post_backward_callback", 400, 100),
+      Ann("FSDP::post_backward_reshard", 405, 5),
+      Ann("FSDP::post_backward_reduce", 410, 60),
+      Op("c10d::_reduce_scatter_base_", 415, 5, 1,
+         R"({"Input Dims": [[8], [16], [], [], []], "Input type": ["float", "float", "", "", "Scalar"]})"),
+      Ann("gloo:all_reduce", 421, 40, kWorker),  // gloo's reduce-scatter runs as an all-reduce
+  };
+  StatusOr<Imported> im = Import(ProfileText(ev));
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  // By hand: the barrier (issued at 2) takes gloo:barrier (4), not the all-reduce that began
+  // at 1; the all-gather (14) takes gloo:all_gather [16, 36] and lasts 14-36 (its operator
+  // alone: 14-18); the reduce-scatter (415) takes gloo:all_reduce [421, 461]: 415-461.
+  // FSDP's own work: the forward's FSDP::pre_forward [10, 60] less [14, 36] = 28; the unit's
+  // forward (10 to 100) less that range = 40; post_forward's 5; the backward 190 and its 15 as
+  // in OneUnitHooksComputeCollectivesAndParams; after the reshard the callback [405, 500]
+  // less [415, 461] = 49.
+  EXPECT_EQ(Lines(im->trace), (std::vector<std::string>{
+                                  "pre_forward model",
+                                  "all_gather model 64 14-36",
+                                  "compute - forward 28 fsdp",
+                                  "compute model forward 40",
+                                  "post_forward model",
+                                  "compute - forward 5 fsdp",
+                                  "pre_backward model",
+                                  "compute - backward 15 fsdp",
+                                  "compute model backward 190",
+                                  "post_backward model",
+                                  "reduce_scatter model 64 415-461",
+                                  "compute - backward 49 fsdp",
+                                  "backward_end -",
+                              }));
+  // Exposed: both collectives overlap no operator of the computing thread: 22 + 46.
+  EXPECT_DOUBLE_EQ(im->steps.at(0).exposed_comm_us, 68);
+  for (const std::string& n : im->notes) EXPECT_EQ(n.find("collective"), std::string::npos) << n;
+}
+
+// A worker range of another collective than the operator's is not its: the operator queued no
+// work the profile shows (here the all-gather's range is missing), and it ends where FSDP's wait
+// for it ends; the next operator still gets its own range.
+TEST(KinetoImport, WorkerRangeOfAnotherCollectiveIsNotPaired) {
+  std::vector<std::string> ev = OneUnitEvents();
+  ev.push_back(Ann("gloo:all_reduce", 421, 40, 3));
+  StatusOr<Imported> im = Import(ProfileText(ev));
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  std::vector<std::string> coll;
+  for (const std::string& l : Lines(im->trace)) {
+    if (l.starts_with("all_gather") || l.starts_with("reduce_scatter")) coll.push_back(l);
+  }
+  // By hand: the all-gather (14) would take the next range, gloo:all_reduce (421), by order;
+  // a reduction's range is not a gather's, so it ends with FSDP::all_gather (19), and the
+  // reduce-scatter (415) takes that range: 415-461.
+  EXPECT_EQ(coll, (std::vector<std::string>{"all_gather model 64 14-19",
+                                            "reduce_scatter model 64 415-461"}));
+  EXPECT_TRUE(std::any_of(im->notes.begin(), im->notes.end(), [](const std::string& n) {
+    return n.starts_with("1 collective(s) with no gloo worker range or NCCL kernel");
+  }));
 }
 
 TEST(KinetoImport, StepsFromProfilerStepAndStepFilter) {
@@ -368,9 +473,11 @@ TEST(KinetoImport, NoShapesAsksForRecordShapesOrModelJson) {
 }
 
 TEST(KinetoImport, CollectiveWaitsSplitAcrossRanksWithClockOffset) {
-  // Rank 0 issues at 14 and ends at 18; rank 1 (clock 1000 us ahead) issues at 1016 and ends at
-  // 1018. Aligned by the ends: rank 1 issued 2 us after rank 0, so rank 0 waited 2 us and both
-  // transferred 2 us. Same for the reduce-scatter: rank 1 issues at 1425 -> rank 0 waits 10.
+  // Rank 0 issues at 14 and its wait ends at 19 (the end of FSDP::all_gather); rank 1 (clock
+  // 1000 us ahead) issues at 1016 and ends at 1019. Aligned by the ends: rank 1 issued 2 us
+  // after rank 0, so rank 0 waited 2 us and both transferred 19 - 16 = 3 us. Same for the
+  // reduce-scatter (both end at 440 with FSDP::post_backward_reduce): rank 1 issues at 1425 ->
+  // rank 0 (415) waits 10 and both transfer 440 - 425 = 15.
   std::vector<std::string> r1;
   for (const std::string& e : OneUnitEvents()) {
     nlohmann::json j = nlohmann::json::parse(e);
@@ -393,11 +500,11 @@ TEST(KinetoImport, CollectiveWaitsSplitAcrossRanksWithClockOffset) {
     return nlohmann::json::parse(c.at(k)->args_json);
   };
   EXPECT_DOUBLE_EQ(args(*a, 0)["wait_us"].get<double>(), 2);
-  EXPECT_DOUBLE_EQ(args(*a, 0)["transfer_us"].get<double>(), 2);
+  EXPECT_DOUBLE_EQ(args(*a, 0)["transfer_us"].get<double>(), 3);
   EXPECT_DOUBLE_EQ(args(*b, 0)["wait_us"].get<double>(), 0);
-  EXPECT_DOUBLE_EQ(args(*b, 0)["transfer_us"].get<double>(), 2);
+  EXPECT_DOUBLE_EQ(args(*b, 0)["transfer_us"].get<double>(), 3);
   EXPECT_DOUBLE_EQ(args(*a, 1)["wait_us"].get<double>(), 10);
-  EXPECT_DOUBLE_EQ(args(*a, 1)["transfer_us"].get<double>(), 10);
+  EXPECT_DOUBLE_EQ(args(*a, 1)["transfer_us"].get<double>(), 15);
 }
 
 TEST(KinetoReader, EscapesInStringsDoNotEndTheEvent) {

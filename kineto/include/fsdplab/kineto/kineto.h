@@ -17,7 +17,17 @@
 //    backward function of a unit are its recomputation (activation checkpointing);
 //  - collectives: `record_param_comms` (NCCL) or `c10d::` operators (gloo) inside
 //    `FSDP::all_gather (fqn)` or `FSDP::post_backward_reduce (fqn)`, with bytes from their
-//    arguments; their end is the NCCL kernel's end or the gloo worker's `gloo:` range;
+//    arguments. One lasts from its issue (the operator's start) to where its work completes as
+//    the framework sees it: the end of the NCCL kernels launched inside the operator; else the
+//    end of the gloo worker range that ran it (`gloo:all_gather`, ...: the operator only queues
+//    the work; the ranges pair with the c10d operators, barriers included, in the order they
+//    were queued, a range only with an operator that started before it and of the same family:
+//    gather, reduction (gloo runs a reduce-scatter as `gloo:all_reduce`), barrier); else the
+//    end of FSDP's wait for it (the issuing thread's next operator after the collective's, or
+//    the end of FSDP's range that issued it);
+//  - FSDP's own work (its ranges less the collectives' spans on the computing thread; on a GPU
+//    the kernels launched inside its ranges): a compute without a unit named "fsdp" at the next
+//    hook, as the recorder writes FSDP's copies, reshards and waits;
 //  - parameters: the per-parameter shard sizes of `fsdp::all_gather_copy_in` (needs
 //    record_shapes=True), times the world size (FSDP's padded sizes), or a model file.
 // FSDP1's `FullyShardedDataParallel.*` ranges carry no unit names: such a profile is rejected
