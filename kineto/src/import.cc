@@ -54,6 +54,7 @@ class Importer final {
   StatusOr<Imported> Run() {
     Index();
     FSDP_RETURN_IF_ERROR(FindRanges());
+    IndexRecords();
     FSDP_RETURN_IF_ERROR(FindSteps());
     FSDP_RETURN_IF_ERROR(BuildModel());
     BuildWork();
@@ -105,6 +106,7 @@ class Importer final {
       by_thread_[static_cast<std::size_t>(p_.events[i].thread)].push_back(i);
       if (p_.events[i].cat == Category::kKernel) gpu_ = true;
     }
+    out_.record_shapes = p_.record_shapes.value_or(false);
     for (auto& list : by_thread_) {
       std::stable_sort(list.begin(), list.end(), [&](std::size_t a, std::size_t b) {
         const ProfileEvent& x = p_.events[a];
@@ -162,6 +164,24 @@ class Importer final {
     std::stable_sort(ranges_.begin(), ranges_.end(),
                      [](const FsdpRange& a, const FsdpRange& b) { return a.start < b.start; });
     return Status::Ok();
+  }
+
+  // What the profiler recorded on the computing threads: operators and memory events, by time.
+  void IndexRecords() {
+    for (const ProfileEvent& e : p_.events) {
+      if (e.cat == Category::kCpuOp && compute_threads_.count(e.thread)) {
+        operator_starts_.push_back(e.ts);
+      }
+    }
+    for (const MemoryEvent& m : p_.memory) {
+      if (compute_threads_.count(m.thread)) memory_starts_.push_back(m.ts);
+    }
+    std::sort(operator_starts_.begin(), operator_starts_.end());
+    std::sort(memory_starts_.begin(), memory_starts_.end());
+  }
+  static std::int64_t CountWithin(const std::vector<TimeUs>& sorted, TimeUs a, TimeUs b) {
+    return std::lower_bound(sorted.begin(), sorted.end(), b) -
+           std::lower_bound(sorted.begin(), sorted.end(), a);
   }
 
   Status FindSteps() {
@@ -375,11 +395,19 @@ class Importer final {
       if (compute_threads_.count(r.thread)) excluded.push_back({r.start, r.end});
     }
     fsdp_ranges_ = IntervalSet(excluded);
-    std::vector<Interval> evals_all;
-    std::vector<Interval> forward_ops;
+    // A recomputation (activation checkpointing) runs inside the autograd backward function
+    // that first unpacks one of the checkpointed tensors, before that function's own work: it
+    // spans the thread from the function's start to the end of the last forward operator in it
+    // (the framework's gaps and the operators any backward also calls, views, adds, included).
+    std::vector<Interval> recomputes;
     std::vector<Interval> busy;
     for (std::int32_t t : compute_threads_) {
-      std::vector<Interval> evals;  // autograd backward functions of this thread
+      std::optional<Interval> eval;  // the autograd backward function open on this thread
+      std::optional<Interval> span;  // its recomputation so far
+      auto close = [&] {
+        if (span) recomputes.push_back(*span);
+        span.reset();
+      };
       for (std::size_t i : by_thread_[static_cast<std::size_t>(t)]) {
         const ProfileEvent& e = p_.events[i];
         if (e.cat != Category::kCpuOp) continue;
@@ -390,14 +418,17 @@ class Importer final {
         }
         busy.push_back({e.ts, e.ts + e.dur});
         if (n.starts_with("autograd::engine::evaluate_function:")) {
-          evals.push_back({e.ts, e.ts + e.dur});
-        } else if (IsForwardOp(n) && !evals.empty() && evals.back().end >= e.ts + e.dur) {
-          forward_ops.push_back({e.ts, e.ts + e.dur});
+          close();
+          eval = Interval{e.ts, e.ts + e.dur};
+        } else if (IsForwardOp(n) && eval && eval->end >= e.ts + e.dur) {
+          if (!span) span = Interval{eval->start, eval->start};
+          span->end = std::max(span->end, e.ts + e.dur);
         }
       }
+      close();
     }
     excluded_ = IntervalSet(std::move(excluded));
-    recompute_cpu_ = IntervalSet(std::move(forward_ops)).Minus(excluded_);
+    recompute_cpu_ = IntervalSet(std::move(recomputes)).Minus(excluded_);
     cpu_busy_ = IntervalSet(std::move(busy)).Minus(excluded_);
     if (!gpu_) return;
     // GPU: kernels, at the time and thread of their launch (correlation id).
@@ -771,6 +802,8 @@ class Importer final {
     measured.exposed_comm_us =
         ExposedComm(IntervalSet(std::move(comm)), gpu_ ? gpu_busy_ : cpu_busy_)
             .Between(s.start, s.end);
+    measured.operators = CountWithin(operator_starts_, s.start, s.end);
+    measured.memory_events = CountWithin(memory_starts_, s.start, s.end);
 
     StepBuilder sb(*this, s.start);
     TimeUs prev = s.start;
@@ -1078,11 +1111,21 @@ class Importer final {
   PointMasses gpu_work_;
   PointMasses gpu_rework_;
   PointMasses gpu_fsdp_;
-  std::vector<Change> memory_;  // allocations (+) and frees (-) a compute can own
-  std::vector<Change> grads_;   // parameter gradients handed over
+  std::vector<Change> memory_;           // allocations (+) and frees (-) a compute can own
+  std::vector<Change> grads_;            // parameter gradients handed over
+  std::vector<TimeUs> operator_starts_;  // operators on the computing threads, by start
+  std::vector<TimeUs> memory_starts_;    // memory events there, by time
 };
 
 }  // namespace
+
+TimeUs ProfilerCostUs(const MeasuredStep& step, bool record_shapes,
+                      std::optional<TimeUs> per_operator_us) {
+  const TimeUs op =
+      per_operator_us.value_or(record_shapes ? kProfilerOperatorShapesUs : kProfilerOperatorUs);
+  return static_cast<TimeUs>(step.operators) * op +
+         static_cast<TimeUs>(step.memory_events) * kProfilerMemoryEventUs;
+}
 
 StatusOr<Imported> ImportProfile(const Profile& profile, const ImportOptions& options) {
   return Importer(profile, options).Run();

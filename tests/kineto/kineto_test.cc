@@ -258,8 +258,9 @@ TEST(KinetoImport, NestedUnitsAutogradThreadAndRecompute) {
   // pre_forward [0, 5] = 25 (the embedding's 10 and the gaps), layers.0 from 30 to 80 less
   // [30, 35] = 45, the root again from 80 to 100 less [80, 85] = 15. Backward (thread 2): the
   // root from 200 to 210 less [200, 205] = 5; layers.0 from 210 to its post-backward (270) less
-  // [210, 215] = 55, of which aten::linear's 10 inside its backward function are a
-  // recomputation; the root from 270 to its post-backward (305) less [270, 275] and the
+  // [210, 215] = 55, of which 15 are a recomputation: its backward function from its start
+  // (220) to the end of the last forward operator in it (aten::linear, 235), the framework's
+  // gaps included; the root from 270 to its post-backward (305) less [270, 275] and the
   // callback's [300, 305] = 25. FSDP's ranges are its own work ("fsdp", at the next hook): 5
   // each, the root's backward 10 ([270, 275] and [300, 305]), the callback after 305: 15.
   EXPECT_EQ(Lines(t), (std::vector<std::string>{
@@ -279,8 +280,8 @@ TEST(KinetoImport, NestedUnitsAutogradThreadAndRecompute) {
                           "compute model backward 5",
                           "pre_backward model.layers.0",
                           "compute - backward 5 fsdp",
-                          "compute model.layers.0 recompute 10",
-                          "compute model.layers.0 backward 45",
+                          "compute model.layers.0 recompute 15",
+                          "compute model.layers.0 backward 40",
                           "post_backward model.layers.0",
                           "compute - backward 10 fsdp",
                           "compute model backward 25",

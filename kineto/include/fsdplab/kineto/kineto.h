@@ -12,9 +12,11 @@
 //  - steps: `ProfilerStep#N` ranges (none: the whole profile is one step);
 //  - compute of a unit and phase: its busy time between its pre and post hook, without nested
 //    units and without FSDP's own ranges: GPU kernel time of the kernels launched there (linked
-//    by correlation id) when the profile has kernels, else the CPU time of its operators.
-//    Operators of a forward (aten::linear, layer_norm, ...) that run inside an autograd
-//    backward function of a unit are its recomputation (activation checkpointing);
+//    by correlation id) when the profile has kernels, else the thread's time there (the
+//    framework's gaps between operators included, as the recorder measures it).
+//    An autograd backward function of a unit that runs operators of a forward (aten::linear,
+//    layer_norm, ...) recomputes (activation checkpointing): from its start to the end of the
+//    last such operator in it, the thread's time is the unit's recomputation;
 //  - collectives: `record_param_comms` (NCCL) or `c10d::` operators (gloo) inside
 //    `FSDP::all_gather (fqn)` or `FSDP::post_backward_reduce (fqn)`, with bytes from their
 //    arguments. One lasts from its issue (the operator's start) to where its work completes as
@@ -118,13 +120,29 @@ struct MeasuredStep final {
   TimeUs time_us = 0;          // the step's range
   TimeUs compute_us = 0;       // busy time of compute (FSDP's ranges and collectives excluded)
   TimeUs exposed_comm_us = 0;  // a collective in progress and no compute
+  // What the profiler recorded in the step on the threads that compute: each record costs the
+  // run time there, so a profiled step runs longer than an unprofiled one.
+  std::int64_t operators = 0;
+  std::int64_t memory_events = 0;
 };
+
+// The profiler's own cost in a step, estimated from what it recorded: CPU time per operator
+// (more with record_shapes) and per memory event, as measured for torch 2.x on the machine
+// bench/README.md names (another CPU's costs differ; `per_operator_us` overrides). An estimate
+// of how much longer the profiled step ran than an unprofiled one, where the host's time is the
+// step's (CPU runs, or a GPU run that waits on its host).
+inline constexpr TimeUs kProfilerOperatorUs = 1.2;
+inline constexpr TimeUs kProfilerOperatorShapesUs = 2.3;
+inline constexpr TimeUs kProfilerMemoryEventUs = 0.2;
+TimeUs ProfilerCostUs(const MeasuredStep& step, bool record_shapes,
+                      std::optional<TimeUs> per_operator_us = std::nullopt);
 
 struct Imported final {
   Trace trace;
   std::vector<MeasuredStep> steps;
   std::vector<std::string> notes;  // what the import assumed or left out
   bool gpu = false;                // compute from GPU kernels (else CPU operators)
+  bool record_shapes = false;      // the profile recorded operator shapes
 };
 
 StatusOr<Imported> ImportProfile(const Profile& profile, const ImportOptions& options);
