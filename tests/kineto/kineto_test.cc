@@ -158,6 +158,13 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
   EXPECT_DOUBLE_EQ(im->steps[0].time_us, 1000);
   EXPECT_DOUBLE_EQ(im->steps[0].compute_us, 170);
   EXPECT_DOUBLE_EQ(im->steps[0].exposed_comm_us, 30);
+  // What the profiler recorded on the computing thread in the step: 7 operators (copy-in, the
+  // two c10d operators, linear, sum, the backward function, add_), no memory event; with
+  // record_shapes 7 x 2.3 us.
+  EXPECT_EQ(im->steps[0].operators, 7);
+  EXPECT_EQ(im->steps[0].memory_events, 0);
+  EXPECT_TRUE(im->record_shapes);
+  EXPECT_DOUBLE_EQ(ProfilerCostUs(im->steps[0], im->record_shapes), 7 * 2.3);
   EXPECT_TRUE(CheckTraceStructure(t).empty());
   EXPECT_TRUE(CheckTraceEvents(t).empty());
 }
@@ -644,6 +651,25 @@ TEST(KinetoCli, ImportValidateSimulateCheckAndExitCodes) {
   CmdResult check = Fsdplab("import-kineto " + in + " -o " + out + " --check");
   ASSERT_EQ(check.code, 0) << check.out;
   EXPECT_NE(check.out.find("predicted_us"), std::string::npos);
+  EXPECT_NE(check.out.find("like with like"), std::string::npos);
+  // The profiler's cost, by hand: 6 operators on the computing threads (the embedding, three
+  // linears, two backward functions), no memory event, record_shapes: 6 x 2.3 = 13.8 us of the
+  // 1000 us step; at --profiler-op-us 10: 60 us. Without the profiler the step took 500 us: the
+  // profiled one ran +100%.
+  EXPECT_NE(check.out.find("profiler: 6 operators and 0 memory events a step"), std::string::npos)
+      << check.out;
+  EXPECT_NE(check.out.find("about 13.8 us a step (1.4% of the profiled step)"), std::string::npos)
+      << check.out;
+  CmdResult vs = Fsdplab("import-kineto " + in + " -o " + out +
+                         " --check --unprofiled-step-us 500 --profiler-op-us 10");
+  ASSERT_EQ(vs.code, 0) << vs.out;
+  EXPECT_NE(vs.out.find("about 60.0 us a step (6.0% of the profiled step)"), std::string::npos)
+      << vs.out;
+  EXPECT_NE(vs.out.find("unprofiled step 500.0 us: the profiled steps ran +100.0%"),
+            std::string::npos)
+      << vs.out;
+  EXPECT_EQ(Fsdplab("import-kineto " + in + " -o " + out + " --check --unprofiled-step-us 0").code,
+            1);
   // A truncated profile: exit 2, the file named, no output written.
   const std::string cut = TempPath("cut.json");
   const std::string none = TempPath("none.json");
