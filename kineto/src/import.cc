@@ -163,6 +163,25 @@ class Importer final {
     }
     std::stable_sort(ranges_.begin(), ranges_.end(),
                      [](const FsdpRange& a, const FsdpRange& b) { return a.start < b.start; });
+    // A post hook's range starts where the unit's work before it ended (WorkEnd): FSDP's hook
+    // runs Python of its own before its range.
+    range_ends_.assign(p_.threads.size(), {});
+    for (const FsdpRange& r : ranges_)
+      range_ends_[static_cast<std::size_t>(r.thread)].push_back(r.end);
+    for (auto& v : range_ends_) std::sort(v.begin(), v.end());
+    std::vector<TimeUs> starts;
+    for (const FsdpRange& r : ranges_) {
+      starts.push_back(r.hook == Hook::kPostForward || r.hook == Hook::kPostBackward ? WorkEnd(r)
+                                                                                     : r.start);
+    }
+    std::vector<Interval> preambles;
+    for (std::size_t i = 0; i < ranges_.size(); ++i) {
+      if (starts[i] < ranges_[i].start) preambles.push_back({starts[i], ranges_[i].start});
+      ranges_[i].start = starts[i];
+    }
+    preambles_ = IntervalSet(std::move(preambles));
+    std::stable_sort(ranges_.begin(), ranges_.end(),
+                     [](const FsdpRange& a, const FsdpRange& b) { return a.start < b.start; });
     return Status::Ok();
   }
 
@@ -472,7 +491,9 @@ class Importer final {
                      [](const MemoryEvent* a, const MemoryEvent* b) { return a->ts < b->ts; });
     std::unordered_set<std::int64_t> fsdp_owned;
     for (const MemoryEvent* m : in_time) {
-      if (excluded_.Contains(m->ts)) {
+      // FSDP's hook preambles are FSDP's time, but what is freed there (a module's temporaries
+      // as its forward returns) is the unit's.
+      if (excluded_.Contains(m->ts) && !preambles_.Contains(m->ts)) {
         if (m->bytes > 0 && m->addr != 0) fsdp_owned.insert(m->addr);
         continue;
       }
@@ -710,6 +731,30 @@ class Importer final {
     for (const Collective& c : collectives_) spans.push_back({c.start, c.end});
     fsdp_cpu_ = fsdp_ranges_.Minus(IntervalSet(std::move(spans)));
     return Status::Ok();
+  }
+
+  // Where a unit's work ended before FSDP's post hook `r`: the end of the last operator (or
+  // kernel launch) on its thread that ended by the hook's range, never before an FSDP range
+  // that ended earlier there. FSDP's post hooks run Python of their own before their range (the
+  // hook's wrapper, the state's checks: 100-300 us a call on a CPU under the profiler), which is
+  // FSDP's work, not the unit's.
+  TimeUs WorkEnd(const FsdpRange& r) const {
+    const std::vector<TimeUs>& ends = range_ends_[static_cast<std::size_t>(r.thread)];
+    auto e = std::upper_bound(ends.begin(), ends.end(), r.start);
+    const TimeUs floor = e == ends.begin() ? r.start : *std::prev(e);
+    TimeUs best = floor;
+    const auto& list = by_thread_[static_cast<std::size_t>(r.thread)];
+    auto it = std::lower_bound(list.begin(), list.end(), r.start,
+                               [&](std::size_t i, TimeUs t) { return p_.events[i].ts < t; });
+    while (it != list.begin()) {
+      const ProfileEvent& op = p_.events[*--it];
+      if (op.ts < floor) break;
+      if ((op.cat == Category::kCpuOp || op.cat == Category::kRuntime) &&
+          op.ts + op.dur <= r.start) {
+        best = std::max(best, op.ts + op.dur);
+      }
+    }
+    return best;
   }
 
   // FSDP's wait for collective `e` issued inside its range `owner`: synchronous (gloo), the
@@ -1098,6 +1143,8 @@ class Importer final {
   std::unordered_map<std::string, UnitId> unit_ids_;
   std::vector<std::vector<std::size_t>> by_thread_;
   std::vector<FsdpRange> ranges_;
+  std::vector<std::vector<TimeUs>> range_ends_;  // by thread: FSDP's ranges' ends, sorted
+  IntervalSet preambles_;  // FSDP's post hooks before their ranges (WorkEnd to the range)
   std::vector<StepRange> steps_;
   std::set<std::int32_t> compute_threads_;
   std::vector<Collective> collectives_;

@@ -116,34 +116,35 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
   EXPECT_EQ(t.model.unit(0).params()[1].Numel(), 4u);
   EXPECT_EQ(t.model.unit(0).params()[0].dtype, DType::kFp32);
   // By hand: the 30 us after backward_end are the optimizer compute, after it; a unit's
-  // compute is the thread's time from its hook to the next, less FSDP's ranges: the forward
-  // from pre_forward (10) to post_forward (100) less FSDP::pre_forward [10, 20] (the copy-in
-  // and the c10d operator inside it) = 80 (aten::linear's 50 and the framework's 30 around
-  // it); the loss (10 us) runs outside every unit (its operators' time); the backward from
-  // pre_backward (200) to the post-backward reshard (405) less [200, 210] and the callback's
-  // [400, 405] = 190.
+  // compute is the thread's time from its hook to the end of its last operator before FSDP's
+  // post hook (the rest is FSDP's hook), less FSDP's ranges: the forward from pre_forward (10)
+  // to aten::linear's end (80) less FSDP::pre_forward [10, 20] (the copy-in and the c10d
+  // operator inside it) = 60 (aten::linear's 50 and the framework's 10 before it); the loss
+  // (10 us) runs outside every unit (its operators' time); the backward from pre_backward (200)
+  // to its backward function's end (300) less [200, 210] = 90.
   // No gloo worker range: a collective ends where FSDP's wait for it ends, the thread's next
   // operator or the end of FSDP's range that issued it. Gather: output [16] fp32 = 64 bytes
   // from its issue (14) to the end of FSDP::all_gather (19: no operator after 18 inside it);
   // reduce-scatter: input [16] fp32 = 64 bytes over [415, 440] (FSDP::post_backward_reduce's
   // end). FSDP's own work, its ranges less the collectives, is a unit-less compute "fsdp" at
-  // the next hook: [10, 14] + [19, 20] = 5 in the forward, post_forward's [100, 105] = 5,
-  // pre_backward's [200, 210] + the callback's [400, 405] = 15, and after the reshard the
-  // callback's [405, 450] less the reduce-scatter's [415, 440] = 20.
+  // the next hook: [10, 14] + [19, 20] = 5 in the forward, its post_forward hook from the
+  // unit's last operator [80, 105] = 25, pre_backward's [200, 210] = 10, and from the backward
+  // function's end the post-backward hook and the callback [300, 450] less the
+  // reduce-scatter's [415, 440] = 125.
   EXPECT_EQ(Lines(t), (std::vector<std::string>{
                           "pre_forward model",
                           "all_gather model 64 14-19",
                           "compute - forward 5 fsdp",
-                          "compute model forward 80",
+                          "compute model forward 60",
                           "post_forward model",
-                          "compute - forward 5 fsdp",
+                          "compute - forward 25 fsdp",
                           "compute - forward 10 other",
                           "pre_backward model",
-                          "compute - backward 15 fsdp",
-                          "compute model backward 190",
+                          "compute - backward 10 fsdp",
+                          "compute model backward 90",
                           "post_backward model",
                           "reduce_scatter model 64 415-440",
-                          "compute - backward 20 fsdp",
+                          "compute - backward 125 fsdp",
                           "backward_end -",
                           "compute - optimizer 30 optimizer",
                       }));
@@ -188,7 +189,11 @@ TEST(KinetoImport, MemoryEventsAndTheOptimizerClass) {
   events.push_back(Mem(35, 400));
   events.push_back(Mem(40, 100));
   events.push_back(Mem(50, -100));
-  // The loss (aten::sum, 110-120): +4, kept.
+  // Freed in FSDP's post_forward hook before its range (from the forward's last operator, 80,
+  // to 100): the hook's time is FSDP's, what it frees is not FSDP's buffer: counted, in the
+  // next compute outside every unit (the loss).
+  events.push_back(Mem(90, -50));
+  // The loss (aten::sum, 110-120): +4; with the -50 before it, it released 46 and rose 0.
   events.push_back(Mem(112, 4));
   // Backward (220-300): the weight's gradient (+64, handed to AccumulateGrad: [16] fp32 = 64
   // bytes), a temporary (+200, -200), the forward's 400 freed: curve 64, 264, 64, -336; less
@@ -217,8 +222,9 @@ TEST(KinetoImport, MemoryEventsAndTheOptimizerClass) {
   EXPECT_EQ(fwd.released_bytes, std::optional<Bytes>(0));
   EXPECT_EQ(fwd.peak_bytes, 500u);
   EXPECT_FALSE(fwd.grad_bytes.has_value());
-  EXPECT_EQ(computes[1]->saved_bytes, 4u);
-  EXPECT_EQ(computes[1]->peak_bytes, 4u);
+  EXPECT_EQ(computes[1]->saved_bytes, 0u);
+  EXPECT_EQ(computes[1]->released_bytes, std::optional<Bytes>(46));
+  EXPECT_EQ(computes[1]->peak_bytes, 0u);
   const Event& bwd = *computes[2];
   EXPECT_EQ(bwd.saved_bytes, 0u);
   EXPECT_EQ(bwd.released_bytes, std::optional<Bytes>(400));
@@ -261,39 +267,41 @@ TEST(KinetoImport, NestedUnitsAutogradThreadAndRecompute) {
   EXPECT_EQ(t.model.unit(1).name(), "model.layers.0");
   EXPECT_EQ(t.model.unit(1).parent(), 0);
   // By hand, each run of a unit's own work is a compute: its time from one hook to the next,
-  // less FSDP's ranges. Forward: the root from 0 to layers.0's pre_forward (30) less its
-  // pre_forward [0, 5] = 25 (the embedding's 10 and the gaps), layers.0 from 30 to 80 less
-  // [30, 35] = 45, the root again from 80 to 100 less [80, 85] = 15. Backward (thread 2): the
-  // root from 200 to 210 less [200, 205] = 5; layers.0 from 210 to its post-backward (270) less
-  // [210, 215] = 55, of which 15 are a recomputation: its backward function from its start
-  // (220) to the end of the last forward operator in it (aten::linear, 235), the framework's
-  // gaps included; the root from 270 to its post-backward (305) less [270, 275] and the
-  // callback's [300, 305] = 25. FSDP's ranges are its own work ("fsdp", at the next hook): 5
-  // each, the root's backward 10 ([270, 275] and [300, 305]), the callback after 305: 15.
+  // or to its last operator before FSDP's post hook, less FSDP's ranges. Forward: the root from
+  // 0 to layers.0's pre_forward (30) less its pre_forward [0, 5] = 25 (the embedding's 10 and
+  // the gaps), layers.0 from 30 to its aten::linear's end (70) less [30, 35] = 35, the root
+  // again from 70 to its aten::linear's end (95) less [70, 85] (layers.0's post hook) = 10.
+  // Backward (thread 2): the root from 200 to 210 less [200, 205] = 5; layers.0 from 210 to its
+  // backward function's end (260) less [210, 215] = 45, of which 15 are a recomputation: the
+  // function from its start (220) to the end of the last forward operator in it (aten::linear,
+  // 235), the framework's gaps included; the root from 260 to EmbeddingBackward's end (290)
+  // less [260, 275] = 15. FSDP's work ("fsdp", at the next hook): its ranges, each post hook
+  // from the end of the unit's last operator: 5 each before, [70, 85] = 15, [95, 105] = 10,
+  // [260, 275] = 15, and the root's post hook and the callback [290, 320] = 30.
   EXPECT_EQ(Lines(t), (std::vector<std::string>{
                           "pre_forward model",
                           "compute - forward 5 fsdp",
                           "compute model forward 25",
                           "pre_forward model.layers.0",
                           "compute - forward 5 fsdp",
-                          "compute model.layers.0 forward 45",
+                          "compute model.layers.0 forward 35",
                           "post_forward model.layers.0",
-                          "compute - forward 5 fsdp",
-                          "compute model forward 15",
+                          "compute - forward 15 fsdp",
+                          "compute model forward 10",
                           "post_forward model",
-                          "compute - forward 5 fsdp",
+                          "compute - forward 10 fsdp",
                           "pre_backward model",
                           "compute - backward 5 fsdp",
                           "compute model backward 5",
                           "pre_backward model.layers.0",
                           "compute - backward 5 fsdp",
                           "compute model.layers.0 recompute 15",
-                          "compute model.layers.0 backward 40",
+                          "compute model.layers.0 backward 30",
                           "post_backward model.layers.0",
-                          "compute - backward 10 fsdp",
-                          "compute model backward 25",
-                          "post_backward model",
                           "compute - backward 15 fsdp",
+                          "compute model backward 15",
+                          "post_backward model",
+                          "compute - backward 30 fsdp",
                           "backward_end -",
                       }));
   EXPECT_TRUE(CheckTraceStructure(t).empty());
@@ -370,22 +378,23 @@ TEST(KinetoImport, GlooCollectiveEndsWithItsWorkerRange) {
   // at 1; the all-gather (14) takes gloo:all_gather [16, 36] and lasts 14-36 (its operator
   // alone: 14-18); the reduce-scatter (415) takes gloo:all_reduce [421, 461]: 415-461.
   // FSDP's own work: the forward's FSDP::pre_forward [10, 60] less [14, 36] = 28; the unit's
-  // forward (10 to 100) less that range = 40; post_forward's 5; the backward 190 and its 15 as
-  // in OneUnitHooksComputeCollectivesAndParams; after the reshard the callback [405, 500]
-  // less [415, 461] = 49.
+  // forward (10 to aten::linear's end, 90) less that range = 30; the post_forward hook from 90
+  // to 105: 15; the backward 90 and its 10 as in OneUnitHooksComputeCollectivesAndParams;
+  // from the backward function's end the post-backward hook and the callback [300, 500] less
+  // [415, 461] = 154.
   EXPECT_EQ(Lines(im->trace), (std::vector<std::string>{
                                   "pre_forward model",
                                   "all_gather model 64 14-36",
                                   "compute - forward 28 fsdp",
-                                  "compute model forward 40",
+                                  "compute model forward 30",
                                   "post_forward model",
-                                  "compute - forward 5 fsdp",
+                                  "compute - forward 15 fsdp",
                                   "pre_backward model",
-                                  "compute - backward 15 fsdp",
-                                  "compute model backward 190",
+                                  "compute - backward 10 fsdp",
+                                  "compute model backward 90",
                                   "post_backward model",
                                   "reduce_scatter model 64 415-461",
-                                  "compute - backward 49 fsdp",
+                                  "compute - backward 154 fsdp",
                                   "backward_end -",
                               }));
   // Exposed: both collectives overlap no operator of the computing thread: 22 + 46.

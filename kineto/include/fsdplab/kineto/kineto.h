@@ -10,13 +10,14 @@
 //    (fqn)`; the root's ranges carry no fqn and it becomes unit "model", the others
 //    "model.<fqn>"; `FSDP::root_post_backward_callback` ends a microbatch (backward_end);
 //  - steps: `ProfilerStep#N` ranges (none: the whole profile is one step);
-//  - compute of a unit and phase: its busy time between its pre and post hook, without nested
-//    units and without FSDP's own ranges: GPU kernel time of the kernels launched there (linked
-//    by correlation id) when the profile has kernels, else the thread's time there (the
-//    framework's gaps between operators included, as the recorder measures it).
-//    An autograd backward function of a unit that runs operators of a forward (aten::linear,
-//    layer_norm, ...) recomputes (activation checkpointing): from its start to the end of the
-//    last such operator in it, the thread's time is the unit's recomputation;
+//  - compute of a unit and phase: its busy time from its pre hook to the end of its last
+//    operator before FSDP's post hook (the hook's own Python before its range is FSDP's),
+//    without nested units and without FSDP's own ranges: GPU kernel time of the kernels launched
+//    there (linked by correlation id) when the profile has kernels, else the thread's time there
+//    (the framework's gaps between operators included, as the recorder measures it). An autograd
+//    backward function of a unit that runs operators of a forward (aten::linear, layer_norm, ...)
+//    recomputes (activation checkpointing): from its start to the end of the last such operator in
+//    it, the thread's time is the unit's recomputation;
 //  - collectives: `record_param_comms` (NCCL) or `c10d::` operators (gloo) inside
 //    `FSDP::all_gather (fqn)` or `FSDP::post_backward_reduce (fqn)`, with bytes from their
 //    arguments. One lasts from its issue (the operator's start) to where its work completes as
