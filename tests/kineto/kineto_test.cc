@@ -78,6 +78,24 @@ std::vector<std::string> Lines(const Trace& t, std::size_t s = 0) {
   return out;
 }
 
+// FSDP's copy-in of two fp32 shards (6 and 2 elements), the all-gather of those 8 elements into
+// 16 and the reduce-scatter of 16 into 8, on thread 1, as the profiler records them.
+std::string CopyIn(double ts) {
+  return Op(
+      "fsdp::all_gather_copy_in", ts, 1, 1,
+      R"({"Input Dims": [[[3], [1]], [8], [], [], []], "Input type": ["TensorList", "float", "ScalarList", "Scalar", "Scalar"], "Concrete Inputs": ["", "", "[6, 2]", "8", "0"]})");
+}
+std::string AllGather(double ts, double dur) {
+  return Op(
+      "c10d::_allgather_base_", ts, dur, 1,
+      R"({"Input Dims": [[16], [8], [], [], []], "Input type": ["float", "float", "", "Scalar", "Scalar"]})");
+}
+std::string ReduceScatter(double ts, double dur) {
+  return Op(
+      "c10d::_reduce_scatter_base_", ts, dur, 1,
+      R"({"Input Dims": [[8], [16], [], [], []], "Input type": ["float", "float", "", "", "Scalar"]})");
+}
+
 // One root unit on the CPU (gloo): hooks, an all-gather whose copy-in gives two parameters,
 // forward, loss, backward, the reduce-scatter in FSDP's final callback and the optimizer.
 std::vector<std::string> OneUnitEvents(int step = 5) {
@@ -85,10 +103,8 @@ std::vector<std::string> OneUnitEvents(int step = 5) {
       Ann(fmt::format("ProfilerStep#{}", step), 0, 1000),
       Ann("FSDP::pre_forward", 10, 10),
       Ann("FSDP::all_gather", 11, 8),
-      Op("fsdp::all_gather_copy_in", 12, 1, 1,
-         R"({"Input Dims": [[[3], [1]], [8], [], [], []], "Input type": ["TensorList", "float", "ScalarList", "Scalar", "Scalar"], "Concrete Inputs": ["", "", "[6, 2]", "8", "0"]})"),
-      Op("c10d::_allgather_base_", 14, 4, 1,
-         R"({"Input Dims": [[16], [8], [], [], []], "Input type": ["float", "float", "", "Scalar", "Scalar"]})"),
+      CopyIn(12),
+      AllGather(14, 4),
       Op("aten::linear", 30, 50),
       Ann("FSDP::post_forward", 100, 5),
       Op("aten::sum", 110, 10),
@@ -97,8 +113,7 @@ std::vector<std::string> OneUnitEvents(int step = 5) {
       Ann("FSDP::root_post_backward_callback", 400, 50),
       Ann("FSDP::post_backward_reshard", 405, 5),
       Ann("FSDP::post_backward_reduce", 410, 30),
-      Op("c10d::_reduce_scatter_base_", 415, 20, 1,
-         R"({"Input Dims": [[8], [16], [], [], []], "Input type": ["float", "float", "", "", "Scalar"]})"),
+      ReduceScatter(415, 20),
       Op("aten::add_", 500, 30),
   };
 }
@@ -355,10 +370,8 @@ TEST(KinetoImport, GlooCollectiveEndsWithItsWorkerRange) {
       Ann("gloo:barrier", 4, 2, kWorker),
       Ann("FSDP::pre_forward", 10, 50),
       Ann("FSDP::all_gather", 11, 29),
-      Op("fsdp::all_gather_copy_in", 12, 1, 1,
-         R"({"Input Dims": [[[3], [1]], [8], [], [], []], "Input type": ["TensorList", "float", "ScalarList", "Scalar", "Scalar"], "Concrete Inputs": ["", "", "[6, 2]", "8", "0"]})"),
-      Op("c10d::_allgather_base_", 14, 4, 1,
-         R"({"Input Dims": [[16], [8], [], [], []], "Input type": ["float", "float", "", "Scalar", "Scalar"]})"),
+      CopyIn(12),
+      AllGather(14, 4),
       Ann("gloo:all_gather", 16, 20, kWorker),
       Ann("FSDP::all_gather_copy_out", 42, 8),
       Op("aten::linear", 70, 20),
@@ -368,8 +381,7 @@ TEST(KinetoImport, GlooCollectiveEndsWithItsWorkerRange) {
       Ann("FSDP::root_post_backward_callback", 400, 100),
       Ann("FSDP::post_backward_reshard", 405, 5),
       Ann("FSDP::post_backward_reduce", 410, 60),
-      Op("c10d::_reduce_scatter_base_", 415, 5, 1,
-         R"({"Input Dims": [[8], [16], [], [], []], "Input type": ["float", "float", "", "", "Scalar"]})"),
+      ReduceScatter(415, 5),
       Ann("gloo:all_reduce", 421, 40, kWorker),  // gloo's reduce-scatter runs as an all-reduce
   };
   StatusOr<Imported> im = Import(ProfileText(ev));
