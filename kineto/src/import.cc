@@ -17,7 +17,7 @@
 #include "fsdplab/core/limits.h"
 #include "fsdplab/kineto/kineto.h"
 #include "fsdplab/report/intervals.h"
-#include "internal/collective_end.h"
+#include "internal/collectives.h"
 #include "internal/point_masses.h"
 #include "internal/vocabulary.h"
 
@@ -656,30 +656,18 @@ class Importer final {
     std::size_t waited = 0;
     for (std::size_t k = 0; k < issued.size(); ++k) {
       const ProfileEvent* e = issued[k];
-      std::string kind_text(Name(*e));
       const OpArgs* args = e->args >= 0 ? &p_.args[static_cast<std::size_t>(e->args)] : nullptr;
-      if (nccl_args) kind_text = args->collective_name;
-      std::optional<CollectiveKind> kind;
-      std::size_t buffer = 0;  // which input holds the full (unsharded) buffer
-      if (kind_text.find("allgather") != std::string::npos ||
-          kind_text.find("all_gather") != std::string::npos) {
-        kind = CollectiveKind::kAllGather;
-        buffer = 0;
-      } else if (kind_text.find("reduce_scatter") != std::string::npos) {
-        kind = CollectiveKind::kReduceScatter;
-        buffer = 1;
-      } else if (kind_text.find("allreduce") != std::string::npos ||
-                 kind_text.find("all_reduce") != std::string::npos) {
-        kind = CollectiveKind::kAllReduce;
-        buffer = 0;
-      }
-      if (!kind) continue;  // barriers, broadcasts, ...
+      const std::optional<internal::CollectiveOp> op = internal::ClassifyCollective(
+          nccl_args ? std::string_view(args->collective_name) : Name(*e));
+      if (!op) continue;  // barriers, broadcasts, ...
       Collective c;
-      c.kind = *kind;
+      c.kind = op->kind;
       c.start = e->ts;
       c.end = e->ts + e->dur;
-      c.bytes = args != nullptr ? CollectiveBytes(*args, *kind, buffer, nccl_args) : 0;
-      if (args == nullptr || (c.bytes == 0 && !HasSize(*args, buffer, nccl_args))) ++no_bytes;
+      const std::optional<Bytes> bytes =
+          args != nullptr ? internal::CollectiveBytes(*args, *op, nccl_args) : std::nullopt;
+      c.bytes = bytes.value_or(0);
+      if (!bytes) ++no_bytes;
       const FsdpRange* owner = Enclosing(e->thread, e->ts);
       // Where the work completed: the NCCL kernels launched inside the operator, else the gloo
       // worker range that ran it, else the end of FSDP's wait for it.
@@ -767,39 +755,6 @@ class Importer final {
       if (&n != &e && n.ts >= after) return n.ts;
     }
     return owner.end;
-  }
-
-  // Bytes of the full buffer: NCCL's element count and dtype, else the operator's input shapes
-  // (a tensor list: the sum), saturating at the element limit.
-  static Bytes CollectiveBytes(const OpArgs& a, CollectiveKind kind, std::size_t buffer,
-                               bool nccl) {
-    if (nccl) {
-      const std::int64_t n = kind == CollectiveKind::kAllGather ? a.out_nelems : a.in_nelems;
-      std::optional<Bytes> size = ElementBytes(a.dtype);
-      return n >= 0 && size ? static_cast<Bytes>(n) * *size : 0;
-    }
-    if (a.input_dims.size() <= buffer || a.input_types.size() <= buffer) return 0;
-    constexpr Elements kCap = kMaxParamElements;
-    Elements n = 0;
-    if (!a.list_dims[buffer].empty()) {
-      for (std::int64_t k : a.list_dims[buffer]) {
-        n = std::min(kCap, n + static_cast<Elements>(std::max<std::int64_t>(k, 0)));
-      }
-    } else {
-      n = 1;
-      for (std::int64_t k : a.input_dims[buffer]) {
-        const auto d = static_cast<Elements>(std::max<std::int64_t>(k, 0));
-        n = (d != 0 && n > kCap / d) ? kCap : n * d;
-      }
-    }
-    std::optional<Bytes> size = ElementBytes(a.input_types[buffer]);
-    return size ? n * *size : 0;
-  }
-  // Whether the arguments give a size at all (a size of 0 bytes is then a real one).
-  static bool HasSize(const OpArgs& a, std::size_t buffer, bool nccl) {
-    if (nccl) return a.in_nelems >= 0 && ElementBytes(a.dtype).has_value();
-    return a.input_dims.size() > buffer && a.input_types.size() > buffer &&
-           ElementBytes(a.input_types[buffer]).has_value();
   }
 
   Status ImportStep(const StepRange& s) {
