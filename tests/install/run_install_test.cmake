@@ -6,7 +6,8 @@ execute_process(COMMAND "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "cmake --install failed: ${rc}")
 endif()
-foreach(f bin/fsdplab include/fsdplab/core/scheduler.h share/fsdplab/python/fsdplab_record.py)
+foreach(f bin/fsdplab include/fsdplab/core/scheduler.h share/fsdplab/python/fsdplab/__init__.py
+    share/fsdplab/python/fsdplab/torch/recorder.py share/fsdplab/python/fsdplab/torch/apply.py)
   if(NOT EXISTS "${WORK}/prefix/${f}")
     message(FATAL_ERROR "not installed: ${f}")
   endif()

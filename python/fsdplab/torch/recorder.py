@@ -1,7 +1,7 @@
 """Record what a PyTorch training step did as an fsdplab trace (``fsdplab.trace`` v1).
 
-    import fsdplab_record
-    rec = fsdplab_record.Recorder(model, optimizer=opt)  # units: detected, or units=[names]
+    from fsdplab.torch import Recorder
+    rec = Recorder(model, optimizer=opt)  # units: detected, or units=[names]
     with rec.step():
         for batch in microbatches:
             loss_fn(model(batch)).backward()
@@ -88,7 +88,7 @@ import torch
 
 # apply_policy(model, "policy.json"): a policy exported by `fsdplab export-policy --format json`,
 # applied to a live FSDP2 model (the same code export-policy writes into its scripts).
-from fsdplab_apply import PolicyError, apply_policy  # noqa: E402 (beside this file)
+from .apply import PolicyError, apply_policy
 
 __all__ = [
     "Recorder",
@@ -182,7 +182,7 @@ def detect_units(model, units=None):
             unknown = [n for n in wanted if n not in known]
             if unknown:
                 raise ValueError(
-                    f"fsdplab_record: units={unknown!r}: no such module in the model "
+                    f"fsdplab.torch: units={unknown!r}: no such module in the model "
                     f"(module names look like {next((n for n in known if n), '(none)')!r})"
                 )
             picked = set(wanted)
@@ -501,21 +501,21 @@ def _optimizer_meta(optimizer):
     if isinstance(optimizer, str):
         if optimizer not in ("adam", "sgd", "none"):
             raise ValueError(
-                f"fsdplab_record: optimizer={optimizer!r}: expected 'adam', 'sgd' or 'none', "
+                f"fsdplab.torch: optimizer={optimizer!r}: expected 'adam', 'sgd' or 'none', "
                 "or a torch.optim.Optimizer"
             )
         return optimizer, True
     cls = type(optimizer).__name__
     groups = getattr(optimizer, "param_groups", None)
     if groups is None:
-        raise ValueError(f"fsdplab_record: optimizer={cls}: expected a torch.optim.Optimizer")
+        raise ValueError(f"fsdplab.torch: optimizer={cls}: expected a torch.optim.Optimizer")
     if cls in ("Adam", "AdamW"):
         name = "adam"
     elif cls == "SGD":
         name = "sgd" if any(g.get("momentum", 0) for g in groups) else "none"
     else:
         raise ValueError(
-            f"fsdplab_record: optimizer={cls}: only Adam, AdamW and SGD are known; pass "
+            f"fsdplab.torch: optimizer={cls}: only Adam, AdamW and SGD are known; pass "
             "optimizer='adam', 'sgd' or 'none' for the state it keeps"
         )
     params = [p for g in groups for p in g["params"]]
@@ -575,12 +575,12 @@ class Recorder:
         memory_steps=1,
     ):
         if hooks not in ("auto", "tensor"):
-            raise ValueError(f"fsdplab_record: hooks={hooks!r}: expected 'auto' or 'tensor'")
+            raise ValueError(f"fsdplab.torch: hooks={hooks!r}: expected 'auto' or 'tensor'")
         if timing not in ("auto", "cuda", "cpu"):
-            raise ValueError(f"fsdplab_record: timing={timing!r}: expected 'auto', 'cuda' or 'cpu'")
+            raise ValueError(f"fsdplab.torch: timing={timing!r}: expected 'auto', 'cuda' or 'cpu'")
         if param_dtype is not None and param_dtype not in _DTYPE_NAMES:
             raise ValueError(
-                f"fsdplab_record: param_dtype={param_dtype!r}: expected one of {_DTYPE_NAMES}"
+                f"fsdplab.torch: param_dtype={param_dtype!r}: expected one of {_DTYPE_NAMES}"
             )
         self._model = model
         self._param_dtype = param_dtype
@@ -596,7 +596,7 @@ class Recorder:
         self._saved_bytes = saved_bytes and hasattr(torch.autograd.graph, "saved_tensors_hooks")
         if not isinstance(memory_steps, int) or memory_steps < 0:
             raise ValueError(
-                f"fsdplab_record: memory_steps={memory_steps!r}: expected a number of steps >= 0"
+                f"fsdplab.torch: memory_steps={memory_steps!r}: expected a number of steps >= 0"
             )
         self._memory_steps = memory_steps if _dispatch_mode_class() is not None else 0
         self._probe = None  # the memory probe of the step being recorded, in a memory step
@@ -639,7 +639,7 @@ class Recorder:
     def step(self):
         """Records one training step: every forward / backward (microbatch) run inside."""
         if self._active:
-            raise RuntimeError("fsdplab_record: rec.step() is already open")
+            raise RuntimeError("fsdplab.torch: rec.step() is already open")
         self._check_model_unchanged()
         self._begin_step()
         try:
@@ -667,7 +667,7 @@ class Recorder:
         if step[0]:
             self._steps.append(step)
         else:
-            warnings.warn("fsdplab_record: no module of the model ran inside rec.step()")
+            warnings.warn("fsdplab.torch: no module of the model ran inside rec.step()")
 
     def overhead(self):
         """The recorder's own time inside its hooks: calls, total and mean microseconds."""
@@ -683,7 +683,7 @@ class Recorder:
         """The trace as a JSON-ready dict (meta, units, steps recorded so far)."""
         if self._optimizer_obj is not None and self._steps and not self._optimizer_seen:
             warnings.warn(
-                "fsdplab_record: the optimizer given to Recorder never ran inside rec.step(): "
+                "fsdplab.torch: the optimizer given to Recorder never ran inside rec.step(): "
                 "the trace has no optimizer step (call opt.step() and opt.zero_grad() inside "
                 "the `with rec.step():` block)",
                 stacklevel=2,
@@ -792,13 +792,13 @@ class Recorder:
             return
         if self._steps:
             raise RuntimeError(
-                "fsdplab_record: the model's FSDP2 modules changed (fully_shard after steps were "
+                "fsdplab.torch: the model's FSDP2 modules changed (fully_shard after steps were "
                 "recorded); create a new Recorder after fully_shard"
             )
         before = self.detected_by
         self._detect()
         warnings.warn(
-            f"fsdplab_record: fully_shard was applied after the Recorder was created; units "
+            f"fsdplab.torch: fully_shard was applied after the Recorder was created; units "
             f"detected again ({before} -> {self.detected_by}: {len(self._units)} units). Create "
             "the Recorder after fully_shard.",
             stacklevel=3,
@@ -837,7 +837,7 @@ class Recorder:
                 dtype = self._param_dtype or trace_dtype(p)
                 if dtype is None:
                     raise ValueError(
-                        f"fsdplab_record: parameter '{owner.name}:{rel + '.' if rel else ''}"
+                        f"fsdplab.torch: parameter '{owner.name}:{rel + '.' if rel else ''}"
                         f"{attr}' has dtype {p.dtype}, which a trace cannot hold (fp32, bf16, "
                         f"fp16, mxfp8); pass param_dtype='bf16' (or the gather dtype)"
                     )
@@ -1043,7 +1043,7 @@ class Recorder:
             if self._events is not None:
                 # Inside a pass (before its backward_end): not the optimizer step of a step.
                 warnings.warn(
-                    "fsdplab_record: the optimizer ran while a forward or backward was open; "
+                    "fsdplab.torch: the optimizer ran while a forward or backward was open; "
                     "its time is not recorded as the optimizer step",
                     stacklevel=2,
                 )
@@ -1168,7 +1168,7 @@ class Recorder:
         if self._events is not None and open_frames:
             open_units = ", ".join(f.unit.name for f in open_frames)
             raise RuntimeError(
-                f"fsdplab_record: the step ended with units still open ({open_units}): a forward "
+                f"fsdplab.torch: the step ended with units still open ({open_units}): a forward "
                 "or backward was interrupted"
             )
         # Read the clock now (CUDA: one synchronize, after the step); build the events on demand.
