@@ -12,6 +12,17 @@ foreach(f bin/fsdplab include/fsdplab/core/scheduler.h share/fsdplab/python/fsdp
     message(FATAL_ERROR "not installed: ${f}")
   endif()
 endforeach()
+# The installed package imports without its compiled extension (only a wheel has one), and
+# says so when a function needs it.
+find_program(python3 NAMES python3 REQUIRED)
+execute_process(COMMAND "${CMAKE_COMMAND}" -E env
+  "PYTHONPATH=${WORK}/prefix/share/fsdplab/python" "${python3}" -c
+  "import fsdplab\ntry:\n  fsdplab.validate('t.json')\nexcept ImportError as e:\n  print(e)"
+  WORKING_DIRECTORY "${WORK}"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "fsdplab._fsdplab could not be imported")
+  message(FATAL_ERROR "the installed fsdplab package did not import (${rc}):\n${out}\n${err}")
+endif()
 execute_process(COMMAND "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK}/build"
   "-DCMAKE_PREFIX_PATH=${WORK}/prefix" -DCMAKE_BUILD_TYPE=Release
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
