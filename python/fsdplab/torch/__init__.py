@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from .. import _applier_source as applier_source
 from .apply import PolicyError, apply_policy, fully_shard_kwargs, load_policy
-from .recorder import Recorder, detect_units, rank_path, trace_dtype
+from .recorder import Recorder
+from .units import detect_units, trace_dtype
+from .writer import rank_path
 
 __all__ = ["Recorder", "detect_units", "trace_dtype", "rank_path", "apply_policy", "load_policy",
            "fully_shard_kwargs", "PolicyError", "applier_source"]

@@ -82,9 +82,6 @@ import warnings
 
 import torch
 
-# apply_policy(model, "policy.json"): a policy exported by `fsdplab export-policy --format json`,
-# applied to a live FSDP2 model (the same code export-policy writes into its scripts).
-from .apply import PolicyError, apply_policy
 from .fsdp2 import Fsdp2Mixin
 from .hooks import (
     NO_INPUT_GRAD_WARNING,
@@ -97,7 +94,7 @@ from .hooks import (
 from .memory import MemoryMixin, carry_memory, dispatch_mode_class
 from .optimizer import OptimizerMixin, optimizer_meta
 from .saved_tensors import SavedTensorsMixin, saved_tensors_hooks_available
-from .units import DTYPE_NAMES, build_units, detect_units, is_fsdp2_module, trace_dtype
+from .units import DTYPE_NAMES, build_units, detect_units, is_fsdp2_module
 from .writer import (
     TRACE_FORMAT,
     TRACE_VERSION,
@@ -108,15 +105,7 @@ from .writer import (
     write_atomic,
 )
 
-__all__ = [
-    "Recorder",
-    "trace_dtype",
-    "rank_path",
-    "detect_units",
-    "apply_policy",
-    "PolicyError",
-    "__version__",
-]
+__all__ = ["Recorder", "__version__"]
 __version__ = "1.0"
 
 
