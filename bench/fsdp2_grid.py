@@ -48,7 +48,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RECORDER_DIR = os.path.join(HERE, "..", "tools", "torch")
+PYTHON_DIR = os.path.join(HERE, "..", "python")  # the fsdplab package (fsdplab.torch)
 WORLD = 2
 
 # -------------------------------------------------------------------------------------------------
@@ -284,7 +284,7 @@ def rank_main(args):
     import torch.distributed as dist
     import torch.nn as nn
 
-    sys.path.insert(0, RECORDER_DIR)
+    sys.path.insert(0, PYTHON_DIR)
     if args.isolation != "none":
         torch.set_num_threads(1)
         torch.set_num_interop_threads(1)
@@ -301,9 +301,9 @@ def rank_main(args):
     shard(c, model, blocks)
     notes = []
     if c["policy"] != "default":
-        import fsdplab_apply
+        from fsdplab.torch import apply_policy
 
-        notes = fsdplab_apply.apply_policy(model, os.path.join(args.dir, "policy", "fsdp2.json"))
+        notes = apply_policy(model, os.path.join(args.dir, "policy", "fsdp2.json"))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     _, _, _, vocab, batch, seq = SIZES[c["size"]]
     gen = torch.Generator().manual_seed(1000 + args.rank)  # each rank its own data
@@ -348,11 +348,11 @@ def rank_main(args):
         if args.bench:
             out["bench"] = bench_collectives(torch, dist, model)
     elif args.phase == "record":
-        import fsdplab_record
+        from fsdplab.torch import Recorder
 
         for _ in range(args.warmup):
             step()
-        rec = fsdplab_record.Recorder(model, optimizer=opt)
+        rec = Recorder(model, optimizer=opt)
         spans = []
         for _ in range(args.record_steps):
             dist.barrier()
