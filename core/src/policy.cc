@@ -395,6 +395,8 @@ constexpr PolicyField kPolicyFields[] = {
 // ---- per-unit overrides ("units": {"layers.3": {"forward_prefetch": "2", ...}}) -------------
 
 constexpr std::string_view kUnitsKey = "units";
+// The trace meta's key for what the run was configured with (ReadRecordedPolicy).
+constexpr std::string_view kRecordedPolicyKey = "recorded_policy";
 
 // One overridable field of a unit: parse its text form into the override, print it (nullopt:
 // not overridden).
@@ -403,7 +405,13 @@ struct UnitField final {
   bool is_bool = false;
   Status (*parse)(std::string_view value, UnitPolicy& u) = nullptr;
   std::optional<std::string> (*print)(const UnitPolicy& u) = nullptr;
+  void (*copy)(const UnitPolicy& from, UnitPolicy& to) = nullptr;  // this field only
 };
+
+template <auto kMember>
+void CopyUnitField(const UnitPolicy& from, UnitPolicy& to) {
+  to.*kMember = from.*kMember;
+}
 
 template <std::optional<Budget> UnitPolicy::*kMember>
 Status ParseUnitBudget(std::string_view value, UnitPolicy& u) {
@@ -431,14 +439,17 @@ std::optional<std::string> PrintUnitBool(const UnitPolicy& u) {
 // The same keys as the global fields they override (one vocabulary).
 constexpr UnitField kUnitFields[] = {
     {"forward_prefetch", false, ParseUnitBudget<&UnitPolicy::forward_prefetch>,
-     PrintUnitBudget<&UnitPolicy::forward_prefetch>},
+     PrintUnitBudget<&UnitPolicy::forward_prefetch>, CopyUnitField<&UnitPolicy::forward_prefetch>},
     {"backward_prefetch", false, ParseUnitBudget<&UnitPolicy::backward_prefetch>,
-     PrintUnitBudget<&UnitPolicy::backward_prefetch>},
+     PrintUnitBudget<&UnitPolicy::backward_prefetch>,
+     CopyUnitField<&UnitPolicy::backward_prefetch>},
     {"reshard_after_forward", true, ParseUnitBool<&UnitPolicy::reshard_after_forward>,
-     PrintUnitBool<&UnitPolicy::reshard_after_forward>},
+     PrintUnitBool<&UnitPolicy::reshard_after_forward>,
+     CopyUnitField<&UnitPolicy::reshard_after_forward>},
     {"unshard_all_planes_in_backward", true,
      ParseUnitBool<&UnitPolicy::unshard_all_planes_in_backward>,
-     PrintUnitBool<&UnitPolicy::unshard_all_planes_in_backward>},
+     PrintUnitBool<&UnitPolicy::unshard_all_planes_in_backward>,
+     CopyUnitField<&UnitPolicy::unshard_all_planes_in_backward>},
 };
 
 StatusOr<std::map<std::string, UnitPolicy, std::less<>>> ParseUnitOverrides(
@@ -507,12 +518,17 @@ Status ApplyPolicyKey(std::string_view key, std::string_view value, Policy& poli
   return s.ok() ? s : s.WithContext(f->key);
 }
 
-Status ApplyPolicyJson(std::string_view json_text, Policy& policy) {
+namespace {
+
+// ApplyPolicyJson, adding to `keys_set` (when given) each key the object has, normalised.
+Status ApplyPolicyJsonKeys(std::string_view json_text, Policy& policy,
+                           std::vector<std::string>* keys_set) {
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidInput("policy: not valid JSON");
   if (!j.is_object()) return InvalidInput("policy: expected a JSON object of policy keys");
   // Keys in document order would be nicer, but every key is independent: apply in key order.
   for (const auto& [key, v] : j.items()) {
+    if (keys_set != nullptr) keys_set->push_back(NormalizeKey(key));
     if (key == kUnitsKey) {
       FSDP_ASSIGN_OR_RETURN(policy.units, ParseUnitOverrides(v));
       continue;
@@ -542,6 +558,12 @@ Status ApplyPolicyJson(std::string_view json_text, Policy& policy) {
     FSDP_RETURN_IF_ERROR(ApplyPolicyKey(key, text, policy));
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status ApplyPolicyJson(std::string_view json_text, Policy& policy) {
+  return ApplyPolicyJsonKeys(json_text, policy, nullptr);
 }
 
 namespace {
@@ -729,26 +751,183 @@ TraceDevice DeviceOfTrace(std::string_view meta_json, std::string_view source) {
   return {false, "meta.source " + std::string(source)};
 }
 
-StatusOr<Policy> LayerPolicy(const PolicyLayers& layers) {
-  Policy policy = layers.base;
-  FSDP_RETURN_IF_ERROR(ApplyTraceMetaPolicy(layers.trace_meta_json, policy));
+StatusOr<UnitOverrides> ReadRecordedPolicy(std::string_view meta_json,
+                                           const std::function<bool(std::string_view)>& is_unit) {
+  using Json = nlohmann::json;
+  const Json meta = Json::parse(meta_json, nullptr, /*allow_exceptions=*/false);
+  if (meta.is_discarded() || !meta.is_object()) return UnitOverrides{};  // the reader checked it
+  auto it = meta.find(std::string(kRecordedPolicyKey));
+  if (it == meta.end()) return UnitOverrides{};
+  const std::string where = fmt::format("meta.{}", kRecordedPolicyKey);
+  if (!it->is_object()) {
+    return InvalidInput(fmt::format(
+        "{}: expected an object ({{\"units\": {{\"<unit>\": {{\"reshard_after_forward\": "
+        "false}}}}}}), found {}",
+        where, it->dump()));
+  }
+  UnitOverrides units;
+  for (const auto& [key, value] : it->items()) {
+    if (key != kUnitsKey) {
+      return InvalidInput(fmt::format(
+          "{}: unknown key '{}' (a recorded policy holds units: each unit's recorded settings)",
+          where, key));
+    }
+    StatusOr<UnitOverrides> parsed = ParseUnitOverrides(value);
+    if (!parsed.ok()) return InvalidInput(fmt::format("{}.{}", where, parsed.status().message()));
+    units = *std::move(parsed);
+  }
+  if (is_unit) {
+    for (const auto& [name, u] : units) {
+      if (!is_unit(name)) {
+        return InvalidInput(
+            fmt::format("{}.units: unknown unit '{}' (not one of the trace's units)", where, name));
+      }
+    }
+  }
+  return units;
+}
+
+namespace {
+
+// The layers under the keys (preset, trace meta, the trace's recorded policy, policy file),
+// resolved once, with what the keys need to give way to: the recorded units and the policy
+// below them.
+struct UnderKeys final {
+  Policy policy;
+  Policy below_recorded;
+  UnitOverrides recorded;
+  std::vector<std::string> file_keys;  // the keys the policy file set, normalised
+};
+
+StatusOr<UnderKeys> LayerUnderKeys(const PolicyLayers& layers) {
+  UnderKeys out;
+  out.policy = layers.base;
+  FSDP_RETURN_IF_ERROR(ApplyTraceMetaPolicy(layers.trace_meta_json, out.policy));
+  FSDP_ASSIGN_OR_RETURN(out.recorded, ReadRecordedPolicy(layers.trace_meta_json));
+  out.below_recorded = out.policy;
+  // What the run was configured with replaces the preset's value of each field it records, and
+  // only those: the preset's other per-unit fields stay.
+  for (const auto& [name, rec] : out.recorded) {
+    UnitPolicy& u = out.policy.units[name];
+    for (const UnitField& f : kUnitFields) {
+      if (f.print(rec)) f.copy(rec, u);
+    }
+  }
   if (layers.file_text) {
-    if (Status s = ApplyPolicyJson(*layers.file_text, policy); !s.ok()) {
+    if (Status s = ApplyPolicyJsonKeys(*layers.file_text, out.policy, &out.file_keys); !s.ok()) {
       return InvalidInput(fmt::format("{}: {}", layers.file_name, s.message()));
     }
   }
+  return out;
+}
+
+// The keys over `under`. A key the user set (in the policy file or a flag) wins over what the
+// trace recorded: each recorded unit's value of that key gives way, back to what lay below the
+// recording, so the user's global value reaches those units as it reaches the others. A policy
+// file's "units" replaced the recorded units with the rest.
+StatusOr<Policy> ApplyKeys(const UnderKeys& under, const PolicyLayers& layers) {
+  Policy policy = under.policy;
+  std::vector<std::string> user_keys = under.file_keys;
   for (const auto& [key, value] : layers.keys) {
     if (Status s = ApplyPolicyKey(key, value, policy); !s.ok()) {
       return layers.key_error ? layers.key_error(s) : s;
     }
+    user_keys.push_back(NormalizeKey(key));
+  }
+  const auto user_set = [&](std::string_view key) {
+    return std::find(user_keys.begin(), user_keys.end(), key) != user_keys.end();
+  };
+  if (under.recorded.empty() || user_set(kUnitsKey)) return policy;
+  for (const auto& [name, rec] : under.recorded) {
+    auto it = policy.units.find(name);
+    if (it == policy.units.end()) continue;
+    auto below = under.below_recorded.units.find(name);
+    const UnitPolicy none;
+    const UnitPolicy& from = below != under.below_recorded.units.end() ? below->second : none;
+    for (const UnitField& f : kUnitFields) {
+      if (f.print(rec) && user_set(f.key)) f.copy(from, it->second);
+    }
+    if (it->second.empty()) policy.units.erase(it);
   }
   return policy;
 }
 
+Status CheckRecordedUnits(const PolicyLayers& layers, const Model& model) {
+  return ReadRecordedPolicy(layers.trace_meta_json,
+                            [&](std::string_view name) { return model.Find(name).has_value(); })
+      .status();
+}
+
+}  // namespace
+
+StatusOr<Policy> LayerPolicy(const PolicyLayers& layers) {
+  FSDP_ASSIGN_OR_RETURN(UnderKeys under, LayerUnderKeys(layers));
+  return ApplyKeys(under, layers);
+}
+
 StatusOr<Policy> ResolvePolicy(const PolicyLayers& layers, const Model& model) {
+  FSDP_RETURN_IF_ERROR(CheckRecordedUnits(layers, model));
   FSDP_ASSIGN_OR_RETURN(Policy policy, LayerPolicy(layers));
   FSDP_RETURN_IF_ERROR(ValidatePolicy(policy, model));
   return policy;
+}
+
+std::optional<std::string> RecordedPolicyNote(std::string_view meta_json, const Policy& policy,
+                                              const Model& model) {
+  StatusOr<UnitOverrides> recorded = ReadRecordedPolicy(meta_json);
+  if (!recorded.ok() || recorded->empty()) return std::nullopt;
+  // What the policy means for a unit, every field set (a root's resharding by its own rule).
+  const auto effective = [&](std::string_view name) {
+    const EffectiveUnitPolicy e = EffectivePolicyFor(policy, name);
+    UnitPolicy u{.forward_prefetch = e.forward_prefetch,
+                 .backward_prefetch = e.backward_prefetch,
+                 .reshard_after_forward = e.reshard_after_forward,
+                 .unshard_all_planes_in_backward = e.unshard_all_planes_in_backward};
+    if (std::optional<UnitId> id = model.Find(name)) {
+      u.reshard_after_forward = ReshardsAfterForward(policy, model.unit(*id));
+    }
+    return u;
+  };
+  // Per field and recorded value: the units whose policy holds it, and those where it gave way.
+  struct Tally {
+    std::vector<std::string> held, gave_way;
+  };
+  std::map<std::string, Tally> tallies;  // "reshard_after_forward false"
+  for (const auto& [name, rec] : *recorded) {
+    const UnitPolicy now = effective(name);
+    for (const UnitField& f : kUnitFields) {
+      const std::optional<std::string> value = f.print(rec);
+      if (!value) continue;
+      const bool held = f.print(now) == value;
+      Tally& t = tallies[fmt::format("{} {}", f.key, *value)];
+      (held ? t.held : t.gave_way).push_back(name);
+    }
+  }
+  const auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (std::size_t i = 0; i < names.size() && i < 3; ++i) out += (i ? ", " : "") + names[i];
+    if (names.size() > 3) out += fmt::format(", ... {} more", names.size() - 3);
+    return out;
+  };
+  std::string held;
+  std::string gave_way;
+  for (const auto& [setting, t] : tallies) {
+    if (!t.held.empty()) {
+      held += fmt::format("{}{} on {} unit(s) ({})", held.empty() ? "" : "; ", setting,
+                          t.held.size(), list(t.held));
+    }
+    if (!t.gave_way.empty()) {
+      gave_way += fmt::format("{}{} on {} unit(s) ({})", gave_way.empty() ? "" : "; ", setting,
+                              t.gave_way.size(), list(t.gave_way));
+    }
+  }
+  std::string note = fmt::format("policy: the trace records how its run was configured (meta.{})",
+                                 kRecordedPolicyKey);
+  if (!held.empty()) note += ": applied " + held;
+  if (!gave_way.empty())
+    note +=
+        fmt::format("{} overridden by the policy given: {}", held.empty() ? ":" : ";", gave_way);
+  return note;
 }
 
 StatusOr<std::vector<Policy>> PolicyGrid(PolicyLayers layers, const std::vector<PolicyAxis>& axes,
@@ -756,15 +935,14 @@ StatusOr<std::vector<Policy>> PolicyGrid(PolicyLayers layers, const std::vector<
                                          std::vector<std::string>* varied_keys) {
   // What lies under the keys, once (its errors come first); each combination then applies over
   // it.
+  FSDP_RETURN_IF_ERROR(CheckRecordedUnits(layers, model));
+  FSDP_ASSIGN_OR_RETURN(const UnderKeys under, LayerUnderKeys(layers));
   layers.keys.clear();
-  FSDP_ASSIGN_OR_RETURN(layers.base, LayerPolicy(layers));
-  layers.trace_meta_json = {};
-  layers.file_text.reset();
   if (varied_keys != nullptr) varied_keys->clear();
   for (const PolicyAxis& a : axes) {
     // Check every alternative alone, so an error names the bad one.
     for (const std::string& v : a.values) {
-      Policy probe = layers.base;
+      Policy probe = under.policy;
       if (Status s = ApplyPolicyKey(a.key, v, probe); !s.ok()) {
         return layers.key_error ? layers.key_error(s) : s;
       }
@@ -791,7 +969,7 @@ StatusOr<std::vector<Policy>> PolicyGrid(PolicyLayers layers, const std::vector<
     for (std::size_t k = 0; k < axes.size(); ++k) {
       layers.keys.emplace_back(axes[k].key, axes[k].values[idx[k]]);
     }
-    FSDP_ASSIGN_OR_RETURN(Policy p, LayerPolicy(layers));
+    FSDP_ASSIGN_OR_RETURN(Policy p, ApplyKeys(under, layers));
     Status s = ValidatePolicy(p, model);
     if (s.ok()) {
       grid.push_back(std::move(p));
