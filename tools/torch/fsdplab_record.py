@@ -489,6 +489,36 @@ _MISSING = object()
 _NO_INPUT_GRAD_WARNING = "Full backward hook is firing when gradients are computed with respect"
 
 
+def _fsdp2_configuration(units):
+    """What FSDP2 was configured with, per unit, read from its state once it has run (the root's
+    choice is made at its lazy init, on the first forward): (meta.recorded_policy, the explicit
+    prefetch lists), each None when nothing is known. A parameter group keeps its parameters
+    after forward when its post_forward_mesh_info is None (reshard_after_forward=False, and the
+    root by default); an int reshards to a smaller mesh, which still frees the full parameters
+    (true). A unit without FSDP2 state, not yet initialised, or whose groups disagree is left
+    out: unknown. The prefetch lists (set_modules_to_forward_prefetch / _backward_prefetch) name
+    units, informational."""
+    states = [(u.name, *_fsdp_state_and_groups(u.module)) for u in units]
+    unit_of_state = {}
+    for name, state, _ in states:
+        if state is not None:
+            unit_of_state.setdefault(id(state), name)
+    recorded, lists = {}, {}
+    for name, state, groups in states:
+        if state is None or getattr(state, "_is_root", None) is None:
+            continue
+        keeps = {getattr(g, "post_forward_mesh_info", _MISSING) is None for g in groups}
+        has_info = all(hasattr(g, "post_forward_mesh_info") for g in groups)
+        if groups and has_info and len(keeps) == 1:
+            recorded[name] = {"reshard_after_forward": not keeps.pop()}
+        for phase in ("forward", "backward"):
+            targets = getattr(state, f"_states_to_{phase}_prefetch", None) or []
+            named = [unit_of_state.get(id(t)) for t in targets]
+            if named:
+                lists.setdefault(name, {})[phase] = [n for n in named if n is not None]
+    return ({"units": recorded} if recorded else None), (lists or None)
+
+
 def _all_gather_bytes(result, u):
     """The bytes an all-gather produces (FSDP's padded output), else the unit's parameters."""
     out = getattr(result, "all_gather_output", None)
@@ -706,6 +736,11 @@ class Recorder:
         meta = {"source": "torch", "world_size": world_size, "rank": rank}
         meta.update(self._run_where())
         meta["recorder"] = recorder
+        recorded_policy, prefetch_lists = _fsdp2_configuration(self._units)
+        if recorded_policy is not None:
+            meta["recorded_policy"] = recorded_policy
+        if prefetch_lists is not None:
+            recorder["fsdp2_prefetch_lists"] = prefetch_lists
         if self._optimizer is not None:
             name, master_fp32 = self._optimizer
             meta["optimizer"] = name
