@@ -126,6 +126,7 @@ StatusOr<UnderKeys> LayerUnderKeys(const PolicyLayers& layers) {
   // What the run was configured with replaces the preset's value of each field it records, and
   // only those: the preset's other per-unit fields stay.
   for (const auto& [name, rec] : out.recorded) {
+    if (rec.empty()) continue;  // a unit named with nothing recorded overrides nothing
     UnitPolicy& u = out.policy.units[name];
     for (const UnitField& f : UnitFields()) {
       if (f.print(rec)) f.copy(rec, u);

@@ -190,6 +190,9 @@ TEST(ResolvePolicy, ABadRecordedPolicyNamesItsPosition) {
   EXPECT_EQ(
       error(R"({"recorded_policy": [1]})").rfind("meta.recorded_policy: expected an object", 0),
       0u);
+  // A unit named with nothing recorded overrides nothing.
+  layers.trace_meta_json = R"({"recorded_policy": {"units": {"model.b0": {}}}})";
+  EXPECT_TRUE(ResolvePolicy(layers, m).value().units.empty());
   // No recording, no note; nothing else in the meta is read as one.
   EXPECT_EQ(RecordedPolicyNote(R"({"optimizer": "adam"})", Policy{}, m), std::nullopt);
 }
