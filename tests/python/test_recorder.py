@@ -273,6 +273,9 @@ class TinyLMTraceTest(unittest.TestCase):
         self.assertEqual(meta["recorder"]["timing"], "cpu")
         self.assertGreater(meta["recorder"]["hook_calls"], 0)
         self.assertGreater(meta["recorder"]["us_per_hook"], 0)
+        # No FSDP: how the units were sharded is unknown, and nothing says otherwise.
+        self.assertNotIn("recorded_policy", meta)
+        self.assertNotIn("fsdp2_prefetch_lists", meta["recorder"])
 
     def test_units_in_registration_order_with_params(self):
         units = self.trace["units"]
@@ -1211,13 +1214,16 @@ FSDP2_SCRIPT = textwrap.dedent(
                 h = layer(h)
             return self.head(h)
 
-    def build(recorder_first=False):
+    def build(recorder_first=False, keep_last=False):
         torch.manual_seed(0)
         m = Net()
         rec = fsdplab_torch.Recorder(m) if recorder_first else None
-        for layer in m.layers:
-            fully_shard(layer)
+        for i, layer in enumerate(m.layers):
+            keep = keep_last and i == len(m.layers) - 1
+            fully_shard(layer, reshard_after_forward=not keep)
         fully_shard(m)
+        if keep_last:
+            m.layers[0].set_modules_to_forward_prefetch([m.layers[1]])
         return m, rec
 
     torch.manual_seed(1)
@@ -1227,7 +1233,7 @@ FSDP2_SCRIPT = textwrap.dedent(
 
     a, _ = build()
     b, _ = build()
-    c, early = build(recorder_first=True)
+    c, early = build(recorder_first=True, keep_last=True)
     for m in (a, b, c):
         step(m)  # FSDP's lazy initialisation happens in the first step
         m.zero_grad(set_to_none=True)
@@ -1248,6 +1254,7 @@ FSDP2_SCRIPT = textwrap.dedent(
         "grads_equal": grads_equal,
         "early_warned": any("after the Recorder was created" in str(w.message) for w in caught),
         "early_units": [early.detected_by] + early.units,
+        "early_meta": early.trace()["meta"],
     }))
     dist.destroy_process_group()
     """
@@ -1325,6 +1332,34 @@ class Fsdp2Test(unittest.TestCase):
                 self.results[r]["early_units"],
                 ["fsdp2", "model", "model.layers.0", "model.layers.1"],
             )
+
+    def test_recorded_policy_is_what_fully_shard_was_given(self):
+        # The blocks of the recorded model were sharded with FSDP2's default (they reshard after
+        # forward); the root keeps its parameters (FSDP2 decides so at its lazy init). The
+        # early recorder's model kept layers.1 after forward (reshard_after_forward=False) and
+        # set layers.0 to prefetch layers.1 in forward.
+        l0, l1 = "model.layers.0", "model.layers.1"
+        for r in range(2):
+            meta = self.traces[r]["meta"]
+            self.assertEqual(
+                meta["recorded_policy"],
+                {"units": {
+                    "model": {"reshard_after_forward": False},
+                    l0: {"reshard_after_forward": True},
+                    l1: {"reshard_after_forward": True},
+                }},
+            )
+            self.assertNotIn("fsdp2_prefetch_lists", meta["recorder"])
+            early = self.results[r]["early_meta"]
+            self.assertEqual(
+                early["recorded_policy"]["units"],
+                {
+                    "model": {"reshard_after_forward": False},
+                    l0: {"reshard_after_forward": True},
+                    l1: {"reshard_after_forward": False},
+                },
+            )
+            self.assertEqual(early["recorder"]["fsdp2_prefetch_lists"], {l0: {"forward": [l1]}})
 
     def test_collectives_measured(self):
         # By hand: a block's parameters are fc1 (32x16 + 32) and fc2 (16x32 + 16) = 1072 fp32

@@ -28,6 +28,39 @@ def _fsdp_state_and_groups(module):
     return state, list(groups)
 
 
+_ABSENT = object()
+
+
+def fsdp2_configuration(units):
+    """What FSDP2 was configured with, per unit, read from its state once it has run (the root's
+    choice is made at its lazy init, on the first forward): (meta.recorded_policy, the explicit
+    prefetch lists), each None when nothing is known. A parameter group keeps its parameters
+    after forward when its post_forward_mesh_info is None (reshard_after_forward=False, and the
+    root by default); an int reshards to a smaller mesh, which still frees the full parameters
+    (true). A unit without FSDP2 state, not yet initialised, or whose groups disagree is left
+    out: unknown. The prefetch lists (set_modules_to_forward_prefetch / _backward_prefetch) name
+    units, informational."""
+    states = [(u.name, *_fsdp_state_and_groups(u.module)) for u in units]
+    unit_of_state = {}
+    for name, state, _ in states:
+        if state is not None:
+            unit_of_state.setdefault(id(state), name)
+    recorded, lists = {}, {}
+    for name, state, groups in states:
+        if state is None or getattr(state, "_is_root", None) is None:
+            continue
+        keeps = {getattr(g, "post_forward_mesh_info", _ABSENT) is None for g in groups}
+        has_info = all(hasattr(g, "post_forward_mesh_info") for g in groups)
+        if groups and has_info and len(keeps) == 1:
+            recorded[name] = {"reshard_after_forward": not keeps.pop()}
+        for phase in ("forward", "backward"):
+            targets = getattr(state, f"_states_to_{phase}_prefetch", None) or []
+            named = [unit_of_state.get(id(t)) for t in targets]
+            if named:
+                lists.setdefault(name, {})[phase] = [n for n in named if n is not None]
+    return ({"units": recorded} if recorded else None), (lists or None)
+
+
 # FSDP2's methods whose time is FSDP's own work, bracketed while recording. A parameter group's
 # methods are looked up on the instance each time FSDP calls them, so an instance attribute
 # wraps them; the state's hooks that are registered once (its forward hooks) call these.

@@ -82,7 +82,7 @@ import warnings
 
 import torch
 
-from .fsdp2 import Fsdp2Mixin
+from .fsdp2 import Fsdp2Mixin, fsdp2_configuration
 from .hooks import (
     NO_INPUT_GRAD_WARNING,
     HookStateMachine,
@@ -294,6 +294,11 @@ class Recorder(HookStateMachine, Fsdp2Mixin, OptimizerMixin, MemoryMixin, SavedT
         meta = {"source": "torch", "world_size": world_size, "rank": rank}
         meta.update(self._run_where())
         meta["recorder"] = recorder
+        recorded_policy, prefetch_lists = fsdp2_configuration(self._units)
+        if recorded_policy is not None:
+            meta["recorded_policy"] = recorded_policy
+        if prefetch_lists is not None:
+            recorder["fsdp2_prefetch_lists"] = prefetch_lists
         if self._optimizer is not None:
             name, master_fp32 = self._optimizer
             meta["optimizer"] = name
