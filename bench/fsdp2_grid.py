@@ -18,9 +18,10 @@ opt.zero_grad(), with the forward+backward, optimizer step and zero_grad split; 
 last, so the drift between two runs of the same configuration shows), `record` (the recorder,
 Recorder(model, optimizer=opt), a trace per rank), `profile` (torch.profiler, record_shapes, a
 Chrome trace per rank for `fsdplab import-kineto`; the profiled steps are also recorded, into
-profile/recorded/, so the recorder and the import are compared on the same steps) and `mem` (FSDPMemTracker over the step's last
-microbatch, the optimizer step and zero_grad: the tracker refuses a module called twice in one
-tracked region, and the last microbatch holds the earlier ones' gradients). Every rank is pinned
+profile/recorded/, so the recorder and the import are compared on the same steps) and `mem`
+(FSDPMemTracker over the step's last microbatch, the optimizer step and zero_grad: the tracker
+refuses a module called twice in one tracked region, and the last microbatch holds the earlier
+ones' gradients). Every rank is pinned
 to its own core (its threads, gloo's included, inherit it), with one intra-op and one inter-op
 thread; `spread` measures what each of those measures does to the spread of the step times.
 
@@ -50,7 +51,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RECORDER_DIR = os.path.join(HERE, "..", "tools", "torch")
+PYTHON_DIR = os.path.join(HERE, "..", "python")  # the fsdplab package (fsdplab.torch)
 WORLD = 2
 
 # -------------------------------------------------------------------------------------------------
@@ -286,7 +287,7 @@ def rank_main(args):
     import torch.distributed as dist
     import torch.nn as nn
 
-    sys.path.insert(0, RECORDER_DIR)
+    sys.path.insert(0, PYTHON_DIR)
     if args.isolation != "none":
         torch.set_num_threads(1)
         torch.set_num_interop_threads(1)
@@ -303,9 +304,9 @@ def rank_main(args):
     shard(c, model, blocks)
     notes = []
     if c["policy"] != "default":
-        import fsdplab_apply
+        from fsdplab.torch import apply_policy
 
-        notes = fsdplab_apply.apply_policy(model, os.path.join(args.dir, "policy", "fsdp2.json"))
+        notes = apply_policy(model, os.path.join(args.dir, "policy", "fsdp2.json"))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     _, _, _, vocab, batch, seq = SIZES[c["size"]]
     gen = torch.Generator().manual_seed(1000 + args.rank)  # each rank its own data
@@ -350,11 +351,11 @@ def rank_main(args):
         if args.bench:
             out["bench"] = bench_collectives(torch, dist, model)
     elif args.phase == "record":
-        import fsdplab_record
+        from fsdplab.torch import Recorder
 
         for _ in range(args.warmup):
             step()
-        rec = fsdplab_record.Recorder(model, optimizer=opt)
+        rec = Recorder(model, optimizer=opt)
         spans = []
         for _ in range(args.record_steps):
             dist.barrier()
@@ -370,8 +371,9 @@ def rank_main(args):
         out["step_us"] = spans
         out["overhead"] = rec.overhead()
     elif args.phase == "profile":
-        import fsdplab_record
         from torch.profiler import ProfilerActivity, profile, schedule
+
+        from fsdplab.torch import Recorder
 
         step()  # FSDP's lazy initialisation, outside the profile
         spans = []
@@ -379,7 +381,7 @@ def rank_main(args):
         # The profiled steps are also recorded (profile/recorded/): the recorder and the import
         # compared on the same steps. memory_steps=0: the recorder's memory probe is a dispatch
         # mode, under which the profiler would see every operator twice.
-        rec = fsdplab_record.Recorder(model, optimizer=opt, memory_steps=0)
+        rec = Recorder(model, optimizer=opt, memory_steps=0)
         # profile_memory: the allocations and frees import-kineto attributes to each compute.
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True,
                      schedule=sched) as prof:

@@ -15,7 +15,7 @@
 #
 # Per run (bench/fsdp2_grid.py says what and how): 2 gloo ranks, each pinned to its own core
 # with one intra-op and one inter-op thread; separate processes time the steps with nothing
-# attached, record them (tools/torch/fsdplab_record.py), profile them (torch.profiler) and track
+# attached, record them (fsdplab.torch.Recorder), profile them (torch.profiler) and track
 # one step's memory (FSDPMemTracker). Then, through the CLI as a user would: `simulate
 # --rank-trace traces/ --preset fsdp2 --json`, `import-kineto --out-dir` + `simulate`, and
 # `import-kineto --check`; policy runs apply `tune --preset fsdp2` exported with `export-policy

@@ -12,8 +12,16 @@
 #include "fsdplab/core/limits.h"
 #include "fsdplab/core/policy_fields.h"
 #include "fsdplab/core/size_text.h"
+#include "policy_internal.h"
 
 namespace fsdplab {
+
+using internal::ApplyPolicyJsonKeys;
+using internal::kUnitsKey;
+using internal::NormalizeKey;
+using internal::ParseUnitOverrides;
+using internal::UnitField;
+
 namespace {
 
 constexpr std::string_view kBudgetForms =
@@ -57,12 +65,6 @@ std::size_t EditDistance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
-std::string NormalizeKey(std::string_view key) {
-  std::string k(Trim(key));
-  std::replace(k.begin(), k.end(), '-', '_');
-  return k;
-}
-
 std::string SelectionText(const UnitSelection& sel) {
   if (sel.all) return "all";
   if (sel.names.empty()) return "none";
@@ -75,6 +77,16 @@ std::string SelectionText(const UnitSelection& sel) {
 }
 
 }  // namespace
+
+namespace internal {
+
+std::string NormalizeKey(std::string_view key) {
+  std::string k(Trim(key));
+  std::replace(k.begin(), k.end(), '-', '_');
+  return k;
+}
+
+}  // namespace internal
 
 StatusOr<Budget> Budget::Parse(std::string_view text) {
   std::string_view t = Trim(text);
@@ -394,16 +406,10 @@ constexpr PolicyField kPolicyFields[] = {
 
 // ---- per-unit overrides ("units": {"layers.3": {"forward_prefetch": "2", ...}}) -------------
 
-constexpr std::string_view kUnitsKey = "units";
-
-// One overridable field of a unit: parse its text form into the override, print it (nullopt:
-// not overridden).
-struct UnitField final {
-  std::string_view key;
-  bool is_bool = false;
-  Status (*parse)(std::string_view value, UnitPolicy& u) = nullptr;
-  std::optional<std::string> (*print)(const UnitPolicy& u) = nullptr;
-};
+template <auto kMember>
+void CopyUnitField(const UnitPolicy& from, UnitPolicy& to) {
+  to.*kMember = from.*kMember;
+}
 
 template <std::optional<Budget> UnitPolicy::*kMember>
 Status ParseUnitBudget(std::string_view value, UnitPolicy& u) {
@@ -431,18 +437,26 @@ std::optional<std::string> PrintUnitBool(const UnitPolicy& u) {
 // The same keys as the global fields they override (one vocabulary).
 constexpr UnitField kUnitFields[] = {
     {"forward_prefetch", false, ParseUnitBudget<&UnitPolicy::forward_prefetch>,
-     PrintUnitBudget<&UnitPolicy::forward_prefetch>},
+     PrintUnitBudget<&UnitPolicy::forward_prefetch>, CopyUnitField<&UnitPolicy::forward_prefetch>},
     {"backward_prefetch", false, ParseUnitBudget<&UnitPolicy::backward_prefetch>,
-     PrintUnitBudget<&UnitPolicy::backward_prefetch>},
+     PrintUnitBudget<&UnitPolicy::backward_prefetch>,
+     CopyUnitField<&UnitPolicy::backward_prefetch>},
     {"reshard_after_forward", true, ParseUnitBool<&UnitPolicy::reshard_after_forward>,
-     PrintUnitBool<&UnitPolicy::reshard_after_forward>},
+     PrintUnitBool<&UnitPolicy::reshard_after_forward>,
+     CopyUnitField<&UnitPolicy::reshard_after_forward>},
     {"unshard_all_planes_in_backward", true,
      ParseUnitBool<&UnitPolicy::unshard_all_planes_in_backward>,
-     PrintUnitBool<&UnitPolicy::unshard_all_planes_in_backward>},
+     PrintUnitBool<&UnitPolicy::unshard_all_planes_in_backward>,
+     CopyUnitField<&UnitPolicy::unshard_all_planes_in_backward>},
 };
 
-StatusOr<std::map<std::string, UnitPolicy, std::less<>>> ParseUnitOverrides(
-    const nlohmann::json& v) {
+}  // namespace
+
+namespace internal {
+
+std::span<const UnitField> UnitFields() { return kUnitFields; }
+
+StatusOr<UnitOverrides> ParseUnitOverrides(const nlohmann::json& v) {
   if (!v.is_object()) {
     return InvalidInput(fmt::format(
         "units: expected an object of unit names to override objects, found {}", v.dump()));
@@ -486,7 +500,7 @@ StatusOr<std::map<std::string, UnitPolicy, std::less<>>> ParseUnitOverrides(
   return out;
 }
 
-}  // namespace
+}  // namespace internal
 
 std::span<const PolicyField> PolicyFields() { return kPolicyFields; }
 
@@ -507,12 +521,16 @@ Status ApplyPolicyKey(std::string_view key, std::string_view value, Policy& poli
   return s.ok() ? s : s.WithContext(f->key);
 }
 
-Status ApplyPolicyJson(std::string_view json_text, Policy& policy) {
+namespace internal {
+
+Status ApplyPolicyJsonKeys(std::string_view json_text, Policy& policy,
+                           std::vector<std::string>* keys_set) {
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidInput("policy: not valid JSON");
   if (!j.is_object()) return InvalidInput("policy: expected a JSON object of policy keys");
   // Keys in document order would be nicer, but every key is independent: apply in key order.
   for (const auto& [key, v] : j.items()) {
+    if (keys_set != nullptr) keys_set->push_back(NormalizeKey(key));
     if (key == kUnitsKey) {
       FSDP_ASSIGN_OR_RETURN(policy.units, ParseUnitOverrides(v));
       continue;
@@ -542,6 +560,12 @@ Status ApplyPolicyJson(std::string_view json_text, Policy& policy) {
     FSDP_RETURN_IF_ERROR(ApplyPolicyKey(key, text, policy));
   }
   return Status::Ok();
+}
+
+}  // namespace internal
+
+Status ApplyPolicyJson(std::string_view json_text, Policy& policy) {
+  return ApplyPolicyJsonKeys(json_text, policy, nullptr);
 }
 
 namespace {
@@ -687,127 +711,6 @@ std::string PolicyToJson(const Policy& policy) {
 DType ReduceDType(const Policy& policy, DType param_dtype) {
   if (policy.reduce_dtype.has_value()) return *policy.reduce_dtype;
   return param_dtype == DType::kMxfp8 ? DType::kBf16 : param_dtype;
-}
-
-}  // namespace fsdplab
-
-namespace fsdplab {
-
-Status ApplyTraceMetaPolicy(std::string_view meta_json, Policy& policy) {
-  using Json = nlohmann::json;
-  Json meta = Json::parse(meta_json, nullptr, /*allow_exceptions=*/false);
-  if (meta.is_discarded() || !meta.is_object()) return Status::Ok();  // the reader checked it
-  for (std::string_view key : {std::string_view("optimizer"), std::string_view("master_weights")}) {
-    auto it = meta.find(std::string(key));
-    if (it == meta.end() || it->is_null()) continue;
-    if (!it->is_string()) {
-      return InvalidInput(fmt::format("meta.{}: expected a string", key));
-    }
-    const std::string value = it->get<std::string>();
-    if (Status s = ApplyPolicyKey(key, value, policy); !s.ok()) {
-      return InvalidInput(fmt::format("meta.{}", s.message()));
-    }
-  }
-  return Status::Ok();
-}
-
-TraceDevice DeviceOfTrace(std::string_view meta_json, std::string_view source) {
-  using Json = nlohmann::json;
-  const Json extra = Json::parse(meta_json, nullptr, /*allow_exceptions=*/false);
-  const auto text = [](const Json& j, const char* key) -> std::string {
-    return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>()
-                                                                  : std::string();
-  };
-  if (const std::string device = text(extra, "device"); device == "cpu" || device == "cuda") {
-    return {device == "cpu", "meta.device " + device};
-  }
-  if (source == "live-host") return {true, "meta.source live-host"};
-  if (source == "torch" && extra.is_object() && extra.contains("recorder") &&
-      text(extra["recorder"], "timing") == "cpu") {
-    return {true, "meta.source torch, timed on the CPU clock (meta.recorder.timing cpu)"};
-  }
-  return {false, "meta.source " + std::string(source)};
-}
-
-StatusOr<Policy> LayerPolicy(const PolicyLayers& layers) {
-  Policy policy = layers.base;
-  FSDP_RETURN_IF_ERROR(ApplyTraceMetaPolicy(layers.trace_meta_json, policy));
-  if (layers.file_text) {
-    if (Status s = ApplyPolicyJson(*layers.file_text, policy); !s.ok()) {
-      return InvalidInput(fmt::format("{}: {}", layers.file_name, s.message()));
-    }
-  }
-  for (const auto& [key, value] : layers.keys) {
-    if (Status s = ApplyPolicyKey(key, value, policy); !s.ok()) {
-      return layers.key_error ? layers.key_error(s) : s;
-    }
-  }
-  return policy;
-}
-
-StatusOr<Policy> ResolvePolicy(const PolicyLayers& layers, const Model& model) {
-  FSDP_ASSIGN_OR_RETURN(Policy policy, LayerPolicy(layers));
-  FSDP_RETURN_IF_ERROR(ValidatePolicy(policy, model));
-  return policy;
-}
-
-StatusOr<std::vector<Policy>> PolicyGrid(PolicyLayers layers, const std::vector<PolicyAxis>& axes,
-                                         const Model& model,
-                                         std::vector<std::string>* varied_keys) {
-  // What lies under the keys, once (its errors come first); each combination then applies over
-  // it.
-  layers.keys.clear();
-  FSDP_ASSIGN_OR_RETURN(layers.base, LayerPolicy(layers));
-  layers.trace_meta_json = {};
-  layers.file_text.reset();
-  if (varied_keys != nullptr) varied_keys->clear();
-  for (const PolicyAxis& a : axes) {
-    // Check every alternative alone, so an error names the bad one.
-    for (const std::string& v : a.values) {
-      Policy probe = layers.base;
-      if (Status s = ApplyPolicyKey(a.key, v, probe); !s.ok()) {
-        return layers.key_error ? layers.key_error(s) : s;
-      }
-    }
-    if (a.values.size() > 1 && varied_keys != nullptr) varied_keys->push_back(a.key);
-  }
-  // Every combination is built: bound their number before building any (a few keys with many
-  // alternatives would otherwise multiply past memory, or past 64 bits).
-  std::size_t combos = 1;
-  for (const PolicyAxis& a : axes) {
-    if (a.values.empty()) return UsageError(fmt::format("{}: no value to sweep", a.key));
-    if (a.values.size() > kMaxSweepPolicies / combos) {
-      return UsageError(
-          fmt::format("the policy flags give more than {} combinations to sweep; narrow the lists",
-                      kMaxSweepPolicies));
-    }
-    combos *= a.values.size();
-  }
-  std::vector<Policy> grid;
-  std::vector<std::size_t> idx(axes.size(), 0);
-  Status first_error;
-  for (std::size_t c = 0; c < combos; ++c) {
-    layers.keys.clear();
-    for (std::size_t k = 0; k < axes.size(); ++k) {
-      layers.keys.emplace_back(axes[k].key, axes[k].values[idx[k]]);
-    }
-    FSDP_ASSIGN_OR_RETURN(Policy p, LayerPolicy(layers));
-    Status s = ValidatePolicy(p, model);
-    if (s.ok()) {
-      grid.push_back(std::move(p));
-    } else if (s.code() != StatusCode::kUsage || combos == 1) {
-      return s;  // a unit that does not exist is wrong in every combination
-    } else if (first_error.ok()) {
-      first_error = s;  // an impossible combination (recompute_aware without recorded): skipped
-    }
-    // Advance the odometer: the last key varies fastest.
-    for (std::size_t k = axes.size(); k-- > 0;) {
-      if (++idx[k] < axes[k].values.size()) break;
-      idx[k] = 0;
-    }
-  }
-  if (grid.empty()) return first_error;
-  return grid;
 }
 
 }  // namespace fsdplab

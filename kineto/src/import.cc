@@ -152,7 +152,7 @@ class Importer final {
         return InvalidInput(fmt::format(
             "{}: FSDP1 profile (FullyShardedDataParallel.* ranges): they carry no unit names, "
             "so the units cannot be identified from the profile; record the run with "
-            "tools/torch/fsdplab_record.py, or use FSDP2 (fully_shard), whose ranges name "
+            "fsdplab.torch.Recorder, or use FSDP2 (fully_shard), whose ranges name "
             "their module",
             p_.source));
       }

@@ -13,7 +13,8 @@ a dict such as fsdplab.torch.Recorder.trace() returns, or a list of either (one 
 
 Errors: fsdplab.UsageError (the command's exit 1), fsdplab.InvalidInput (exit 2),
 fsdplab.StepFailed (exit 3; .result holds the report or table the command still writes), all
-fsdplab.Error. The recorder and the policy applier are fsdplab.torch (needs torch).
+fsdplab.Error. The recorder and the policy applier are fsdplab.torch (needs torch, not the
+compiled extension: from a source tree, PYTHONPATH=python is enough for it).
 """
 
 from __future__ import annotations
@@ -22,8 +23,17 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _fsdplab
 from .errors import Error, InvalidInput, StepFailed, UsageError
+
+# The compiled extension (`pip install .` builds it). A source tree's python/ folder has none:
+# fsdplab.torch works there, and every function here raises the error of _extension().
+try:
+    from . import _fsdplab
+except ImportError as _missing:
+    _fsdplab = None
+    _EXTENSION_ERROR: Optional[ImportError] = _missing
+else:
+    _EXTENSION_ERROR = None
 
 __all__ = [
     "Error", "UsageError", "InvalidInput", "StepFailed",
@@ -36,8 +46,35 @@ TraceLike = Union[PathLike, Mapping[str, Any]]
 DocLike = Union[PathLike, Mapping[str, Any]]
 
 # The keywords simulate(), sweep() and tune() take beside policy and cluster (the engine option
-# table of sim/sim_options.h: memory_cap is --memory-cap).
-ENGINE_OPTIONS: Tuple[str, ...] = tuple(_fsdplab.engine_option_keys())
+# table of sim/sim_options.h: memory_cap is --memory-cap); read from the extension on first use
+# (module __getattr__, so that `import fsdplab` works without it).
+ENGINE_OPTIONS: Tuple[str, ...]
+_ENGINE_OPTIONS: Optional[Tuple[str, ...]] = None
+
+
+def _extension() -> Any:
+    """The compiled module fsdplab._fsdplab, or an ImportError that says how to get it."""
+    if _fsdplab is None:
+        raise ImportError(
+            "fsdplab: the compiled extension fsdplab._fsdplab could not be imported from "
+            f"{os.path.dirname(os.path.abspath(__file__))} (the cause is below): install the "
+            "package with `pip install .` from the source tree; only fsdplab.torch, the recorder "
+            "and the applier, works without it"
+        ) from _EXTENSION_ERROR
+    return _fsdplab
+
+
+def _engine_options() -> Tuple[str, ...]:
+    global _ENGINE_OPTIONS
+    if _ENGINE_OPTIONS is None:
+        _ENGINE_OPTIONS = tuple(_extension().engine_option_keys())
+    return _ENGINE_OPTIONS
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ENGINE_OPTIONS":
+        return _engine_options()
+    raise AttributeError(f"module 'fsdplab' has no attribute {name!r}")
 
 
 def _source(doc: DocLike) -> Tuple[bool, str]:
@@ -84,10 +121,11 @@ def _settings(options: Mapping[str, Any]) -> List[Tuple[str, str]]:
 
 
 def _engine_settings(function: str, options: Mapping[str, Any]) -> List[Tuple[str, str]]:
-    unknown = sorted(set(options) - set(ENGINE_OPTIONS))
+    known = _engine_options()
+    unknown = sorted(set(options) - set(known))
     if unknown:
         raise TypeError(f"{function}() got unexpected keyword argument(s) {', '.join(unknown)} "
-                        f"(engine options: {', '.join(ENGINE_OPTIONS)})")
+                        f"(engine options: {', '.join(known)})")
     return _settings(options)
 
 
@@ -117,7 +155,7 @@ def simulate(trace: Union[TraceLike, Sequence[TraceLike]], policy: Optional[DocL
     options (ENGINE_OPTIONS), e.g. steps=4, memory_cap="2G", straggler=["3:1.5"].
     Raises StepFailed (with .result, the report) when the simulated step fails.
     """
-    return _result(_fsdplab.simulate(
+    return _result(_extension().simulate(
         _trace_sources(trace), preset, _optional_source(policy), _optional_source(cluster),
         _engine_settings("simulate", options), explain, prune_ranks, band))
 
@@ -137,7 +175,7 @@ def sweep(trace: TraceLike, grid: Mapping[str, Any], policy: Optional[DocLike] =
         if not isinstance(values, (list, tuple)):
             values = [values]
         axes.append((key, [_text(v) for v in values]))
-    return _result(_fsdplab.sweep(
+    return _result(_extension().sweep(
         _source(trace), preset, _optional_source(policy), axes, _optional_source(cluster),
         _engine_settings("sweep", options), cap_peak, jobs))
 
@@ -157,7 +195,7 @@ def tune(trace: Union[TraceLike, Sequence[TraceLike]], memory_cap: Union[int, st
     """
     settings = _engine_settings("tune", options) + [("memory_cap", _text(memory_cap))]
     kinds = None if budget_kinds is None else ",".join(budget_kinds)
-    return _result(_fsdplab.tune(
+    return _result(_extension().tune(
         _trace_sources(trace), preset, _optional_source(policy), _optional_source(cluster),
         settings, cap_peak, objective, kinds, time_limit_s, exact_max, to))
 
@@ -165,7 +203,7 @@ def tune(trace: Union[TraceLike, Sequence[TraceLike]], memory_cap: Union[int, st
 def cost(cluster: DocLike, collective: str, sizes: Sequence[Union[int, str]],
          world_size: Optional[int] = None) -> Dict[str, Any]:
     """`fsdplab cost --json`: a collective's time at each size under a cluster file or dict."""
-    return _result(_fsdplab.cost(_source(cluster), collective, [_text(s) for s in sizes],
+    return _result(_extension().cost(_source(cluster), collective, [_text(s) for s in sizes],
                                  world_size))
 
 
@@ -175,14 +213,14 @@ def calibrate(files: Sequence[PathLike], *, ranks: Optional[int] = None,
               gpus_per_node: Optional[int] = None,
               contention: Optional[PathLike] = None) -> Dict[str, Any]:
     """`fsdplab calibrate FILES --json`: {"fits", "notes", "cluster"} (the cluster file)."""
-    return _result(_fsdplab.calibrate(
+    return _result(_extension().calibrate(
         [os.fspath(f) for f in files], ranks, collective, block, tier, in_place, compute_scale,
         gpus_per_node, None if contention is None else os.fspath(contention)))
 
 
 def validate(trace: TraceLike) -> List[str]:
     """`fsdplab validate`: every problem of a trace file or dict; empty when it is valid."""
-    return _result(_fsdplab.validate(_source(trace)))
+    return _result(_extension().validate(_source(trace)))
 
 
 def import_kineto(profiles: Union[PathLike, Sequence[PathLike]], *, step: Optional[int] = None,
@@ -191,7 +229,7 @@ def import_kineto(profiles: Union[PathLike, Sequence[PathLike]], *, step: Option
     """`fsdplab import-kineto`: PyTorch profiler traces of an FSDP2 run as traces, by rank."""
     if isinstance(profiles, (str, os.PathLike)):
         profiles = [profiles]
-    return _result(_fsdplab.import_kineto(
+    return _result(_extension().import_kineto(
         [os.fspath(p) for p in profiles], step, rank,
         None if model_json is None else os.fspath(model_json)))
 
@@ -203,13 +241,21 @@ def export_policy(policy: DocLike, trace: TraceLike, to: str = "fsdp2",
     """
     applier = ""
     if format == "python":
-        from ._torch_files import applier_source
-        applier = applier_source()
-    outcome = _fsdplab.export_policy(_source(policy), _source(trace), to, format, applier)
+        applier = _applier_source()
+    outcome = _extension().export_policy(_source(policy), _source(trace), to, format, applier)
     return _result(outcome, parse=format == "json")
+
+
+def _applier_source() -> str:
+    """The applier's source text, python/fsdplab/torch/apply.py (what export_policy(format=
+    "python") and `fsdplab export-policy --format python` write into their scripts); read as a
+    file, so that torch is not imported."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch", "apply.py")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def synth(**config: Any) -> Dict[str, Any]:
     """`fsdplab synth`: the trace of a GPT/Llama-like model; keywords as its flags
     (layers=4, hidden=1024, kv_heads=8, tie_embeddings=True, ...)."""
-    return _result(_fsdplab.synth(_settings(config)))
+    return _result(_extension().synth(_settings(config)))

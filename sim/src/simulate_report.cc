@@ -4,6 +4,7 @@
 
 #include <functional>
 
+#include "fsdplab/core/policy.h"
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/sim/cluster.h"
 #include "fsdplab/sim/critical_path.h"
@@ -34,6 +35,10 @@ StatusOr<SimulatedRun> Assemble(const Trace& first, const SimOptions& options,
   in.collective_footprint_bytes = r.collective_footprint_bytes;
   in.peak_races = detail.peak_races;
   run.report = BuildReport(r.timeline, in);
+  if (std::optional<std::string> note =
+          RecordedPolicyNote(first.meta.extra_json, options.policy, first.model)) {
+    run.report.notes.push_back(*std::move(note));
+  }
   if (options.memory_cap) {
     run.report.notes.push_back(fmt::format("memory cap: {} bytes per rank", *options.memory_cap));
   }

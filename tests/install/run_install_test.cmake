@@ -6,11 +6,23 @@ execute_process(COMMAND "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "cmake --install failed: ${rc}")
 endif()
-foreach(f bin/fsdplab include/fsdplab/core/scheduler.h share/fsdplab/python/fsdplab_record.py)
+foreach(f bin/fsdplab include/fsdplab/core/scheduler.h share/fsdplab/python/fsdplab/__init__.py
+    share/fsdplab/python/fsdplab/torch/recorder.py share/fsdplab/python/fsdplab/torch/apply.py)
   if(NOT EXISTS "${WORK}/prefix/${f}")
     message(FATAL_ERROR "not installed: ${f}")
   endif()
 endforeach()
+# The installed package imports without its compiled extension (only a wheel has one), and
+# says so when a function needs it.
+find_program(python3 NAMES python3 REQUIRED)
+execute_process(COMMAND "${CMAKE_COMMAND}" -E env
+  "PYTHONPATH=${WORK}/prefix/share/fsdplab/python" "${python3}" -c
+  "import fsdplab\ntry:\n  fsdplab.validate('t.json')\nexcept ImportError as e:\n  print(e)"
+  WORKING_DIRECTORY "${WORK}"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "fsdplab._fsdplab could not be imported")
+  message(FATAL_ERROR "the installed fsdplab package did not import (${rc}):\n${out}\n${err}")
+endif()
 execute_process(COMMAND "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK}/build"
   "-DCMAKE_PREFIX_PATH=${WORK}/prefix" -DCMAKE_BUILD_TYPE=Release
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

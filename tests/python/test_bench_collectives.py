@@ -1,4 +1,4 @@
-"""tools/torch/fsdplab_bench_collectives.py: torch.distributed's all-gather and reduce-scatter
+"""`python -m fsdplab.torch.bench_collectives`: torch.distributed's all-gather and reduce-scatter
 timed on 2 gloo ranks (torchrun, CPU, ~15 s), their rows turned into nccl-tests text and a
 cluster file by `fsdplab bench-gather --rows` and `fsdplab calibrate`, which `simulate --cluster`
 then reads. Asserts the sizes and the files' shapes, not the times (a bench's business).
@@ -14,9 +14,9 @@ import unittest
 FSDPLAB = os.environ.get("FSDPLAB_BIN", "")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
-SCRIPT = os.path.join(ROOT, "tools", "torch", "fsdplab_bench_collectives.py")
-sys.path.insert(0, os.path.dirname(SCRIPT))
-import fsdplab_bench_collectives as bench  # noqa: E402 (beside the recorder)
+PYTHON_DIR = os.environ.get("FSDPLAB_PYTHON_DIR", os.path.join(ROOT, "python"))
+sys.path.insert(0, PYTHON_DIR)
+import fsdplab.torch.bench_collectives as bench  # noqa: E402 (the source tree's package)
 
 
 def rows(path):
@@ -62,10 +62,10 @@ class TorchrunTest(unittest.TestCase):
             out = os.path.join(d, "calib")
             p = subprocess.run(
                 [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                 "--standalone", SCRIPT, "--out", out, "-b", "64K", "-e", "1M", "-f", "4",
+                 "--standalone", "-m", "fsdplab.torch.bench_collectives", "--out", out, "-b", "64K", "-e", "1M", "-f", "4",
                  "-w", "1", "-n", "3", "--fsdplab", FSDPLAB],
                 capture_output=True, text=True, timeout=300,
-                env={**os.environ, "OMP_NUM_THREADS": "1"})
+                env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHON_DIR})
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
             # 64K, 256K, 1M: three sizes of each kind, each timed (> 0 us).
             for kind in ("all_gather", "reduce_scatter"):

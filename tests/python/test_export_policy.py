@@ -1,7 +1,7 @@
 """`fsdplab export-policy --to fsdp2` closed on a real FSDP2 (torch 2.x, CPU, gloo, 2 ranks):
 record a default step, export a per-unit policy resolved on that trace, apply it to a fresh
 fully_shard model (rank 0 through the generated script, rank 1 through
-fsdplab_record.apply_policy and the JSON form), and check from FSDP2's own unshard calls which
+fsdplab_torch.apply_policy and the JSON form), and check from FSDP2's own unshard calls which
 all-gathers each pre-hook issued. Without the lists FSDP2 gathers each layer in its own
 pre_forward, so the check fails if the policy is not applied. Then the measured steps beside
 the simulator's predictions under the fsdp2 preset and under the policy."""
@@ -17,7 +17,7 @@ import unittest
 import torch
 
 FSDPLAB = os.environ.get("FSDPLAB_BIN", "")
-RECORDER_DIR = os.environ.get("FSDPLAB_RECORDER_DIR", "")
+PYTHON_DIR = os.environ.get("FSDPLAB_PYTHON_DIR", "")
 
 # Root "model" (embedding and head), layers 0-3. Recorded order: forward model, layers.0 .. 3;
 # backward model, layers.3 .. 0.
@@ -63,7 +63,7 @@ SCRIPT = textwrap.dedent(
     import importlib.util, json, os, subprocess, sys, time
     import torch, torch.nn as nn, torch.distributed as dist
     sys.path.insert(0, sys.argv[1])
-    import fsdplab_record
+    import fsdplab.torch as fsdplab_torch
     rank, world, store, tmp, fsdplab = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
@@ -113,7 +113,7 @@ SCRIPT = textwrap.dedent(
     # 1. FSDP2 as it comes: a recorded step (the trace the policy is exported on).
     a = build()
     step(a)  # lazy initialisation
-    rec = fsdplab_record.Recorder(a)
+    rec = fsdplab_torch.Recorder(a)
     with rec.step():
         step(a)
     rec.save(os.path.join(tmp, "trace.json"))
@@ -136,7 +136,7 @@ SCRIPT = textwrap.dedent(
         spec.loader.exec_module(script)
         notes = script.apply(b)
     else:
-        notes = fsdplab_record.apply_policy(b, os.path.join(tmp, "fsdp2.json"))
+        notes = fsdplab_torch.apply_policy(b, os.path.join(tmp, "fsdp2.json"))
     step(b)  # lazy initialisation
     # 4. Which all-gathers each pre-hook issues: FSDP2's own unshard, which does nothing for a
     #    module already unsharded or in flight.
@@ -197,7 +197,7 @@ class ExportPolicyFsdp2Test(unittest.TestCase):
         store = os.path.join(tmp, "store")
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", SCRIPT, RECORDER_DIR, str(r), "2", store, tmp, FSDPLAB],
+                [sys.executable, "-c", SCRIPT, PYTHON_DIR, str(r), "2", store, tmp, FSDPLAB],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -238,17 +238,17 @@ class ExportPolicyFsdp2Test(unittest.TestCase):
         self.assertTrue(any(n.startswith("backward budget 0 ('layers.3')") for n in notes), notes)
 
     def test_a_missing_module_is_an_error_naming_it(self):
-        sys.path.insert(0, RECORDER_DIR)
-        import fsdplab_apply  # noqa: PLC0415
+        sys.path.insert(0, PYTHON_DIR)
+        import fsdplab.torch as fsdplab_torch  # noqa: PLC0415
 
         with open(os.path.join(self.tmp.name, "fsdp2.json"), encoding="utf-8") as f:
             plan = json.load(f)
         plan["modules"][1]["fqn"] = "layers.9"
-        with self.assertRaises(fsdplab_apply.PolicyError) as cm:
-            fsdplab_apply.apply_policy(torch.nn.Sequential(), plan)
+        with self.assertRaises(fsdplab_torch.PolicyError) as cm:
+            fsdplab_torch.apply_policy(torch.nn.Sequential(), plan)
         self.assertIn("'layers.9'", str(cm.exception))
-        with self.assertRaises(fsdplab_apply.PolicyError) as cm:
-            fsdplab_apply.apply_policy(torch.nn.Sequential(), POLICY)
+        with self.assertRaises(fsdplab_torch.PolicyError) as cm:
+            fsdplab_torch.apply_policy(torch.nn.Sequential(), POLICY)
         self.assertIn("fsdplab export-policy", str(cm.exception))
 
     def test_measured_steps_beside_the_predictions(self):

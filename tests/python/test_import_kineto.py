@@ -1,6 +1,6 @@
 """`fsdplab import-kineto` on real PyTorch profiler traces: FSDP2 (fully_shard), CPU, gloo, 2 ranks,
 a 4-layer transformer with and without activation checkpointing, profiled with
-torch.profiler(record_shapes=True) while tools/torch/fsdplab_record.py records the same step.
+torch.profiler(record_shapes=True) while fsdplab.torch's Recorder records the same step.
 The imported traces must validate and simulate, and their units, parameter counts, orders,
 collectives and each unit's compute must equal the recorder's.
 
@@ -16,8 +16,8 @@ import textwrap
 import unittest
 
 FSDPLAB = os.environ.get("FSDPLAB_BIN", "fsdplab")
-RECORDER_DIR = os.environ.get(
-    "FSDPLAB_RECORDER_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "tools", "torch")
+PYTHON_DIR = os.environ.get(
+    "FSDPLAB_PYTHON_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "python")
 )
 
 PROFILE_SCRIPT = textwrap.dedent(
@@ -25,7 +25,7 @@ PROFILE_SCRIPT = textwrap.dedent(
     import sys
     import torch, torch.nn as nn, torch.distributed as dist
     sys.path.insert(0, sys.argv[1])
-    import fsdplab_record
+    import fsdplab.torch as fsdplab_torch
     rank, world, store, out = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
@@ -68,7 +68,7 @@ PROFILE_SCRIPT = textwrap.dedent(
         opt = torch.optim.SGD(m.parameters(), lr=0.01)
         # memory_steps=0: the recorder's memory probe is a dispatch mode, under which the
         # profiler would see every operator twice.
-        rec = fsdplab_record.Recorder(m, memory_steps=0)
+        rec = fsdplab_torch.Recorder(m, memory_steps=0)
         if rank == 0:
             rec.save_model(f"{out}/{tag}.model.json")
         def step():
@@ -128,7 +128,7 @@ class ImportKinetoTest(unittest.TestCase):
         store = os.path.join(cls.dir, "store")
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", PROFILE_SCRIPT, RECORDER_DIR, str(r), "2", store, cls.dir],
+                [sys.executable, "-c", PROFILE_SCRIPT, PYTHON_DIR, str(r), "2", store, cls.dir],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )
             for r in range(2)

@@ -1,7 +1,8 @@
-"""Tests of tools/torch/fsdplab_record.py against the fsdplab command.
+"""Tests of the PyTorch recorder (fsdplab.torch) against the fsdplab command.
 
 Run by CTest with Debian's /usr/bin/python3 (python3-torch): FSDPLAB_BIN is the fsdplab binary and
-FSDPLAB_RECORDER_DIR the folder holding fsdplab_record.py, both given by CMake.
+FSDPLAB_PYTHON_DIR the folder holding the fsdplab package (python/ of the source tree: no
+wheel, no compiled extension needed), both given by CMake.
 """
 
 import copy
@@ -28,16 +29,16 @@ except ImportError as e:  # a failure, not a skip: the test set-up installs pyth
     TORCH2 = False
 
 FSDPLAB_BIN = os.environ.get("FSDPLAB_BIN", "")
-RECORDER_DIR = os.environ.get(
-    "FSDPLAB_RECORDER_DIR",
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "torch"),
+PYTHON_DIR = os.environ.get(
+    "FSDPLAB_PYTHON_DIR",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"),
 )
-sys.path.insert(0, RECORDER_DIR)
-fsdplab_record = None
+sys.path.insert(0, PYTHON_DIR)
+fsdplab_torch = None
 
 
 def setUpModule():
-    global fsdplab_record
+    global fsdplab_torch
     if torch is None:
         raise RuntimeError(
             f"PyTorch is not importable from {sys.executable} ({TORCH_ERROR}); the recorder tests "
@@ -45,9 +46,9 @@ def setUpModule():
         )
     if not FSDPLAB_BIN or not os.access(FSDPLAB_BIN, os.X_OK):
         raise RuntimeError(f"FSDPLAB_BIN={FSDPLAB_BIN!r} is not an executable fsdplab binary")
-    import fsdplab_record as module
+    import fsdplab.torch as module
 
-    fsdplab_record = module
+    fsdplab_torch = module
 
 
 def fsdplab(*args):
@@ -234,7 +235,7 @@ class TinyLMTraceTest(unittest.TestCase):
         cls.reference_grads = grads(reference)
 
         # memory_steps=0: saved_bytes from the saved-tensor hooks (Fsdp2Test: the probe).
-        cls.rec = fsdplab_record.Recorder(recorded, memory_steps=0)
+        cls.rec = fsdplab_torch.Recorder(recorded, memory_steps=0)
         with cls.rec.step():
             train_step(recorded, cls.batches)
         cls.recorded_grads = grads(recorded)
@@ -272,6 +273,9 @@ class TinyLMTraceTest(unittest.TestCase):
         self.assertEqual(meta["recorder"]["timing"], "cpu")
         self.assertGreater(meta["recorder"]["hook_calls"], 0)
         self.assertGreater(meta["recorder"]["us_per_hook"], 0)
+        # No FSDP: how the units were sharded is unknown, and nothing says otherwise.
+        self.assertNotIn("recorded_policy", meta)
+        self.assertNotIn("fsdp2_prefetch_lists", meta["recorder"])
 
     def test_units_in_registration_order_with_params(self):
         units = self.trace["units"]
@@ -436,22 +440,22 @@ class TinyLMTraceTest(unittest.TestCase):
 
 class UnitDetectionTest(unittest.TestCase):
     def test_default_is_root_plus_children_of_first_module_list(self):
-        names, how = fsdplab_record.detect_units(TinyLM())
+        names, how = fsdplab_torch.detect_units(TinyLM())
         self.assertEqual(how, "module-list")
         self.assertEqual(names, [""] + [f"layers.{i}" for i in range(5)])
 
     def test_names_keep_registration_order_and_root(self):
-        rec = fsdplab_record.Recorder(TinyLM(), units=["layers.3", "layers.1"])
+        rec = fsdplab_torch.Recorder(TinyLM(), units=["layers.3", "layers.1"])
         self.assertEqual(rec.units, ["model", "model.layers.1", "model.layers.3"])
         rec.remove()
 
     def test_predicate(self):
-        names, how = fsdplab_record.detect_units(TinyLM(), lambda n, m: isinstance(m, Adapter))
+        names, how = fsdplab_torch.detect_units(TinyLM(), lambda n, m: isinstance(m, Adapter))
         self.assertEqual((names, how), (["", "layers.4"], "predicate"))
 
     def test_unknown_name_is_a_clear_error(self):
         with self.assertRaisesRegex(ValueError, r"layers\.9"):
-            fsdplab_record.Recorder(TinyLM(), units=["layers.9"])
+            fsdplab_torch.Recorder(TinyLM(), units=["layers.9"])
 
     def test_fsdp2_modules_by_class_name(self):
         # fully_shard swaps a module's class for one deriving from FSDPModule and the original.
@@ -462,7 +466,7 @@ class UnitDetectionTest(unittest.TestCase):
         for i in (0, 2):
             m = model.layers[i]
             m.__class__ = type(f"FSDP{type(m).__name__}", (FSDPModule, type(m)), {})
-        names, how = fsdplab_record.detect_units(model)
+        names, how = fsdplab_torch.detect_units(model)
         self.assertEqual((names, how), (["", "layers.0", "layers.2"], "fsdp2"))
 
     def test_megatron_fsdp_unit_modules(self):
@@ -476,7 +480,7 @@ class UnitDetectionTest(unittest.TestCase):
                 return self.module(x)
 
         wrapped = MegatronFSDP(TinyLM(), [Block])
-        rec = fsdplab_record.Recorder(wrapped)
+        rec = fsdplab_torch.Recorder(wrapped)
         self.assertEqual(rec.detected_by, "megatron-fsdp")
         self.assertEqual(
             rec.units, ["model"] + [f"model.module.layers.{i}" for i in range(4)]
@@ -493,32 +497,32 @@ class UnitDetectionTest(unittest.TestCase):
 
 class DTypeTest(unittest.TestCase):
     def test_trace_dtypes(self):
-        self.assertEqual(fsdplab_record.trace_dtype(torch.zeros(2)), "fp32")
-        self.assertEqual(fsdplab_record.trace_dtype(torch.zeros(2, dtype=torch.bfloat16)), "bf16")
-        self.assertEqual(fsdplab_record.trace_dtype(torch.zeros(2, dtype=torch.float16)), "fp16")
-        self.assertIsNone(fsdplab_record.trace_dtype(torch.zeros(2, dtype=torch.float64)))
+        self.assertEqual(fsdplab_torch.trace_dtype(torch.zeros(2)), "fp32")
+        self.assertEqual(fsdplab_torch.trace_dtype(torch.zeros(2, dtype=torch.bfloat16)), "bf16")
+        self.assertEqual(fsdplab_torch.trace_dtype(torch.zeros(2, dtype=torch.float16)), "fp16")
+        self.assertIsNone(fsdplab_torch.trace_dtype(torch.zeros(2, dtype=torch.float64)))
 
     def test_transformer_engine_mxfp8_by_class_name(self):
         class MXFP8Tensor(torch.Tensor):  # stand-in for transformer_engine's MXFP8Tensor
             pass
 
         t = torch.zeros(4, 32).as_subclass(MXFP8Tensor)
-        self.assertEqual(fsdplab_record.trace_dtype(t), "mxfp8")
+        self.assertEqual(fsdplab_torch.trace_dtype(t), "mxfp8")
 
         class DTensorLike:  # FSDP2 keeps the quantized tensor as the DTensor's local tensor
             dtype = torch.bfloat16
             _local_tensor = t
 
-        self.assertEqual(fsdplab_record.trace_dtype(DTensorLike()), "mxfp8")
+        self.assertEqual(fsdplab_torch.trace_dtype(DTensorLike()), "mxfp8")
 
     def test_half_model_and_override(self):
         model = TinyLM().to(torch.bfloat16)
-        rec = fsdplab_record.Recorder(model)
+        rec = fsdplab_torch.Recorder(model)
         self.assertEqual({p["dtype"] for u in rec.trace()["units"] for p in u["params"]}, {"bf16"})
         rec.remove()
         with self.assertRaisesRegex(ValueError, r"float64.*param_dtype"):
-            fsdplab_record.Recorder(TinyLM().double())
-        rec = fsdplab_record.Recorder(TinyLM().double(), param_dtype="fp16")
+            fsdplab_torch.Recorder(TinyLM().double())
+        rec = fsdplab_torch.Recorder(TinyLM().double(), param_dtype="fp16")
         self.assertEqual({p["dtype"] for u in rec.trace()["units"] for p in u["params"]}, {"fp16"})
         rec.remove()
 
@@ -540,7 +544,7 @@ class RecorderBehaviourTest(unittest.TestCase):
                 return self.blocks[1](self.blocks[0](self.inp(x)))
 
         net = Net()
-        rec = fsdplab_record.Recorder(net)
+        rec = fsdplab_torch.Recorder(net)
         with rec.step():
             net(torch.ones(2, 4)).sum().backward()
         rec.remove()
@@ -597,7 +601,7 @@ class RecorderBehaviourTest(unittest.TestCase):
                 return self.blocks[0](x)
 
         net = Net()
-        rec = fsdplab_record.Recorder(net)
+        rec = fsdplab_torch.Recorder(net)
         with rec.step():
             net(torch.ones(2, 4)).sum().backward()
         rec.remove()
@@ -652,7 +656,7 @@ class RecorderBehaviourTest(unittest.TestCase):
                 return self.outer(x)
 
         net = Net()
-        rec = fsdplab_record.Recorder(net, units=["outer", "outer.child"])
+        rec = fsdplab_torch.Recorder(net, units=["outer", "outer.child"])
         hooked = []
 
         def step(flip):
@@ -692,7 +696,7 @@ class RecorderBehaviourTest(unittest.TestCase):
 
     def test_failed_step_is_discarded_and_hooks_come_off(self):
         model = TinyLM()
-        rec = fsdplab_record.Recorder(model)
+        rec = fsdplab_torch.Recorder(model)
         ids = torch.randint(0, V, (BATCH, SEQ))
         with self.assertRaisesRegex(ValueError, "boom"):
             with rec.step():
@@ -741,7 +745,7 @@ class RecorderBehaviourTest(unittest.TestCase):
         torch.cuda.synchronize = lambda *a: log.append("synchronize")
         try:
             model = TinyLM()
-            rec = fsdplab_record.Recorder(model, timing="cuda")
+            rec = fsdplab_torch.Recorder(model, timing="cuda")
             with rec.step():
                 train_step(model, self.batches())
                 log.append("body done")
@@ -763,7 +767,7 @@ class RecorderBehaviourTest(unittest.TestCase):
 
     def test_doc_snippet_records_a_valid_trace(self):
         # The usage block of docs/recorder.md, run as written on TinyLM.
-        doc = os.path.join(RECORDER_DIR, "..", "..", "docs", "recorder.md")
+        doc = os.path.join(PYTHON_DIR, "..", "docs", "recorder.md")
         with open(doc, encoding="utf-8") as f:
             text = f.read()
         code = text.split("```python\n", 1)[1].split("```", 1)[0]
@@ -793,19 +797,20 @@ class RecorderBehaviourTest(unittest.TestCase):
         self.assertEqual(scope["rec"].trace()["meta"]["optimizer"], "adam")
 
     def test_readme_example_runs_as_copied(self):
-        # The README's recording example, run as written by this test's Python (it runs from the
-        # clone's root; here the recorder's folder is on PYTHONPATH instead, so that the trace
+        # The README's recording example, run as written by this test's Python with the source
+        # tree's python/ on PYTHONPATH, as the README says for a clone without pip (the trace
         # lands in a temporary folder), then the README's next command on the trace it wrote.
-        readme = os.path.join(RECORDER_DIR, "..", "..", "README.md")
+        readme = os.path.join(PYTHON_DIR, "..", "README.md")
         with open(readme, encoding="utf-8") as f:
             text = f.read()
         section = text.split("## Recording your own PyTorch step", 1)[1]
         code = section.split("```python\n", 1)[1].split("```", 1)[0]
-        self.assertIn('sys.path.insert(0, "tools/torch")', code)
-        self.assertTrue(os.path.isfile(os.path.join(RECORDER_DIR, "fsdplab_record.py")))
+        self.assertIn("from fsdplab.torch import Recorder", code)
+        self.assertIn("`PYTHONPATH=python`", section.split("```python", 1)[0])
+        self.assertTrue(os.path.isfile(os.path.join(PYTHON_DIR, "fsdplab", "torch", "recorder.py")))
         self.assertIn("build/tools/fsdplab simulate trace.json --order recorded", section)
         with tempfile.TemporaryDirectory() as tmp:
-            env = dict(os.environ, PYTHONPATH=RECORDER_DIR)
+            env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
             p = subprocess.run(
                 [sys.executable, "-c", code], cwd=tmp, env=env, capture_output=True, text=True,
                 timeout=300,
@@ -823,11 +828,33 @@ class RecorderBehaviourTest(unittest.TestCase):
             report = fsdplab_json(self, "simulate", path, "--order", "recorded", "--json")
             self.assertEqual(report["errors"], [])
 
+    def test_source_tree_imports_the_recorder_without_the_extension(self):
+        # python/ of the source tree has no compiled fsdplab._fsdplab: fsdplab.torch imports
+        # anyway, and the functions that need the extension say how to get it.
+        code = textwrap.dedent(
+            """
+            import fsdplab, fsdplab.torch
+            print(fsdplab.torch.Recorder.__module__)
+            try:
+                fsdplab.simulate("trace.json")
+            except ImportError as e:
+                print(e)
+            """
+        )
+        env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        module, message = p.stdout.splitlines()
+        self.assertEqual(module, "fsdplab.torch.recorder")
+        self.assertIn("fsdplab._fsdplab could not be imported", message)
+        self.assertIn("pip install .", message)
+
     def test_rank_path(self):
-        self.assertEqual(fsdplab_record.rank_path("t.json", 3, 8), "t.rank3.json")
-        self.assertEqual(fsdplab_record.rank_path("out/t.json", 0, 1), "out/t.json")
-        self.assertEqual(fsdplab_record.rank_path("t_{rank}.json", 5, 8), "t_5.json")
-        self.assertEqual(fsdplab_record.rank_path("trace", 1, 2), "trace.rank1.json")
+        self.assertEqual(fsdplab_torch.rank_path("t.json", 3, 8), "t.rank3.json")
+        self.assertEqual(fsdplab_torch.rank_path("out/t.json", 0, 1), "out/t.json")
+        self.assertEqual(fsdplab_torch.rank_path("t_{rank}.json", 5, 8), "t_5.json")
+        self.assertEqual(fsdplab_torch.rank_path("trace", 1, 2), "trace.rank1.json")
 
 
 # -------------------------------------------------------------------------------------------------
@@ -965,7 +992,7 @@ class CheckpointModesTest(unittest.TestCase):
         recorded = copy.deepcopy(plain)
         x = torch.randn(4, CK, requires_grad=True)
         plain(x).sum().backward()
-        rec = fsdplab_record.Recorder(recorded, param_dtype=param_dtype)
+        rec = fsdplab_torch.Recorder(recorded, param_dtype=param_dtype)
         rec._always_call = rec._always_call and always_call  # False: as on torch < 2.1
         with rec.step():
             recorded(x).sum().backward()
@@ -1076,7 +1103,7 @@ class IdleRecorderTest(unittest.TestCase):
     def test_no_hook_outside_a_step(self):
         # Attached but idle, the recorder has no hook on the model: the step runs as without it.
         model = TinyLM()
-        rec = fsdplab_record.Recorder(model)
+        rec = fsdplab_torch.Recorder(model)
         from torch.nn.modules import module as module_lib
 
         def hooks():
@@ -1100,13 +1127,13 @@ RANK_SCRIPT = textwrap.dedent(
     """
     import sys, torch, torch.distributed as dist
     sys.path.insert(0, sys.argv[1])
-    import fsdplab_record
+    import fsdplab.torch as fsdplab_torch
     rank, world, store, out = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ModuleList([torch.nn.Linear(8, 8)]))
     layer = model[1][0]
-    rec = fsdplab_record.Recorder(model)
+    rec = fsdplab_torch.Recorder(model)
     with rec.step():
         layer(model[0](torch.ones(4, 8))).sum().backward()
     print(rec.save(out))
@@ -1123,7 +1150,7 @@ class ProcessGroupTest(unittest.TestCase):
             os.makedirs(os.path.dirname(out))
             procs = [
                 subprocess.Popen(
-                    [sys.executable, "-c", RANK_SCRIPT, RECORDER_DIR, str(r), "2", store, out],
+                    [sys.executable, "-c", RANK_SCRIPT, PYTHON_DIR, str(r), "2", store, out],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
@@ -1155,7 +1182,7 @@ FSDP2_SCRIPT = textwrap.dedent(
     import json, sys, time, warnings
     import torch, torch.nn as nn, torch.distributed as dist
     sys.path.insert(0, sys.argv[1])
-    import fsdplab_record
+    import fsdplab.torch as fsdplab_torch
     rank, world, store, out = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
@@ -1187,13 +1214,16 @@ FSDP2_SCRIPT = textwrap.dedent(
                 h = layer(h)
             return self.head(h)
 
-    def build(recorder_first=False):
+    def build(recorder_first=False, keep_last=False):
         torch.manual_seed(0)
         m = Net()
-        rec = fsdplab_record.Recorder(m) if recorder_first else None
-        for layer in m.layers:
-            fully_shard(layer)
+        rec = fsdplab_torch.Recorder(m) if recorder_first else None
+        for i, layer in enumerate(m.layers):
+            keep = keep_last and i == len(m.layers) - 1
+            fully_shard(layer, reshard_after_forward=not keep)
         fully_shard(m)
+        if keep_last:
+            m.layers[0].set_modules_to_forward_prefetch([m.layers[1]])
         return m, rec
 
     torch.manual_seed(1)
@@ -1203,11 +1233,11 @@ FSDP2_SCRIPT = textwrap.dedent(
 
     a, _ = build()
     b, _ = build()
-    c, early = build(recorder_first=True)
+    c, early = build(recorder_first=True, keep_last=True)
     for m in (a, b, c):
         step(m)  # FSDP's lazy initialisation happens in the first step
         m.zero_grad(set_to_none=True)
-    rec = fsdplab_record.Recorder(a)
+    rec = fsdplab_torch.Recorder(a)
     with rec.step():
         step(a)
     step(b)
@@ -1224,6 +1254,7 @@ FSDP2_SCRIPT = textwrap.dedent(
         "grads_equal": grads_equal,
         "early_warned": any("after the Recorder was created" in str(w.message) for w in caught),
         "early_units": [early.detected_by] + early.units,
+        "early_meta": early.trace()["meta"],
     }))
     dist.destroy_process_group()
     """
@@ -1256,7 +1287,7 @@ class Fsdp2Test(unittest.TestCase):
         os.makedirs(os.path.dirname(out))
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", FSDP2_SCRIPT, RECORDER_DIR, str(r), "2", store, out,
+                [sys.executable, "-c", FSDP2_SCRIPT, PYTHON_DIR, str(r), "2", store, out,
                  str(cls.DELAY_S)],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -1301,6 +1332,34 @@ class Fsdp2Test(unittest.TestCase):
                 self.results[r]["early_units"],
                 ["fsdp2", "model", "model.layers.0", "model.layers.1"],
             )
+
+    def test_recorded_policy_is_what_fully_shard_was_given(self):
+        # The blocks of the recorded model were sharded with FSDP2's default (they reshard after
+        # forward); the root keeps its parameters (FSDP2 decides so at its lazy init). The
+        # early recorder's model kept layers.1 after forward (reshard_after_forward=False) and
+        # set layers.0 to prefetch layers.1 in forward.
+        l0, l1 = "model.layers.0", "model.layers.1"
+        for r in range(2):
+            meta = self.traces[r]["meta"]
+            self.assertEqual(
+                meta["recorded_policy"],
+                {"units": {
+                    "model": {"reshard_after_forward": False},
+                    l0: {"reshard_after_forward": True},
+                    l1: {"reshard_after_forward": True},
+                }},
+            )
+            self.assertNotIn("fsdp2_prefetch_lists", meta["recorder"])
+            early = self.results[r]["early_meta"]
+            self.assertEqual(
+                early["recorded_policy"]["units"],
+                {
+                    "model": {"reshard_after_forward": False},
+                    l0: {"reshard_after_forward": True},
+                    l1: {"reshard_after_forward": False},
+                },
+            )
+            self.assertEqual(early["recorder"]["fsdp2_prefetch_lists"], {l0: {"forward": [l1]}})
 
     def test_collectives_measured(self):
         # By hand: a block's parameters are fc1 (32x16 + 32) and fc2 (16x32 + 16) = 1072 fp32
@@ -1401,7 +1460,7 @@ class OptimizerMetaTest(unittest.TestCase):
     def test_adam_with_fp32_params_under_a_bf16_trace_is_adam_with_fp32_masters(self):
         model = TinyLM()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        rec = fsdplab_record.Recorder(model, param_dtype="bf16", optimizer=opt)
+        rec = fsdplab_torch.Recorder(model, param_dtype="bf16", optimizer=opt)
         try:
             with rec.step():
                 train_step(model, [torch.randint(0, V, (BATCH, SEQ))])
@@ -1413,7 +1472,7 @@ class OptimizerMetaTest(unittest.TestCase):
 
     def test_sgd_without_momentum_keeps_no_state_and_fp32_trace_has_no_masters(self):
         model = TinyLM()
-        rec = fsdplab_record.Recorder(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        rec = fsdplab_torch.Recorder(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
         try:
             with rec.step():
                 train_step(model, [torch.randint(0, V, (BATCH, SEQ))])
@@ -1425,7 +1484,7 @@ class OptimizerMetaTest(unittest.TestCase):
 
     def test_unknown_optimizer_is_refused(self):
         with self.assertRaises(ValueError):
-            fsdplab_record.Recorder(TinyLM(), optimizer="lion")
+            fsdplab_torch.Recorder(TinyLM(), optimizer="lion")
 
 
 class OptimizerStepTest(unittest.TestCase):
@@ -1452,7 +1511,7 @@ class OptimizerStepTest(unittest.TestCase):
     def record(self, zero_first, steps=2):
         model = TinyLM()
         opt, slow_step, slow_zero = self.slow_optimizer(model)
-        rec = fsdplab_record.Recorder(model, optimizer=opt)
+        rec = fsdplab_torch.Recorder(model, optimizer=opt)
         ids = [torch.randint(0, V, (BATCH, SEQ)) for _ in range(2)]
         try:
             for _ in range(steps):
@@ -1511,7 +1570,7 @@ class OptimizerStepTest(unittest.TestCase):
     def test_an_optimizer_outside_the_recorded_steps_is_named(self):
         model = TinyLM()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        rec = fsdplab_record.Recorder(model, optimizer=opt)
+        rec = fsdplab_torch.Recorder(model, optimizer=opt)
         try:
             with rec.step():
                 train_step(model, [torch.randint(0, V, (BATCH, SEQ))])

@@ -22,14 +22,14 @@ import unittest
 import torch
 
 FSDPLAB = os.environ.get("FSDPLAB_BIN", "")
-RECORDER_DIR = os.environ.get("FSDPLAB_RECORDER_DIR", "")
+PYTHON_DIR = os.environ.get("FSDPLAB_PYTHON_DIR", "")
 
 SCRIPT = textwrap.dedent(
     """
     import json, os, sys
     import torch, torch.nn as nn, torch.distributed as dist
     sys.path.insert(0, sys.argv[1])
-    import fsdplab_record
+    import fsdplab.torch as fsdplab_torch
     rank, world, store, tmp, phase = (int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
                                       sys.argv[5], sys.argv[6])
     torch.set_num_threads(1)
@@ -84,13 +84,13 @@ SCRIPT = textwrap.dedent(
 
     if phase == "record":
         step()  # lazy initialisation, the optimizer's state
-        rec = fsdplab_record.Recorder(model, optimizer=opt)
+        rec = fsdplab_torch.Recorder(model, optimizer=opt)
         with rec.step():
             step()
         rec.save(os.path.join(tmp, "trace.json"))
         rec.remove()
     else:
-        notes = fsdplab_record.apply_policy(model, os.path.join(tmp, "fsdp2.json"))
+        notes = fsdplab_torch.apply_policy(model, os.path.join(tmp, "fsdp2.json"))
         step()
         # FSDP2's own settings, read back from the live modules.
         fqn_of = {}
@@ -181,7 +181,7 @@ def run_ranks(tmp, phase):
     store = os.path.join(tmp, f"store-{phase}")
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", SCRIPT, RECORDER_DIR, str(r), "2", store, tmp, phase],
+            [sys.executable, "-c", SCRIPT, PYTHON_DIR, str(r), "2", store, tmp, phase],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -5,11 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "fsdplab/core/scheduler.h"
 #include "fsdplab/frameworks/framework_export.h"
 #include "fsdplab/report/report.h"
+#include "fsdplab/sim/simulate_report.h"
 #include "fsdplab/sim/simulator.h"
 #include "sim_test_util.h"
 
@@ -114,6 +118,101 @@ TEST(Presets, TheTracesDeviceIsItsMetaElseItsSource) {
   EXPECT_FALSE(DeviceOfTrace("{}", "live-cuda").cpu);
   EXPECT_FALSE(DeviceOfTrace("{}", "hand").cpu);
   EXPECT_EQ(DeviceOfTrace("{}", "hand").why, "meta.source hand");
+}
+
+// A root "model" (100,000 bf16 elements: 200,000 bytes unsharded) and three blocks a, b, c
+// (200,000 each: 400,000 bytes), as FSDP2 wraps a model; each block's forward saves 1,000,000
+// bytes of activations; backward c, b, a. `recorded`: the meta's recorded_policy, if any.
+Trace ThreeBlockTrace(const std::string& recorded) {
+  ModelBuilder b;
+  b.AddUnit("model", std::nullopt, {ParamSpec{"w", DType::kBf16, {}, Elements{100000}}});
+  for (const char* u : {"model.a", "model.b", "model.c"}) {
+    b.AddUnit(u, "model", {ParamSpec{"w", DType::kBf16, {}, Elements{200000}}});
+  }
+  Trace t;
+  t.meta.world_size = 2;
+  t.meta.extra_json = recorded.empty() ? "{}" : R"({"recorded_policy": )" + recorded + "}";
+  t.model = std::move(b).Build().value();
+  const Model& m = t.model;
+  Microbatch mb;
+  mb.events.push_back(testing::Ev(Op::kPreForward, m, "model"));
+  for (const char* u : {"model.a", "model.b", "model.c"}) {
+    mb.events.push_back(testing::Ev(Op::kPreForward, m, u));
+    mb.events.push_back(testing::Comp(m, u, Phase::kForward, 1000, 1'000'000));
+    mb.events.push_back(testing::Ev(Op::kPostForward, m, u));
+  }
+  mb.events.push_back(testing::Ev(Op::kPostForward, m, "model"));
+  mb.events.push_back(testing::Ev(Op::kPreBackward, m, "model"));
+  for (const char* u : {"model.c", "model.b", "model.a"}) {
+    mb.events.push_back(testing::Ev(Op::kPreBackward, m, u));
+    mb.events.push_back(testing::Comp(m, u, Phase::kBackward, 2000));
+    mb.events.push_back(testing::Ev(Op::kPostBackward, m, u));
+  }
+  mb.events.push_back(testing::Ev(Op::kPostBackward, m, "model"));
+  mb.events.push_back(testing::Ev(Op::kBackwardEnd, m, ""));
+  t.steps = {Step{{mb}}, Step{{mb}}};
+  return t;
+}
+
+// --preset fsdp2 over the trace's recorded policy and `keys` (flags), simulated: the report.
+Report Fsdp2Report(const Trace& t, std::vector<std::pair<std::string, std::string>> keys = {}) {
+  PolicyLayers layers;
+  layers.base = Preset(Framework::kFsdp2, t);
+  layers.trace_meta_json = t.meta.extra_json;
+  layers.keys = std::move(keys);
+  SimOptions opt;
+  opt.cluster = TwoRankCluster();
+  opt.launch_us = 0;
+  opt.policy = ResolvePolicy(layers, t.model).value();
+  StatusOr<SimulatedRun> run = SimulateToReport(t, opt);
+  EXPECT_TRUE(run.ok()) << run.status().ToString();
+  return run.ok() ? run->report : Report{};
+}
+
+bool HasNote(const Report& r, std::string_view start) {
+  return std::any_of(r.notes.begin(), r.notes.end(),
+                     [&](const std::string& n) { return n.starts_with(start); });
+}
+
+TEST(Presets, Fsdp2KeepsTheUnitsTheRunKeptAfterForward) {
+  // The run kept every block after forward (fully_shard(block, reshard_after_forward=False));
+  // the root keeps by FSDP2's rule.
+  const std::string keep_all =
+      R"({"units": {"model": {"reshard_after_forward": false},
+                    "model.a": {"reshard_after_forward": false},
+                    "model.b": {"reshard_after_forward": false},
+                    "model.c": {"reshard_after_forward": false}}})";
+  const Report plain = Fsdp2Report(ThreeBlockTrace(""));
+  const Report kept = Fsdp2Report(ThreeBlockTrace(keep_all));
+  // By hand, per rank (world 2): sharded parameters 700,000 bytes; the sharded gradients, from
+  // the first step's reductions on (no optimizer step frees them), 700,000. The peak is c's
+  // backward, with every forward's activations (3,000,000) still held and c's unsharded
+  // gradients (400,000):
+  //   resharding: the root (200,000), c (400,000) and b, prefetched by c (400,000):
+  //     700,000 + 700,000 + 3,000,000 + 400,000 + 1,000,000 = 5,800,000;
+  //   kept: a too, kept since its forward (400,000): 6,200,000.
+  // (b's backward, the next candidate, holds 2,000,000 of activations and c's reduce-scatter
+  // input buffer, 400,000: 5,200,000 resharding, 5,600,000 kept.) The difference is a's
+  // unsharded bytes. The second step gathers root, a, b, c in forward and, resharding, c, b, a
+  // again in backward: 7 gathers against 4 kept.
+  EXPECT_EQ(plain.steps.at(1).peak_memory_bytes, 5'800'000u);
+  EXPECT_EQ(kept.steps.at(1).peak_memory_bytes, 6'200'000u);
+  EXPECT_EQ(plain.steps.at(1).allgather.count, 7);
+  EXPECT_EQ(kept.steps.at(1).allgather.count, 4);
+  EXPECT_FALSE(HasNote(plain, "policy: the trace records"));
+  EXPECT_TRUE(HasNote(kept,
+                      "policy: the trace records how its run was configured "
+                      "(meta.recorded_policy): applied reshard_after_forward false on 4 unit(s)"));
+
+  // The user's flag wins: the same as the trace without a recording.
+  const Report flag = Fsdp2Report(ThreeBlockTrace(keep_all), {{"reshard_after_forward", "true"}});
+  EXPECT_EQ(flag.steps.at(1).peak_memory_bytes, 5'800'000u);
+  EXPECT_EQ(flag.steps.at(1).allgather.count, 7);
+  EXPECT_TRUE(HasNote(flag,
+                      "policy: the trace records how its run was configured "
+                      "(meta.recorded_policy): applied reshard_after_forward false on 1 unit(s) "
+                      "(model); overridden by the policy given: reshard_after_forward false on 3 "
+                      "unit(s) (model.a, model.b, model.c)"));
 }
 
 TEST(Presets, MegatronFsdpIsRegistrationOrderAndTheRootReshards) {

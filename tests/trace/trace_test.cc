@@ -213,6 +213,29 @@ TEST(TraceReader, KeepsTheRecordedDeviceAndBackend) {
   EXPECT_EQ(back->meta.extra_json, t->meta.extra_json);
 }
 
+TEST(TraceReader, KeepsTheRecordedPolicyAndChecksItAgainstTheUnits) {
+  // How the recorded run was configured (meta.recorded_policy): kept verbatim, read in the
+  // policy's per-unit vocabulary, over the trace's own units.
+  const std::string kept = R"("rank": 0, "recorded_policy": {"units": {"model.layers.0":
+                              {"reshard_after_forward": false}}}})";
+  StatusOr<Trace> t = ParseTrace(Edit(R"("rank": 0})", kept));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->meta.extra_json,
+            R"({"recorded_policy":{"units":{"model.layers.0":{"reshard_after_forward":false}}}})");
+  StatusOr<Trace> back = ParseTrace(WriteTrace(*t));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->meta.extra_json, t->meta.extra_json);
+  // A wrong value and an unknown unit, each named by its position.
+  EXPECT_EQ(FirstError(Edit(R"("rank": 0})", R"("rank": 0, "recorded_policy": {"units":
+                                {"model.layers.0": {"reshard_after_forward": "often"}}}})")),
+            "meta.recorded_policy.units.model.layers.0.reshard_after_forward: 'often' is not "
+            "valid (expected true or false)");
+  EXPECT_EQ(FirstError(Edit(R"("rank": 0})", R"("rank": 0, "recorded_policy": {"units":
+                                {"model.layers.9": {"reshard_after_forward": true}}}})")),
+            "meta.recorded_policy.units: unknown unit 'model.layers.9' (not one of the trace's "
+            "units)");
+}
+
 TEST(TraceReader, AcceptsStepsBeforeUnits) {
   std::string text = R"({"steps": [{"microbatches": [{"events": [
       {"op": "pre_forward", "unit": "a"}, {"op": "post_forward", "unit": "a"},

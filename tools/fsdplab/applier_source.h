@@ -1,5 +1,5 @@
-// The text of tools/torch/fsdplab_apply.py, built into the binary (one copy of the applier: the
-// recorder's package imports the file, export-policy writes it into its scripts).
+// The text of python/fsdplab/torch/apply.py, built into the binary (one copy of the applier:
+// fsdplab.torch imports the file, export-policy writes it into its scripts).
 #pragma once
 
 #include <string_view>

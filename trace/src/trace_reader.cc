@@ -22,6 +22,7 @@
 
 #include "fsdplab/core/file_util.h"
 #include "fsdplab/core/limits.h"
+#include "fsdplab/core/policy.h"
 #include "fsdplab/trace/trace_io.h"
 #include "trace_checks.h"
 #include "trace_json.h"
@@ -846,6 +847,14 @@ void Reader::Run() {
   if (!units_seen_) Add("units: missing");
   if (!have_steps_) Add("steps: missing");
   if (have_units_ && !deferred_steps_.empty()) Walk(deferred_steps_, deferred_offset_, true);
+  // What the run was configured with (meta.recorded_policy), in the policy's per-unit
+  // vocabulary and over this trace's units: checked by the policy's own reader.
+  if (have_units_) {
+    const auto is_unit = [&](std::string_view name) { return ids_.find(name) != ids_.end(); };
+    if (Status s = ReadRecordedPolicy(meta_.extra_json, is_unit).status(); !s.ok()) {
+      Add(s.message());
+    }
+  }
   for (UnitRaw& u : units_) {
     builder_.AddUnit(std::move(u.name), std::move(u.parent), std::move(u.params), u.recompute);
   }

@@ -2,22 +2,18 @@
 
     from fsdplab.torch import Recorder, apply_policy
 
-Imports torch (the rest of the fsdplab package does not). The recorder and the applier are the
-modules fsdplab_record and fsdplab_apply (one copy each: tools/torch/ in the source tree, which
-`pip install .` installs beside this file).
+Imports torch (the rest of the fsdplab package does not) and not the compiled extension: from a
+source tree, PYTHONPATH=python is enough. `python -m fsdplab.torch.bench_collectives` (under
+torchrun) times the ranks' collectives for `fsdplab calibrate`.
 """
 
 from __future__ import annotations
 
-import sys
+from .. import _applier_source as applier_source
+from .apply import PolicyError, apply_policy, fully_shard_kwargs, load_policy
+from .recorder import Recorder
+from .units import detect_units, trace_dtype
+from .writer import rank_path
 
-from .._torch_files import DIRECTORY, applier_source
-
-if DIRECTORY not in sys.path:
-    sys.path.insert(0, DIRECTORY)
-
-from fsdplab_apply import PolicyError, apply_policy, fully_shard_kwargs, load_policy  # noqa: E402
-from fsdplab_record import Recorder, detect_units  # noqa: E402
-
-__all__ = ["Recorder", "detect_units", "apply_policy", "load_policy", "fully_shard_kwargs",
-           "PolicyError", "applier_source"]
+__all__ = ["Recorder", "detect_units", "trace_dtype", "rank_path", "apply_policy", "load_policy",
+           "fully_shard_kwargs", "PolicyError", "applier_source"]

@@ -169,6 +169,23 @@ std::string_view MasterWeightsName(MasterWeights m);      // "none" | "fp32"
 // extra keys (TraceMeta::extra_json). Errors name meta.<key>.
 Status ApplyTraceMetaPolicy(std::string_view meta_json, Policy& policy);
 
+// Per-unit overrides by unit name (Policy::units).
+using UnitOverrides = std::map<std::string, UnitPolicy, std::less<>>;
+
+// What a trace's meta records of how its run was configured: meta.recorded_policy, `{"units":
+// {"<unit>": {"reshard_after_forward": false}}}` in the policy's per-unit vocabulary (the PyTorch
+// recorder writes each FSDP2 unit's reshard_after_forward). Empty when absent: unknown. Errors
+// name meta.recorded_policy.<path>; `is_unit`, when given, says whether a name is one of the
+// trace's units (an unknown unit is an error). ResolvePolicy applies it between the preset and
+// the user's policy file and flags.
+StatusOr<UnitOverrides> ReadRecordedPolicy(
+    std::string_view meta_json, const std::function<bool(std::string_view)>& is_unit = {});
+// One line for a report: which of the trace's recorded settings `policy` holds for its units
+// (what each unit does, a root by its own rule), and which the policy given overrode; nullopt
+// when the trace records none.
+std::optional<std::string> RecordedPolicyNote(std::string_view meta_json, const Policy& policy,
+                                              const Model& model);
+
 // The device a trace's run used (one decision for the FSDP2 preset's streams and the memory model
 // a cap is held to): meta.device ("cpu" or "cuda") where the recorder wrote it, else the source:
 // live-host runs on the CPU, a torch recording on the CPU when its recorder timed with the CPU
@@ -197,8 +214,11 @@ struct PolicyLayers final {
   std::function<Status(const Status&)> key_error;
 };
 
-// The one policy layering: base -> trace meta -> policy file -> keys, then ValidatePolicy against
-// the model.
+// The one policy layering: base -> trace meta (optimizer, master_weights) -> the trace's
+// recorded policy (ReadRecordedPolicy: each field it records replaces the base's for that unit)
+// -> policy file -> keys, then ValidatePolicy against the model. A key the user sets (in the
+// file or as a key) wins over the recorded value of that key on every unit; a file's "units"
+// replaces the recorded units as it replaces the preset's.
 StatusOr<Policy> ResolvePolicy(const PolicyLayers& layers, const Model& model);
 // The same layers, not yet checked against a model (a sweep checks each combination of keys).
 StatusOr<Policy> LayerPolicy(const PolicyLayers& layers);

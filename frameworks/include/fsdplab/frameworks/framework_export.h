@@ -79,7 +79,7 @@ StatusOr<ExportedPolicy> ParseExportedPolicy(std::string_view json_text);
 // {"format": "fsdplab.framework_policy", "version": 1, "framework": ..., "modules": [...],
 //  "notes": [...], "policy": {...}}: what apply_policy(model, path) reads.
 std::string ExportedPolicyToJson(const ExportedPolicy& exported);
-// A self-contained Python script: `applier_source` (tools/torch/fsdplab_apply.py), the policy
+// A self-contained Python script: `applier_source` (python/fsdplab/torch/apply.py), the policy
 // above, and how to call it.
 std::string ExportedPolicyToPython(const ExportedPolicy& exported, std::string_view applier_source);
 

@@ -2,10 +2,10 @@
 
     fsdplab export-policy tuned.json --trace trace.json --to fsdp2 --format json -o fsdp2.json
 
-    import fsdplab_apply                      # or fsdplab_record.apply_policy
+    from fsdplab.torch import apply_policy
     for layer in model.layers: fully_shard(layer)
     fully_shard(model)
-    notes = fsdplab_apply.apply_policy(model, "fsdp2.json")   # before the first forward
+    notes = apply_policy(model, "fsdp2.json")   # before the first forward
 
 Modules are found by their fully qualified names (model.named_modules(); the root is ""). A name
 the model lacks is an error naming it. FSDP2: each module's set_modules_to_forward_prefetch and

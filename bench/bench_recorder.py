@@ -1,6 +1,6 @@
 """The recorder's cost on a training step, measured above the noise of a shared machine.
 
-    PYTHON tools/torch/bench_recorder.py [--seconds 180] [--microbatches 1] [--layers 6]
+    PYTHON bench/bench_recorder.py [--seconds 180] [--microbatches 1] [--layers 6]
 
 PYTHON: /usr/bin/python3 (Debian's torch 1.13) or the torch 2.x virtual environment that
 scripts/setup.sh makes (${XDG_CACHE_HOME:-~/.cache}/fsdplab/torch2-venv/bin/python).
@@ -48,8 +48,9 @@ import time
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fsdplab_record  # noqa: E402
+# The fsdplab package of this source tree (python/): no wheel needed, no compiled extension.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from fsdplab.torch import Recorder  # noqa: E402
 
 KINDS = ("plain", "plain'", "idle", "recording")
 # (name, kind, reference kind): each block's relative difference kind - reference.
@@ -154,7 +155,7 @@ def main():
     base = Lm(args.layers, args.d_model, args.vocab)
     plain = copy.deepcopy(base)
     recorded = copy.deepcopy(base)
-    rec = fsdplab_record.Recorder(
+    rec = Recorder(
         recorded,
         units=lambda n, m: n.startswith("encoder.layers.") and n.count(".") == 2,
         saved_bytes=not args.no_saved_bytes,

@@ -1,6 +1,6 @@
 """Time torch.distributed's all-gather and reduce-scatter on your own ranks, for `fsdplab calibrate`.
 
-    torchrun --nproc-per-node 2 tools/torch/fsdplab_bench_collectives.py --out calib/ \\
+    torchrun --nproc-per-node 2 -m fsdplab.torch.bench_collectives --out calib/ \\
         [--trace trace.rank0.json | -b 64K -e 256M -f 2] [--fsdplab build/tools/fsdplab]
 
 Every rank times `all_gather_into_tensor` and `reduce_scatter_tensor` (fp32, out of place) at each
@@ -131,7 +131,7 @@ def run(cmd):
     print("+ " + " ".join(cmd), flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
-        raise SystemExit(f"fsdplab_bench_collectives: {cmd[1]} failed ({p.returncode}):\n"
+        raise SystemExit(f"fsdplab.torch.bench_collectives: {cmd[1]} failed ({p.returncode}):\n"
                          f"{p.stderr}")
     return p.stdout
 
@@ -153,7 +153,7 @@ def main():
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     if world < 2:
-        raise SystemExit("fsdplab_bench_collectives: needs at least 2 ranks (torchrun "
+        raise SystemExit("fsdplab.torch.bench_collectives: needs at least 2 ranks (torchrun "
                          "--nproc-per-node 2 ...)")
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

@@ -1,0 +1,204 @@
+"""FSDP2 (fully_shard) while a step is recorded: FSDP's own methods are bracketed so that their
+time is excluded from every unit's compute, the all-gathers and reduce-scatters they issue are
+written as measured collective events, the rest of FSDP's work (copies, casts) as computes
+without a unit, and the backward's end waits for FSDP's final callback. FSDP's objects are found
+by attribute: nothing of torch.distributed.fsdp is imported."""
+
+import time
+
+import torch
+
+from .hooks import Frame
+
+
+def _fsdp_state_and_groups(module):
+    """FSDP2's state of a module and its parameter groups (one per dtype / mesh), found by
+    attribute so that nothing of torch.distributed.fsdp is imported."""
+    get_state = getattr(module, "_get_fsdp_state", None)
+    if get_state is None:
+        return None, []
+    try:
+        state = get_state()
+    except (AssertionError, AttributeError, RuntimeError):
+        return None, []
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:  # earlier FSDP2: one group per state
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [group] if group is not None else []
+    return state, list(groups)
+
+
+_ABSENT = object()
+
+
+def fsdp2_configuration(units):
+    """What FSDP2 was configured with, per unit, read from its state once it has run (the root's
+    choice is made at its lazy init, on the first forward): (meta.recorded_policy, the explicit
+    prefetch lists), each None when nothing is known. A parameter group keeps its parameters
+    after forward when its post_forward_mesh_info is None (reshard_after_forward=False, and the
+    root by default); an int reshards to a smaller mesh, which still frees the full parameters
+    (true). A unit without FSDP2 state, not yet initialised, or whose groups disagree is left
+    out: unknown. The prefetch lists (set_modules_to_forward_prefetch / _backward_prefetch) name
+    units, informational."""
+    states = [(u.name, *_fsdp_state_and_groups(u.module)) for u in units]
+    unit_of_state = {}
+    for name, state, _ in states:
+        if state is not None:
+            unit_of_state.setdefault(id(state), name)
+    recorded, lists = {}, {}
+    for name, state, groups in states:
+        if state is None or getattr(state, "_is_root", None) is None:
+            continue
+        keeps = {getattr(g, "post_forward_mesh_info", _ABSENT) is None for g in groups}
+        has_info = all(hasattr(g, "post_forward_mesh_info") for g in groups)
+        if groups and has_info and len(keeps) == 1:
+            recorded[name] = {"reshard_after_forward": not keeps.pop()}
+        for phase in ("forward", "backward"):
+            targets = getattr(state, f"_states_to_{phase}_prefetch", None) or []
+            named = [unit_of_state.get(id(t)) for t in targets]
+            if named:
+                lists.setdefault(name, {})[phase] = [n for n in named if n is not None]
+    return ({"units": recorded} if recorded else None), (lists or None)
+
+
+# FSDP2's methods whose time is FSDP's own work, bracketed while recording. A parameter group's
+# methods are looked up on the instance each time FSDP calls them, so an instance attribute
+# wraps them; the state's hooks that are registered once (its forward hooks) call these.
+_FSDP_GROUP_METHODS = (
+    "pre_forward",
+    "post_forward",
+    "pre_backward",
+    "post_backward",
+    "unshard",
+    "wait_for_unshard",
+    "reshard",
+    "finalize_backward",
+)
+_FSDP_STATE_METHODS = ("_root_pre_forward", "_pre_backward", "_root_post_backward_final_callback")
+# The FSDP methods that may run before anything of a microbatch was recorded (the root's forward
+# prologue, an explicit prefetch); the others, outside a microbatch, ran after its backward_end.
+_FSDP_OPENS_PASS = frozenset(("_root_pre_forward", "pre_forward", "unshard", "wait_for_unshard"))
+
+
+def _all_gather_bytes(result, u):
+    """The bytes an all-gather produces (FSDP's padded output), else the unit's parameters."""
+    out = getattr(result, "all_gather_output", None)
+    if isinstance(out, torch.Tensor):
+        return int(out.numel() * out.element_size())
+    return u.param_bytes
+
+
+class Fsdp2Mixin:
+    """The Recorder's FSDP2 brackets: patches the units' FSDP states and parameter groups
+    (self._fsdp_patches) when a step opens; emits into the step's event stream (self._events,
+    self._stack, self._mark) and counts its time in self._fsdp_ns."""
+
+    def _patch_fsdp(self):
+        seen = set()
+        for u in self._units:
+            state, groups = _fsdp_state_and_groups(u.module)
+            if state is None or id(state) in seen:
+                continue
+            seen.add(id(state))
+            self._fsdp_states.append(state)
+            for name in _FSDP_STATE_METHODS:
+                self._patch(state, name, u, None)
+            for g in groups:
+                for name in _FSDP_GROUP_METHODS:
+                    self._patch(g, name, u, g)
+
+    def _patch(self, obj, name, u, group):
+        def make_wrapper(original):
+            def wrapper(*args, **kwargs):
+                if not self._active:
+                    return original(*args, **kwargs)
+                token = self._fsdp_enter(u, name, group)
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    self._fsdp_exit(token)
+
+            return wrapper
+
+        self._fsdp_patches.replace(obj, name, make_wrapper)
+
+    def _unpatch_fsdp(self):
+        self._fsdp_patches.restore()
+
+    def _fsdp_enter(self, u, name, group):
+        t0 = time.perf_counter_ns()
+        if self._events is None and name not in _FSDP_OPENS_PASS:
+            return None  # after backward_end (nothing of a microbatch is open): not recorded
+        m = self._mark()
+        if self._probe is not None:
+            self._probe.foreign += 1
+        frame = Frame(None, "fsdp")
+        self._stack.append(frame)
+        if self._fsdp_depth == 0:
+            self._fsdp_collectives = []  # (start, end) marks of collectives inside this bracket
+        self._fsdp_depth += 1
+        token = [frame, u, name, group, m, t0, None]
+        if group is not None:
+            if name == "unshard":
+                token[6] = getattr(group, "_all_gather_result", None)
+            elif name == "post_backward":
+                token[6] = str(getattr(group, "_training_state", ""))
+        self._hook_ns += time.perf_counter_ns() - t0
+        return token
+
+    def _fsdp_exit(self, token):
+        if token is None or not self._active:
+            return
+        t1 = time.perf_counter_ns()
+        frame, u, name, group, start, t0, before = token
+        m = self._mark()
+        if self._probe is not None:
+            self._probe.foreign = max(self._probe.foreign - 1, 0)
+        self._stack.remove(frame)
+        if name == "unshard" and before is None and self._world_size > 1:
+            result = getattr(group, "_all_gather_result", None)
+            if result is not None:  # an all-gather was issued
+                nbytes = _all_gather_bytes(result, u)
+                if getattr(result, "all_gather_work", None) is None:
+                    self._emit_collective("all_gather", u, nbytes, start, m)
+                else:  # asynchronous: it ends when FSDP has waited for it
+                    self._pending_gathers[id(group)] = (u, nbytes, start)
+        elif name == "wait_for_unshard":
+            pending = self._pending_gathers.pop(id(group), None)
+            if pending is not None:
+                self._emit_collective("all_gather", pending[0], pending[1], pending[2], m)
+        elif name == "post_backward" and self._world_size > 1 and u.param_bytes:
+            if not before.endswith("POST_BACKWARD") and u.index not in self._reduced:
+                self._reduced.add(u.index)
+                self._emit_collective("reduce_scatter", u, u.param_bytes, start, m)
+        self._fsdp_depth -= 1
+        if self._fsdp_depth == 0:  # FSDP's methods nest (pre_forward calls unshard): once
+            self._fsdp_ns += t1 - t0
+            self._emit_fsdp_work(start, m)
+        self._hook_ns += time.perf_counter_ns() - t1
+        self._hook_calls += 1
+
+    def _emit_collective(self, kind, u, nbytes, start, end):
+        self._events.append(("collective", (kind, u, nbytes, start, end), end))
+        if self._fsdp_depth > 0:
+            self._fsdp_collectives.append((start, end))
+
+    def _emit_fsdp_work(self, start, end):
+        """FSDP's own work outside its collectives (copying shards in and out of the gather
+        buffers, casting, dividing gradients) keeps the compute stream busy too: one compute
+        without a unit for the outermost bracket less the collectives inside it (a segment given
+        backwards subtracts). Traces have no event labels yet (the reader rejects "name"), so it
+        reads like the loss: work outside every unit."""
+        if not self._fsdp_work:
+            return
+        frame = Frame(None, "backward" if self._in_backward else "forward", name="fsdp")
+        frame.segments.append((start, end))
+        frame.segments.extend((b, a) for a, b in self._fsdp_collectives if a >= start)
+        self._events.append(("compute", frame, start))
+
+    def _fsdp_final_callback_pending(self):
+        for state in self._fsdp_states:
+            ctx = getattr(state, "_state_ctx", None)
+            if getattr(ctx, "post_backward_final_callback_queued", False):
+                return True
+        return False
