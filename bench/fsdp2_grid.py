@@ -17,9 +17,11 @@ steps: `timed` (nothing attached; warm-up, then steps timed from a barrier to af
 opt.zero_grad(), with the forward+backward, optimizer step and zero_grad split; twice, first and
 last, so the drift between two runs of the same configuration shows), `record` (the recorder,
 Recorder(model, optimizer=opt), a trace per rank), `profile` (torch.profiler, record_shapes, a
-Chrome trace per rank for `fsdplab import-kineto`) and `mem` (FSDPMemTracker over the step's last
-microbatch, the optimizer step and zero_grad: the tracker refuses a module called twice in one
-tracked region, and the last microbatch holds the earlier ones' gradients). Every rank is pinned
+Chrome trace per rank for `fsdplab import-kineto`; the profiled steps are also recorded, into
+profile/recorded/, so the recorder and the import are compared on the same steps) and `mem`
+(FSDPMemTracker over the step's last microbatch, the optimizer step and zero_grad: the tracker
+refuses a module called twice in one tracked region, and the last microbatch holds the earlier
+ones' gradients). Every rank is pinned
 to its own core (its threads, gloo's included, inherit it), with one intra-op and one inter-op
 thread; `spread` measures what each of those measures does to the spread of the step times.
 
@@ -36,6 +38,7 @@ change. Everything lands in DIR (summary.json, table.txt, runs/RUN_ID/...).
 """
 
 import argparse
+import contextlib
 import glob
 import gzip
 import json
@@ -370,22 +373,31 @@ def rank_main(args):
     elif args.phase == "profile":
         from torch.profiler import ProfilerActivity, profile, schedule
 
+        from fsdplab.torch import Recorder
+
         step()  # FSDP's lazy initialisation, outside the profile
         spans = []
         sched = schedule(wait=1, warmup=1, active=args.record_steps, repeat=1)
+        # The profiled steps are also recorded (profile/recorded/): the recorder and the import
+        # compared on the same steps. memory_steps=0: the recorder's memory probe is a dispatch
+        # mode, under which the profiler would see every operator twice.
+        rec = Recorder(model, optimizer=opt, memory_steps=0)
         # profile_memory: the allocations and frees import-kineto attributes to each compute.
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True,
                      schedule=sched) as prof:
-            for _ in range(2 + args.record_steps):
+            for i in range(2 + args.record_steps):
                 dist.barrier()
                 t0 = time.perf_counter()
-                step()
+                with rec.step() if i >= 2 else contextlib.nullcontext():
+                    step()
                 spans.append((time.perf_counter() - t0) * 1e6)
                 prof.step()
-        os.makedirs(os.path.join(args.dir, "profile"), exist_ok=True)
+        rec.remove()
+        os.makedirs(os.path.join(args.dir, "profile", "recorded"), exist_ok=True)
         prof.export_chrome_trace(
             os.path.join(args.dir, "profile", f"trace.rank{args.rank}.json.gz")
         )
+        rec.save(os.path.join(args.dir, "profile", "recorded", "trace.json"))
         out["step_us"] = spans[2:]  # the profiled (active) steps
     elif args.phase == "mem":
         tracker_class = grad_aware_tracker(torch, model)
@@ -901,8 +913,12 @@ def grade_run(rundir, bin_, base_pred=None):
         p["memory_exact_err"] = exact
         out[name] = p
 
-    # Recorder against importer, per unit and phase (rank 0; medians over steps).
-    rec_units = unit_compute(load(os.path.join(traces, "trace.rank0.json")))
+    # Recorder against importer, per unit and phase (rank 0; medians over steps): on the same
+    # steps where the profile phase also recorded them, else the record phase's (another run).
+    same = os.path.join(rundir, "profile", "recorded", "trace.rank0.json")
+    out["agreement_same_run"] = os.path.exists(same)
+    rec_units = unit_compute(load(same if out["agreement_same_run"]
+                                  else os.path.join(traces, "trace.rank0.json")))
     imp_units = unit_compute(load(os.path.join(imported, "trace.rank0.json")))
     agree = []
     for key in sorted(set(rec_units) | set(imp_units)):
@@ -998,6 +1014,12 @@ def summarize(results):
     }
     ratios = [a["ratio"] for r in results for a in r["agreement"] if a["ratio"] is not None]
     s["agreement"] = stats([x - 1 for x in ratios])
+    # On the same steps (the profile phase recorded them too), per phase.
+    same = [r for r in results if r.get("agreement_same_run")]
+    s["agreement_same_run"] = {
+        phase: stats([a["ratio"] - 1 for r in same for a in r["agreement"]
+                      if a["ratio"] is not None and (phase == "all" or a["phase"] == phase)])
+        for phase in ("all", "forward", "backward", "recompute")} if same else None
     return s
 
 
@@ -1095,7 +1117,8 @@ def table(doc):
         lines.append(f"{r['id']:<34s} " + " ".join(f"{c:>15s}" for c in cells))
     lines.append("")
     lines.append("Recorder vs importer compute per unit and phase (imported / recorded, rank 0): "
-                 "median and range of the ratio over units, per phase")
+                 "median and range of the ratio over units, per phase; [same]: the profiled "
+                 "steps recorded too, else the record phase's steps")
     for r in runs:
         parts = []
         for phase in ("forward", "backward", "recompute"):
@@ -1104,7 +1127,8 @@ def table(doc):
                 parts.append(f"{phase} {statistics.median(xs):.2f} [{min(xs):.2f}, "
                              f"{max(xs):.2f}]")
         missing = [f"{a['unit']}/{a['phase']}" for a in r["agreement"] if a["ratio"] is None]
-        lines.append(f"{r['id']:<34s} " + "; ".join(parts)
+        lines.append(f"{r['id']:<34s} " + ("[same] " if r.get("agreement_same_run") else "")
+                     + "; ".join(parts)
                      + (f"; only one side: {', '.join(missing)}" if missing else ""))
     pol = [r for r in runs if "policy" in r and "measured_change" in r["policy"]]
     if pol:
@@ -1142,6 +1166,11 @@ def table(doc):
         lines.append(f"  recorder vs importer |ratio - 1|: median "
                      f"{100 * s['agreement']['median_abs']:.1f}%, p90 "
                      f"{100 * s['agreement']['p90_abs']:.1f}% ({s['agreement']['n']} unit-phases)")
+    if s.get("agreement_same_run"):
+        parts = [f"{phase} {100 * st['median_abs']:.1f}% / {100 * st['p90_abs']:.1f}% "
+                 f"({st['n']})" for phase, st in s["agreement_same_run"].items() if st]
+        lines.append("  recorder vs importer on the same steps |ratio - 1| median / p90: "
+                     + ", ".join(parts))
     return "\n".join(lines) + "\n"
 
 

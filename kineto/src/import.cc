@@ -17,6 +17,7 @@
 #include "fsdplab/core/limits.h"
 #include "fsdplab/kineto/kineto.h"
 #include "fsdplab/report/intervals.h"
+#include "internal/collectives.h"
 #include "internal/point_masses.h"
 #include "internal/vocabulary.h"
 
@@ -53,6 +54,7 @@ class Importer final {
   StatusOr<Imported> Run() {
     Index();
     FSDP_RETURN_IF_ERROR(FindRanges());
+    IndexRecords();
     FSDP_RETURN_IF_ERROR(FindSteps());
     FSDP_RETURN_IF_ERROR(BuildModel());
     BuildWork();
@@ -104,6 +106,7 @@ class Importer final {
       by_thread_[static_cast<std::size_t>(p_.events[i].thread)].push_back(i);
       if (p_.events[i].cat == Category::kKernel) gpu_ = true;
     }
+    out_.record_shapes = p_.record_shapes.value_or(false);
     for (auto& list : by_thread_) {
       std::stable_sort(list.begin(), list.end(), [&](std::size_t a, std::size_t b) {
         const ProfileEvent& x = p_.events[a];
@@ -160,7 +163,44 @@ class Importer final {
     }
     std::stable_sort(ranges_.begin(), ranges_.end(),
                      [](const FsdpRange& a, const FsdpRange& b) { return a.start < b.start; });
+    // A post hook's range starts where the unit's work before it ended (WorkEnd): FSDP's hook
+    // runs Python of its own before its range.
+    range_ends_.assign(p_.threads.size(), {});
+    for (const FsdpRange& r : ranges_)
+      range_ends_[static_cast<std::size_t>(r.thread)].push_back(r.end);
+    for (auto& v : range_ends_) std::sort(v.begin(), v.end());
+    std::vector<TimeUs> starts;
+    for (const FsdpRange& r : ranges_) {
+      starts.push_back(r.hook == Hook::kPostForward || r.hook == Hook::kPostBackward ? WorkEnd(r)
+                                                                                     : r.start);
+    }
+    std::vector<Interval> preambles;
+    for (std::size_t i = 0; i < ranges_.size(); ++i) {
+      if (starts[i] < ranges_[i].start) preambles.push_back({starts[i], ranges_[i].start});
+      ranges_[i].start = starts[i];
+    }
+    preambles_ = IntervalSet(std::move(preambles));
+    std::stable_sort(ranges_.begin(), ranges_.end(),
+                     [](const FsdpRange& a, const FsdpRange& b) { return a.start < b.start; });
     return Status::Ok();
+  }
+
+  // What the profiler recorded on the computing threads: operators and memory events, by time.
+  void IndexRecords() {
+    for (const ProfileEvent& e : p_.events) {
+      if (e.cat == Category::kCpuOp && compute_threads_.count(e.thread)) {
+        operator_starts_.push_back(e.ts);
+      }
+    }
+    for (const MemoryEvent& m : p_.memory) {
+      if (compute_threads_.count(m.thread)) memory_starts_.push_back(m.ts);
+    }
+    std::sort(operator_starts_.begin(), operator_starts_.end());
+    std::sort(memory_starts_.begin(), memory_starts_.end());
+  }
+  static std::int64_t CountWithin(const std::vector<TimeUs>& sorted, TimeUs a, TimeUs b) {
+    return std::lower_bound(sorted.begin(), sorted.end(), b) -
+           std::lower_bound(sorted.begin(), sorted.end(), a);
   }
 
   Status FindSteps() {
@@ -373,11 +413,20 @@ class Importer final {
     for (const FsdpRange& r : ranges_) {
       if (compute_threads_.count(r.thread)) excluded.push_back({r.start, r.end});
     }
-    std::vector<Interval> evals_all;
-    std::vector<Interval> forward_ops;
+    fsdp_ranges_ = IntervalSet(excluded);
+    // A recomputation (activation checkpointing) runs inside the autograd backward function
+    // that first unpacks one of the checkpointed tensors, before that function's own work: it
+    // spans the thread from the function's start to the end of the last forward operator in it
+    // (the framework's gaps and the operators any backward also calls, views, adds, included).
+    std::vector<Interval> recomputes;
     std::vector<Interval> busy;
     for (std::int32_t t : compute_threads_) {
-      std::vector<Interval> evals;  // autograd backward functions of this thread
+      std::optional<Interval> eval;  // the autograd backward function open on this thread
+      std::optional<Interval> span;  // its recomputation so far
+      auto close = [&] {
+        if (span) recomputes.push_back(*span);
+        span.reset();
+      };
       for (std::size_t i : by_thread_[static_cast<std::size_t>(t)]) {
         const ProfileEvent& e = p_.events[i];
         if (e.cat != Category::kCpuOp) continue;
@@ -388,14 +437,17 @@ class Importer final {
         }
         busy.push_back({e.ts, e.ts + e.dur});
         if (n.starts_with("autograd::engine::evaluate_function:")) {
-          evals.push_back({e.ts, e.ts + e.dur});
-        } else if (IsForwardOp(n) && !evals.empty() && evals.back().end >= e.ts + e.dur) {
-          forward_ops.push_back({e.ts, e.ts + e.dur});
+          close();
+          eval = Interval{e.ts, e.ts + e.dur};
+        } else if (IsForwardOp(n) && eval && eval->end >= e.ts + e.dur) {
+          if (!span) span = Interval{eval->start, eval->start};
+          span->end = std::max(span->end, e.ts + e.dur);
         }
       }
+      close();
     }
     excluded_ = IntervalSet(std::move(excluded));
-    recompute_cpu_ = IntervalSet(std::move(forward_ops)).Minus(excluded_);
+    recompute_cpu_ = IntervalSet(std::move(recomputes)).Minus(excluded_);
     cpu_busy_ = IntervalSet(std::move(busy)).Minus(excluded_);
     if (!gpu_) return;
     // GPU: kernels, at the time and thread of their launch (correlation id).
@@ -405,6 +457,7 @@ class Importer final {
     }
     std::vector<std::pair<TimeUs, TimeUs>> work;
     std::vector<std::pair<TimeUs, TimeUs>> rework;
+    std::vector<std::pair<TimeUs, TimeUs>> fsdp;
     std::vector<Interval> kernels;
     for (const ProfileEvent& e : p_.events) {
       if (e.cat != Category::kKernel) continue;
@@ -412,6 +465,7 @@ class Importer final {
       auto it = launches.find(e.correlation);
       if (it == launches.end() || !compute_threads_.count(it->second->thread)) continue;
       const TimeUs at = it->second->ts;
+      if (fsdp_ranges_.Contains(at)) fsdp.emplace_back(at, e.dur);
       if (excluded_.Contains(at)) continue;
       work.emplace_back(at, e.dur);
       kernels.push_back({e.ts, e.ts + e.dur});
@@ -419,6 +473,7 @@ class Importer final {
     }
     gpu_work_ = PointMasses(std::move(work));
     gpu_rework_ = PointMasses(std::move(rework));
+    gpu_fsdp_ = PointMasses(std::move(fsdp));
     gpu_busy_ = IntervalSet(std::move(kernels));
   }
 
@@ -436,7 +491,9 @@ class Importer final {
                      [](const MemoryEvent* a, const MemoryEvent* b) { return a->ts < b->ts; });
     std::unordered_set<std::int64_t> fsdp_owned;
     for (const MemoryEvent* m : in_time) {
-      if (excluded_.Contains(m->ts)) {
+      // FSDP's hook preambles are FSDP's time, but what is freed there (a module's temporaries
+      // as its forward returns) is the unit's.
+      if (excluded_.Contains(m->ts) && !preambles_.Contains(m->ts)) {
         if (m->bytes > 0 && m->addr != 0) fsdp_owned.insert(m->addr);
         continue;
       }
@@ -525,6 +582,11 @@ class Importer final {
   TimeUs Rework(TimeUs a, TimeUs b) const {
     return gpu_ ? gpu_rework_.Between(a, b) : recompute_cpu_.Between(a, b);
   }
+  // FSDP's own work in [a, b): its ranges' time less its collectives (copies in and out, the
+  // reshard, the reduce-scatter's copies); on a GPU, the kernels launched inside its ranges.
+  TimeUs FsdpWork(TimeUs a, TimeUs b) const {
+    return gpu_ ? gpu_fsdp_.Between(a, b) : fsdp_cpu_.Between(a, b);
+  }
 
   // The innermost all-gather or reduce range of `thread` around time t, or nullptr.
   const FsdpRange* Enclosing(std::int32_t thread, TimeUs t) const {
@@ -549,98 +611,82 @@ class Importer final {
     for (const ProfileEvent& e : p_.events) {
       if (e.args >= 0 && Name(e) == "record_param_comms") nccl_args = true;
     }
-    // gloo's worker ranges, in start order: the k-th collective issued runs as the k-th.
-    std::vector<const ProfileEvent*> gloo;
+    // The operators that issue collectives (every c10d:: operator queues work on gloo, the
+    // barrier included, so all of them are paired with gloo's worker ranges; one nested in
+    // another is the same call), gloo's worker ranges, NCCL's kernels.
+    std::vector<const ProfileEvent*> workers;
     std::vector<const ProfileEvent*> issued;
     std::unordered_map<std::int64_t, const ProfileEvent*> kernels;
     for (const ProfileEvent& e : p_.events) {
       std::string_view n = Name(e);
-      if (e.cat == Category::kAnnotation && n.starts_with("gloo:")) gloo.push_back(&e);
+      if (e.cat == Category::kAnnotation && n.starts_with("gloo:")) workers.push_back(&e);
       if (e.cat == Category::kKernel && IsCommKernel(n) && e.correlation >= 0) {
         kernels[e.correlation] = &e;
       }
-      if (e.cat != Category::kCpuOp || e.args < 0) continue;
-      if (nccl_args ? n == "record_param_comms" : n.starts_with("c10d::")) issued.push_back(&e);
+      if (e.cat != Category::kCpuOp) continue;
+      if (nccl_args ? (n == "record_param_comms" && e.args >= 0) : n.starts_with("c10d::")) {
+        issued.push_back(&e);
+      }
     }
     auto by_ts = [](const ProfileEvent* a, const ProfileEvent* b) { return a->ts < b->ts; };
-    std::stable_sort(gloo.begin(), gloo.end(), by_ts);
+    std::stable_sort(workers.begin(), workers.end(), by_ts);
     std::stable_sort(issued.begin(), issued.end(), by_ts);
-    gloo_ = !gloo.empty();
-    std::size_t gloo_used = 0;
+    {
+      std::vector<const ProfileEvent*> outer;
+      std::map<std::int32_t, TimeUs> open_until;  // by thread: the end of the last one kept
+      for (const ProfileEvent* e : issued) {
+        auto [it, fresh] = open_until.try_emplace(e->thread, e->ts + e->dur);
+        if (!fresh && e->ts < it->second) continue;
+        it->second = e->ts + e->dur;
+        outer.push_back(e);
+      }
+      issued = std::move(outer);
+    }
+    gloo_ = !workers.empty();
+    std::vector<int> worker_of(issued.size(), -1);
+    if (!nccl_args && kernels.empty()) {
+      std::vector<internal::Queued> q;
+      std::vector<internal::Queued> w;
+      for (const ProfileEvent* e : issued) q.push_back({Name(*e), e->ts});
+      for (const ProfileEvent* e : workers) w.push_back({Name(*e), e->ts});
+      worker_of = internal::PairWorkerRanges(q, w);
+    }
     std::size_t outside = 0;
     std::size_t no_bytes = 0;
-    std::size_t collective_ops = 0;
-    for (const ProfileEvent* e : issued) {
-      const OpArgs& a = p_.args[static_cast<std::size_t>(e->args)];
-      std::string kind_text = nccl_args ? a.collective_name : std::string(Name(*e));
-      std::optional<CollectiveKind> kind;
-      std::size_t buffer = 0;  // which input holds the full (unsharded) buffer
-      if (kind_text.find("allgather") != std::string::npos ||
-          kind_text.find("all_gather") != std::string::npos) {
-        kind = CollectiveKind::kAllGather;
-        buffer = 0;
-      } else if (kind_text.find("reduce_scatter") != std::string::npos) {
-        kind = CollectiveKind::kReduceScatter;
-        buffer = 1;
-      } else if (kind_text.find("allreduce") != std::string::npos ||
-                 kind_text.find("all_reduce") != std::string::npos) {
-        kind = CollectiveKind::kAllReduce;
-        buffer = 0;
-      }
-      if (!kind) continue;  // barriers, broadcasts, ...
-      ++collective_ops;
+    std::size_t waited = 0;
+    for (std::size_t k = 0; k < issued.size(); ++k) {
+      const ProfileEvent* e = issued[k];
+      const OpArgs* args = e->args >= 0 ? &p_.args[static_cast<std::size_t>(e->args)] : nullptr;
+      const std::optional<internal::CollectiveOp> op = internal::ClassifyCollective(
+          nccl_args ? std::string_view(args->collective_name) : Name(*e));
+      if (!op) continue;  // barriers, broadcasts, ...
       Collective c;
-      c.kind = *kind;
+      c.kind = op->kind;
       c.start = e->ts;
       c.end = e->ts + e->dur;
-      if (nccl_args) {
-        const std::int64_t n = *kind == CollectiveKind::kReduceScatter ? a.in_nelems
-                               : *kind == CollectiveKind::kAllGather   ? a.out_nelems
-                                                                       : a.in_nelems;
-        std::optional<Bytes> size = ElementBytes(a.dtype);
-        if (n >= 0 && size)
-          c.bytes = static_cast<Bytes>(n) * *size;
-        else
-          ++no_bytes;
-      } else if (a.input_dims.size() > buffer && a.input_types.size() > buffer) {
-        // Elements of the buffer (a tensor list: the sum), saturating at the element limit.
-        constexpr Elements kCap = kMaxParamElements;
-        Elements n = 0;
-        if (!a.list_dims[buffer].empty()) {
-          for (std::int64_t k : a.list_dims[buffer]) {
-            n = std::min(kCap, n + static_cast<Elements>(std::max<std::int64_t>(k, 0)));
-          }
-        } else {
-          n = 1;
-          for (std::int64_t k : a.input_dims[buffer]) {
-            const auto d = static_cast<Elements>(std::max<std::int64_t>(k, 0));
-            n = (d != 0 && n > kCap / d) ? kCap : n * d;
-          }
-        }
-        std::optional<Bytes> size = ElementBytes(a.input_types[buffer]);
-        if (size) {
-          c.bytes = n * *size;
-        } else {
-          ++no_bytes;
-        }
-      } else {
-        ++no_bytes;
-      }
-      // Where the transfer ran: the NCCL kernel launched inside, or gloo's worker range.
+      const std::optional<Bytes> bytes =
+          args != nullptr ? internal::CollectiveBytes(*args, *op, nccl_args) : std::nullopt;
+      c.bytes = bytes.value_or(0);
+      if (!bytes) ++no_bytes;
+      const FsdpRange* owner = Enclosing(e->thread, e->ts);
+      // Where the work completed: the NCCL kernels launched inside the operator, else the gloo
+      // worker range that ran it, else the end of FSDP's wait for it.
       bool device_end = false;
       for (std::size_t i : OnThread(e->thread, e->ts, e->ts + e->dur)) {
         const ProfileEvent& r = p_.events[i];
         if (r.cat != Category::kRuntime) continue;
-        auto k = kernels.find(r.correlation);
-        if (k == kernels.end()) continue;
-        c.end = std::max(c.end, k->second->ts + k->second->dur);
+        auto kernel = kernels.find(r.correlation);
+        if (kernel == kernels.end()) continue;
+        c.end = std::max(c.end, kernel->second->ts + kernel->second->dur);
         device_end = true;
       }
-      if (!device_end && !nccl_args && gloo_used < gloo.size() && gloo.size() >= issued.size()) {
-        const ProfileEvent* g = gloo[gloo_used++];
+      if (!device_end && worker_of[k] >= 0) {
+        const ProfileEvent* g = workers[static_cast<std::size_t>(worker_of[k])];
         c.end = std::max(c.end, g->ts + g->dur);
+      } else if (!device_end && owner != nullptr) {
+        c.end = std::max(c.end, WaitEnd(*e, *owner));
+        ++waited;
       }
-      const FsdpRange* owner = Enclosing(e->thread, e->ts);
       if (owner == nullptr) {
         ++outside;
         continue;
@@ -661,14 +707,54 @@ class Importer final {
       out_.notes.push_back(fmt::format(
           "{} collective(s) without a readable size (record_shapes off?): bytes 0", no_bytes));
     }
-    if (collective_ops > 0 && gloo.size() != issued.size() && !nccl_args && kernels.empty()) {
-      out_.notes.push_back(
-          "gloo worker ranges do not pair with the issued collectives: a collective ends with "
-          "its operator");
+    if (waited > 0) {
+      out_.notes.push_back(fmt::format(
+          "{} collective(s) with no gloo worker range or NCCL kernel: each ends where FSDP's "
+          "wait for it ends",
+          waited));
     }
     std::stable_sort(collectives_.begin(), collectives_.end(),
                      [](const Collective& a, const Collective& b) { return a.start < b.start; });
+    std::vector<Interval> spans;
+    for (const Collective& c : collectives_) spans.push_back({c.start, c.end});
+    fsdp_cpu_ = fsdp_ranges_.Minus(IntervalSet(std::move(spans)));
     return Status::Ok();
+  }
+
+  // Where a unit's work ended before FSDP's post hook `r`: the end of the last operator (or
+  // kernel launch) on its thread that ended by the hook's range, never before an FSDP range
+  // that ended earlier there. FSDP's post hooks run Python of their own before their range (the
+  // hook's wrapper, the state's checks: 100-300 us a call on a CPU under the profiler), which is
+  // FSDP's work, not the unit's.
+  TimeUs WorkEnd(const FsdpRange& r) const {
+    const std::vector<TimeUs>& ends = range_ends_[static_cast<std::size_t>(r.thread)];
+    auto e = std::upper_bound(ends.begin(), ends.end(), r.start);
+    const TimeUs floor = e == ends.begin() ? r.start : *std::prev(e);
+    TimeUs best = floor;
+    const auto& list = by_thread_[static_cast<std::size_t>(r.thread)];
+    auto it = std::lower_bound(list.begin(), list.end(), r.start,
+                               [&](std::size_t i, TimeUs t) { return p_.events[i].ts < t; });
+    while (it != list.begin()) {
+      const ProfileEvent& op = p_.events[*--it];
+      if (op.ts < floor) break;
+      if ((op.cat == Category::kCpuOp || op.cat == Category::kRuntime) &&
+          op.ts + op.dur <= r.start) {
+        best = std::max(best, op.ts + op.dur);
+      }
+    }
+    return best;
+  }
+
+  // FSDP's wait for collective `e` issued inside its range `owner`: synchronous (gloo), the
+  // issuing thread blocks from the operator's end until the work completes, so the wait ends at
+  // the thread's next operator or range, or at the end of FSDP's range, whichever comes first.
+  TimeUs WaitEnd(const ProfileEvent& e, const FsdpRange& owner) const {
+    const TimeUs after = e.ts + e.dur;
+    for (std::size_t i : OnThread(e.thread, after, owner.end)) {
+      const ProfileEvent& n = p_.events[i];
+      if (&n != &e && n.ts >= after) return n.ts;
+    }
+    return owner.end;
   }
 
   Status ImportStep(const StepRange& s) {
@@ -716,6 +802,8 @@ class Importer final {
     measured.exposed_comm_us =
         ExposedComm(IntervalSet(std::move(comm)), gpu_ ? gpu_busy_ : cpu_busy_)
             .Between(s.start, s.end);
+    measured.operators = CountWithin(operator_starts_, s.start, s.end);
+    measured.memory_events = CountWithin(memory_starts_, s.start, s.end);
 
     StepBuilder sb(*this, s.start);
     TimeUs prev = s.start;
@@ -741,6 +829,7 @@ class Importer final {
     void Attribute(TimeUs a, TimeUs b) {
       if (b <= a) return;
       AttributeMemory(a, b);
+      fsdp_ += im_.FsdpWork(a, b);
       if (stack_.empty()) {
         other_ += im_.Work(a, b);
         return;
@@ -962,6 +1051,13 @@ class Importer final {
     }
 
     void FlushOther(TimeUs ts) {
+      if (fsdp_ >= kMinOtherUs) {
+        Event e = ComputeEvent(kNoUnit, in_backward_ ? Phase::kBackward : Phase::kForward, fsdp_);
+        e.name = "fsdp";
+        e.ts_us = ts;
+        events_.push_back(std::move(e));
+      }
+      fsdp_ = 0;
       if (other_ < kMinOtherUs && other_mem_.top == 0 && other_mem_.base == 0) return;
       Event e =
           Measured(ComputeEvent(kNoUnit, in_backward_ ? Phase::kBackward : Phase::kForward, other_),
@@ -987,6 +1083,7 @@ class Importer final {
     std::vector<Event> events_;
     Step step_;
     TimeUs other_ = 0;
+    TimeUs fsdp_ = 0;  // FSDP's own work since the last hook
     Curve other_mem_;
     bool in_backward_ = false;
   };
@@ -1001,21 +1098,36 @@ class Importer final {
   std::unordered_map<std::string, UnitId> unit_ids_;
   std::vector<std::vector<std::size_t>> by_thread_;
   std::vector<FsdpRange> ranges_;
+  std::vector<std::vector<TimeUs>> range_ends_;  // by thread: FSDP's ranges' ends, sorted
+  IntervalSet preambles_;  // FSDP's post hooks before their ranges (WorkEnd to the range)
   std::vector<StepRange> steps_;
   std::set<std::int32_t> compute_threads_;
   std::vector<Collective> collectives_;
   std::map<std::int32_t, std::vector<const FsdpRange*>> comm_ranges_;  // by thread, by start
   IntervalSet excluded_;
+  IntervalSet fsdp_ranges_;  // FSDP's ranges on the compute threads
+  IntervalSet fsdp_cpu_;     // those less the collectives' spans: FSDP's own work
   IntervalSet cpu_busy_;
   IntervalSet recompute_cpu_;
   IntervalSet gpu_busy_;
   PointMasses gpu_work_;
   PointMasses gpu_rework_;
-  std::vector<Change> memory_;  // allocations (+) and frees (-) a compute can own
-  std::vector<Change> grads_;   // parameter gradients handed over
+  PointMasses gpu_fsdp_;
+  std::vector<Change> memory_;           // allocations (+) and frees (-) a compute can own
+  std::vector<Change> grads_;            // parameter gradients handed over
+  std::vector<TimeUs> operator_starts_;  // operators on the computing threads, by start
+  std::vector<TimeUs> memory_starts_;    // memory events there, by time
 };
 
 }  // namespace
+
+TimeUs ProfilerCostUs(const MeasuredStep& step, bool record_shapes,
+                      std::optional<TimeUs> per_operator_us) {
+  const TimeUs op =
+      per_operator_us.value_or(record_shapes ? kProfilerOperatorShapesUs : kProfilerOperatorUs);
+  return static_cast<TimeUs>(step.operators) * op +
+         static_cast<TimeUs>(step.memory_events) * kProfilerMemoryEventUs;
+}
 
 StatusOr<Imported> ImportProfile(const Profile& profile, const ImportOptions& options) {
   return Importer(profile, options).Run();

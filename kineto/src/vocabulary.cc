@@ -51,11 +51,14 @@ bool IsUnitHook(Hook h) {
 // backward function, they are a recomputation (activation checkpointing).
 bool IsForwardOp(std::string_view n) {
   static constexpr std::string_view kOps[] = {
-      "aten::linear",     "aten::layer_norm", "aten::rms_norm",
-      "aten::group_norm", "aten::batch_norm", "aten::embedding",
-      "aten::conv1d",     "aten::conv2d",     "aten::conv3d",
-      "aten::dropout",    "aten::relu",       "aten::gelu",
-      "aten::silu",       "aten::softmax",    "aten::scaled_dot_product_attention"};
+      "aten::linear",     "aten::addmm",
+      "aten::layer_norm", "aten::rms_norm",
+      "aten::group_norm", "aten::batch_norm",
+      "aten::embedding",  "aten::conv1d",
+      "aten::conv2d",     "aten::conv3d",
+      "aten::dropout",    "aten::relu",
+      "aten::gelu",       "aten::silu",
+      "aten::softmax",    "aten::scaled_dot_product_attention"};
   return std::find(std::begin(kOps), std::end(kOps), n) != std::end(kOps);
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -77,6 +78,24 @@ std::vector<std::string> Lines(const Trace& t, std::size_t s = 0) {
   return out;
 }
 
+// FSDP's copy-in of two fp32 shards (6 and 2 elements), the all-gather of those 8 elements into
+// 16 and the reduce-scatter of 16 into 8, on thread 1, as the profiler records them.
+std::string CopyIn(double ts) {
+  return Op(
+      "fsdp::all_gather_copy_in", ts, 1, 1,
+      R"({"Input Dims": [[[3], [1]], [8], [], [], []], "Input type": ["TensorList", "float", "ScalarList", "Scalar", "Scalar"], "Concrete Inputs": ["", "", "[6, 2]", "8", "0"]})");
+}
+std::string AllGather(double ts, double dur) {
+  return Op(
+      "c10d::_allgather_base_", ts, dur, 1,
+      R"({"Input Dims": [[16], [8], [], [], []], "Input type": ["float", "float", "", "Scalar", "Scalar"]})");
+}
+std::string ReduceScatter(double ts, double dur) {
+  return Op(
+      "c10d::_reduce_scatter_base_", ts, dur, 1,
+      R"({"Input Dims": [[8], [16], [], [], []], "Input type": ["float", "float", "", "", "Scalar"]})");
+}
+
 // One root unit on the CPU (gloo): hooks, an all-gather whose copy-in gives two parameters,
 // forward, loss, backward, the reduce-scatter in FSDP's final callback and the optimizer.
 std::vector<std::string> OneUnitEvents(int step = 5) {
@@ -84,10 +103,8 @@ std::vector<std::string> OneUnitEvents(int step = 5) {
       Ann(fmt::format("ProfilerStep#{}", step), 0, 1000),
       Ann("FSDP::pre_forward", 10, 10),
       Ann("FSDP::all_gather", 11, 8),
-      Op("fsdp::all_gather_copy_in", 12, 1, 1,
-         R"({"Input Dims": [[[3], [1]], [8], [], [], []], "Input type": ["TensorList", "float", "ScalarList", "Scalar", "Scalar"], "Concrete Inputs": ["", "", "[6, 2]", "8", "0"]})"),
-      Op("c10d::_allgather_base_", 14, 4, 1,
-         R"({"Input Dims": [[16], [8], [], [], []], "Input type": ["float", "float", "", "Scalar", "Scalar"]})"),
+      CopyIn(12),
+      AllGather(14, 4),
       Op("aten::linear", 30, 50),
       Ann("FSDP::post_forward", 100, 5),
       Op("aten::sum", 110, 10),
@@ -96,8 +113,7 @@ std::vector<std::string> OneUnitEvents(int step = 5) {
       Ann("FSDP::root_post_backward_callback", 400, 50),
       Ann("FSDP::post_backward_reshard", 405, 5),
       Ann("FSDP::post_backward_reduce", 410, 30),
-      Op("c10d::_reduce_scatter_base_", 415, 20, 1,
-         R"({"Input Dims": [[8], [16], [], [], []], "Input type": ["float", "float", "", "", "Scalar"]})"),
+      ReduceScatter(415, 20),
       Op("aten::add_", 500, 30),
   };
 }
@@ -115,23 +131,35 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
   EXPECT_EQ(t.model.unit(0).params()[1].Numel(), 4u);
   EXPECT_EQ(t.model.unit(0).params()[0].dtype, DType::kFp32);
   // By hand: the 30 us after backward_end are the optimizer compute, after it; a unit's
-  // compute is the thread's time from its hook to the next, less FSDP's ranges: the forward
-  // from pre_forward (10) to post_forward (100) less FSDP::pre_forward [10, 20] (the copy-in
-  // and the c10d operator inside it) = 80 (aten::linear's 50 and the framework's 30 around
-  // it); the loss (10 us) runs outside every unit (its operators' time); the backward from
-  // pre_backward (200) to the post-backward callback (400) less its range [200, 210] = 190.
-  // Gather: output [16] fp32 = 64 bytes over [14, 18]; reduce-scatter: input [16] fp32 = 64
-  // bytes over [415, 435].
+  // compute is the thread's time from its hook to the end of its last operator before FSDP's
+  // post hook (the rest is FSDP's hook), less FSDP's ranges: the forward from pre_forward (10)
+  // to aten::linear's end (80) less FSDP::pre_forward [10, 20] (the copy-in and the c10d
+  // operator inside it) = 60 (aten::linear's 50 and the framework's 10 before it); the loss
+  // (10 us) runs outside every unit (its operators' time); the backward from pre_backward (200)
+  // to its backward function's end (300) less [200, 210] = 90.
+  // No gloo worker range: a collective ends where FSDP's wait for it ends, the thread's next
+  // operator or the end of FSDP's range that issued it. Gather: output [16] fp32 = 64 bytes
+  // from its issue (14) to the end of FSDP::all_gather (19: no operator after 18 inside it);
+  // reduce-scatter: input [16] fp32 = 64 bytes over [415, 440] (FSDP::post_backward_reduce's
+  // end). FSDP's own work, its ranges less the collectives, is a unit-less compute "fsdp" at
+  // the next hook: [10, 14] + [19, 20] = 5 in the forward, its post_forward hook from the
+  // unit's last operator [80, 105] = 25, pre_backward's [200, 210] = 10, and from the backward
+  // function's end the post-backward hook and the callback [300, 450] less the
+  // reduce-scatter's [415, 440] = 125.
   EXPECT_EQ(Lines(t), (std::vector<std::string>{
                           "pre_forward model",
-                          "all_gather model 64 14-18",
-                          "compute model forward 80",
+                          "all_gather model 64 14-19",
+                          "compute - forward 5 fsdp",
+                          "compute model forward 60",
                           "post_forward model",
+                          "compute - forward 25 fsdp",
                           "compute - forward 10 other",
                           "pre_backward model",
-                          "compute model backward 190",
+                          "compute - backward 10 fsdp",
+                          "compute model backward 90",
                           "post_backward model",
-                          "reduce_scatter model 64 415-435",
+                          "reduce_scatter model 64 415-440",
+                          "compute - backward 125 fsdp",
                           "backward_end -",
                           "compute - optimizer 30 optimizer",
                       }));
@@ -139,13 +167,20 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
   const nlohmann::json extra = nlohmann::json::parse(t.meta.extra_json);
   EXPECT_EQ(extra.at("device"), "cpu");
   EXPECT_EQ(extra.at("backend"), "gloo");
-  // Measured: 1000 us step; compute 50 + 10 + 80 + 30 = 170; the collectives (4 + 20 us)
+  // Measured: 1000 us step; compute 50 + 10 + 80 + 30 = 170; the collectives (5 + 25 us)
   // overlap no compute.
   ASSERT_EQ(im->steps.size(), 1u);
   EXPECT_EQ(im->steps[0].profiler_step, 5);
   EXPECT_DOUBLE_EQ(im->steps[0].time_us, 1000);
   EXPECT_DOUBLE_EQ(im->steps[0].compute_us, 170);
-  EXPECT_DOUBLE_EQ(im->steps[0].exposed_comm_us, 24);
+  EXPECT_DOUBLE_EQ(im->steps[0].exposed_comm_us, 30);
+  // What the profiler recorded on the computing thread in the step: 7 operators (copy-in, the
+  // two c10d operators, linear, sum, the backward function, add_), no memory event; with
+  // record_shapes 7 x 2.3 us.
+  EXPECT_EQ(im->steps[0].operators, 7);
+  EXPECT_EQ(im->steps[0].memory_events, 0);
+  EXPECT_TRUE(im->record_shapes);
+  EXPECT_DOUBLE_EQ(ProfilerCostUs(im->steps[0], im->record_shapes), 7 * 2.3);
   EXPECT_TRUE(CheckTraceStructure(t).empty());
   EXPECT_TRUE(CheckTraceEvents(t).empty());
 }
@@ -169,7 +204,11 @@ TEST(KinetoImport, MemoryEventsAndTheOptimizerClass) {
   events.push_back(Mem(35, 400));
   events.push_back(Mem(40, 100));
   events.push_back(Mem(50, -100));
-  // The loss (aten::sum, 110-120): +4, kept.
+  // Freed in FSDP's post_forward hook before its range (from the forward's last operator, 80,
+  // to 100): the hook's time is FSDP's, what it frees is not FSDP's buffer: counted, in the
+  // next compute outside every unit (the loss).
+  events.push_back(Mem(90, -50));
+  // The loss (aten::sum, 110-120): +4; with the -50 before it, it released 46 and rose 0.
   events.push_back(Mem(112, 4));
   // Backward (220-300): the weight's gradient (+64, handed to AccumulateGrad: [16] fp32 = 64
   // bytes), a temporary (+200, -200), the forward's 400 freed: curve 64, 264, 64, -336; less
@@ -188,7 +227,9 @@ TEST(KinetoImport, MemoryEventsAndTheOptimizerClass) {
   const Trace& t = im->trace;
   std::vector<const Event*> computes;
   for (const Event& e : t.steps.at(0).microbatches.at(0).events) {
-    if (e.op == fsdplab::Op::kCompute && e.phase != Phase::kOptimizer) computes.push_back(&e);
+    if (e.op == fsdplab::Op::kCompute && e.phase != Phase::kOptimizer && e.name != "fsdp") {
+      computes.push_back(&e);
+    }
   }
   ASSERT_EQ(computes.size(), 3u);  // forward, the loss, backward
   const Event& fwd = *computes[0];
@@ -196,8 +237,9 @@ TEST(KinetoImport, MemoryEventsAndTheOptimizerClass) {
   EXPECT_EQ(fwd.released_bytes, std::optional<Bytes>(0));
   EXPECT_EQ(fwd.peak_bytes, 500u);
   EXPECT_FALSE(fwd.grad_bytes.has_value());
-  EXPECT_EQ(computes[1]->saved_bytes, 4u);
-  EXPECT_EQ(computes[1]->peak_bytes, 4u);
+  EXPECT_EQ(computes[1]->saved_bytes, 0u);
+  EXPECT_EQ(computes[1]->released_bytes, std::optional<Bytes>(46));
+  EXPECT_EQ(computes[1]->peak_bytes, 0u);
   const Event& bwd = *computes[2];
   EXPECT_EQ(bwd.saved_bytes, 0u);
   EXPECT_EQ(bwd.released_bytes, std::optional<Bytes>(400));
@@ -240,29 +282,41 @@ TEST(KinetoImport, NestedUnitsAutogradThreadAndRecompute) {
   EXPECT_EQ(t.model.unit(1).name(), "model.layers.0");
   EXPECT_EQ(t.model.unit(1).parent(), 0);
   // By hand, each run of a unit's own work is a compute: its time from one hook to the next,
-  // less FSDP's ranges. Forward: the root from 0 to layers.0's pre_forward (30) less its
-  // pre_forward [0, 5] = 25 (the embedding's 10 and the gaps), layers.0 from 30 to 80 less
-  // [30, 35] = 45, the root again from 80 to 100 less [80, 85] = 15. Backward (thread 2): the
-  // root from 200 to 210 less [200, 205] = 5; layers.0 from 210 to its post-backward (270) less
-  // [210, 215] = 55, of which aten::linear's 10 inside its backward function are a
-  // recomputation; the root from 270 to its post-backward (305) less [270, 275] and the
-  // callback's [300, 305] = 25.
+  // or to its last operator before FSDP's post hook, less FSDP's ranges. Forward: the root from
+  // 0 to layers.0's pre_forward (30) less its pre_forward [0, 5] = 25 (the embedding's 10 and
+  // the gaps), layers.0 from 30 to its aten::linear's end (70) less [30, 35] = 35, the root
+  // again from 70 to its aten::linear's end (95) less [70, 85] (layers.0's post hook) = 10.
+  // Backward (thread 2): the root from 200 to 210 less [200, 205] = 5; layers.0 from 210 to its
+  // backward function's end (260) less [210, 215] = 45, of which 15 are a recomputation: the
+  // function from its start (220) to the end of the last forward operator in it (aten::linear,
+  // 235), the framework's gaps included; the root from 260 to EmbeddingBackward's end (290)
+  // less [260, 275] = 15. FSDP's work ("fsdp", at the next hook): its ranges, each post hook
+  // from the end of the unit's last operator: 5 each before, [70, 85] = 15, [95, 105] = 10,
+  // [260, 275] = 15, and the root's post hook and the callback [290, 320] = 30.
   EXPECT_EQ(Lines(t), (std::vector<std::string>{
                           "pre_forward model",
+                          "compute - forward 5 fsdp",
                           "compute model forward 25",
                           "pre_forward model.layers.0",
-                          "compute model.layers.0 forward 45",
+                          "compute - forward 5 fsdp",
+                          "compute model.layers.0 forward 35",
                           "post_forward model.layers.0",
-                          "compute model forward 15",
+                          "compute - forward 15 fsdp",
+                          "compute model forward 10",
                           "post_forward model",
+                          "compute - forward 10 fsdp",
                           "pre_backward model",
+                          "compute - backward 5 fsdp",
                           "compute model backward 5",
                           "pre_backward model.layers.0",
-                          "compute model.layers.0 recompute 10",
-                          "compute model.layers.0 backward 45",
+                          "compute - backward 5 fsdp",
+                          "compute model.layers.0 recompute 15",
+                          "compute model.layers.0 backward 30",
                           "post_backward model.layers.0",
-                          "compute model backward 25",
+                          "compute - backward 15 fsdp",
+                          "compute model backward 15",
                           "post_backward model",
+                          "compute - backward 30 fsdp",
                           "backward_end -",
                       }));
   EXPECT_TRUE(CheckTraceStructure(t).empty());
@@ -300,6 +354,86 @@ TEST(KinetoImport, GpuKernelsByCorrelationAndNcclBytesFromRecordParamComms) {
                                   "compute model forward 100",
                                   "post_forward model",
                               }));
+}
+
+// gloo runs each collective on a worker thread (`gloo:all_gather`) after the c10d operator has
+// queued it, and FSDP waits for it on the thread that computes: a collective lasts from its
+// issue to the end of the worker range that ran it. The ranges pair with the operators in the
+// order they were queued, the barrier's included, and a range that started before every
+// operator (work queued before the profile) is nobody's.
+TEST(KinetoImport, GlooCollectiveEndsWithItsWorkerRange) {
+  constexpr int kWorker = 3;
+  std::vector<std::string> ev = {
+      Ann("ProfilerStep#1", 0, 1000),
+      Ann("gloo:all_reduce", 1, 3, kWorker),  // queued before the profile: nobody's
+      Op("c10d::barrier", 2, 1, 1, R"({"Input Dims": [[]], "Input type": [""]})"),
+      Ann("gloo:barrier", 4, 2, kWorker),
+      Ann("FSDP::pre_forward", 10, 50),
+      Ann("FSDP::all_gather", 11, 29),
+      CopyIn(12),
+      AllGather(14, 4),
+      Ann("gloo:all_gather", 16, 20, kWorker),
+      Ann("FSDP::all_gather_copy_out", 42, 8),
+      Op("aten::linear", 70, 20),
+      Ann("FSDP::post_forward", 100, 5),
+      Ann("FSDP::pre_backward", 200, 10),
+      Op("autograd::engine::evaluate_function: AddmmBackward0", 220, 80),
+      Ann("FSDP::root_post_backward_callback", 400, 100),
+      Ann("FSDP::post_backward_reshard", 405, 5),
+      Ann("FSDP::post_backward_reduce", 410, 60),
+      ReduceScatter(415, 5),
+      Ann("gloo:all_reduce", 421, 40, kWorker),  // gloo's reduce-scatter runs as an all-reduce
+  };
+  StatusOr<Imported> im = Import(ProfileText(ev));
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  // By hand: the barrier (issued at 2) takes gloo:barrier (4), not the all-reduce that began
+  // at 1; the all-gather (14) takes gloo:all_gather [16, 36] and lasts 14-36 (its operator
+  // alone: 14-18); the reduce-scatter (415) takes gloo:all_reduce [421, 461]: 415-461.
+  // FSDP's own work: the forward's FSDP::pre_forward [10, 60] less [14, 36] = 28; the unit's
+  // forward (10 to aten::linear's end, 90) less that range = 30; the post_forward hook from 90
+  // to 105: 15; the backward 90 and its 10 as in OneUnitHooksComputeCollectivesAndParams;
+  // from the backward function's end the post-backward hook and the callback [300, 500] less
+  // [415, 461] = 154.
+  EXPECT_EQ(Lines(im->trace), (std::vector<std::string>{
+                                  "pre_forward model",
+                                  "all_gather model 64 14-36",
+                                  "compute - forward 28 fsdp",
+                                  "compute model forward 30",
+                                  "post_forward model",
+                                  "compute - forward 15 fsdp",
+                                  "pre_backward model",
+                                  "compute - backward 10 fsdp",
+                                  "compute model backward 90",
+                                  "post_backward model",
+                                  "reduce_scatter model 64 415-461",
+                                  "compute - backward 154 fsdp",
+                                  "backward_end -",
+                              }));
+  // Exposed: both collectives overlap no operator of the computing thread: 22 + 46.
+  EXPECT_DOUBLE_EQ(im->steps.at(0).exposed_comm_us, 68);
+  for (const std::string& n : im->notes) EXPECT_EQ(n.find("collective"), std::string::npos) << n;
+}
+
+// A worker range of another collective than the operator's is not its: the operator queued no
+// work the profile shows (here the all-gather's range is missing), and it ends where FSDP's wait
+// for it ends; the next operator still gets its own range.
+TEST(KinetoImport, WorkerRangeOfAnotherCollectiveIsNotPaired) {
+  std::vector<std::string> ev = OneUnitEvents();
+  ev.push_back(Ann("gloo:all_reduce", 421, 40, 3));
+  StatusOr<Imported> im = Import(ProfileText(ev));
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  std::vector<std::string> coll;
+  for (const std::string& l : Lines(im->trace)) {
+    if (l.starts_with("all_gather") || l.starts_with("reduce_scatter")) coll.push_back(l);
+  }
+  // By hand: the all-gather (14) would take the next range, gloo:all_reduce (421), by order;
+  // a reduction's range is not a gather's, so it ends with FSDP::all_gather (19), and the
+  // reduce-scatter (415) takes that range: 415-461.
+  EXPECT_EQ(coll, (std::vector<std::string>{"all_gather model 64 14-19",
+                                            "reduce_scatter model 64 415-461"}));
+  EXPECT_TRUE(std::any_of(im->notes.begin(), im->notes.end(), [](const std::string& n) {
+    return n.starts_with("1 collective(s) with no gloo worker range or NCCL kernel");
+  }));
 }
 
 TEST(KinetoImport, StepsFromProfilerStepAndStepFilter) {
@@ -368,9 +502,11 @@ TEST(KinetoImport, NoShapesAsksForRecordShapesOrModelJson) {
 }
 
 TEST(KinetoImport, CollectiveWaitsSplitAcrossRanksWithClockOffset) {
-  // Rank 0 issues at 14 and ends at 18; rank 1 (clock 1000 us ahead) issues at 1016 and ends at
-  // 1018. Aligned by the ends: rank 1 issued 2 us after rank 0, so rank 0 waited 2 us and both
-  // transferred 2 us. Same for the reduce-scatter: rank 1 issues at 1425 -> rank 0 waits 10.
+  // Rank 0 issues at 14 and its wait ends at 19 (the end of FSDP::all_gather); rank 1 (clock
+  // 1000 us ahead) issues at 1016 and ends at 1019. Aligned by the ends: rank 1 issued 2 us
+  // after rank 0, so rank 0 waited 2 us and both transferred 19 - 16 = 3 us. Same for the
+  // reduce-scatter (both end at 440 with FSDP::post_backward_reduce): rank 1 issues at 1425 ->
+  // rank 0 (415) waits 10 and both transfer 440 - 425 = 15.
   std::vector<std::string> r1;
   for (const std::string& e : OneUnitEvents()) {
     nlohmann::json j = nlohmann::json::parse(e);
@@ -393,11 +529,11 @@ TEST(KinetoImport, CollectiveWaitsSplitAcrossRanksWithClockOffset) {
     return nlohmann::json::parse(c.at(k)->args_json);
   };
   EXPECT_DOUBLE_EQ(args(*a, 0)["wait_us"].get<double>(), 2);
-  EXPECT_DOUBLE_EQ(args(*a, 0)["transfer_us"].get<double>(), 2);
+  EXPECT_DOUBLE_EQ(args(*a, 0)["transfer_us"].get<double>(), 3);
   EXPECT_DOUBLE_EQ(args(*b, 0)["wait_us"].get<double>(), 0);
-  EXPECT_DOUBLE_EQ(args(*b, 0)["transfer_us"].get<double>(), 2);
+  EXPECT_DOUBLE_EQ(args(*b, 0)["transfer_us"].get<double>(), 3);
   EXPECT_DOUBLE_EQ(args(*a, 1)["wait_us"].get<double>(), 10);
-  EXPECT_DOUBLE_EQ(args(*a, 1)["transfer_us"].get<double>(), 10);
+  EXPECT_DOUBLE_EQ(args(*a, 1)["transfer_us"].get<double>(), 15);
 }
 
 TEST(KinetoReader, EscapesInStringsDoNotEndTheEvent) {
@@ -536,6 +672,25 @@ TEST(KinetoCli, ImportValidateSimulateCheckAndExitCodes) {
   CmdResult check = Fsdplab("import-kineto " + in + " -o " + out + " --check");
   ASSERT_EQ(check.code, 0) << check.out;
   EXPECT_NE(check.out.find("predicted_us"), std::string::npos);
+  EXPECT_NE(check.out.find("like with like"), std::string::npos);
+  // The profiler's cost, by hand: 6 operators on the computing threads (the embedding, three
+  // linears, two backward functions), no memory event, record_shapes: 6 x 2.3 = 13.8 us of the
+  // 1000 us step; at --profiler-op-us 10: 60 us. Without the profiler the step took 500 us: the
+  // profiled one ran +100%.
+  EXPECT_NE(check.out.find("profiler: 6 operators and 0 memory events a step"), std::string::npos)
+      << check.out;
+  EXPECT_NE(check.out.find("about 13.8 us a step (1.4% of the profiled step)"), std::string::npos)
+      << check.out;
+  CmdResult vs = Fsdplab("import-kineto " + in + " -o " + out +
+                         " --check --unprofiled-step-us 500 --profiler-op-us 10");
+  ASSERT_EQ(vs.code, 0) << vs.out;
+  EXPECT_NE(vs.out.find("about 60.0 us a step (6.0% of the profiled step)"), std::string::npos)
+      << vs.out;
+  EXPECT_NE(vs.out.find("unprofiled step 500.0 us: the profiled steps ran +100.0%"),
+            std::string::npos)
+      << vs.out;
+  EXPECT_EQ(Fsdplab("import-kineto " + in + " -o " + out + " --check --unprofiled-step-us 0").code,
+            1);
   // A truncated profile: exit 2, the file named, no output written.
   const std::string cut = TempPath("cut.json");
   const std::string none = TempPath("none.json");

@@ -78,6 +78,11 @@ class Fsdp2GridQuickTest(unittest.TestCase):
                 profile = load(os.path.join(run, "profile", f"trace.rank{r}.json.gz"))
                 self.assertTrue(any(e.get("name", "").startswith("ProfilerStep#")
                                     for e in profile["traceEvents"]))
+                # The profiled steps were recorded too: the same steps, one trace per rank.
+                recorded = load(os.path.join(run, "profile", "recorded", f"trace.rank{r}.json"))
+                profiled = {e["name"] for e in profile["traceEvents"]
+                            if e.get("name", "").startswith("ProfilerStep#")}
+                self.assertEqual(len(recorded["steps"]), len(profiled))
                 timed = load(os.path.join(run, f"timed0.rank{r}.json"))
                 self.assertEqual(len(timed["step_us"]), 6)  # --quick: 6 timed steps
                 # Pinned: one core per rank, one thread each.
@@ -106,6 +111,7 @@ class Fsdp2GridQuickTest(unittest.TestCase):
                 split = sum(p["split"].values())
                 self.assertAlmostEqual(split, p["step_err"], places=9)
             self.assertTrue(any(a["ratio"] for a in r["agreement"]))
+            self.assertTrue(r["agreement_same_run"])  # recorder and import on the same steps
 
     def test_tracker_memory_is_the_models_shapes(self):
         # Sharded parameters: the sum over the model's parameters of one rank's padded fp32

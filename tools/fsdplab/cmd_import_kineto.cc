@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,12 @@ namespace {
 
 constexpr std::string_view kCmd = "import-kineto";
 
+// The median of a non-empty list (the upper one of an even count).
+double Median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 Status RunCheck(const Args& args, const std::vector<kineto::Imported>& ranks) {
   const Trace& first = ranks.front().trace;
   sim::SimOptions opt;
@@ -41,26 +48,72 @@ Status RunCheck(const Args& args, const std::vector<kineto::Imported>& ranks) {
   FSDP_ASSIGN_OR_RETURN(const sim::SimulatedRun run, per_rank ? sim::SimulateToReport(traces, opt)
                                                               : sim::SimulateToReport(first, opt));
   const Report& report = run.report;
-  fmt::print("check: measured (profiler, rank {}) against predicted (simulated on {})\n",
-             first.meta.rank, report.cluster_text);
-  fmt::print("{:>6} {:>14} {:>14} {:>8} {:>16} {:>16} {:>16}\n", "step", "measured_us",
-             "predicted_us", "error%", "meas_exposed_us", "pred_exposed_us", "meas_compute_us");
-  const std::vector<kineto::MeasuredStep>& measured = ranks.front().steps;
+  const kineto::Imported& r0 = ranks.front();
+  std::optional<TimeUs> op_us;
+  if (std::optional<std::string> v = args.Get("--profiler-op-us")) {
+    FSDP_ASSIGN_OR_RETURN(op_us, ParseDouble(*v, "--profiler-op-us"));
+    if (!(*op_us >= 0 && *op_us < 1e6)) return UsageError("--profiler-op-us: expected US >= 0");
+  }
+  std::optional<TimeUs> unprofiled;
+  if (std::optional<std::string> v = args.Get("--unprofiled-step-us")) {
+    FSDP_ASSIGN_OR_RETURN(unprofiled, ParseDouble(*v, "--unprofiled-step-us"));
+    if (!(*unprofiled > 0 && *unprofiled < 1e15)) {
+      return UsageError("--unprofiled-step-us: expected a step time US > 0");
+    }
+  }
+  fmt::print(
+      "check: the profiled steps (rank {}) against the simulation of their own import (on {}):\n"
+      "like with like, both carry the profiler's cost\n",
+      first.meta.rank, report.cluster_text);
+  fmt::print("{:>6} {:>14} {:>14} {:>8} {:>16} {:>16} {:>16} {:>16}\n", "step", "measured_us",
+             "predicted_us", "error%", "meas_exposed_us", "pred_exposed_us", "meas_compute_us",
+             "profiler_est_us");
+  const std::vector<kineto::MeasuredStep>& measured = r0.steps;
+  std::vector<double> meas_us, pred_us, cost_us, ops, mems;
   for (std::size_t i = 0; i < measured.size(); ++i) {
     const kineto::MeasuredStep& m = measured[i];
     const StepReport* p = i < report.steps.size() ? &report.steps[i] : nullptr;
     const double err = p && m.time_us > 0 ? 100.0 * (p->time_us - m.time_us) / m.time_us : 0.0;
-    fmt::print("{:>6} {:>14.1f} {:>14} {:>8} {:>16.1f} {:>16} {:>16.1f}\n",
+    const TimeUs cost = kineto::ProfilerCostUs(m, r0.record_shapes, op_us);
+    fmt::print("{:>6} {:>14.1f} {:>14} {:>8} {:>16.1f} {:>16} {:>16.1f} {:>16.1f}\n",
                m.profiler_step >= 0 ? fmt::format("#{}", m.profiler_step) : std::string("-"),
                m.time_us, p ? fmt::format("{:.1f}", p->time_us) : "-",
                p ? fmt::format("{:+.1f}", err) : "-", m.exposed_comm_us,
-               p ? fmt::format("{:.1f}", p->exposed_comm_us) : "-", m.compute_us);
+               p ? fmt::format("{:.1f}", p->exposed_comm_us) : "-", m.compute_us, cost);
+    meas_us.push_back(m.time_us);
+    if (p) pred_us.push_back(p->time_us);
+    cost_us.push_back(cost);
+    ops.push_back(static_cast<double>(m.operators));
+    mems.push_back(static_cast<double>(m.memory_events));
   }
   fmt::print(
       "measured: the ProfilerStep range and, within it, the time a collective ran with no "
       "compute;\n"
       "meas_compute_us is the compute the trace carries (kernel or operator time): a step longer\n"
       "than it spent time outside operators (Python, the profiler) that no simulation predicts.\n");
+  if (!meas_us.empty()) {
+    const double cost = Median(cost_us);
+    fmt::print(
+        "profiler: {:.0f} operators and {:.0f} memory events a step (median) on the threads that "
+        "compute;\nat {:.1f} us per operator{} and {:.1f} us per memory event it cost about "
+        "{:.1f} us a step ({:.1f}% of the profiled step){}\n",
+        Median(ops), Median(mems),
+        op_us.value_or(r0.record_shapes ? kineto::kProfilerOperatorShapesUs
+                                        : kineto::kProfilerOperatorUs),
+        r0.record_shapes ? " (record_shapes)" : "", kineto::kProfilerMemoryEventUs, cost,
+        100.0 * cost / Median(meas_us),
+        op_us ? "" : "\n(torch 2.x CPU costs of bench/README.md; --profiler-op-us US for yours)");
+    if (unprofiled && !pred_us.empty()) {
+      const double pred = Median(pred_us);
+      fmt::print(
+          "unprofiled step {:.1f} us: the profiled steps ran {:+.1f}% (median {:.1f} us);\n"
+          "predicted (median {:.1f} us) against it {:+.1f}%, less the profiler's estimated cost "
+          "{:+.1f}%\n",
+          *unprofiled, 100.0 * (Median(meas_us) - *unprofiled) / *unprofiled, Median(meas_us), pred,
+          100.0 * (pred - *unprofiled) / *unprofiled,
+          100.0 * (pred - cost - *unprofiled) / *unprofiled);
+    }
+  }
   for (const std::string& e : report.errors) fmt::print("simulation error: {}\n", e);
   if (!run.result.status.ok()) return run.result.status;
   return Status::Ok();
@@ -135,7 +188,16 @@ int RunImportKineto(const Argv& argv) {
                "FILE");
   args.Declare("--check", ArgKind::kSwitch,
                "also simulate the imported traces (cluster and policy flags) and print measured "
-               "against predicted step time and exposed communication per step");
+               "against predicted step time and exposed communication per step (the profiled "
+               "steps: like with like) and the profiler's estimated cost");
+  args.Declare("--unprofiled-step-us", ArgKind::kValue,
+               "with --check: the step time of the run without the profiler (e.g. from the "
+               "training log); --check also compares the prediction with it",
+               "US");
+  args.Declare("--profiler-op-us", ArgKind::kValue,
+               "with --check: the profiler's cost per recorded operator on this CPU (default "
+               "1.2 us, 2.3 with record_shapes)",
+               "US");
   DeclarePolicyFlags(args);
   DeclareClusterFlags(args);
   DeclareEngineFlags(args);
@@ -143,7 +205,8 @@ int RunImportKineto(const Argv& argv) {
   if (args.help()) {
     return PrintHelp(
         "fsdplab import-kineto PROFILE.json[.gz]... [-o OUT | --out-dir DIR] [--step N|all] "
-        "[--rank R] [--model-json FILE] [--check [cluster flags] [policy flags]]",
+        "[--rank R] [--model-json FILE] [--check [--unprofiled-step-us US] [--profiler-op-us "
+        "US] [cluster flags] [policy flags]]",
         "Converts PyTorch profiler traces (torch.profiler's export_chrome_trace, plain or gzip)\n"
         "of an FSDP2 run into fsdplab traces, one per rank: units and hooks from FSDP's\n"
         "record_function ranges, steps from ProfilerStep#N, per unit and phase the GPU kernel\n"

@@ -10,14 +10,27 @@
 //    (fqn)`; the root's ranges carry no fqn and it becomes unit "model", the others
 //    "model.<fqn>"; `FSDP::root_post_backward_callback` ends a microbatch (backward_end);
 //  - steps: `ProfilerStep#N` ranges (none: the whole profile is one step);
-//  - compute of a unit and phase: its busy time between its pre and post hook, without nested
-//    units and without FSDP's own ranges: GPU kernel time of the kernels launched there (linked
-//    by correlation id) when the profile has kernels, else the CPU time of its operators.
-//    Operators of a forward (aten::linear, layer_norm, ...) that run inside an autograd
-//    backward function of a unit are its recomputation (activation checkpointing);
+//  - compute of a unit and phase: its busy time from its pre hook to the end of its last
+//    operator before FSDP's post hook (the hook's own Python before its range is FSDP's),
+//    without nested units and without FSDP's own ranges: GPU kernel time of the kernels launched
+//    there (linked by correlation id) when the profile has kernels, else the thread's time there
+//    (the framework's gaps between operators included, as the recorder measures it). An autograd
+//    backward function of a unit that runs operators of a forward (aten::linear, layer_norm, ...)
+//    recomputes (activation checkpointing): from its start to the end of the last such operator in
+//    it, the thread's time is the unit's recomputation;
 //  - collectives: `record_param_comms` (NCCL) or `c10d::` operators (gloo) inside
 //    `FSDP::all_gather (fqn)` or `FSDP::post_backward_reduce (fqn)`, with bytes from their
-//    arguments; their end is the NCCL kernel's end or the gloo worker's `gloo:` range;
+//    arguments. One lasts from its issue (the operator's start) to where its work completes as
+//    the framework sees it: the end of the NCCL kernels launched inside the operator; else the
+//    end of the gloo worker range that ran it (`gloo:all_gather`, ...: the operator only queues
+//    the work; the ranges pair with the c10d operators, barriers included, in the order they
+//    were queued, a range only with an operator that started before it and of the same family:
+//    gather, reduction (gloo runs a reduce-scatter as `gloo:all_reduce`), barrier); else the
+//    end of FSDP's wait for it (the issuing thread's next operator after the collective's, or
+//    the end of FSDP's range that issued it);
+//  - FSDP's own work (its ranges less the collectives' spans on the computing thread; on a GPU
+//    the kernels launched inside its ranges): a compute without a unit named "fsdp" at the next
+//    hook, as the recorder writes FSDP's copies, reshards and waits;
 //  - parameters: the per-parameter shard sizes of `fsdp::all_gather_copy_in` (needs
 //    record_shapes=True), times the world size (FSDP's padded sizes), or a model file.
 // FSDP1's `FullyShardedDataParallel.*` ranges carry no unit names: such a profile is rejected
@@ -108,13 +121,29 @@ struct MeasuredStep final {
   TimeUs time_us = 0;          // the step's range
   TimeUs compute_us = 0;       // busy time of compute (FSDP's ranges and collectives excluded)
   TimeUs exposed_comm_us = 0;  // a collective in progress and no compute
+  // What the profiler recorded in the step on the threads that compute: each record costs the
+  // run time there, so a profiled step runs longer than an unprofiled one.
+  std::int64_t operators = 0;
+  std::int64_t memory_events = 0;
 };
+
+// The profiler's own cost in a step, estimated from what it recorded: CPU time per operator
+// (more with record_shapes) and per memory event, as measured for torch 2.x on the machine
+// bench/README.md names (another CPU's costs differ; `per_operator_us` overrides). An estimate
+// of how much longer the profiled step ran than an unprofiled one, where the host's time is the
+// step's (CPU runs, or a GPU run that waits on its host).
+inline constexpr TimeUs kProfilerOperatorUs = 1.2;
+inline constexpr TimeUs kProfilerOperatorShapesUs = 2.3;
+inline constexpr TimeUs kProfilerMemoryEventUs = 0.2;
+TimeUs ProfilerCostUs(const MeasuredStep& step, bool record_shapes,
+                      std::optional<TimeUs> per_operator_us = std::nullopt);
 
 struct Imported final {
   Trace trace;
   std::vector<MeasuredStep> steps;
   std::vector<std::string> notes;  // what the import assumed or left out
   bool gpu = false;                // compute from GPU kernels (else CPU operators)
+  bool record_shapes = false;      // the profile recorded operator shapes
 };
 
 StatusOr<Imported> ImportProfile(const Profile& profile, const ImportOptions& options);
