@@ -18,7 +18,6 @@ fsdplab.Error. The recorder and the policy applier are fsdplab.torch (needs torc
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -38,22 +37,27 @@ DocLike = Union[PathLike, Mapping[str, Any]]
 # The keywords simulate(), sweep() and tune() take beside policy and cluster (the engine option
 # table of sim/sim_options.h: memory_cap is --memory-cap).
 ENGINE_OPTIONS: Tuple[str, ...] = tuple(_fsdplab.engine_option_keys())
+_ENGINE_OPTION_SET = frozenset(ENGINE_OPTIONS)
+_Doc = Union[str, Dict[str, Any]]  # what the bindings take: a path, or a dict
 
 
-def _source(doc: DocLike) -> Tuple[bool, str]:
-    """A document for the bindings: (False, path) or (True, its JSON text)."""
+def _source(doc: DocLike) -> _Doc:
+    """A document for the bindings: a path (str), or a dict the bindings write as JSON (a
+    value JSON cannot hold, such as a NaN, is InvalidInput naming where it is)."""
+    if isinstance(doc, (str, dict)):
+        return doc
+    if isinstance(doc, os.PathLike):
+        return os.fspath(doc)
     if isinstance(doc, Mapping):
-        return True, json.dumps(doc)
-    if isinstance(doc, (str, os.PathLike)):
-        return False, os.fspath(doc)
+        return dict(doc)
     raise TypeError(f"expected a path or a dict, got {type(doc).__name__}")
 
 
-def _optional_source(doc: Optional[DocLike]) -> Optional[Tuple[bool, str]]:
+def _optional_source(doc: Optional[DocLike]) -> Optional[_Doc]:
     return None if doc is None else _source(doc)
 
 
-def _trace_sources(trace: Union[TraceLike, Sequence[TraceLike]]) -> List[Tuple[bool, str]]:
+def _trace_sources(trace: Union[TraceLike, Sequence[TraceLike]]) -> List[_Doc]:
     if isinstance(trace, (list, tuple)):
         return [_source(t) for t in trace]
     return [_source(trace)]
@@ -84,16 +88,18 @@ def _settings(options: Mapping[str, Any]) -> List[Tuple[str, str]]:
 
 
 def _engine_settings(function: str, options: Mapping[str, Any]) -> List[Tuple[str, str]]:
-    unknown = sorted(set(options) - set(ENGINE_OPTIONS))
+    unknown = options.keys() - _ENGINE_OPTION_SET
     if unknown:
-        raise TypeError(f"{function}() got unexpected keyword argument(s) {', '.join(unknown)} "
+        raise TypeError(f"{function}() got unexpected keyword argument(s) "
+                        f"{', '.join(sorted(unknown))} "
                         f"(engine options: {', '.join(ENGINE_OPTIONS)})")
     return _settings(options)
 
 
-def _result(outcome: Tuple[int, str, str], parse: bool = True) -> Any:
-    code, message, payload = outcome
-    value = (json.loads(payload) if parse else payload) if payload else None
+def _result(outcome: Tuple[int, str, Any]) -> Any:
+    """The bindings' (exit code, message, result): the result (a dict, list or str, made in C++
+    from the command's document), or the exception of the exit code."""
+    code, message, value = outcome
     if code == 0:
         return value
     if code == 1:
@@ -206,7 +212,7 @@ def export_policy(policy: DocLike, trace: TraceLike, to: str = "fsdp2",
         from ._torch_files import applier_source
         applier = applier_source()
     outcome = _fsdplab.export_policy(_source(policy), _source(trace), to, format, applier)
-    return _result(outcome, parse=format == "json")
+    return _result(outcome)
 
 
 def synth(**config: Any) -> Dict[str, Any]:
