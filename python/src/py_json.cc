@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iterator>
@@ -311,7 +312,8 @@ class Writer final {
     int overflow = 0;
     const long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (overflow == 0) {
-      fmt::format_to(std::back_inserter(out_), "{}", x);
+      char digits[24];
+      out_.append(digits, fmt::format_to(digits, "{}", x));
       return true;
     }
     // Beyond 64 bits: the digits, as json.dumps writes them (int's own repr, not a subclass's).
@@ -335,9 +337,10 @@ class Writer final {
       return false;
     }
     // The shortest text that reads back as the same double; a float stays one ("2.0", not "2").
-    const std::size_t start = out_.size();
-    fmt::format_to(std::back_inserter(out_), "{}", d);
-    if (out_.find_first_of(".e", start) == std::string::npos) out_ += ".0";
+    char text[32];
+    char* end = fmt::format_to(text, "{}", d);
+    out_.append(text, end);
+    if (std::find_if(text, end, [](char c) { return c == '.' || c == 'e'; }) == end) out_ += ".0";
     return true;
   }
 
@@ -357,6 +360,7 @@ nb::object ToPython(const nlohmann::ordered_json& value) {
 
 StatusOr<std::string> ToJsonText(nb::handle value, std::string_view root) {
   Writer w;
+  w.out().reserve(16384);
   if (!w.Value(value.ptr(), 0)) return InvalidInput(w.Where(root) + ": " + w.what());
   return std::move(w.out());
 }
