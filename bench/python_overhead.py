@@ -4,15 +4,19 @@
 
 For each case, per call, the CPU time (time.process_time, this process; the simulator runs on
 the calling thread) of
-  C++:     fsdplab._fsdplab.simulate(...), the binding alone: the trace read (or parsed from
-           the dict's JSON), the policy and cluster resolved, the run simulated, the report
-           written as JSON, by the library code `fsdplab simulate --json` runs;
-  Python:  fsdplab.simulate(...), the function users call: that, plus turning the arguments
-           into the binding's and the report's JSON into a dict (json.loads), and for a dict
-           trace json.dumps of it.
-The two alternate, the median of N calls each is kept; the overhead is Python / C++ - 1. Cases:
+  C++:     the C++ work a call wraps, from files: fsdplab._fsdplab.simulate(..., to_python=False)
+           given the trace's and the cluster's files: the trace read and parsed, the policy and
+           cluster resolved, the run simulated, the report built as a document (the value
+           `fsdplab simulate --json` prints; not printed as text, not turned into Python objects);
+  Python:  fsdplab.simulate(...), the function users call, on the same content: that C++ work,
+           plus the arguments made, a dict trace or cluster written as JSON text in C++ (instead
+           of read from a file), and the report turned into Python objects (a dict).
+The two alternate, the median of N calls each is kept; the overhead is Python / C++ - 1. Beside
+them, "report->dict": what the report's Python objects alone cost (the binding from files with
+to_python=True, less the C++ work), the part of the overhead no argument handling can remove.
+Cases:
 gpt_small (8 ranks) by path and as a dict, and gpt_small on 1,024 ranks of distinct speeds
-(rank_jitter) by path and as a dict. Exits 1 when a case cannot run.
+(rank_jitter) by path and as a dict (the cluster always a dict). Exits 1 when a case cannot run.
 """
 
 import argparse
@@ -20,6 +24,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import fsdplab
@@ -45,28 +50,38 @@ def main():
     with open(GPT_SMALL) as f:
         gpt_small = json.load(f)
     wide = {"world_size": 1024}
+    # The C++ work reads every document from a file: the cluster dict's content as one.
+    tmp = tempfile.TemporaryDirectory()
+    wide_file = os.path.join(tmp.name, "cluster.json")
+    with open(wide_file, "w") as f:
+        json.dump(wide, f)
     cases = [
         ("gpt_small, 8 ranks, path", GPT_SMALL, None, {}),
         ("gpt_small, 8 ranks, dict", gpt_small, None, {}),
         ("gpt_small, 1024 ranks jittered, path", GPT_SMALL, wide, {"rank_jitter": "0.05:1"}),
         ("gpt_small, 1024 ranks jittered, dict", gpt_small, wide, {"rank_jitter": "0.05:1"}),
     ]
-    print(f"{'case':<40} {'C++ ms':>9} {'Python ms':>10} {'overhead':>9}")
+    print(f"{'case':<40} {'C++ ms':>9} {'Python ms':>10} {'overhead':>9} {'report->dict ms':>16}")
     worst = 0.0
     for name, trace, cluster, options in cases:
         def python_call():
             fsdplab.simulate(trace, cluster=cluster, **options)
 
-        # The binding's arguments, made once outside the timed C++ call (as the API makes them).
-        src = [(True, json.dumps(trace))] if isinstance(trace, dict) else [(False, trace)]
-        clu = None if cluster is None else (True, json.dumps(cluster))
+        # The binding's arguments, made once outside the timed C++ call: the files.
+        clu = None if cluster is None else wide_file
         settings = list((k, str(v)) for k, v in options.items())
 
+        def binding(to_python):
+            code, message, report = _fsdplab.simulate([GPT_SMALL], None, None, clu, settings,
+                                                      False, False, False, to_python=to_python)
+            if code != 0 or (report is not None) != to_python:
+                raise SystemExit(f"{name}: {message or 'the report (not) converted'}")
+
         def cxx_call():
-            code, message, _ = _fsdplab.simulate(src, None, None, clu, settings, False, False,
-                                                 False)
-            if code != 0:
-                raise SystemExit(f"{name}: {message}")
+            binding(False)
+
+        def objects_call():
+            binding(True)
 
         try:
             python_call()
@@ -74,14 +89,17 @@ def main():
         except fsdplab.Error as e:
             print(f"{name}: cannot run: {e}", file=sys.stderr)
             return 1
-        cxx, py = [], []
-        for _ in range(3):  # alternate in blocks so that drifts in load hit both
+        cxx, py, objects = [], [], []
+        for _ in range(3):  # alternate in blocks so that drifts in load hit all
             cxx += cpu_per_call(cxx_call, max(1, args.repeat // 3))
             py += cpu_per_call(python_call, max(1, args.repeat // 3))
+            objects += cpu_per_call(objects_call, max(1, args.repeat // 3))
         c, p = statistics.median(cxx), statistics.median(py)
+        o = statistics.median(objects) - c
         overhead = p / c - 1
         worst = max(worst, overhead)
-        print(f"{name:<40} {1e3 * c:>9.2f} {1e3 * p:>10.2f} {100 * overhead:>8.1f}%")
+        print(f"{name:<40} {1e3 * c:>9.2f} {1e3 * p:>10.2f} {100 * overhead:>8.1f}% "
+              f"{1e3 * o:>16.3f}")
     print(f"worst overhead: {100 * worst:.1f}% (target: at most 5%)")
     return 0
 

@@ -114,7 +114,7 @@ StatusOr<Calibration> Calibrate(const CalibrateInputs& in) {
   doc["notes"] = notes;
   if (in.contention_file) doc["comm_contention"] = std::move(contention_json);
   doc["cluster"] = nlohmann::ordered_json::parse(out.cluster_json);
-  out.json = doc.dump(2);
+  out.doc = std::move(doc);
   return out;
 }
 

@@ -460,7 +460,7 @@ StatusOr<ExportedPolicy> ParseExportedPolicy(std::string_view json_text) {
   return e;
 }
 
-std::string ExportedPolicyToJson(const ExportedPolicy& e) {
+nlohmann::ordered_json ExportedPolicyJson(const ExportedPolicy& e) {
   const bool fsdp2 = e.framework == Framework::kFsdp2;
   nlohmann::ordered_json j;
   j["format"] = kFormat;
@@ -487,7 +487,11 @@ std::string ExportedPolicyToJson(const ExportedPolicy& e) {
   j["modules"] = std::move(mods);
   j["notes"] = e.notes;
   j["policy"] = nlohmann::ordered_json::parse(e.policy_json);
-  return j.dump(2) + "\n";
+  return j;
+}
+
+std::string ExportedPolicyToJson(const ExportedPolicy& e) {
+  return ExportedPolicyJson(e).dump(2) + "\n";
 }
 
 std::string ExportedPolicyToPython(const ExportedPolicy& e, std::string_view applier_source) {

@@ -19,7 +19,6 @@ compiled extension: from a source tree, PYTHONPATH=python is enough for it).
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -75,22 +74,26 @@ def __getattr__(name: str) -> Any:
     if name == "ENGINE_OPTIONS":
         return _engine_options()
     raise AttributeError(f"module 'fsdplab' has no attribute {name!r}")
+_Doc = Union[str, Dict[str, Any]]  # what the bindings take: a path, or a dict
 
 
-def _source(doc: DocLike) -> Tuple[bool, str]:
-    """A document for the bindings: (False, path) or (True, its JSON text)."""
+def _source(doc: DocLike) -> _Doc:
+    """A document for the bindings: a path (str), or a dict the bindings write as JSON (a
+    value JSON cannot hold, such as a NaN, is InvalidInput naming where it is)."""
+    if isinstance(doc, (str, dict)):
+        return doc
+    if isinstance(doc, os.PathLike):
+        return os.fspath(doc)
     if isinstance(doc, Mapping):
-        return True, json.dumps(doc)
-    if isinstance(doc, (str, os.PathLike)):
-        return False, os.fspath(doc)
+        return dict(doc)
     raise TypeError(f"expected a path or a dict, got {type(doc).__name__}")
 
 
-def _optional_source(doc: Optional[DocLike]) -> Optional[Tuple[bool, str]]:
+def _optional_source(doc: Optional[DocLike]) -> Optional[_Doc]:
     return None if doc is None else _source(doc)
 
 
-def _trace_sources(trace: Union[TraceLike, Sequence[TraceLike]]) -> List[Tuple[bool, str]]:
+def _trace_sources(trace: Union[TraceLike, Sequence[TraceLike]]) -> List[_Doc]:
     if isinstance(trace, (list, tuple)):
         return [_source(t) for t in trace]
     return [_source(trace)]
@@ -122,16 +125,17 @@ def _settings(options: Mapping[str, Any]) -> List[Tuple[str, str]]:
 
 def _engine_settings(function: str, options: Mapping[str, Any]) -> List[Tuple[str, str]]:
     known = _engine_options()
-    unknown = sorted(set(options) - set(known))
+    unknown = sorted(options.keys() - set(known))
     if unknown:
         raise TypeError(f"{function}() got unexpected keyword argument(s) {', '.join(unknown)} "
                         f"(engine options: {', '.join(known)})")
     return _settings(options)
 
 
-def _result(outcome: Tuple[int, str, str], parse: bool = True) -> Any:
-    code, message, payload = outcome
-    value = (json.loads(payload) if parse else payload) if payload else None
+def _result(outcome: Tuple[int, str, Any]) -> Any:
+    """The bindings' (exit code, message, result): the result (a dict, list or str, made in C++
+    from the command's document), or the exception of the exit code."""
+    code, message, value = outcome
     if code == 0:
         return value
     if code == 1:
@@ -243,7 +247,7 @@ def export_policy(policy: DocLike, trace: TraceLike, to: str = "fsdp2",
     if format == "python":
         applier = _applier_source()
     outcome = _extension().export_policy(_source(policy), _source(trace), to, format, applier)
-    return _result(outcome, parse=format == "json")
+    return _result(outcome)
 
 
 def _applier_source() -> str:

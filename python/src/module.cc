@@ -1,8 +1,10 @@
 // fsdplab._fsdplab: the Python package's bindings. Each function assembles its run from the same
 // library calls as its command (tools/fsdplab/cmd_*.cc) and hands back (exit code, message,
-// payload): the payload is the command's JSON (or text), the exit code and message what the
-// command would exit with and print. fsdplab/__init__.py turns them into dicts and exceptions.
-// Nothing here prints; the GIL is released while the libraries run.
+// payload): the payload is the command's JSON document as Python objects (py_json.h: no JSON text
+// between) or its text, the exit code and message what the command would exit with and print.
+// fsdplab/__init__.py turns them into exceptions. A document given from Python is a path (str) or
+// a dict or list, written as the JSON text the readers take. Nothing here prints; the GIL is
+// released while the libraries run, and taken again to make the payload's objects.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -15,8 +17,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-#include <tuple>
+#include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "fsdplab/calib/calibrate.h"
@@ -35,22 +38,94 @@
 #include "fsdplab/synth/synth.h"
 #include "fsdplab/trace/trace_files.h"
 #include "fsdplab/trace/trace_io.h"
+#include "py_json.h"
 
 namespace nb = nanobind;
 
 namespace fsdplab::python {
 namespace {
 
-// (exit code, message, payload).
-using Result = std::tuple<int, std::string, std::string>;
+// What a function hands back: nothing, a JSON document (a dict or list for Python), or text.
+using Payload = std::variant<std::monostate, nlohmann::ordered_json, std::string>;
+struct Result final {
+  int code = 0;
+  std::string message;
+  Payload payload;
+};
 // A document given from Python: a path (false) or its JSON text (true).
 using Source = std::pair<bool, std::string>;
 using Settings = std::vector<std::pair<std::string, std::string>>;
 
-Result Failed(const Status& s, std::string payload = {}) {
+Result Failed(const Status& s, Payload payload = {}) {
   return {ExitCode(s), s.message(), std::move(payload)};
 }
-Result Done(std::string payload) { return {0, {}, std::move(payload)}; }
+Result Done(Payload payload) { return {0, {}, std::move(payload)}; }
+
+// The documents of one call as the libraries take them, made while the GIL is held: a str is a
+// path, anything else a JSON value (ToJsonText). The first value JSON cannot hold is the call's
+// error (invalid input), found before any work.
+class Documents final {
+ public:
+  Source One(nb::handle doc, std::string_view root) {
+    if (PyUnicode_Check(doc.ptr())) return {false, nb::cast<std::string>(doc)};
+    StatusOr<std::string> text = ToJsonText(doc, root);
+    if (!text.ok()) {
+      if (status_.ok()) status_ = text.status();
+      return {true, {}};
+    }
+    return {true, *std::move(text)};
+  }
+  std::optional<Source> Optional(nb::handle doc, std::string_view root) {
+    if (doc.is_none()) return std::nullopt;
+    return One(doc, root);
+  }
+  // A list of documents (one trace per rank): "trace", or "trace[1]" when there are several.
+  std::vector<Source> List(const std::vector<nb::handle>& docs, std::string_view root) {
+    std::vector<Source> out;
+    for (std::size_t i = 0; i < docs.size(); ++i) {
+      out.push_back(docs.size() == 1
+                        ? One(docs[i], root)
+                        : One(docs[i], std::string(root) + "[" + std::to_string(i) + "]"));
+    }
+    return out;
+  }
+  const Status& status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
+// (exit code, message, payload as Python objects); with `to_python` false the payload is made
+// in C++ but not turned into Python objects (None), for bench/python_overhead.py.
+nb::tuple Returned(Result r, bool to_python = true) {
+  nb::object payload = nb::none();
+  if (to_python) {
+    if (const auto* doc = std::get_if<nlohmann::ordered_json>(&r.payload)) {
+      payload = ToPython(*doc);
+    } else if (const auto* text = std::get_if<std::string>(&r.payload)) {
+      payload = nb::str(text->data(), text->size());
+    }
+  }
+  return nb::make_tuple(r.code, r.message, payload);
+}
+
+// Runs `work` (library calls only, no Python objects) with the GIL released, unless the call's
+// documents already failed.
+template <typename Work>
+nb::tuple Call(const Documents& docs, Work&& work, bool to_python = true) {
+  if (!docs.status().ok()) return Returned(Failed(docs.status()));
+  Result r;
+  {
+    nb::gil_scoped_release release;
+    r = work();
+  }
+  return Returned(std::move(r), to_python);
+}
+
+// A trace as a document: the writer's text read back as a value.
+nlohmann::ordered_json TraceDocument(const Trace& t) {
+  return nlohmann::ordered_json::parse(WriteTrace(t));
+}
 
 // The traces a run replays: one (every rank runs it), a directory of per-rank traces, or a list
 // of per-rank traces; each a path or a trace's JSON text.
@@ -139,7 +214,6 @@ Status Engine(const Traces& t, const std::optional<Source>& cluster, const Setti
 Result Simulate(const std::vector<Source>& trace_sources, const std::optional<std::string>& preset,
                 const std::optional<Source>& policy, const std::optional<Source>& cluster,
                 const Settings& options, bool explain, bool prune_ranks, bool band) {
-  nb::gil_scoped_release release;
   StatusOr<Traces> t = LoadTraces(trace_sources);
   if (!t.ok()) return Failed(t.status());
   const Trace& first = t->traces.front();
@@ -160,9 +234,9 @@ Result Simulate(const std::vector<Source>& trace_sources, const std::optional<st
   if (band) {
     if (Status s = sim::AddCostBandNote(ptrs, t->per_rank, opt, *run); !s.ok()) return Failed(s);
   }
-  std::string json = ReportToJson(run->report);
-  if (!run->result.status.ok()) return Failed(run->result.status, std::move(json));
-  return Done(std::move(json));
+  nlohmann::ordered_json doc = ReportJson(run->report);
+  if (!run->result.status.ok()) return Failed(run->result.status, std::move(doc));
+  return Done(std::move(doc));
 }
 
 Result Sweep(const Source& trace_source, const std::optional<std::string>& preset,
@@ -170,7 +244,6 @@ Result Sweep(const Source& trace_source, const std::optional<std::string>& prese
              const std::vector<std::pair<std::string, std::vector<std::string>>>& grid,
              const std::optional<Source>& cluster, const Settings& options,
              const std::optional<std::string>& cap_peak_text, int jobs) {
-  nb::gil_scoped_release release;
   StatusOr<Traces> t = LoadTraces({trace_source});
   if (!t.ok()) return Failed(t.status());
   if (t->per_rank) return Failed(UsageError("sweep takes one trace for all ranks"));
@@ -196,13 +269,13 @@ Result Sweep(const Source& trace_source, const std::optional<std::string>& prese
   }
   const sim::SweepResult result = sim::RunSweep(trace, *policies, base, varied, jobs);
   const std::optional<std::size_t> chosen = sim::ChosenRow(result.rows, cap, cap_peak);
-  std::string json = sim::SweepToJson(
+  nlohmann::ordered_json doc = sim::SweepJson(
       result, cap, cap_peak, chosen, "sweep",
       cap ? "the fastest policy under the memory cap" : "the fastest policy", t->name);
   if (cap && !chosen) {
-    return {3, "no policy of the grid fits under the memory cap", std::move(json)};
+    return {3, "no policy of the grid fits under the memory cap", std::move(doc)};
   }
-  return Done(std::move(json));
+  return Done(std::move(doc));
 }
 
 Result Tune(const std::vector<Source>& trace_sources, const std::optional<std::string>& preset,
@@ -211,7 +284,6 @@ Result Tune(const std::vector<Source>& trace_sources, const std::optional<std::s
             const std::optional<std::string>& objective,
             const std::optional<std::string>& budget_kinds, std::optional<double> time_limit_s,
             std::optional<int> exact_max, const std::optional<std::string>& to) {
-  nb::gil_scoped_release release;
   StatusOr<Traces> t = LoadTraces(trace_sources);
   if (!t.ok()) return Failed(t.status());
   const Trace& trace = t->traces.front();
@@ -282,15 +354,15 @@ Result Tune(const std::vector<Source>& trace_sources, const std::optional<std::s
     def = t->per_rank ? sim::SimulatePolicy(traces, *preset_policy, def_opt)
                       : sim::SimulatePolicy(trace, *preset_policy, def_opt);
   }
-  std::string json =
-      sim::TuneResultJson(*r, opt, memory_model, *target ? FrameworkName(**target) : "any", def);
+  nlohmann::ordered_json doc =
+      sim::TuneResultValue(*r, opt, memory_model, *target ? FrameworkName(**target) : "any", def);
   if (!r->global_best || !r->best) {
     return {3,
             r->failure.empty() ? "No policy fits under the memory cap."
                                : "Every global policy fails: " + r->failure,
-            std::move(json)};
+            std::move(doc)};
   }
-  return Done(std::move(json));
+  return Done(std::move(doc));
 }
 
 Result Cost(const Source& cluster_source, const std::string& collective,
@@ -319,19 +391,17 @@ Result Cost(const Source& cluster_source, const std::string& collective,
     return Failed(UsageError("--world-size: must be in 1..16777216"));
   }
   const std::vector<sim::CostRow> rows = sim::CostTable(*cluster, *kind, sizes, world);
-  return Done(sim::CostTableJson(*cluster, *kind, world, rows,
-                                 cluster_source.first ? "cluster" : cluster_source.second));
+  return Done(sim::CostTableValue(*cluster, *kind, world, rows,
+                                  cluster_source.first ? "cluster" : cluster_source.second));
 }
 
 Result Validate(const Source& source) {
-  nb::gil_scoped_release release;
   const TraceCheck c = source.first ? CheckTraceText(source.second) : CheckTraceFile(source.second);
-  return Done(nlohmann::ordered_json(c.problems).dump());
+  return Done(nlohmann::ordered_json(c.problems));
 }
 
 Result ImportKineto(const std::vector<std::string>& files, std::optional<int> step,
                     std::optional<int> rank, const std::optional<std::string>& model_json) {
-  nb::gil_scoped_release release;
   if (files.empty()) return Failed(UsageError("expected at least one PROFILE.json[.gz]"));
   kineto::ImportOptions options;
   if (step) {
@@ -342,11 +412,9 @@ Result ImportKineto(const std::vector<std::string>& files, std::optional<int> st
   StatusOr<kineto::ImportedFiles> r =
       kineto::ImportProfileFiles(files, std::move(options), rank, model_json);
   if (!r.ok()) return Failed(r.status());
-  std::string out = "[";
-  for (std::size_t i = 0; i < r->ranks.size(); ++i) {
-    out += (i > 0 ? "," : "") + WriteTrace(r->ranks[i].trace);
-  }
-  return Done(out + "]");
+  nlohmann::ordered_json traces = nlohmann::ordered_json::array();
+  for (const auto& rank : r->ranks) traces.push_back(TraceDocument(rank.trace));
+  return Done(std::move(traces));
 }
 
 Result ExportPolicy(const Source& policy, const Source& trace_source, const std::string& to,
@@ -372,8 +440,8 @@ Result ExportPolicy(const Source& policy, const Source& trace_source, const std:
   if (!t.ok()) return Failed(t.status());
   StatusOr<ExportedPolicy> e = fsdplab::ExportPolicy(t->traces.front(), p, *framework);
   if (!e.ok()) return Failed(e.status());
-  return Done(format == "json" ? ExportedPolicyToJson(*e)
-                               : ExportedPolicyToPython(*e, applier_source));
+  if (format == "json") return Done(ExportedPolicyJson(*e));
+  return Done(ExportedPolicyToPython(*e, applier_source));
 }
 
 Result Synth(const Settings& settings) {
@@ -381,14 +449,13 @@ Result Synth(const Settings& settings) {
   if (!c.ok()) return Failed(c.status());
   StatusOr<Trace> t = synth::SynthesizeTrace(*c);
   if (!t.ok()) return Failed(t.status());
-  return Done(WriteTrace(*t));
+  return Done(TraceDocument(*t));
 }
 
 Result Calibrate(const std::vector<std::string>& files, std::optional<int> ranks,
                  const std::optional<std::string>& collective, std::optional<int> block,
                  const std::optional<std::string>& tier, bool in_place, double compute_scale,
                  std::optional<int> gpus_per_node, const std::optional<std::string>& contention) {
-  nb::gil_scoped_release release;
   if (files.empty() && !contention) {
     return Failed(UsageError("give at least one nccl-tests output file (or a contention file)"));
   }
@@ -423,7 +490,7 @@ Result Calibrate(const std::vector<std::string>& files, std::optional<int> ranks
   in.contention_file = contention;
   StatusOr<calib::Calibration> c = calib::Calibrate(in);
   if (!c.ok()) return Failed(c.status());
-  return Done(c->json);
+  return Done(std::move(c->doc));
 }
 
 // The names each function's engine options and synth settings may take, for the stubs' and the
@@ -439,25 +506,111 @@ std::vector<std::string> EngineOptionKeys() {
 
 NB_MODULE(_fsdplab, m) {
   using namespace fsdplab::python;
+  using Handles = std::vector<nb::handle>;
   m.doc() = "fsdplab's C++ libraries; use the fsdplab package, not this module.";
-  m.def("simulate", &Simulate, nb::arg("traces"), nb::arg("preset"), nb::arg("policy"),
-        nb::arg("cluster"), nb::arg("options"), nb::arg("explain"), nb::arg("prune_ranks"),
-        nb::arg("band"));
-  m.def("sweep", &Sweep, nb::arg("trace"), nb::arg("preset"), nb::arg("policy"), nb::arg("grid"),
-        nb::arg("cluster"), nb::arg("options"), nb::arg("cap_peak"), nb::arg("jobs"));
-  m.def("tune", &Tune, nb::arg("traces"), nb::arg("preset"), nb::arg("policy"), nb::arg("cluster"),
-        nb::arg("options"), nb::arg("cap_peak"), nb::arg("objective"), nb::arg("budget_kinds"),
-        nb::arg("time_limit_s"), nb::arg("exact_max"), nb::arg("to"));
-  m.def("cost", &Cost, nb::arg("cluster"), nb::arg("collective"), nb::arg("sizes"),
-        nb::arg("world_size"));
-  m.def("validate", &Validate, nb::arg("trace"));
-  m.def("import_kineto", &ImportKineto, nb::arg("files"), nb::arg("step"), nb::arg("rank"),
-        nb::arg("model_json"));
-  m.def("export_policy", &ExportPolicy, nb::arg("policy"), nb::arg("trace"), nb::arg("to"),
-        nb::arg("format"), nb::arg("applier_source"));
-  m.def("synth", &Synth, nb::arg("settings"));
-  m.def("calibrate", &Calibrate, nb::arg("files"), nb::arg("ranks"), nb::arg("collective"),
-        nb::arg("block"), nb::arg("tier"), nb::arg("in_place"), nb::arg("compute_scale"),
-        nb::arg("gpus_per_node"), nb::arg("contention"));
+  m.def(
+      "simulate",
+      [](const Handles& traces, const std::optional<std::string>& preset, nb::handle policy,
+         nb::handle cluster, const Settings& options, bool explain, bool prune_ranks, bool band,
+         bool to_python) {
+        Documents d;
+        const std::vector<Source> t = d.List(traces, "trace");
+        const std::optional<Source> p = d.Optional(policy, "policy");
+        const std::optional<Source> c = d.Optional(cluster, "cluster");
+        return Call(
+            d, [&] { return Simulate(t, preset, p, c, options, explain, prune_ranks, band); },
+            to_python);
+      },
+      nb::arg("traces"), nb::arg("preset").none(), nb::arg("policy").none(),
+      nb::arg("cluster").none(), nb::arg("options"), nb::arg("explain"), nb::arg("prune_ranks"),
+      nb::arg("band"), nb::arg("to_python") = true);
+  m.def(
+      "sweep",
+      [](nb::handle trace, const std::optional<std::string>& preset, nb::handle policy,
+         const std::vector<std::pair<std::string, std::vector<std::string>>>& grid,
+         nb::handle cluster, const Settings& options, const std::optional<std::string>& cap_peak,
+         int jobs) {
+        Documents d;
+        const Source t = d.One(trace, "trace");
+        const std::optional<Source> p = d.Optional(policy, "policy");
+        const std::optional<Source> c = d.Optional(cluster, "cluster");
+        return Call(d, [&] { return Sweep(t, preset, p, grid, c, options, cap_peak, jobs); });
+      },
+      nb::arg("trace"), nb::arg("preset").none(), nb::arg("policy").none(), nb::arg("grid"),
+      nb::arg("cluster").none(), nb::arg("options"), nb::arg("cap_peak").none(), nb::arg("jobs"));
+  m.def(
+      "tune",
+      [](const Handles& traces, const std::optional<std::string>& preset, nb::handle policy,
+         nb::handle cluster, const Settings& options, const std::optional<std::string>& cap_peak,
+         const std::optional<std::string>& objective,
+         const std::optional<std::string>& budget_kinds, std::optional<double> time_limit_s,
+         std::optional<int> exact_max, const std::optional<std::string>& to) {
+        Documents d;
+        const std::vector<Source> t = d.List(traces, "trace");
+        const std::optional<Source> p = d.Optional(policy, "policy");
+        const std::optional<Source> c = d.Optional(cluster, "cluster");
+        return Call(d, [&] {
+          return Tune(t, preset, p, c, options, cap_peak, objective, budget_kinds, time_limit_s,
+                      exact_max, to);
+        });
+      },
+      nb::arg("traces"), nb::arg("preset").none(), nb::arg("policy").none(),
+      nb::arg("cluster").none(), nb::arg("options"), nb::arg("cap_peak").none(),
+      nb::arg("objective").none(), nb::arg("budget_kinds").none(), nb::arg("time_limit_s").none(),
+      nb::arg("exact_max").none(), nb::arg("to").none());
+  m.def(
+      "cost",
+      [](nb::handle cluster, const std::string& collective, const std::vector<std::string>& sizes,
+         std::optional<int> world_size) {
+        Documents d;
+        const Source c = d.One(cluster, "cluster");
+        return Call(d, [&] { return Cost(c, collective, sizes, world_size); });
+      },
+      nb::arg("cluster"), nb::arg("collective"), nb::arg("sizes"), nb::arg("world_size").none());
+  m.def(
+      "validate",
+      [](nb::handle trace) {
+        Documents d;
+        const Source t = d.One(trace, "trace");
+        return Call(d, [&] { return Validate(t); });
+      },
+      nb::arg("trace"));
+  m.def(
+      "import_kineto",
+      [](const std::vector<std::string>& files, std::optional<int> step, std::optional<int> rank,
+         const std::optional<std::string>& model_json) {
+        return Call(Documents(), [&] { return ImportKineto(files, step, rank, model_json); });
+      },
+      nb::arg("files"), nb::arg("step").none(), nb::arg("rank").none(),
+      nb::arg("model_json").none());
+  m.def(
+      "export_policy",
+      [](nb::handle policy, nb::handle trace, const std::string& to, const std::string& format,
+         const std::string& applier_source) {
+        Documents d;
+        const Source p = d.One(policy, "policy");
+        const Source t = d.One(trace, "trace");
+        return Call(d, [&] { return ExportPolicy(p, t, to, format, applier_source); });
+      },
+      nb::arg("policy"), nb::arg("trace"), nb::arg("to"), nb::arg("format"),
+      nb::arg("applier_source"));
+  m.def(
+      "synth",
+      [](const Settings& settings) { return Call(Documents(), [&] { return Synth(settings); }); },
+      nb::arg("settings"));
+  m.def(
+      "calibrate",
+      [](const std::vector<std::string>& files, std::optional<int> ranks,
+         const std::optional<std::string>& collective, std::optional<int> block,
+         const std::optional<std::string>& tier, bool in_place, double compute_scale,
+         std::optional<int> gpus_per_node, const std::optional<std::string>& contention) {
+        return Call(Documents(), [&] {
+          return Calibrate(files, ranks, collective, block, tier, in_place, compute_scale,
+                           gpus_per_node, contention);
+        });
+      },
+      nb::arg("files"), nb::arg("ranks").none(), nb::arg("collective").none(),
+      nb::arg("block").none(), nb::arg("tier").none(), nb::arg("in_place"),
+      nb::arg("compute_scale"), nb::arg("gpus_per_node").none(), nb::arg("contention").none());
   m.def("engine_option_keys", &EngineOptionKeys);
 }

@@ -67,7 +67,7 @@ Json CategoriesJson(const std::array<Bytes, kNumMemoryCategories>& bytes) {
 
 }  // namespace
 
-std::string ReportToJson(const Report& r) {
+Json ReportJson(const Report& r) {
   Json doc;
   doc["format"] = "fsdplab.report";
   doc["version"] = 1;
@@ -222,8 +222,10 @@ std::string ReportToJson(const Report& r) {
   }
   if (!r.timeline.is_null()) doc["timeline"] = r.timeline;
   doc["notes"] = r.notes;
-  return doc.dump(2) + "\n";
+  return doc;
 }
+
+std::string ReportToJson(const Report& r) { return ReportJson(r).dump(2) + "\n"; }
 
 std::string ReportToText(const Report& r) {
   std::string out;

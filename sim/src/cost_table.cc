@@ -21,8 +21,9 @@ std::vector<CostRow> CostTable(const Cluster& cluster, CollectiveKind kind,
   return rows;
 }
 
-std::string CostTableJson(const Cluster& cluster, CollectiveKind kind, int world_size,
-                          const std::vector<CostRow>& rows, std::string_view cluster_file) {
+nlohmann::ordered_json CostTableValue(const Cluster& cluster, CollectiveKind kind, int world_size,
+                                      const std::vector<CostRow>& rows,
+                                      std::string_view cluster_file) {
   nlohmann::ordered_json sizes = nlohmann::ordered_json::array();
   for (const CostRow& r : rows) {
     const CollectiveCost& c = r.cost;
@@ -43,7 +44,12 @@ std::string CostTableJson(const Cluster& cluster, CollectiveKind kind, int world
   doc["cluster_file"] = std::string(cluster_file);
   doc["sizes"] = std::move(sizes);
   doc["notes"] = cluster.notes;
-  return doc.dump(2);
+  return doc;
+}
+
+std::string CostTableJson(const Cluster& cluster, CollectiveKind kind, int world_size,
+                          const std::vector<CostRow>& rows, std::string_view cluster_file) {
+  return CostTableValue(cluster, kind, world_size, rows, cluster_file).dump(2);
 }
 
 }  // namespace fsdplab::sim

@@ -429,9 +429,9 @@ SweepResult SweepOfPolicies(std::vector<SweepRow> rows) {
   return result;
 }
 
-std::string SweepToJson(const SweepResult& result, std::optional<Bytes> cap, CapPeak which,
-                        std::optional<std::size_t> chosen, std::string_view kind,
-                        std::string_view chosen_why, std::string_view title) {
+nlohmann::ordered_json SweepJson(const SweepResult& result, std::optional<Bytes> cap, CapPeak which,
+                                 std::optional<std::size_t> chosen, std::string_view kind,
+                                 std::string_view chosen_why, std::string_view title) {
   using Json = nlohmann::ordered_json;
   std::vector<bool> on_front(result.rows.size(), false);
   for (std::size_t i : ParetoFront(result.rows)) on_front[i] = true;
@@ -467,7 +467,13 @@ std::string SweepToJson(const SweepResult& result, std::optional<Bytes> cap, Cap
            {"chosen", chosen ? Json(*chosen) : Json(nullptr)},
            {"chosen_why", chosen ? Json(chosen_why) : Json(nullptr)},
            {"rows", rows}};
-  return doc.dump(2) + "\n";
+  return doc;
+}
+
+std::string SweepToJson(const SweepResult& result, std::optional<Bytes> cap, CapPeak which,
+                        std::optional<std::size_t> chosen, std::string_view kind,
+                        std::string_view chosen_why, std::string_view title) {
+  return SweepJson(result, cap, which, chosen, kind, chosen_why, title).dump(2) + "\n";
 }
 
 std::string SweepSvg(const SweepResult& result, std::optional<Bytes> cap, const std::string& title,

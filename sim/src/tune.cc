@@ -373,9 +373,9 @@ nlohmann::ordered_json RowJson(const SweepRow& r) {
 
 }  // namespace
 
-std::string TuneResultJson(const TuneResult& result, const TuneOptions& options,
-                           std::string_view memory_model, std::string_view framework,
-                           const std::optional<SweepRow>& preset_default) {
+nlohmann::ordered_json TuneResultValue(const TuneResult& result, const TuneOptions& options,
+                                       std::string_view memory_model, std::string_view framework,
+                                       const std::optional<SweepRow>& preset_default) {
   const TuneResult* r = &result;
   const double rate = r->seconds > 0 ? r->simulated / r->seconds : 0.0;
   nlohmann::ordered_json j;
@@ -412,7 +412,13 @@ std::string TuneResultJson(const TuneResult& result, const TuneOptions& options,
   j["moves"] = r->rounds;
   j["why"] = r->why;
   j["failure"] = r->failure;
-  return j.dump(2);
+  return j;
+}
+
+std::string TuneResultJson(const TuneResult& result, const TuneOptions& options,
+                           std::string_view memory_model, std::string_view framework,
+                           const std::optional<SweepRow>& preset_default) {
+  return TuneResultValue(result, options, memory_model, framework, preset_default).dump(2);
 }
 
 }  // namespace fsdplab::sim

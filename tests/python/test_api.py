@@ -45,6 +45,22 @@ def cli_error(*args):
     return r.returncode, first.split(": ", 1)[1]
 
 
+def assert_same_json(test, got, expected, where="result"):
+    """got == expected as JSON: the same types (an int is not a float, True is not 1) and every
+    dict's keys in the same order, not only equal values."""
+    test.assertIs(type(got), type(expected), f"{where}: {got!r} against {expected!r}")
+    if isinstance(expected, dict):
+        test.assertEqual(list(got), list(expected), f"{where}: the keys")
+        for key, value in expected.items():
+            assert_same_json(test, got[key], value, f"{where}[{key!r}]")
+    elif isinstance(expected, list):
+        test.assertEqual(len(got), len(expected), f"{where}: the length")
+        for i, (g, e) in enumerate(zip(got, expected)):
+            assert_same_json(test, g, e, f"{where}[{i}]")
+    else:
+        test.assertEqual(got, expected, where)
+
+
 def simulate_or_failed(*args, **kwargs):
     """simulate()'s report, also when the step fails (StepFailed carries it)."""
     try:
@@ -86,11 +102,11 @@ class SimulateEqualsCommand(unittest.TestCase):
                 expected = json.loads(r.stdout)
                 got, code = simulate_or_failed(path)
                 self.assertEqual(code, r.returncode)
-                self.assertEqual(got, expected)
+                assert_same_json(self, got, expected)
                 # A dict (what Recorder.trace() returns): the same report, no file involved.
                 got, code = simulate_or_failed(load(name))
                 self.assertEqual(code, r.returncode)
-                self.assertEqual(got, expected)
+                assert_same_json(self, got, expected)
 
     def test_policy_cluster_and_engine_options_are_the_flags(self):
         # Policy keys, cluster keys and engine options by name mean what the flags mean.
@@ -149,6 +165,115 @@ class SimulateEqualsCommand(unittest.TestCase):
                                 "--json")
             self.assertEqual(fsdplab.simulate(ranks), expected)
             self.assertEqual(fsdplab.simulate(d), expected)  # the directory, as the command
+
+
+class DictsAsJson(unittest.TestCase):
+    """A dict given for a trace, policy or cluster reads as a file of the same content; what JSON
+    cannot hold is refused naming where it is; results come back with JSON's types."""
+
+    def simulate_file_and_dict(self, trace, **kwargs):
+        """simulate() of `trace` as a dict and of the file json.dump writes of it: the command's
+        exit code and report (or message) for both, and they must agree."""
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.json")
+            with open(path, "w") as f:
+                json.dump(trace, f)
+            r = cli("simulate", path, "--json", check_codes=(0, 2, 3))
+            if r.returncode == 2:
+                with self.assertRaises(fsdplab.InvalidInput) as ctx:
+                    fsdplab.simulate(trace, **kwargs)
+                message = r.stderr.splitlines()[0].split(": ", 1)[1]
+                # The file is named by its path, the dict is "trace".
+                self.assertEqual(str(ctx.exception), message.replace(path, "trace"))
+                return 2, str(ctx.exception)
+            got, code = simulate_or_failed(trace, **kwargs)
+            self.assertEqual(code, r.returncode)
+            assert_same_json(self, got, json.loads(r.stdout))
+            return code, got
+
+    def test_large_ints_both_ways(self):
+        # 2**62 saved bytes (beyond a double's 53 bits) go in exactly and the peaks that hold
+        # them come back as exact ints; 2**64 + 5 fits no integer the reader takes, and the
+        # dict gets the file's message.
+        t = load("gpt_small.json")
+        t["steps"][0]["microbatches"][0]["events"][1]["saved_bytes"] = 2**62
+        code, report = self.simulate_file_and_dict(t)
+        self.assertEqual(code, 0)
+        peak = report["summary"]["peak_memory_bytes"]
+        self.assertIs(type(peak), int)
+        self.assertGreater(peak, 2**62)
+        t["steps"][0]["microbatches"][0]["events"][1]["saved_bytes"] = 2**64 + 5
+        code, message = self.simulate_file_and_dict(t)
+        self.assertEqual(code, 2)
+        self.assertIn("saved_bytes", message)
+
+    def test_nested_empties_unicode_and_escapes(self):
+        # Unit names with non-ASCII (one beyond the BMP), quotes, a backslash and a newline;
+        # meta holding nested empty objects and lists and a unicode key.
+        t = load("gpt_small.json")
+        rename = {"model.layers.0": "model.слой.0", "model.layers.1": "model.層.1 😀",
+                  "model.layers.2": 'model."q"\\b\n.2'}
+        text = json.dumps(t)
+        for old, new in rename.items():
+            text = text.replace(json.dumps(old), json.dumps(new))
+        t = json.loads(text)
+        t["meta"]["ключ ☃"] = {"a": {}, "b": [], "c": [{}, [], [[]]], "d": ""}
+        code, report = self.simulate_file_and_dict(t)
+        self.assertEqual(code, 0)
+        names = [u["unit"] for u in report["units"]]
+        for new in rename.values():
+            self.assertIn(new, names)
+        self.assertEqual(fsdplab.validate(t), [])
+
+    def test_what_json_cannot_hold_is_invalid_input_naming_where(self):
+        path = os.path.join(TRACES, "gpt_small.json")
+        t = load("gpt_small.json")
+        t["steps"][0]["microbatches"][0]["events"][1]["us"] = float("nan")
+        cases = [
+            (lambda: fsdplab.simulate(t),
+             'trace["steps"][0]["microbatches"][0]["events"][1]["us"]: float nan is not JSON'),
+            (lambda: fsdplab.simulate([load("gpt_small.json"), t]),
+             'trace[1]["steps"][0]["microbatches"][0]["events"][1]["us"]: float nan is not JSON'),
+            (lambda: fsdplab.simulate(path, cluster={"world_size": 8,
+                                                     "intra": {"bandwidth_GBps": -float("inf")}}),
+             'cluster["intra"]["bandwidth_GBps"]: float -inf is not JSON'),
+            (lambda: fsdplab.simulate(path, policy={"units": {"model": {2: 1}}}),
+             'policy["units"]["model"]: a key of type int is not JSON (keys are strings)'),
+            (lambda: fsdplab.validate(dict(load("gpt_small.json"), meta={"tags": {"a", "b"}})),
+             'trace["meta"]["tags"]: a set is not JSON'),
+            (lambda: fsdplab.export_policy({"forward_prefetch": 1.5 + 2j}, path),
+             'policy["forward_prefetch"]: a complex is not JSON'),
+        ]
+        for call, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaises(fsdplab.InvalidInput) as ctx:
+                    call()
+                self.assertEqual(str(ctx.exception), message)
+        loop = []
+        loop.append(loop)
+        with self.assertRaises(fsdplab.InvalidInput) as ctx:
+            fsdplab.simulate(path, policy={"x": loop})
+        self.assertTrue(str(ctx.exception).startswith('policy["x"][0][0]'), str(ctx.exception))
+        self.assertIn("nested more than 1000 levels deep", str(ctx.exception))
+        self.assertLess(len(str(ctx.exception)), 200)  # the path is cut short
+
+    def test_tuples_floats_and_bools_read_as_in_a_file(self):
+        # A tuple is a JSON array, as json.dumps writes it; durations written as floats of
+        # every form (1e-07, 50.0, 1e+16) time the step as the file does.
+        t = load("gpt_small.json")
+        t["units"][1]["params"][0]["shape"] = (1024,)
+        events = t["steps"][0]["microbatches"][0]["events"]
+        events[1]["us"] = 50.0
+        events[3]["us"] = 1e-07
+        code, _ = self.simulate_file_and_dict(t)
+        self.assertEqual(code, 0)
+        # Where the reader takes an integer, 8.5 and True are refused with the file's message.
+        t["meta"]["world_size"] = 8.5
+        code, message = self.simulate_file_and_dict(t)
+        self.assertEqual((code, message), (2, "trace: meta.world_size: expected an integer, got 8.5"))
+        t["meta"]["world_size"] = True
+        code, _ = self.simulate_file_and_dict(t)
+        self.assertEqual(code, 2)
 
 
 class Errors(unittest.TestCase):

@@ -103,7 +103,7 @@ Status Run(const Args& args) {
   if (auto out = args.Get("-o")) FSDP_RETURN_IF_ERROR(WriteFileAtomic(*out, cluster_json));
 
   if (args.Has("--json")) {
-    fmt::print("{}\n", cal.json);
+    fmt::print("{}\n", cal.doc.dump(2));
   } else {
     fmt::print("{}", text);
     if (auto plot = args.Get("--plot")) fmt::print("plot written to {}\n", *plot);

@@ -8,6 +8,7 @@
 //   WriteFileAtomic("cluster.json", c.cluster_json);
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,7 +33,9 @@ struct Calibration final {
   CalibratedCluster cluster;
   std::string cluster_json;  // the cluster file (CalibratedClusterJson)
   std::string text;          // the fits and notes, for people
-  std::string json;          // {"fits", "notes", "comm_contention"?, "cluster"}, indented by 2
+  // {"fits", "notes", "comm_contention"?, "cluster"}: `--json` prints it indented by 2, the
+  // Python API returns it as a dict.
+  nlohmann::ordered_json doc;
 };
 
 StatusOr<Calibration> Calibrate(const CalibrateInputs& inputs);

@@ -13,6 +13,7 @@
 // prefetched is what the framework is told to prefetch.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -77,7 +78,9 @@ StatusOr<Policy> ExpressedPolicy(const Trace& trace, const Policy& policy, Frame
 StatusOr<ExportedPolicy> ParseExportedPolicy(std::string_view json_text);
 
 // {"format": "fsdplab.framework_policy", "version": 1, "framework": ..., "modules": [...],
-//  "notes": [...], "policy": {...}}: what apply_policy(model, path) reads.
+//  "notes": [...], "policy": {...}}: what apply_policy(model, path) reads. ExportedPolicyJson is
+// the same document as a value (the Python API's dict).
+nlohmann::ordered_json ExportedPolicyJson(const ExportedPolicy& exported);
 std::string ExportedPolicyToJson(const ExportedPolicy& exported);
 // A self-contained Python script: `applier_source` (python/fsdplab/torch/apply.py), the policy
 // above, and how to call it.

@@ -4,6 +4,7 @@
 //                   .cluster = {{"world_size", 8}}};   // (sim::SimulateToReport fills it all)
 //   Report r = BuildReport(timeline, in);
 //   std::string json = ReportToJson(r);   // --json / -o FILE
+//   nlohmann::ordered_json doc = ReportJson(r);  // the same document as a value
 //   std::string text = ReportToText(r);   // for people
 //
 // Definitions (DESIGN §4.3): a step's window runs from the end of the previous step's last work
@@ -249,6 +250,9 @@ struct Report final {
 };
 
 Report BuildReport(const Timeline& timeline, const ReportInputs& inputs);
+// The fsdplab.report document as a value (what the Python API hands back as a dict), and as the
+// text `--json` writes: that value indented by 2.
+nlohmann::ordered_json ReportJson(const Report& report);
 std::string ReportToJson(const Report& report);
 std::string ReportToText(const Report& report);
 

@@ -5,6 +5,7 @@
 //   std::string json = CostTableJson(cluster, CollectiveKind::kAllGather, 16, rows, "c.json");
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,7 +26,10 @@ struct CostRow final {
 std::vector<CostRow> CostTable(const Cluster& cluster, CollectiveKind kind,
                                const std::vector<Bytes>& sizes, int world_size);
 // {"collective", "world_size", "gpus_per_node", "cluster_file", "sizes": [...], "notes"},
-// indented by 2.
+// indented by 2; CostTableValue is the same document as a value (the Python API's dict).
+nlohmann::ordered_json CostTableValue(const Cluster& cluster, CollectiveKind kind, int world_size,
+                                      const std::vector<CostRow>& rows,
+                                      std::string_view cluster_file);
 std::string CostTableJson(const Cluster& cluster, CollectiveKind kind, int world_size,
                           const std::vector<CostRow>& rows, std::string_view cluster_file);
 

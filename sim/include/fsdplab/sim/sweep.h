@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -128,7 +129,11 @@ SweepResult SweepOfPolicies(std::vector<SweepRow> rows);
 
 // The sweep for the report page (docs/formats.md §6.7, `fsdplab.sweep`): every row with its
 // label and figures, the Pareto front, the cap and `chosen` (a row index: the policy picked).
-// `kind`: "sweep" or "tune"; `chosen_why` says how it was picked.
+// `kind`: "sweep" or "tune"; `chosen_why` says how it was picked. SweepJson is the document as
+// a value (the Python API's dict), SweepToJson its text, indented by 2.
+nlohmann::ordered_json SweepJson(const SweepResult& result, std::optional<Bytes> cap, CapPeak which,
+                                 std::optional<std::size_t> chosen, std::string_view kind,
+                                 std::string_view chosen_why, std::string_view title);
 std::string SweepToJson(const SweepResult& result, std::optional<Bytes> cap, CapPeak which,
                         std::optional<std::size_t> chosen, std::string_view kind,
                         std::string_view chosen_why, std::string_view title);

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -127,7 +128,10 @@ std::string ChooseTuneMemoryModel(const Trace& trace, bool allocator_given, SimO
 // `fsdplab tune --json`: the cap and memory model, the framework searched for, the start, the
 // best global, structured, searched and tuned rows, the exact optimum, the framework's default
 // (`preset_default`, when given), the bound, why the search stopped, its counts, and why; indented
-// by 2.
+// by 2. TuneResultValue is the same document as a value (the Python API's dict).
+nlohmann::ordered_json TuneResultValue(const TuneResult& result, const TuneOptions& options,
+                                       std::string_view memory_model, std::string_view framework,
+                                       const std::optional<SweepRow>& preset_default);
 std::string TuneResultJson(const TuneResult& result, const TuneOptions& options,
                            std::string_view memory_model, std::string_view framework,
                            const std::optional<SweepRow>& preset_default);
