@@ -912,6 +912,16 @@ def grade_run(rundir, bin_, base_pred=None):
             exact[group] = (q - t) / t if t else (0.0 if q == 0 else None)
         p["memory_exact_err"] = exact
         out[name] = p
+    # The profiler path's prediction of the unprofiled run: `import-kineto --check`'s prediction
+    # less the profiler's cost it estimates from the profile (its "predicted without the
+    # profiler" line); and, like with like, the imported prediction against the profiled steps.
+    m = re.search(r"predicted without the profiler: ([0-9.]+) us", chk.stdout)
+    imp = out["imported"]
+    imp["unprofiled_step_us"] = float(m.group(1)) if m else None
+    imp["unprofiled_step_err"] = ((imp["unprofiled_step_us"] - meas["median"]) / meas["median"]
+                                  if m else None)
+    imp["profiled_step_err"] = ((imp["step_us"] - meas["profiled_wall_us"])
+                                / meas["profiled_wall_us"])
 
     # Recorder against importer, per unit and phase (rank 0; medians over steps): on the same
     # steps where the profile phase also recorded them, else the record phase's (another run).
@@ -997,6 +1007,8 @@ def summarize(results):
         s[path]["split_median"] = {
             k: statistics.median(r[path]["split"][k] for r in results)
             for k in ("compute", "exposed_comm", "idle")} if results else {}
+    for k in ("unprofiled_step", "profiled_step"):
+        s["imported"][k] = stats([r["imported"].get(f"{k}_err") for r in results])
     for path in ("recorder", "imported"):
         peaks = [r[path]["peak_err"] for r in results]
         s[path]["memory_done"] = {
@@ -1037,10 +1049,11 @@ def table(doc):
                      f"{g.get('wall_s')} s")
     lines.append("")
     lines.append("Step time (median of unrecorded steps, ms), spread (max-min)/median, p90/p50, "
-                 "run-to-run; predicted error from the recorder (rec) and the imported profile "
-                 "(imp), and the rec error split into compute / exposed comm / idle")
+                 "run-to-run; predicted error from the recorder (rec), the imported profile "
+                 "(imp) and that less the profiler's cost --check estimates (imp-p), and the rec "
+                 "error split into compute / exposed comm / idle")
     h = (f"{'run':<34s} {'meas':>7s} {'range':>6s} {'p90':>6s} {'r2r':>6s} {'rec':>7s} "
-         f"{'imp':>7s} {'cmp':>7s} {'comm':>7s} {'idle':>7s}")
+         f"{'imp':>7s} {'imp-p':>7s} {'cmp':>7s} {'comm':>7s} {'idle':>7s}")
     lines.append(h)
     for r in runs:
         m = r["measured"]
@@ -1048,6 +1061,7 @@ def table(doc):
             f"{r['id']:<34s} {m['median'] / 1e3:7.1f} {100 * m['range_rel']:5.1f}% "
             f"{100 * (m['p90_p50'] - 1):5.1f}% {fmt_pct(m['run_to_run'], 6)} "
             f"{fmt_pct(r['recorder']['step_err'])} {fmt_pct(r['imported']['step_err'])} "
+            f"{fmt_pct(r['imported'].get('unprofiled_step_err'))} "
             f"{fmt_pct(r['recorder']['split']['compute'])} "
             f"{fmt_pct(r['recorder']['split']['exposed_comm'])} "
             f"{fmt_pct(r['recorder']['split']['idle'])}")
@@ -1153,6 +1167,13 @@ def table(doc):
         sp = s[path]["split_median"]
         lines.append(f"  {path:<9s} " + ", ".join(parts) + "; median split: "
                      + ", ".join(f"{k} {fmt_pct(v).strip()}" for k, v in sp.items()))
+        for k, what in (("unprofiled_step", "step less the profiler's estimated cost (--check) "
+                         "against the unprofiled steps"),
+                        ("profiled_step", "step against the profiled steps (like with like)")):
+            st = s[path].get(k)
+            if st:
+                lines.append(f"  {'':<9s} {what}: {100 * st['median_abs']:.1f}% / "
+                             f"{100 * st['p90_abs']:.1f}%")
         md = s[path].get("memory_done")
         if md:
             lines.append(f"  {'':<9s} memory: peak within 3% on {md['peak_within_3pct']} of "

@@ -681,6 +681,14 @@ TEST(KinetoCli, ImportValidateSimulateCheckAndExitCodes) {
       << check.out;
   EXPECT_NE(check.out.find("about 13.8 us a step (1.4% of the profiled step)"), std::string::npos)
       << check.out;
+  // The prediction without the profiler is the median prediction less those 13.8 us.
+  const std::size_t at = check.out.find("predicted without the profiler: ");
+  ASSERT_NE(at, std::string::npos) << check.out;
+  const std::size_t median_at = check.out.find("(the median prediction ", at);
+  ASSERT_NE(median_at, std::string::npos) << check.out;
+  const double without = std::stod(check.out.substr(at + 32));
+  const double median = std::stod(check.out.substr(median_at + 23));
+  EXPECT_NEAR(median - without, 13.8, 0.05) << check.out;
   CmdResult vs = Fsdplab("import-kineto " + in + " -o " + out +
                          " --check --unprofiled-step-us 500 --profiler-op-us 10");
   ASSERT_EQ(vs.code, 0) << vs.out;

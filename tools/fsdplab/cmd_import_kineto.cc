@@ -103,6 +103,13 @@ Status RunCheck(const Args& args, const std::vector<kineto::Imported>& ranks) {
         r0.record_shapes ? " (record_shapes)" : "", kineto::kProfilerMemoryEventUs, cost,
         100.0 * cost / Median(meas_us),
         op_us ? "" : "\n(torch 2.x CPU costs of bench/README.md; --profiler-op-us US for yours)");
+    if (!pred_us.empty()) {
+      // The prediction of the run without the profiler: what a user profiled for, stated beside
+      // the like-with-like comparison above (the estimate is checked in bench/README.md).
+      fmt::print("predicted without the profiler: {:.1f} us a step (the median prediction {:.1f} "
+                 "us less the estimated cost)\n",
+                 Median(pred_us) - cost, Median(pred_us));
+    }
     if (unprofiled && !pred_us.empty()) {
       const double pred = Median(pred_us);
       fmt::print(
