@@ -106,9 +106,10 @@ Status RunCheck(const Args& args, const std::vector<kineto::Imported>& ranks) {
     if (!pred_us.empty()) {
       // The prediction of the run without the profiler: what a user profiled for, stated beside
       // the like-with-like comparison above (the estimate is checked in bench/README.md).
-      fmt::print("predicted without the profiler: {:.1f} us a step (the median prediction {:.1f} "
-                 "us less the estimated cost)\n",
-                 Median(pred_us) - cost, Median(pred_us));
+      fmt::print(
+          "predicted without the profiler: {:.1f} us a step (the median prediction {:.1f} "
+          "us less the estimated cost)\n",
+          Median(pred_us) - cost, Median(pred_us));
     }
     if (unprofiled && !pred_us.empty()) {
       const double pred = Median(pred_us);
