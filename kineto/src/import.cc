@@ -66,6 +66,7 @@ class Importer final {
     }
     nlohmann::json extra;
     TrainingMeta(extra);
+    ShardingOfRun(extra);
     // The device the run computed on, as a recorder states it (meta.device): GPU kernels say
     // cuda; gloo (distributedInfo's backend or its worker ranges) with no kernel says a CPU
     // run; else nothing is claimed.
@@ -553,6 +554,46 @@ class Importer final {
       for (const ParamSpec& ps : u.params()) all_fp32 = all_fp32 && ps.dtype == DType::kFp32;
     }
     if (all_fp32) extra["master_weights"] = "none";
+  }
+
+  // meta.recorded_policy from what the profile shows FSDP2 did (the recorder reads the same from
+  // FSDP2's state): a unit whose parameters a microbatch all-gathered in its forward and not
+  // again in its backward (from the microbatch's first pre_backward on, prefetches included)
+  // kept them after forward: reshard_after_forward false; gathered again in some backward: true.
+  // A unit not gathered in a forward, or a profile without a backward, says nothing.
+  void ShardingOfRun(nlohmann::json& extra) {
+    std::map<UnitId, bool> regathered;  // unit -> gathered again in some microbatch's backward
+    for (const Step& step : out_.trace.steps) {
+      for (const Microbatch& mb : step.microbatches) {
+        bool backward = false;
+        std::set<UnitId> forward_gathers, backward_gathers;
+        for (const Event& e : mb.events) {
+          if (e.op == Op::kPreBackward) backward = true;
+          if (e.op != Op::kCollective || e.kind != CollectiveKind::kAllGather) continue;
+          if (e.unit == kNoUnit) continue;
+          (backward ? backward_gathers : forward_gathers).insert(e.unit);
+        }
+        if (!backward) continue;
+        for (UnitId u : forward_gathers) {
+          bool& again = regathered.try_emplace(u, false).first->second;
+          again = again || backward_gathers.contains(u);
+        }
+      }
+    }
+    if (regathered.empty()) return;
+    nlohmann::json units = nlohmann::json::object();
+    int kept = 0;
+    for (const auto& [u, again] : regathered) {
+      units[model_.unit(u).name()] = {{"reshard_after_forward", again}};
+      kept += again ? 0 : 1;
+    }
+    extra["recorded_policy"] = {{"units", units}};
+    if (kept > 0) {
+      out_.notes.push_back(fmt::format(
+          "{} unit(s) not all-gathered again in backward kept their parameters after forward "
+          "(meta.recorded_policy reshard_after_forward false)",
+          kept));
+    }
   }
 
   // What happened to the memory in [a, b): a curve's changes, in time order.

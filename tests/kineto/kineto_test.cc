@@ -185,6 +185,31 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
   EXPECT_TRUE(CheckTraceEvents(t).empty());
 }
 
+// How the run was sharded, from what FSDP2 gathered: OneUnitEvents' unit is all-gathered in its
+// forward (14-18) and not again in its backward, so it kept its parameters after forward
+// (reshard_after_forward false, FSDP2's default for a root); with a second all-gather inside its
+// pre_backward (201-209) it resharded after forward (true).
+TEST(KinetoImport, ShardingAfterForwardFromTheBackwardsAllGathers) {
+  StatusOr<Imported> kept = Import(ProfileText(OneUnitEvents()));
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  nlohmann::json extra = nlohmann::json::parse(kept->trace.meta.extra_json);
+  EXPECT_EQ(extra.at("recorded_policy"),
+            nlohmann::json::parse(R"({"units": {"model": {"reshard_after_forward": false}}})"));
+
+  std::vector<std::string> ev = OneUnitEvents();
+  ev.push_back(Ann("FSDP::all_gather", 201, 8));
+  ev.push_back(CopyIn(202));
+  ev.push_back(AllGather(204, 4));
+  StatusOr<Imported> resharded = Import(ProfileText(ev));
+  ASSERT_TRUE(resharded.ok()) << resharded.status().ToString();
+  const std::vector<std::string> lines = Lines(resharded->trace);
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), "all_gather model 64 204-209"), 1);
+  extra = nlohmann::json::parse(resharded->trace.meta.extra_json);
+  EXPECT_EQ(extra.at("recorded_policy"),
+            nlohmann::json::parse(R"({"units": {"model": {"reshard_after_forward": true}}})"));
+  EXPECT_TRUE(CheckTraceStructure(resharded->trace).empty());
+}
+
 // An allocation (bytes > 0) or free (bytes < 0) of the host's memory (profile_memory=True).
 std::string Mem(double ts, long long bytes, long long addr = 0, int tid = 1) {
   return fmt::format(
