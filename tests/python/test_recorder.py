@@ -1584,5 +1584,64 @@ class OptimizerStepTest(unittest.TestCase):
         self.assertFalse(any(e.get("phase") == "optimizer" for e in events))
 
 
+
+FIRST_STEP_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch, torch.nn as nn, torch.distributed as dist
+    sys.path.insert(0, sys.argv[1])
+    import fsdplab.torch as fsdplab_torch
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    m = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(3)])
+    for b in m:
+        fully_shard(b)
+    fully_shard(m)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    rec = fsdplab_torch.Recorder(m, optimizer=opt, memory_steps=1)
+    x = torch.randn(4, 32)
+    for _ in range(2):
+        with rec.step():
+            m(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    print(json.dumps({"path": rec.save(sys.argv[3]), "state": len(opt.state)}))
+    dist.destroy_process_group()
+    """
+)
+
+
+class Fsdp2FirstStepTest(unittest.TestCase):
+    """The first step recorded is a memory step and AdamW creates its state in it (no warm-up
+    step): DTensor's sharding propagation runs FakeTensor operators under the memory probe,
+    which must run them as they are (declining them failed the step with "all
+    __torch_dispatch__ handlers returned NotImplemented")."""
+
+    def test_optimizer_state_created_inside_the_memory_step(self):
+        why = fsdp2_available()
+        if why:
+            self.skipTest(why)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "trace.json")
+            p = subprocess.run(
+                [sys.executable, "-c", FIRST_STEP_SCRIPT, PYTHON_DIR, os.path.join(tmp, "store"),
+                 out],
+                capture_output=True, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+            result = json.loads(p.stdout.strip().splitlines()[-1])
+            # Three Linear layers, a weight and a bias each: AdamW keeps state for 6 parameters.
+            self.assertEqual(result["state"], 6)
+            with open(result["path"], encoding="utf-8") as f:
+                trace = json.load(f)
+            self.assertEqual(trace["meta"]["recorder"]["memory_steps"], 1)
+            for step in trace["steps"]:
+                events = [e for mb in step["microbatches"] for e in mb["events"]]
+                self.assertEqual(sum(e.get("phase") == "optimizer" for e in events), 1)
+            v = subprocess.run([FSDPLAB_BIN, "validate", result["path"]], capture_output=True,
+                               text=True)
+            self.assertEqual(v.returncode, 0, v.stdout + v.stderr)
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -40,6 +40,9 @@ def storage(t):
         return None
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def make_memory_probe():
     """The memory probe of a memory step: a dispatch mode that adds the bytes of every storage an
     operator creates and takes them off when the storage is freed (a weak reference's callback),
@@ -94,14 +97,24 @@ def make_memory_probe():
                 self.peak = self.live
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types):
-                return NotImplemented
+            subclasses = [t for t in types if t not in _PLAIN]
+            if subclasses:
+                if all(hasattr(t, "__tensor_flatten__") for t in subclasses):
+                    # A wrapper (DTensor): it unwraps into plain operators, which come back here.
+                    return NotImplemented
+                # Anything else (the FakeTensors of DTensor's sharding propagation, e.g. when an
+                # optimizer creates its state in a memory step) allocates nothing real: run it
+                # as it is, uncounted (declining it would leave the operator with no handler).
+                return func(*args, **(kwargs or {}))
             out = func(*args, **(kwargs or {}))
             # An output on an input's storage (a view, an in-place or out= result) allocated
             # nothing: a parameter's transpose is not new memory.
             inputs = tensors_in(kwargs, tensors_in(args, [])) if kwargs else tensors_in(args, [])
-            reused = {st.data_ptr() for st in map(storage, inputs) if st is not None}
+            reused = {st.data_ptr() for st in map(storage, (x for x in inputs if type(x) in _PLAIN))
+                      if st is not None}
             for t in tensors_in(out, []):
+                if type(t) not in _PLAIN:  # a factory's FakeTensor under sharding propagation
+                    continue
                 st = storage(t)
                 if st is not None and st.data_ptr() not in reused:
                     self._count(t)
