@@ -9,6 +9,7 @@ Needs torch 2.x (FSDP2); skipped with the reason under an older torch.
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -227,10 +228,11 @@ class ImportKinetoTest(unittest.TestCase):
     def test_unit_compute_is_the_recorders_definition(self):
         # One definition of a unit's compute: the time its work holds the thread between its
         # hooks, the framework's gaps included, less FSDP's own work and collectives. Both
-        # measured the same step: the same units and phases, and in all the same time within
-        # 25% (measured 3-16% here; the operators' busy time alone, the earlier definition,
-        # came to 0.79 of the recorder's). Unit by unit they differ more (the importer puts a
-        # layer's boundaries at FSDP's ranges, the recorder at its own hooks): not asserted.
+        # measured the same step: the same units and phases, and the median unit-phase's
+        # imported / recorded time within 10% of 1 (the FSDP2 grid: 2.7% median over 408
+        # unit-phases; the operators' busy time alone, the earlier definition, came to 0.79).
+        # A median, not the total: one unit the profiler happens to stall (a first backward
+        # unit 2.5-3.5 ms long under load) moves a total of a few units by a quarter.
         def per_unit(t):
             out = {}
             for mb in t["steps"][0]["microbatches"]:
@@ -245,8 +247,9 @@ class ImportKinetoTest(unittest.TestCase):
                 _, rec = self.trace(tag, r, "recorder")
                 a, b = per_unit(imp), per_unit(rec)
                 self.assertEqual(sorted(a), sorted(b), (tag, r))
-                total_a, total_b = sum(a.values()), sum(b.values())
-                self.assertLess(abs(total_a - total_b), 0.25 * total_b, (tag, r, a, b))
+                ratios = sorted(a[k] / b[k] for k in a if b[k] > 0)
+                self.assertEqual(len(ratios), len(a), (tag, r, a, b))
+                self.assertLess(abs(statistics.median(ratios) - 1), 0.10, (tag, r, a, b))
 
     def test_model_json_from_the_recorder_gives_names_and_shapes(self):
         # The recorder's model file replaces the recorded shapes: the imported units then carry
