@@ -193,7 +193,10 @@ class Scheduler::Impl {
       cmd.needs = ComputePlanes(phase);
       cmd.inside_recompute = phase == Phase::kRecompute && !rt.recomputing;
       FSDP_RETURN_IF_ERROR(CheckPlanesPresent(u, phase, cmd.inside_recompute, origin));
-      if (phase == Phase::kBackward) cmd.grad_bytes = mem.grads;
+      if (phase == Phase::kBackward) {
+        cmd.grad_bytes = mem.grads;
+        cmd.peak_grad_bytes = mem.grads_at_peak;
+      }
       switch (phase) {
         case Phase::kForward: rt.activations.push_back(mem.saved); break;
         case Phase::kRecompute:

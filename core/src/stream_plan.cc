@@ -516,12 +516,18 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
   // Backward compute produces the unit's unsharded gradients: the gradient buffer comes with the
   // unit's first backward compute since its last reduce-scatter, accounted whole, or, when the
   // compute says what it produced (grad_bytes), that much, group after group, the rest with the
-  // unit's later backward computes.
+  // unit's later backward computes. Of what it produces, the part its parameters held when its
+  // memory peaked (peak_grad_bytes, default all) is accounted when it starts, beside the
+  // temporaries; the rest when it ends, after the temporaries and the activations it released
+  // are freed (formats §2.4).
   std::vector<int> new_grads;
-  Bytes grads_now = 0;
+  std::vector<Bytes> late_grads;  // per group: accounted when the compute ends
+  Bytes grads_at_peak = 0;
   if (cmd.unit != kNoUnit && cmd.phase == Phase::kBackward) {
     const std::vector<GroupLayout>& groups = layout_.groups(cmd.unit);
+    late_grads.assign(groups.size(), 0);
     std::optional<Bytes> left = cmd.grad_bytes;
+    std::optional<Bytes> early_left = cmd.peak_grad_bytes;
     for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
       const auto gs = static_cast<std::size_t>(GroupSlot(cmd.unit, g));
       int& slot = grads_[gs];
@@ -530,7 +536,10 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
       const Bytes rest = gl.grad_bytes() - std::min(accounted, gl.grad_bytes());
       const Bytes take = left ? std::min(*left, rest) : rest;
       if (left) *left -= take;
-      grads_now += take;
+      const Bytes early = early_left ? std::min(*early_left, take) : take;
+      if (early_left) *early_left -= early;
+      late_grads[static_cast<std::size_t>(g)] = take - early;
+      grads_at_peak += early;
       if (slot < 0) {
         const int b = NewBuffer(PlanBuffer{.role = BufferRole::kUnshardedGrad,
                                            .unit = cmd.unit,
@@ -539,17 +548,18 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
                                            .dtype = gl.reduce_dtype,
                                            .elements = gl.grad_elements()});
         slot = b;
-        Alloc(kPlanCompute, b, MemoryCategory::kUnshardedGrads, take, origin, cmd.unit, g);
-        grad_buffer_bytes_[gs] = take;
+        Alloc(kPlanCompute, b, MemoryCategory::kUnshardedGrads, early, origin, cmd.unit, g);
+        grad_buffer_bytes_[gs] = early;
         new_grads.push_back(b);
-      } else if (take > 0) {
-        Alloc(kPlanCompute, -1, MemoryCategory::kUnshardedGrads, take, origin, cmd.unit, g);
-        grad_extra_bytes_[gs] += take;
+      } else if (early > 0) {
+        Alloc(kPlanCompute, -1, MemoryCategory::kUnshardedGrads, early, origin, cmd.unit, g);
+        grad_extra_bytes_[gs] += early;
       }
     }
   }
-  // What it holds while it runs beyond what it keeps and the gradients it makes.
-  const Bytes temporaries = cmd.peak_bytes - std::min(cmd.peak_bytes, cmd.saved_bytes + grads_now);
+  // What it holds while it runs beyond what it keeps and the gradients its parameters hold.
+  const Bytes temporaries =
+      cmd.peak_bytes - std::min(cmd.peak_bytes, cmd.saved_bytes + grads_at_peak);
   Alloc(kPlanCompute, -1, MemoryCategory::kTemporaries, temporaries, origin, cmd.unit);
   const int start = Record(kPlanCompute, /*timed=*/true);
   PlanOp op{.kind = PlanOpKind::kCompute,
@@ -588,6 +598,14 @@ Status StreamPlanner::LowerCompute(const ComputeCmd& cmd, const CommandOrigin& o
   NewTimelineOp(std::move(t), OpSlots{start, end});
   Free(kPlanCompute, -1, MemoryCategory::kTemporaries, temporaries, origin, cmd.unit);
   Free(kPlanCompute, -1, MemoryCategory::kActivations, cmd.freed_bytes, origin, cmd.unit);
+  // The gradients made after the peak, once what the compute released is gone: the measured
+  // curve never held both (its peak, above, is the most it held).
+  for (int g = 0; g < static_cast<int>(late_grads.size()); ++g) {
+    const Bytes late = late_grads[static_cast<std::size_t>(g)];
+    if (late == 0) continue;
+    Alloc(kPlanCompute, -1, MemoryCategory::kUnshardedGrads, late, origin, cmd.unit, g);
+    grad_extra_bytes_[static_cast<std::size_t>(GroupSlot(cmd.unit, g))] += late;
+  }
   if (cmd.phase == Phase::kOptimizer) FreeShardedGrads(origin);
   return Status::Ok();
 }

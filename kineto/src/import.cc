@@ -896,16 +896,16 @@ class Importer final {
       for (std::size_t i = lo; i < hi; ++i) {
         const Change& c = im_.memory_[i];
         if (stack_.empty()) {
-          other_mem_.Add(c.bytes);
+          other_mem_.Add(c.bytes, c.ts);
           continue;
         }
         Open& o = stack_.back();
         const bool re = o.phase == Phase::kBackward && im_.recompute_cpu_.Contains(c.ts);
-        (re ? o.re_mem : o.mem).Add(c.bytes);
+        (re ? o.re_mem : o.mem).Add(c.bytes, c.ts);
       }
       if (stack_.empty()) return;
       const auto [glo, ghi] = Within(im_.grads_, a, b);
-      for (std::size_t i = glo; i < ghi; ++i) stack_.back().grads += im_.grads_[i].bytes;
+      for (std::size_t i = glo; i < ghi; ++i) stack_.back().grads.push_back(im_.grads_[i]);
     }
 
     void On(const Mark& m) {
@@ -1004,13 +1004,17 @@ class Importer final {
 
    private:
     // A compute's own memory curve: where it ends (base) and its highest point, both from
-    // what was allocated when it started.
+    // what was allocated when it started, and when it reached that point (none: at its start).
     struct Curve {
       std::int64_t base = 0;
       std::int64_t top = 0;
-      void Add(std::int64_t bytes) {
+      std::optional<TimeUs> top_at;
+      void Add(std::int64_t bytes, TimeUs ts) {
         base += bytes;
-        top = std::max(top, base);
+        if (base > top) {
+          top = base;
+          top_at = ts;
+        }
       }
     };
     struct Open {
@@ -1020,20 +1024,29 @@ class Importer final {
       TimeUs recompute = 0;
       Curve mem{};
       Curve re_mem{};
-      std::int64_t grads = 0;  // bytes of the unit's gradients handed over in it
+      std::vector<Change> grads{};  // the unit's gradients handed over in it
     };
 
     // The compute event with what it did to the memory (formats §2.4), when the profile has
     // memory events: what it kept or released, less the gradients it produced (the plan's),
-    // and how far it rose.
-    Event Measured(Event e, const Curve& c, std::int64_t grads) const {
+    // how far it rose, and of the gradients those handed over before it rose that far (the
+    // one an operator is making at the peak is handed over after it).
+    Event Measured(Event e, const Curve& c, const std::vector<Change>& grads) const {
       if (im_.memory_.empty()) return e;
-      const std::int64_t net = c.base - grads;
+      std::int64_t made = 0;
+      std::int64_t at_peak = 0;
+      for (const Change& g : grads) {
+        made += g.bytes;
+        if (c.top_at && g.ts < *c.top_at) at_peak += g.bytes;
+      }
+      const std::int64_t net = c.base - made;
       e.saved_bytes = static_cast<Bytes>(std::max<std::int64_t>(net, 0));
       e.released_bytes = static_cast<Bytes>(std::max<std::int64_t>(-net, 0));
       e.peak_bytes = static_cast<Bytes>(std::max<std::int64_t>(c.top, 0));
       if (e.phase == Phase::kBackward && e.unit != kNoUnit) {
-        e.grad_bytes = static_cast<Bytes>(std::max<std::int64_t>(grads, 0));
+        e.grad_bytes = static_cast<Bytes>(std::max<std::int64_t>(made, 0));
+        e.peak_grad_bytes =
+            std::min(*e.grad_bytes, static_cast<Bytes>(std::max<std::int64_t>(at_peak, 0)));
       }
       return e;
     }
@@ -1062,11 +1075,11 @@ class Importer final {
       if (o.phase == Phase::kBackward) {
         if (o.recompute > 0) {
           events_.push_back(
-              Measured(ComputeEvent(o.unit, Phase::kRecompute, o.recompute), o.re_mem, 0));
+              Measured(ComputeEvent(o.unit, Phase::kRecompute, o.recompute), o.re_mem, {}));
         }
         events_.push_back(Measured(ComputeEvent(o.unit, Phase::kBackward, o.us), o.mem, o.grads));
       } else {
-        events_.push_back(Measured(ComputeEvent(o.unit, o.phase, o.us), o.mem, 0));
+        events_.push_back(Measured(ComputeEvent(o.unit, o.phase, o.us), o.mem, {}));
       }
     }
 
@@ -1102,7 +1115,7 @@ class Importer final {
       if (other_ < kMinOtherUs && other_mem_.top == 0 && other_mem_.base == 0) return;
       Event e =
           Measured(ComputeEvent(kNoUnit, in_backward_ ? Phase::kBackward : Phase::kForward, other_),
-                   other_mem_, 0);
+                   other_mem_, {});
       e.name = "other";
       e.ts_us = ts;
       events_.push_back(std::move(e));

@@ -350,6 +350,51 @@ TEST_F(StreamPlanTest, GradientsComeWithTheComputesThatProduceThem) {
   EXPECT_EQ(Mem(p, MemoryCategory::kUnshardedGrads), 0u);
 }
 
+// peak_grad_bytes: of the 1000 gradient bytes the head's backward makes, its parameters held 400
+// when its memory peaked at 1500 above its start; the other 600 were still an operator's output
+// (a temporary). While it runs: 400 of gradients and 1500 - 400 = 1100 of temporaries (1500 in
+// all, as measured); when it ends the temporaries go and the 600 join the gradients (1000).
+TEST_F(StreamPlanTest, GradientsNotHandedOverAtThePeakAreTemporariesThere) {
+  StreamPlanner p = Make();
+  ASSERT_TRUE(
+      p
+          .Lower(Cmd(GatherCmd{
+              .unit = 0,
+              .phase = Phase::kBackward,
+              .reason = GatherReason::kDemand,
+              .pieces = {PlanePiece{
+                  .group = 0, .planes = PlaneSet::Rowwise(), .bytes = 4096, .shard_bytes = 1024}},
+              .bytes = 4096}))
+          .ok());
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 0})).ok());
+  p.TakeNewOps();
+  ComputeCmd head;
+  head.unit = 0;
+  head.phase = Phase::kBackward;
+  head.us = 10;
+  head.peak_bytes = 1500;
+  head.grad_bytes = 1000;
+  head.peak_grad_bytes = 400;
+  ASSERT_TRUE(p.Lower(Cmd(head)).ok());
+  const std::vector<PlanOp> ops = p.TakeNewOps();
+  std::int64_t most = 0;
+  std::array<std::int64_t, kNumMemoryCategories> at_most{};
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const auto mem = MemAfter(ops, i);
+    const std::int64_t total = mem[static_cast<std::size_t>(MemoryCategory::kUnshardedGrads)] +
+                               mem[static_cast<std::size_t>(MemoryCategory::kTemporaries)];
+    if (total > most) {
+      most = total;
+      at_most = mem;
+    }
+  }
+  EXPECT_EQ(most, 1500);
+  EXPECT_EQ(at_most[static_cast<std::size_t>(MemoryCategory::kUnshardedGrads)], 400);
+  EXPECT_EQ(at_most[static_cast<std::size_t>(MemoryCategory::kTemporaries)], 1100);
+  EXPECT_EQ(Mem(p, MemoryCategory::kUnshardedGrads), 1000u);
+  EXPECT_EQ(Mem(p, MemoryCategory::kTemporaries), 0u);
+}
+
 // reduce_scatter_input_buffers 1 (FSDP2): after a reduction its input buffer, the size of the
 // gradients, stays allocated (reduce-scatter buffers) until the next reduction begins, and the
 // last one until the pass ends.

@@ -270,10 +270,33 @@ TEST(KinetoImport, MemoryEventsAndTheOptimizerClass) {
   EXPECT_EQ(bwd.released_bytes, std::optional<Bytes>(400));
   EXPECT_EQ(bwd.peak_bytes, 264u);
   EXPECT_EQ(bwd.grad_bytes, std::optional<Bytes>(64));
+  // AccumulateGrad (270) came after the peak (240): the gradient was an operator's output there.
+  EXPECT_EQ(bwd.peak_grad_bytes, std::optional<Bytes>(0));
   const nlohmann::json extra = nlohmann::json::parse(t.meta.extra_json);
   EXPECT_EQ(extra.at("optimizer"), "adam");
   EXPECT_EQ(extra.at("master_weights"), "none");
   EXPECT_TRUE(CheckTraceEvents(t).empty());
+}
+
+// A gradient handed over (AccumulateGrad at 232) before the backward's peak (the temporary at
+// 240) is held there as a gradient: peak_grad_bytes 64 of the 64 gradient bytes.
+TEST(KinetoImport, GradientHandedOverBeforeThePeakIsHeldAtIt) {
+  std::vector<std::string> events = OneUnitEvents();
+  events.push_back(Mem(230, 64));
+  events.push_back(Op("torch::autograd::AccumulateGrad", 232, 2, 1,
+                      R"({"Input Dims": [[16]], "Input type": ["float"]})"));
+  events.push_back(Mem(240, 200));
+  events.push_back(Mem(250, -200));
+  StatusOr<Imported> im = Import(ProfileText(events));
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  const Event* bwd = nullptr;
+  for (const Event& e : im->trace.steps.at(0).microbatches.at(0).events) {
+    if (e.op == fsdplab::Op::kCompute && e.phase == Phase::kBackward && e.unit != kNoUnit) bwd = &e;
+  }
+  ASSERT_NE(bwd, nullptr);
+  EXPECT_EQ(bwd->peak_bytes, 264u);  // 64 + 200
+  EXPECT_EQ(bwd->grad_bytes, std::optional<Bytes>(64));
+  EXPECT_EQ(bwd->peak_grad_bytes, std::optional<Bytes>(64));
 }
 
 // Root + layers.0 nested in forward; the backward on another thread (the autograd engine's),

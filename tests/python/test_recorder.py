@@ -1454,6 +1454,34 @@ class Fsdp2Test(unittest.TestCase):
 
 
 
+class GradientsAtThePeakTest(unittest.TestCase):
+    """peak_grad_bytes: a unit of two bias-free Linear(64, 64) layers (fp32, a 64 x 64 weight:
+    16384 gradient bytes each) runs its backward second layer first. The second layer's weight
+    gradient is handed over (AccumulateGrad) before the first layer's backward allocates; the
+    compute's memory peaks while the first layer's backward makes its input gradient and weight
+    gradient, before that weight gradient is handed over. So of its 32768 gradient bytes, 16384
+    were held as gradients at its peak: the rest was an operator's output there."""
+
+    def test_the_gradient_made_at_the_peak_is_not_held_there(self):
+        rec_mod = nn.Sequential(nn.Linear(64, 64, bias=False),
+                                nn.Sequential(nn.Linear(64, 64, bias=False),
+                                              nn.Linear(64, 64, bias=False)))
+        rec = fsdplab_torch.Recorder(rec_mod, units=["0", "1"], memory_steps=1)
+        x = torch.randn(256, 64)
+        with rec.step():
+            rec_mod(x).sum().backward()
+        trace = rec.trace()
+        rec.remove()
+        backward = [e for mb in trace["steps"][0]["microbatches"] for e in mb["events"]
+                    if e["op"] == "compute" and e.get("unit") == "model.1"
+                    and e["phase"] == "backward"]
+        self.assertEqual(len(backward), 1)
+        if "grad_bytes" not in backward[0]:
+            self.skipTest(f"torch {torch.__version__} has no memory probe (dispatch modes)")
+        self.assertEqual(backward[0]["grad_bytes"], 2 * 64 * 64 * 4)
+        self.assertEqual(backward[0]["peak_grad_bytes"], 64 * 64 * 4)
+
+
 class OptimizerMetaTest(unittest.TestCase):
     """meta.optimizer and meta.master_weights: what the optimizer keeps, read by the simulator."""
 

@@ -369,6 +369,31 @@ TEST(TraceReader, OptimizerComputeRoundTrips) {
   EXPECT_TRUE(SameTrace(*t, *again));
 }
 
+// peak_grad_bytes is a part of grad_bytes: read, written and compared; more than grad_bytes, or
+// without it, is refused at the key.
+TEST(TraceReader, PeakGradientBytesRoundTripAndArePartOfTheGradients) {
+  const std::string text = WithEvents(
+      R"({"op": "compute", "unit": "a", "phase": "backward", "us": 5, "peak_bytes": 90,
+          "grad_bytes": 16, "peak_grad_bytes": 6})");
+  StatusOr<Trace> t = ParseTrace(text);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const Event& e = t->steps[0].microbatches[0].events[0];
+  EXPECT_EQ(e.peak_grad_bytes, std::optional<Bytes>(6));
+  StatusOr<Trace> again = ParseTrace(WriteTrace(*t));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(SameTrace(*t, *again));
+  EXPECT_EQ(again->steps[0].microbatches[0].events[0].peak_grad_bytes, std::optional<Bytes>(6));
+  EXPECT_EQ(
+      FirstError(WithEvents(R"({"op": "compute", "unit": "a", "phase": "backward", "us": 5,
+                                "grad_bytes": 16, "peak_grad_bytes": 17})")),
+      "steps[0].microbatches[0].events[0].peak_grad_bytes: 17 is more than the 16 gradient bytes "
+      "the compute produces (grad_bytes)");
+  EXPECT_EQ(FirstError(WithEvents(R"({"op": "compute", "unit": "a", "phase": "backward", "us": 5,
+                                      "peak_grad_bytes": 4})")),
+            "steps[0].microbatches[0].events[0].peak_grad_bytes: comes with grad_bytes (the "
+            "gradients it is a part of)");
+}
+
 TEST(TraceReject, UnknownRecomputeKind) {
   EXPECT_EQ(FirstError(Edit(R"("recompute": "none")", R"("recompute": "full")")),
             "units[1].recompute: unknown recompute kind 'full' (expected none, reentrant or "

@@ -61,6 +61,16 @@ class EventChecker final {
         if (ev.grad_bytes.has_value() && (ev.phase != Phase::kBackward || ev.unit == kNoUnit)) {
           add("grad_bytes", "only a unit's backward compute produces gradients");
         }
+        if (ev.peak_grad_bytes.has_value()) {
+          if (!ev.grad_bytes.has_value()) {
+            add("peak_grad_bytes", "comes with grad_bytes (the gradients it is a part of)");
+          } else if (*ev.peak_grad_bytes > *ev.grad_bytes) {
+            add("peak_grad_bytes",
+                fmt::format(
+                    "{} is more than the {} gradient bytes the compute produces (grad_bytes)",
+                    *ev.peak_grad_bytes, *ev.grad_bytes));
+          }
+        }
         break;
       case Op::kCollective: {
         bool a = time_ok("start_us", ev.start_us, "timestamp");

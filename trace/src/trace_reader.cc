@@ -63,6 +63,7 @@ enum class EventKey {
   kReleasedBytes,
   kPeakBytes,
   kGradBytes,
+  kPeakGradBytes,
   kBytes,
   kKind,
   kStartUs,
@@ -105,6 +106,9 @@ EventKey EventKeyOf(std::string_view key) {
       break;
     case 14:
       if (key == "released_bytes") return EventKey::kReleasedBytes;
+      break;
+    case 15:
+      if (key == "peak_grad_bytes") return EventKey::kPeakGradBytes;
       break;
     default: break;
   }
@@ -461,7 +465,7 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
   std::string_view kind_text;
   bool has_op = false, has_unit = false, unit_null = false, has_phase = false, has_us = false;
   bool has_saved = false, has_kind = false, has_bytes = false, has_start = false, has_end = false;
-  bool has_released = false, has_peak = false, has_grad = false;
+  bool has_released = false, has_peak = false, has_grad = false, has_peak_grad = false;
   bool unit_bad = false, phase_read = false, kind_read = false;
   bool bad = false;
   r = Fields(obj, where, [&](std::string_view key, od::value& fv) -> R {
@@ -503,6 +507,7 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
       case EventKey::kReleasedBytes:
       case EventKey::kPeakBytes:
       case EventKey::kGradBytes:
+      case EventKey::kPeakGradBytes:
       case EventKey::kBytes: {
         const EventKey k = EventKeyOf(key);
         std::int64_t n = 0;
@@ -511,7 +516,8 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
          : k == EventKey::kSavedBytes    ? has_saved
          : k == EventKey::kReleasedBytes ? has_released
          : k == EventKey::kPeakBytes     ? has_peak
-                                         : has_grad) = true;
+         : k == EventKey::kGradBytes     ? has_grad
+                                         : has_peak_grad) = true;
         if (x == R::kOk && n < 0) {
           Add(fmt::format("{}: negative size {}", fwhere(), n));
           x = R::kBad;
@@ -523,7 +529,8 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
           case EventKey::kSavedBytes: out.saved_bytes = b; break;
           case EventKey::kReleasedBytes: out.released_bytes = b; break;
           case EventKey::kPeakBytes: out.peak_bytes = b; break;
-          default: out.grad_bytes = b; break;
+          case EventKey::kGradBytes: out.grad_bytes = b; break;
+          default: out.peak_grad_bytes = b; break;
         }
         break;
       }
@@ -552,11 +559,12 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
       }
       case EventKey::kArgs: x = ReadArgs(fv, fwhere, out.args_json); break;
       case EventKey::kUnknown:
-        Add(
-            fmt::format("{}: unknown key '{}' (an event has op, unit, phase, us, saved_bytes, "
-                        "released_bytes, peak_bytes, grad_bytes, ts_us, kind, bytes, start_us, "
-                        "end_us, name, args)",
-                        where(), key));
+        Add(fmt::format(
+            "{}: unknown key '{}' (an event has op, unit, phase, us, saved_bytes, "
+            "released_bytes, peak_bytes, grad_bytes, peak_grad_bytes, ts_us, kind, bytes, "
+            "start_us, "
+            "end_us, name, args)",
+            where(), key));
         x = R::kBad;
         break;
     }
@@ -597,6 +605,7 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
     not_for(has_released, "released_bytes", "compute");
     not_for(has_peak, "peak_bytes", "compute");
     not_for(has_grad, "grad_bytes", "compute");
+    not_for(has_peak_grad, "peak_grad_bytes", "compute");
   }
   if (!collective) {
     not_for(has_kind, "kind", "collective");

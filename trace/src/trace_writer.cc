@@ -94,6 +94,10 @@ void AppendEvent(Buffer& out, const Event& ev, const Model& model) {
       out.append(std::string_view(", \"grad_bytes\": "));
       AppendNumber(out, *ev.grad_bytes);
     }
+    if (ev.peak_grad_bytes.has_value()) {
+      out.append(std::string_view(", \"peak_grad_bytes\": "));
+      AppendNumber(out, *ev.peak_grad_bytes);
+    }
   }
   if (ev.op == Op::kCollective) {
     out.append(std::string_view(", \"kind\": \""));
@@ -143,7 +147,7 @@ bool SameEvent(const Event& a, const Event& b) {
   if (a.op == Op::kCompute) {
     return a.phase == b.phase && a.us == b.us && a.saved_bytes == b.saved_bytes &&
            a.released_bytes == b.released_bytes && a.peak_bytes == b.peak_bytes &&
-           a.grad_bytes == b.grad_bytes;
+           a.grad_bytes == b.grad_bytes && a.peak_grad_bytes == b.peak_grad_bytes;
   }
   if (a.op == Op::kCollective) {
     return a.kind == b.kind && a.bytes == b.bytes && a.start_us == b.start_us &&

@@ -94,7 +94,7 @@ class Frame:
         self.inside = inside
         self.name = name  # the event's label ("fsdp": FSDP's own work outside collectives)
         self.grads0 = None  # memory steps, backward: the unit's gradients when the frame opened
-        self.memory = None  # memory steps: (saved, released, peak, grad bytes), when emitted
+        self.memory = None  # memory steps: (saved, released, peak, grad bytes, of those held at the peak)
 
 
 class HookStateMachine:
@@ -130,6 +130,8 @@ class HookStateMachine:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self._handover_hooked is not None:
+            self._handover_hooked.clear()
         self._remove_leaf_hooks()
         for _, handle in self._hooked_params.values():
             handle.remove()
@@ -305,6 +307,8 @@ class HookStateMachine:
                     self._hook_output_grads(u, output)
                     if u.trainable and self._lazy_params:
                         self._hook_params(u)
+                    if u.trainable and self._probe is not None:
+                        self._hook_handover(u)
             self._hook_calls += 1
             self._hook_ns += time.perf_counter_ns() - t0
 

@@ -46,7 +46,8 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 def make_memory_probe():
     """The memory probe of a memory step: a dispatch mode that adds the bytes of every storage an
     operator creates and takes them off when the storage is freed (a weak reference's callback),
-    so that each mark can read what is allocated now and the most that was since the last mark.
+    so that each mark can read what is allocated now and the most that was since the last mark,
+    and which storages were allocated before that peak (allocation sequence numbers).
     Tensor subclasses (DTensor) are left to unwrap into the operators it counts, as
     FSDPMemTracker does. None when torch has no dispatch modes."""
     base = dispatch_mode_class()
@@ -58,16 +59,39 @@ def make_memory_probe():
             super().__init__()
             self.live = 0
             self.peak = 0
-            self._held = {}  # id(storage) -> (weak reference, bytes)
+            # Allocations are numbered; those numbered below peak_seq were there before the
+            # peak since the last read (the one that made the peak is not: it is being made).
+            self.seq = 0
+            self.peak_seq = 1
+            self._held = {}  # id(storage) -> (weak reference, bytes, sequence number)
+            # id(storage) -> the sequence number when autograd handed it over as a parameter's
+            # .grad (after that allocation, before the next), where torch tells (2.1 on).
+            self.handed = {}
             # > 0 while FSDP's own methods run: what they create (gather buffers, gradient
             # copies) is the plan's, so it is neither counted nor its free taken off later.
             self.foreign = 0
             self._foreign = {}  # id(storage) -> weak reference
 
         def read(self):
-            """(bytes allocated now, the most allocated since the last read)."""
+            """(bytes allocated now, the most allocated since the last read, the sequence
+            number below which allocations were there at that peak)."""
             peak, self.peak = self.peak, self.live
-            return self.live, peak
+            peak_seq, self.peak_seq = self.peak_seq, self.seq + 1
+            return self.live, peak, peak_seq
+
+        def before_peak(self, st, peak_seq, hooked):
+            """Whether a parameter's gradient storage was a gradient at the peak numbered
+            peak_seq: handed over before that allocation. `hooked`: hand-overs are noted, and
+            one not noted yet is happening now (the recorder's own hook on that parameter ran
+            first); otherwise, allocated before it. A storage the probe did not count (made by
+            FSDP's own code): yes."""
+            handed = self.handed.get(id(st), self.seq if hooked else None)
+            if handed is not None:
+                return handed < peak_seq
+            entry = self._held.get(id(st))
+            if entry is None or entry[0]() is not st:
+                return True
+            return entry[2] < peak_seq
 
         def _freed(self, key):
             entry = self._held.pop(key, None)
@@ -91,10 +115,12 @@ def make_memory_probe():
             n = int(st.nbytes())
             if n <= 0:
                 return
-            self._held[key] = (weakref.ref(st, lambda _, k=key: self._freed(k)), n)
+            self.seq += 1
+            self._held[key] = (weakref.ref(st, lambda _, k=key: self._freed(k)), n, self.seq)
             self.live += n
             if self.live > self.peak:
                 self.peak = self.live
+                self.peak_seq = self.seq
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             subclasses = [t for t in types if t not in _PLAIN]
@@ -130,7 +156,7 @@ class MemoryMixin:
 
     @staticmethod
     def _grads_of(u):
-        """{id(storage): bytes} of the gradients the unit's parameters hold now (FSDP2: the
+        """{id(storage): storage} of the gradients the unit's parameters hold now (FSDP2: the
         unsharded parameters' while the unit is unsharded)."""
         grads = {}
         for module, attr in u.param_slots:
@@ -138,37 +164,67 @@ class MemoryMixin:
             g = getattr(p, "grad", None) if p is not None else None
             st = storage(g) if g is not None else None
             if st is not None:
-                grads[id(st)] = int(st.nbytes())
+                grads[id(st)] = st
         return grads
 
     def _open_memory(self, frame):
-        """A unit's backward frame opens in a memory step: the gradients already there."""
+        """A unit's backward frame opens in a memory step: the gradients already there, and a
+        hook on each of its parameters that notes when autograd hands a gradient over."""
         if self._probe is not None and frame.unit is not None:
             frame.grads0 = self._grads_of(frame.unit)
+            self._hook_handover(frame.unit)
+
+    def _hook_handover(self, u):
+        """Post-accumulate-grad hooks (torch 2.1 on) on the unit's parameters as they are now,
+        once per parameter object, removed with the step's hooks (self._handles). Called where
+        they are autograd's leaves: as its forward ends (FSDP2: the unsharded parameters,
+        before FSDP reshards them) and as its backward opens. self._handover_hooked is None where torch has no such hook."""
+        if self._handover_hooked is None:
+            return
+        for module, attr in u.param_slots:
+            p = module._parameters.get(attr)
+            if p is None or not p.requires_grad or id(p) in self._handover_hooked:
+                continue
+            self._handover_hooked.add(id(p))
+            self._handles.append(p.register_post_accumulate_grad_hook(self._handed_over))
+
+    def _handed_over(self, p):
+        probe = self._probe
+        st = storage(p.grad) if probe is not None and p.grad is not None else None
+        if st is not None:
+            probe.handed[id(st)] = probe.seq
 
     def _measure_memory(self, frame):
         """The compute's own memory curve over its segments (what ran between them, children,
         FSDP's brackets, is not its own): how far it rose above its start (peak) and where it
         ended (net); less, for a backward, the unit's gradients it produced, which the plan
-        holds as gradients. The net is what it keeps (saved) or releases."""
+        holds as gradients, and of those the ones made before the peak (the gradient an
+        operator is making at the peak is not handed over yet). The net is what it keeps (saved)
+        or releases."""
         mem = self._mem
         base = 0
         top = 0
+        top_seq = None  # allocations numbered below it were there at the peak
         for a, b in frame.segments:
             if b <= a or b >= len(mem):
                 continue
             start = mem[a][0]
-            live, peak = mem[b]
-            top = max(top, base + peak - start)
+            live, peak, peak_seq = mem[b]
+            if top_seq is None or base + peak - start > top:
+                top, top_seq = base + peak - start, peak_seq
             base += live - start
-        grads = None
+        grads = at_peak = None
         if frame.grads0 is not None:
-            grads = sum(n for k, n in self._grads_of(frame.unit).items() if k not in frame.grads0)
+            new = [st for k, st in self._grads_of(frame.unit).items() if k not in frame.grads0]
+            grads = sum(int(st.nbytes()) for st in new)
+            hooked = self._handover_hooked is not None
+            at_peak = sum(int(st.nbytes()) for st in new
+                          if top_seq is None or self._probe.before_peak(st, top_seq, hooked))
         net = base - (grads or 0)
-        frame.memory = (max(net, 0), max(-net, 0), max(top, 0), grads)
+        frame.memory = (max(net, 0), max(-net, 0), max(top, 0), grads, at_peak)
 
 
-_MEMORY_KEYS = ("saved_bytes", "released_bytes", "peak_bytes", "grad_bytes")
+_MEMORY_KEYS = ("saved_bytes", "released_bytes", "peak_bytes", "grad_bytes", "peak_grad_bytes")
 
 
 def _memory_events(step):

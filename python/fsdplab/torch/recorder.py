@@ -197,6 +197,10 @@ class Recorder(HookStateMachine, Fsdp2Mixin, OptimizerMixin, MemoryMixin, SavedT
         self._handles = []
         self._leaf_handles = []
         self._hooked_params = {}  # id(tensor) -> (weakref, handle)
+        # id(parameter): its hand-over hook is in self._handles (None: torch before 2.1).
+        self._handover_hooked = (
+            set() if hasattr(torch.Tensor, "register_post_accumulate_grad_hook") else None
+        )
         self._fsdp_patches = InstancePatches()  # FSDP2's methods, bracketed while recording
         self._steps = []
         self._active = False

@@ -92,7 +92,7 @@ def step_dict(raw_step):
                     "us": round(max(us, 0.0), 3),
                 }
                 if frame.memory is not None:
-                    saved, released, peak, grads = frame.memory
+                    saved, released, peak, grads, grads_at_peak = frame.memory
                     if saved:
                         ev["saved_bytes"] = saved
                     ev["released_bytes"] = released
@@ -100,6 +100,7 @@ def step_dict(raw_step):
                         ev["peak_bytes"] = peak
                     if grads is not None and frame.phase == "backward":
                         ev["grad_bytes"] = grads
+                        ev["peak_grad_bytes"] = grads_at_peak
                 elif frame.saved:
                     ev["saved_bytes"] = frame.saved
                 if frame.name == "fsdp" and ev["us"] <= 0:

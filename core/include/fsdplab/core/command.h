@@ -77,9 +77,11 @@ struct ComputeCmd final {
   Bytes freed_bytes = 0;  // activations released when it ends
   // Measured: how far its own allocations rose above its start (the plan holds the part not
   // already allocated for it as temporaries while it runs), and for a backward compute the
-  // gradient bytes it produces (absent: the unit's gradients, whole, at its first backward).
+  // gradient bytes it produces (absent: the unit's gradients, whole, at its first backward),
+  // of which its parameters held peak_grad_bytes when its memory peaked (absent: all).
   Bytes peak_bytes = 0;
   std::optional<Bytes> grad_bytes;
+  std::optional<Bytes> peak_grad_bytes;
   bool inside_recompute = false;
   friend bool operator==(const ComputeCmd&, const ComputeCmd&) = default;
 };

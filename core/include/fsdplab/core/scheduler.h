@@ -49,14 +49,17 @@ struct Divergence final {
 };
 
 // What a compute does to memory beyond the plan's own buffers: the trace's compute fields
-// (`saved_bytes`, `released_bytes`, `peak_bytes`, `grad_bytes`; docs/formats.md §2.4).
+// (`saved_bytes`, `released_bytes`, `peak_bytes`, `grad_bytes`, `peak_grad_bytes`;
+// docs/formats.md §2.4).
 struct ComputeMemory final {
   Bytes saved = 0;
   std::optional<Bytes> released;  // measured release; absent: the unit's forward's saved bytes
   Bytes peak = 0;
   std::optional<Bytes> grads;  // gradient bytes it produces; absent: all at the first backward
+  std::optional<Bytes> grads_at_peak;  // of those, held at its peak; absent: all
   static ComputeMemory Of(const Event& event) {
-    return {event.saved_bytes, event.released_bytes, event.peak_bytes, event.grad_bytes};
+    return {event.saved_bytes, event.released_bytes, event.peak_bytes, event.grad_bytes,
+            event.peak_grad_bytes};
   }
 };
 

@@ -49,10 +49,12 @@ struct Event final {
   // the activations of earlier computes it releases at its end (absent: a backward compute
   // releases what its unit's forward saved), how far its own allocations rose above what was
   // allocated when it started, and for a backward compute the bytes of its unit's gradients it
-  // produced (absent: all of them, at the unit's first backward compute).
+  // produced (absent: all of them, at the unit's first backward compute), and of those the
+  // bytes its parameters already held when its memory peaked (absent: all).
   std::optional<Bytes> released_bytes;
   Bytes peak_bytes = 0;
   std::optional<Bytes> grad_bytes;
+  std::optional<Bytes> peak_grad_bytes;
   std::optional<TimeUs> ts_us;  // measured start, when recorded
   // Measured collectives (op == kCollective).
   CollectiveKind kind = CollectiveKind::kAllGather;
