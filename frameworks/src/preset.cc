@@ -122,4 +122,14 @@ StatusOr<Policy> PresetPolicy(Framework framework, const Trace& trace) {
   return p;
 }
 
+StatusOr<Policy> FrameworkDefault(Framework framework, const Trace& trace, const Policy& training) {
+  PolicyLayers layers;
+  FSDP_ASSIGN_OR_RETURN(layers.base, PresetPolicy(framework, trace));
+  layers.trace_meta_json = trace.meta.extra_json;
+  FSDP_ASSIGN_OR_RETURN(Policy p, ResolvePolicy(layers, trace.model));
+  p.optimizer = training.optimizer;
+  p.master_weights = training.master_weights;
+  return p;
+}
+
 }  // namespace fsdplab

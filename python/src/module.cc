@@ -338,11 +338,8 @@ Result Tune(const std::vector<Source>& trace_sources, const std::optional<std::s
   }
   std::optional<Policy> preset_policy;
   if (preset_framework) {
-    StatusOr<Policy> p = PresetPolicy(*preset_framework, trace);
+    StatusOr<Policy> p = FrameworkDefault(*preset_framework, trace, *start);
     if (!p.ok()) return Failed(p.status());
-    // The framework's default with what the other layers say of training, as the start has.
-    p->optimizer = start->optimizer;
-    p->master_weights = start->master_weights;
     preset_policy = *std::move(p);
   }
   StatusOr<sim::TuneResult> r = t->per_rank ? sim::Tune(traces, opt) : sim::Tune(trace, opt);

@@ -215,6 +215,35 @@ TEST(Presets, Fsdp2KeepsTheUnitsTheRunKeptAfterForward) {
                       "unit(s) (model.a, model.b, model.c)"));
 }
 
+// The default sweep and tune compare with is simulate --preset's: the recorded settings apply
+// (the run kept every block: 4 gathers a step, the peak with a kept, 6,200,000 bytes, as in
+// Fsdp2KeepsTheUnitsTheRunKeptAfterForward) and the optimizer is the one the choice was made
+// under (training's adam, none in the trace).
+TEST(Presets, TheFrameworkDefaultIsTheRunAsRecordedUnderTheChoicesOptimizer) {
+  const Trace t = ThreeBlockTrace(
+      R"({"units": {"model.a": {"reshard_after_forward": false},
+                    "model.b": {"reshard_after_forward": false},
+                    "model.c": {"reshard_after_forward": false}}})");
+  Policy training;
+  training.optimizer = Optimizer::kAdam;
+  StatusOr<Policy> def = FrameworkDefault(Framework::kFsdp2, t, training);
+  ASSERT_TRUE(def.ok()) << def.status().ToString();
+  EXPECT_EQ(def->optimizer, Optimizer::kAdam);
+  for (const char* u : {"model.a", "model.b", "model.c"}) {
+    EXPECT_FALSE(def->units.at(u).reshard_after_forward.value_or(true)) << u;
+  }
+  SimOptions opt;
+  opt.cluster = TwoRankCluster();
+  opt.launch_us = 0;
+  Policy no_optimizer = *def;
+  no_optimizer.optimizer = Optimizer::kNone;
+  opt.policy = no_optimizer;
+  StatusOr<SimulatedRun> run = SimulateToReport(t, opt);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  EXPECT_EQ(run->report.steps.at(1).allgather.count, 4);
+  EXPECT_EQ(run->report.steps.at(1).peak_memory_bytes, 6'200'000u);
+}
+
 TEST(Presets, MegatronFsdpIsRegistrationOrderAndTheRootReshards) {
   const Trace t = ThreeUnitTrace();
   const Policy p = Preset(Framework::kMegatronFsdp, t);

@@ -253,11 +253,11 @@ int RunSweep(const Argv& argv) {
   StatusOr<std::optional<Framework>> preset = PresetFromArgs(args);
   if (!preset.ok()) return Fail(kCmd, preset.status());
   if (*preset && !order.empty() && result.rows[order.front()].ok()) {
-    StatusOr<Policy> def = PresetPolicy(**preset, trace);
-    if (!def.ok()) return Fail(kCmd, def.status());
     std::optional<std::size_t> chosen = order.front();
     if (cap) chosen = sim::BestUnderCap(result.rows, *cap, *cap_peak);
     if (chosen) {
+      StatusOr<Policy> def = FrameworkDefault(**preset, trace, result.rows[*chosen].policy);
+      if (!def.ok()) return Fail(kCmd, def.status());
       const sim::SweepRow def_row = sim::SimulatePolicy(trace, *def, base);
       fmt::print("\n{}\n",
                  sim::VersusDefault(FrameworkTitle(**preset), def_row,

@@ -155,12 +155,8 @@ int RunTune(const Argv& argv) {
   }
   std::optional<Policy> preset_policy;
   if (*preset) {
-    StatusOr<Policy> p = PresetPolicy(**preset, trace);
+    StatusOr<Policy> p = FrameworkDefault(**preset, trace, *start);
     if (!p.ok()) return Fail(kCmd, p.status());
-    // The framework's default with what the other layers say of training (the trace's
-    // optimizer, --policy, the flags), as the search's start has them.
-    p->optimizer = start->optimizer;
-    p->master_weights = start->master_weights;
     preset_policy = *std::move(p);
   }
 

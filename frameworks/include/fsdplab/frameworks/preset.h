@@ -39,6 +39,14 @@ inline constexpr Elements kDeepSpeedMaxReuseDistance = 1'000'000'000;
 // the trace's first pass (an error if that pass cannot be recorded).
 StatusOr<Policy> PresetPolicy(Framework framework, const Trace& trace);
 
+// What the framework does on this recorded run when left alone, the policy `sweep --preset` and
+// `tune --preset` compare their choice with: the preset, then what the trace says of the run
+// (meta.optimizer and its master weights, the recorded per-unit settings such as FSDP2's
+// reshard_after_forward), layered as ResolvePolicy does for `simulate --preset`; then the
+// optimizer and master weights of `training` (the policy the choice was made under, so that
+// both hold the same optimizer state).
+StatusOr<Policy> FrameworkDefault(Framework framework, const Trace& trace, const Policy& training);
+
 // DeepSpeed's release rule (partitioned_param_coordinator.py, __params_to_release): after a unit's
 // last forward use, its parameters are kept when the unit is used again before more than
 // `max_reuse_distance` elements of other units' uses have gone by in the recorded order
