@@ -14,6 +14,7 @@ import torch
 from .clock import CpuClock, CudaClock
 from .memory import make_memory_probe, tensors_in
 from .units import encloses
+from .writer import world_and_rank
 
 _MISSING = object()
 NO_INPUT_GRAD_WARNING = "Full backward hook is firing when gradients are computed with respect"
@@ -175,10 +176,7 @@ class HookStateMachine:
         self._fsdp_collectives = []
         self._end_requeued = 0
         self._optimizer_spans = []  # (start, end) marks of optimizer.step() and zero_grad()
-        self._world_size = 1
-        dist = getattr(torch, "distributed", None)
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            self._world_size = dist.get_world_size()
+        self._world_size = world_and_rank()[0]
         self._param_ptrs = set()  # where the parameters are now (the units' slots hold them all)
         for u in self._units:
             u.trainable_slots = 0  # FSDP swaps a slot's parameter, never whether it needs a grad

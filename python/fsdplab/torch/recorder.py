@@ -102,6 +102,7 @@ from .writer import (
     rank_path,
     step_dict,
     unit_entries,
+    world_and_rank,
     write_atomic,
 )
 
@@ -278,10 +279,7 @@ class Recorder(HookStateMachine, Fsdp2Mixin, OptimizerMixin, MemoryMixin, SavedT
                 "the `with rec.step():` block)",
                 stacklevel=2,
             )
-        world_size, rank = 1, 0
-        dist = getattr(torch, "distributed", None)
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            world_size, rank = dist.get_world_size(), dist.get_rank()
+        world_size, rank = world_and_rank()
         units = unit_entries(self._units)
         recorder = {
             "torch": str(torch.__version__),

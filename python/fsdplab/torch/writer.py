@@ -27,6 +27,16 @@ def write_atomic(out, text):
     return out
 
 
+def world_and_rank():
+    """(world size, rank) of torch's default process group; (1, 0) outside one."""
+    import torch
+
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
 def rank_path(path, rank, world_size):
     """Where rank `rank` writes a trace asked for at `path`: `path` with '{rank}' filled in if it
     has one; else, in a process group of more than one rank, 'trace.json' -> 'trace.rank3.json';
