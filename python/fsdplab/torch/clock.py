@@ -1,6 +1,7 @@
 """The recorder's clocks: a mark is an index into the step's marks, read as microseconds from the
 first mark once the step has ended (CUDA events on the current stream, read after one
-synchronize; else the monotonic clock)."""
+synchronize; else the monotonic clock, less the recorder's own time in its hooks: the step as it
+runs without them)."""
 
 import time
 
@@ -8,13 +9,20 @@ import torch
 
 
 class CpuClock:
+    """The monotonic clock stopped while the recorder's hooks run (hook_start to their end,
+    added to hidden_ns): a mark inside a hook is where the hook began, and the recorder's own
+    Python does not lengthen the computes around it."""
+
     name = "cpu"
 
     def __init__(self):
         self.marks = []
+        self.hidden_ns = 0  # the recorder's own time so far, left out of the marks
+        self.hook_start = None  # when the recorder's hook running now began
 
     def mark(self):
-        self.marks.append(time.perf_counter_ns())
+        now = self.hook_start if self.hook_start is not None else time.perf_counter_ns()
+        self.marks.append(now - self.hidden_ns)
         return len(self.marks) - 1
 
     def times_us(self):
@@ -31,6 +39,9 @@ class CudaClock:
 
     def __init__(self):
         self.marks = []
+        # The host's time in the recorder's hooks is not the device's: nothing is left out.
+        self.hidden_ns = 0
+        self.hook_start = None
 
     def mark(self):
         ev = torch.cuda.Event(enable_timing=True)

@@ -4,7 +4,6 @@ written as measured collective events, the rest of FSDP's work (copies, casts) a
 without a unit, and the backward's end waits for FSDP's final callback. FSDP's objects are found
 by attribute: nothing of torch.distributed.fsdp is imported."""
 
-import time
 
 import torch
 
@@ -126,9 +125,9 @@ class Fsdp2Mixin:
         self._fsdp_patches.restore()
 
     def _fsdp_enter(self, u, name, group):
-        t0 = time.perf_counter_ns()
         if self._events is None and name not in _FSDP_OPENS_PASS:
             return None  # after backward_end (nothing of a microbatch is open): not recorded
+        t0 = self._hook_enter()
         m = self._mark()
         if self._probe is not None:
             self._probe.foreign += 1
@@ -143,13 +142,13 @@ class Fsdp2Mixin:
                 token[6] = getattr(group, "_all_gather_result", None)
             elif name == "post_backward":
                 token[6] = str(getattr(group, "_training_state", ""))
-        self._hook_ns += time.perf_counter_ns() - t0
+        self._hook_leave(t0)
         return token
 
     def _fsdp_exit(self, token):
         if token is None or not self._active:
             return
-        t1 = time.perf_counter_ns()
+        t1 = self._hook_enter()
         frame, u, name, group, start, t0, before = token
         m = self._mark()
         if self._probe is not None:
@@ -175,8 +174,8 @@ class Fsdp2Mixin:
         if self._fsdp_depth == 0:  # FSDP's methods nest (pre_forward calls unshard): once
             self._fsdp_ns += t1 - t0
             self._emit_fsdp_work(start, m)
-        self._hook_ns += time.perf_counter_ns() - t1
         self._hook_calls += 1
+        self._hook_leave(t1)
 
     def _emit_collective(self, kind, u, nbytes, start, end):
         self._events.append(("collective", (kind, u, nbytes, start, end), end))

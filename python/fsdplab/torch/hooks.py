@@ -163,6 +163,7 @@ class HookStateMachine:
 
     def _begin_step(self):
         self._clock = CudaClock() if self._timing == "cuda" else CpuClock()
+        self._hook_depth = 0  # recorder hooks open now (_hook_enter)
         self._microbatches = []  # lists of raw events
         self._events = None  # raw events of the open microbatch
         self._stack = []  # open frames, innermost last
@@ -191,6 +192,26 @@ class HookStateMachine:
         self._reset_microbatch()
         self._register_hooks()
         self._active = True
+
+    def _hook_enter(self):
+        """The recorder's own work begins (a hook, FSDP's bracket bookkeeping): its time is
+        counted (overhead()) and, on the CPU clock, left out of the step's marks. Hooks that run
+        inside one (a compute measured as a hook closes it) belong to the outer one."""
+        t0 = time.perf_counter_ns()
+        self._hook_depth += 1
+        if self._hook_depth == 1 and self._clock is not None:
+            self._clock.hook_start = t0
+        return t0
+
+    def _hook_leave(self, t0):
+        self._hook_depth -= 1
+        if self._hook_depth > 0:
+            return
+        spent = time.perf_counter_ns() - t0
+        self._hook_ns += spent
+        if self._clock is not None:
+            self._clock.hidden_ns += spent
+            self._clock.hook_start = None
 
     def _reset_microbatch(self):
         for u in self._units:
@@ -273,7 +294,7 @@ class HookStateMachine:
         def hook(module, inputs):
             if not self._active:
                 return
-            t0 = time.perf_counter_ns()
+            t0 = self._hook_enter()
             m = self._mark()
             self._split_outer(u)
             if self._in_backward:
@@ -286,7 +307,7 @@ class HookStateMachine:
             u.fw_depth += 1
             self._emit("pre_forward", u, m)
             self._hook_calls += 1
-            self._hook_ns += time.perf_counter_ns() - t0
+            self._hook_leave(t0)
 
         return hook
 
@@ -296,7 +317,7 @@ class HookStateMachine:
         def hook(module, inputs, output):
             if not self._active:
                 return
-            t0 = time.perf_counter_ns()
+            t0 = self._hook_enter()
             frame = self._find_forward_frame(u)
             if frame is not None:
                 m = self._mark()
@@ -308,7 +329,7 @@ class HookStateMachine:
                     if u.trainable and self._probe is not None:
                         self._hook_handover(u)
             self._hook_calls += 1
-            self._hook_ns += time.perf_counter_ns() - t0
+            self._hook_leave(t0)
 
         return hook
 
@@ -446,15 +467,15 @@ class HookStateMachine:
                 # No input needs a gradient (torch 2.x calls the hook anyway, as soon as the
                 # output's gradient is there): the unit's backward ends with the whole backward.
                 return
-            t0 = time.perf_counter_ns()
+            t0 = self._hook_enter()
             self._post_backward(u, self._mark())
             self._hook_calls += 1
-            self._hook_ns += time.perf_counter_ns() - t0
+            self._hook_leave(t0)
 
         return hook
 
     def _pre_backward(self, u):
-        t0 = time.perf_counter_ns()
+        t0 = self._hook_enter()
         m = self._mark()
         self._close_stopped_recomputations(m)
         if not self._in_backward:
@@ -489,7 +510,7 @@ class HookStateMachine:
             self._stack.append(u.bw_frame)
         self._emit("pre_backward", u, m)
         self._hook_calls += 1
-        self._hook_ns += time.perf_counter_ns() - t0
+        self._hook_leave(t0)
 
     def _split_backward(self, frame):
         """A unit called more than once in forward has that many backward computes: when another
@@ -529,7 +550,7 @@ class HookStateMachine:
         def hook(_):
             if not self._active or not self._in_backward or key in u.grads_seen:
                 return
-            t0 = time.perf_counter_ns()
+            t0 = self._hook_enter()
             u.grads_seen.add(key)
             if u.bw_frame is not None and u.remaining > 0:
                 u.remaining = self._hook_missing(u) if u.sparse else u.remaining - 1
@@ -537,7 +558,7 @@ class HookStateMachine:
                     u.last_key = key
                     self._post_backward(u, self._mark())
             self._hook_calls += 1
-            self._hook_ns += time.perf_counter_ns() - t0
+            self._hook_leave(t0)
 
         return hook
 
@@ -560,7 +581,7 @@ class HookStateMachine:
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
             return
         self._end_requeued = 0
-        t0 = time.perf_counter_ns()
+        t0 = self._hook_enter()
         m = self._mark()
         self._close_stopped_recomputations(m)
         # Units whose gradients did not all arrive (unused parameters) end with the backward.
@@ -576,7 +597,7 @@ class HookStateMachine:
         self._reduced = set()
         self._reset_microbatch()
         self._hook_calls += 1
-        self._hook_ns += time.perf_counter_ns() - t0
+        self._hook_leave(t0)
 
     def _leaf_pre(self, module, inputs):
         owner = self._leaf_owner.get(id(module))
@@ -587,23 +608,23 @@ class HookStateMachine:
             if top.leaf is not None:
                 return  # a nested module of the one running now
             # The next module of the same recomputation: one compute for all of them.
-            t0 = time.perf_counter_ns()
+            t0 = self._hook_enter()
             self._mark(settle=False)
             top.leaf = module
         else:
-            t0 = time.perf_counter_ns()
+            t0 = self._hook_enter()
             self._mark()
             owner.recompute_seen.add("inside")
             self._stack.append(Frame(owner, "recompute", leaf=module, inside=True))
         self._hook_calls += 1
-        self._hook_ns += time.perf_counter_ns() - t0
+        self._hook_leave(t0)
 
     def _leaf_post(self, module, inputs, output):
         # Registered with always_call where torch has it (an early-stopped recomputation).
         if not self._active or not self._stack or self._stack[-1].leaf is not module:
             return
-        t0 = time.perf_counter_ns()
+        t0 = self._hook_enter()
         self._mark(settle=False)
         self._stack[-1].leaf = None  # open until something else than its next module runs
         self._hook_calls += 1
-        self._hook_ns += time.perf_counter_ns() - t0
+        self._hook_leave(t0)

@@ -207,6 +207,7 @@ class Recorder(HookStateMachine, Fsdp2Mixin, OptimizerMixin, MemoryMixin, SavedT
         self._active = False
         self._hook_calls = 0
         self._hook_ns = 0
+        self._hook_depth = 0
         self._fsdp_ns = 0  # wall time inside FSDP's own methods while recording
         self._detect()
 

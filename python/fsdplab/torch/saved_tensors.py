@@ -2,8 +2,6 @@
 or recompute compute, through saved-tensor hooks (every torch the recorder runs on; without the
 dispatch-mode probe these are a compute's saved_bytes)."""
 
-import time
-
 import torch
 
 
@@ -36,7 +34,7 @@ class SavedTensorsMixin:
     def _measure_saved(self, frame):
         """Adds to frame.saved the bytes of the activations among the tensors saved in it, each
         storage once. Parameters (and views of them) are not activations."""
-        t0 = time.perf_counter_ns()
+        t0 = self._hook_enter()
         params = self._param_ptrs
         seen = set()
         saved = 0
@@ -59,7 +57,7 @@ class SavedTensorsMixin:
                 saved += n * t.element_size()
         frame.saved += saved
         self._hook_calls += len(frame.tensors)
-        self._hook_ns += time.perf_counter_ns() - t0
+        self._hook_leave(t0)
 
     @staticmethod
     def _unpack(t):
