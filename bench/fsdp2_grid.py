@@ -922,6 +922,17 @@ def grade_run(rundir, bin_, base_pred=None):
                                   if m else None)
     imp["profiled_step_err"] = ((imp["step_us"] - meas["profiled_wall_us"])
                                 / meas["profiled_wall_us"])
+    # Exposed communication like with like: the recorder's trace of the profiled steps
+    # (profile/recorded/), the slower rank's time in collectives per step, as for the record
+    # phase's steps above.
+    profiled = [os.path.join(rundir, "profile", "recorded", f"trace.rank{r}.json")
+                for r in range(WORLD)]
+    if all(os.path.exists(x) for x in profiled):
+        rows = [trace_steps(load(x)) for x in profiled]
+        comm = statistics.median(max(step, key=lambda x: x["span_us"])["comm_us"]
+                                 for step in zip(*rows))
+        meas["profiled_exposed_comm_us"] = comm
+        imp["profiled_comm_err"] = (imp["exposed_comm_us"] - comm) / comm if comm else None
 
     # Recorder against importer, per unit and phase (rank 0; medians over steps): on the same
     # steps where the profile phase also recorded them, else the record phase's (another run).
@@ -1007,7 +1018,7 @@ def summarize(results):
         s[path]["split_median"] = {
             k: statistics.median(r[path]["split"][k] for r in results)
             for k in ("compute", "exposed_comm", "idle")} if results else {}
-    for k in ("unprofiled_step", "profiled_step"):
+    for k in ("unprofiled_step", "profiled_step", "profiled_comm"):
         s["imported"][k] = stats([r["imported"].get(f"{k}_err") for r in results])
     for path in ("recorder", "imported"):
         peaks = [r[path]["peak_err"] for r in results]
@@ -1169,7 +1180,9 @@ def table(doc):
                      + ", ".join(f"{k} {fmt_pct(v).strip()}" for k, v in sp.items()))
         for k, what in (("unprofiled_step", "step less the profiler's estimated cost (--check) "
                          "against the unprofiled steps"),
-                        ("profiled_step", "step against the profiled steps (like with like)")):
+                        ("profiled_step", "step against the profiled steps (like with like)"),
+                        ("profiled_comm", "exposed comm against the profiled steps' (like with "
+                         "like)")):
             st = s[path].get(k)
             if st:
                 lines.append(f"  {'':<9s} {what}: {100 * st['median_abs']:.1f}% / "
