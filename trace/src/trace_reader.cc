@@ -562,8 +562,7 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
         Add(fmt::format(
             "{}: unknown key '{}' (an event has op, unit, phase, us, saved_bytes, "
             "released_bytes, peak_bytes, grad_bytes, peak_grad_bytes, ts_us, kind, bytes, "
-            "start_us, "
-            "end_us, name, args)",
+            "start_us, end_us, name, args)",
             where(), key));
         x = R::kBad;
         break;
