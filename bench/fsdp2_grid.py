@@ -377,7 +377,7 @@ def rank_main(args):
 
         step()  # FSDP's lazy initialisation, outside the profile
         spans = []
-        sched = schedule(wait=1, warmup=1, active=args.record_steps, repeat=1)
+        sched = schedule(wait=1, warmup=1, active=args.profile_steps, repeat=1)
         # The profiled steps are also recorded (profile/recorded/): the recorder and the import
         # compared on the same steps. memory_steps=0: the recorder's memory probe is a dispatch
         # mode, under which the profiler would see every operator twice.
@@ -385,7 +385,7 @@ def rank_main(args):
         # profile_memory: the allocations and frees import-kineto attributes to each compute.
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True,
                      schedule=sched) as prof:
-            for i in range(2 + args.record_steps):
+            for i in range(2 + args.profile_steps):
                 dist.barrier()
                 t0 = time.perf_counter()
                 with rec.step() if i >= 2 else contextlib.nullcontext():
@@ -455,7 +455,8 @@ def run_phase(rundir, c, phase, args, isolation="pinned", bench=False):
         cmd = [sys.executable, os.path.abspath(__file__), "rank", "--rank", str(r), "--phase",
                phase, "--dir", rundir, "--config", json.dumps(c), "--isolation", isolation,
                "--steps", str(args.steps), "--warmup", str(args.warmup), "--record-steps",
-               str(args.record_steps)] + (["--bench"] if bench else [])
+               str(args.record_steps), "--profile-steps", str(args.profile_steps)]
+        cmd += ["--bench"] if bench else []
         log = open(os.path.join(rundir, f"{phase}.rank{r}.log"), "w", encoding="utf-8")
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
     rcs = []
@@ -608,7 +609,8 @@ def run(args):
         runs = [c for c in runs if re.search(args.only, run_id(c))]
     env = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "load_before": machine_load(),
            "cores": sorted(os.sched_getaffinity(0)), "quick": args.quick, "steps": args.steps,
-           "warmup": args.warmup, "record_steps": args.record_steps, "repeats": args.repeats,
+           "warmup": args.warmup, "record_steps": args.record_steps,
+           "profile_steps": args.profile_steps, "repeats": args.repeats,
            "python": sys.executable, "design": design.__doc__.strip(),
            "fsdplab": args.fsdplab, "commit": subprocess.run(
                ["git", "-C", HERE, "describe", "--always", "--dirty"], capture_output=True,
@@ -1263,7 +1265,12 @@ def main():
     for q in (p, sub.add_parser("rank"), sub.add_parser("spread")):
         q.add_argument("--steps", type=int, default=20)
         q.add_argument("--warmup", type=int, default=5)
-        q.add_argument("--record-steps", type=int, default=3)
+        # The recorder path predicts from the mean of the recorded steps after the first (a
+        # memory step): 7 of them against the timed runs' 2 x 20 (with 2, a recorded step's
+        # noise, 10-15% on these CPU runs, went whole into the prediction). The profiled steps
+        # stay few: a profile of many steps is large and slow to import.
+        q.add_argument("--record-steps", type=int, default=8)
+        q.add_argument("--profile-steps", type=int, default=3)
     q = sub.choices["rank"]
     q.add_argument("--rank", type=int, required=True)
     q.add_argument("--phase", required=True)
@@ -1284,6 +1291,7 @@ def main():
     if args.cmd == "run":
         if args.quick:
             args.steps, args.warmup, args.record_steps, args.repeats = 6, 2, 2, 1
+            args.profile_steps = 2
         run(args)
     elif args.cmd == "rank":
         rank_main(args)
