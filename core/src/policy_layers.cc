@@ -69,6 +69,15 @@ TraceDevice DeviceOfTrace(std::string_view meta_json, std::string_view source) {
   return {false, "meta.source " + std::string(source)};
 }
 
+int MemoryStepsOfTrace(std::string_view meta_json) {
+  using Json = nlohmann::json;
+  const Json meta = Json::parse(meta_json, nullptr, /*allow_exceptions=*/false);
+  if (!meta.is_object() || !meta.contains("recorder") || !meta["recorder"].is_object()) return 0;
+  const Json& n = meta["recorder"].value("memory_steps", Json());
+  return n.is_number_integer() ? static_cast<int>(std::max<std::int64_t>(0, n.get<std::int64_t>()))
+                               : 0;
+}
+
 StatusOr<UnitOverrides> ReadRecordedPolicy(std::string_view meta_json,
                                            const std::function<bool(std::string_view)>& is_unit) {
   using Json = nlohmann::json;

@@ -42,6 +42,19 @@ StatusOr<SimulatedRun> Assemble(const Trace& first, const SimOptions& options,
   if (options.memory_cap) {
     run.report.notes.push_back(fmt::format("memory cap: {} bytes per rank", *options.memory_cap));
   }
+  // The step time is the mean of the steps after the first: the recorder's memory steps, slowed
+  // by its probe, must not be among them.
+  const int memory_steps = MemoryStepsOfTrace(first.meta.extra_json);
+  const auto steps = static_cast<int>(first.steps.size());
+  if (memory_steps > 0 && (memory_steps >= steps || memory_steps > 1)) {
+    run.report.warnings.push_back(fmt::format(
+        "{} of the trace's {} steps measured memory (meta.recorder.memory_steps): the recorder's "
+        "memory probe slows a step's computes, so {}; record more steps than memory_steps (the "
+        "step time is the mean of the steps after the first), e.g. memory_steps=1 and 3 steps",
+        std::min(memory_steps, steps), steps,
+        memory_steps >= steps ? "the step time is not the run's"
+                              : "the step time's mean includes slowed steps"));
+  }
   if (r.critical_path) {
     run.report.critical_path_json = CriticalPathToJson(*r.critical_path, first.model);
   }

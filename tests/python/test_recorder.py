@@ -15,6 +15,7 @@ import tempfile
 import textwrap
 import time
 import unittest
+import warnings
 
 try:
     import torch
@@ -791,9 +792,9 @@ class RecorderBehaviourTest(unittest.TestCase):
             finally:
                 os.chdir(cwd)
         self.assertTrue(out["files"][0]["valid"], out["files"][0]["problems"])
-        # Two microbatches' events and the step's optimizer compute (the snippet runs
-        # opt.step() and opt.zero_grad() inside rec.step()).
-        self.assertEqual(out["files"][0]["events"], 2 * len(MICROBATCH_EVENTS) + 1)
+        # Four steps, each two microbatches' events and the step's optimizer compute (the
+        # snippet runs opt.step() and opt.zero_grad() inside rec.step()).
+        self.assertEqual(out["files"][0]["events"], 4 * (2 * len(MICROBATCH_EVENTS) + 1))
         self.assertEqual(scope["rec"].trace()["meta"]["optimizer"], "adam")
 
     def test_readme_example_runs_as_copied(self):
@@ -823,10 +824,12 @@ class RecorderBehaviourTest(unittest.TestCase):
             # own before its first layer and after the first three (4 more), the loss (1), 5
             # backward pairs and computes (15) and the root's before its first layer and between
             # them (4 more), backward_end (1) = 40; two microbatches; the
-            # step's optimizer compute after the last one: 81.
-            self.assertEqual((out["files"][0]["units"], out["files"][0]["events"]), (5, 81))
+            # step's optimizer compute after the last one: 81; four steps: 324.
+            self.assertEqual((out["files"][0]["units"], out["files"][0]["events"]), (5, 324))
             report = fsdplab_json(self, "simulate", path, "--order", "recorded", "--json")
             self.assertEqual(report["errors"], [])
+            # The first step measured memory; the step time comes from the other three.
+            self.assertFalse([w for w in report["warnings"] if "memory_steps" in w])
 
     def test_source_tree_imports_the_recorder_without_the_extension(self):
         # python/ of the source tree has no compiled fsdplab._fsdplab: fsdplab.torch imports
@@ -1480,6 +1483,27 @@ class GradientsAtThePeakTest(unittest.TestCase):
             self.skipTest(f"torch {torch.__version__} has no memory probe (dispatch modes)")
         self.assertEqual(backward[0]["grad_bytes"], 2 * 64 * 64 * 4)
         self.assertEqual(backward[0]["peak_grad_bytes"], 64 * 64 * 4)
+
+
+class MemoryStepsOnlyTest(unittest.TestCase):
+    """A trace whose every step measured memory (one step, memory_steps=1 by default) warns when
+    it is written: the probe slowed those steps, so its step time is not the run's."""
+
+    def test_one_recorded_step_warns_and_two_do_not(self):
+        for steps, warns in ((1, True), (2, False)):
+            model = TinyLM()
+            rec = fsdplab_torch.Recorder(model)
+            for _ in range(steps):
+                with rec.step():
+                    model(torch.randint(0, V, (2, 8))).sum().backward()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                rec.trace()
+            rec.remove()
+            said = [str(w.message) for w in caught if "memory_steps" in str(w.message)]
+            if rec.trace()["meta"]["recorder"].get("memory_steps", 0) == 0:
+                self.skipTest(f"torch {torch.__version__} has no memory probe")
+            self.assertEqual(bool(said), warns, (steps, said))
 
 
 class OptimizerMetaTest(unittest.TestCase):

@@ -244,6 +244,34 @@ TEST(Presets, TheFrameworkDefaultIsTheRunAsRecordedUnderTheChoicesOptimizer) {
   EXPECT_EQ(run->report.steps.at(1).peak_memory_bytes, 6'200'000u);
 }
 
+// A trace whose every step measured memory (meta.recorder.memory_steps 2 of its 2 steps) says
+// its step time is not the run's; one memory step of two (the recorder's default) says nothing.
+TEST(Presets, EveryStepAMemoryStepIsAWarning) {
+  const auto warned = [](const std::string& recorder) {
+    Trace t = ThreeBlockTrace("");
+    t.meta.extra_json = R"({"recorder": )" + recorder + "}";
+    SimOptions opt;
+    opt.cluster = TwoRankCluster();
+    opt.policy = Preset(Framework::kFsdp2, t);
+    StatusOr<SimulatedRun> run = SimulateToReport(t, opt);
+    EXPECT_TRUE(run.ok()) << run.status().ToString();
+    std::vector<std::string> out;
+    for (const std::string& w : run->report.warnings) {
+      if (w.find("memory_steps") != std::string::npos) out.push_back(w);
+    }
+    return out;
+  };
+  EXPECT_TRUE(warned(R"({"memory_steps": 1})").empty());
+  EXPECT_EQ(warned(R"({"memory_steps": 2})"),
+            std::vector<std::string>{
+                "2 of the trace's 2 steps measured memory (meta.recorder.memory_steps): the "
+                "recorder's memory probe slows a step's computes, so the step time is not the "
+                "run's; record more steps than memory_steps (the step time is the mean of the "
+                "steps after the first), e.g. memory_steps=1 and 3 steps"});
+  EXPECT_EQ(MemoryStepsOfTrace(R"({"recorder": {"memory_steps": "x"}})"), 0);
+  EXPECT_EQ(MemoryStepsOfTrace("{}"), 0);
+}
+
 TEST(Presets, MegatronFsdpIsRegistrationOrderAndTheRootReshards) {
   const Trace t = ThreeUnitTrace();
   const Policy p = Preset(Framework::kMegatronFsdp, t);

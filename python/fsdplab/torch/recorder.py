@@ -280,6 +280,14 @@ class Recorder(HookStateMachine, Fsdp2Mixin, OptimizerMixin, MemoryMixin, SavedT
                 "the `with rec.step():` block)",
                 stacklevel=2,
             )
+        if self._steps and len(self._steps) <= self._memory_steps:
+            warnings.warn(
+                f"fsdplab.torch: every recorded step ({len(self._steps)}) measured memory "
+                f"(memory_steps={self._memory_steps}): the memory probe slows a step's computes, "
+                "so the trace's step time is not the run's; record more steps than memory_steps "
+                "(the simulator's step time is the mean of the steps after the first)",
+                stacklevel=2,
+            )
         world_size, rank = world_and_rank()
         units = unit_entries(self._units)
         recorder = {

@@ -197,6 +197,11 @@ struct TraceDevice final {
 };
 TraceDevice DeviceOfTrace(std::string_view meta_json, std::string_view source);
 
+// How many of a recorded trace's first steps measured memory with the PyTorch recorder's probe
+// (meta.recorder.memory_steps): their computes ran slowed by it, several times over, so their
+// times are not the run's. 0 when the meta says nothing.
+int MemoryStepsOfTrace(std::string_view meta_json);
+
 // The layers a run's policy is made of, in the order they apply (ResolvePolicy).
 struct PolicyLayers final {
   // Where the layers start: a framework's defaults (frameworks/preset.h, PresetPolicy) or
