@@ -196,6 +196,7 @@ class Recorder(HookStateMachine, Fsdp2Mixin, OptimizerMixin, MemoryMixin, SavedT
         self._prepend = has_hook_kwarg("prepend")
         self._handles = []
         self._leaf_handles = []
+        self._recompute_patch = None  # (_CheckpointFrame, its get_inputs) while patched
         self._hooked_params = {}  # id(tensor) -> (weakref, handle)
         self._fsdp_patches = InstancePatches()  # FSDP2's methods, bracketed while recording
         self._steps = []
