@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -175,12 +176,60 @@ class Importer final {
       starts.push_back(r.hook == Hook::kPostForward || r.hook == Hook::kPostBackward ? WorkEnd(r)
                                                                                      : r.start);
     }
-    std::vector<Interval> preambles;
-    for (std::size_t i = 0; i < ranges_.size(); ++i) {
-      if (starts[i] < ranges_[i].start) preambles.push_back({starts[i], ranges_[i].start});
-      ranges_[i].start = starts[i];
+    // By thread: FSDP's ranges' starts (ranges_ is sorted by start) with their hooks, and their
+    // ends with their hooks, sorted.
+    std::vector<std::vector<TimeUs>> range_starts(p_.threads.size());
+    std::vector<std::vector<Hook>> next_hook(p_.threads.size());  // the hook of each start
+    std::vector<std::vector<std::pair<TimeUs, Hook>>> ends_hooks(p_.threads.size());
+    for (const FsdpRange& r : ranges_) {
+      range_starts[static_cast<std::size_t>(r.thread)].push_back(r.start);
+      next_hook[static_cast<std::size_t>(r.thread)].push_back(r.hook);
+      ends_hooks[static_cast<std::size_t>(r.thread)].emplace_back(r.end, r.hook);
     }
+    for (auto& v : ends_hooks) std::sort(v.begin(), v.end());
+    std::vector<Interval> preambles;
+    std::vector<Interval> gaps;
+    std::map<std::int32_t, TimeUs> reach;  // by thread: the latest end of the ranges so far
+    for (std::size_t i = 0; i < ranges_.size(); ++i) {
+      const FsdpRange& r = ranges_[i];
+      if (starts[i] < r.start) preambles.push_back({starts[i], r.start});
+      auto [at, fresh] = reach.try_emplace(r.thread, r.end);
+      const bool nested = !fresh && at->second >= r.end;
+      at->second = std::max(at->second, r.end);
+      if (!compute_threads_.count(r.thread) || nested) continue;
+      // The rest of FSDP's hooks' Python outside their ranges is FSDP's time too (the recorder
+      // brackets whole hooks), where nothing else runs there: between the autograd engine's
+      // nodes, before a pre_backward's range (from the work or FSDP range before it, once the
+      // backward runs: not the first pre_backward, after the loss) and after a backward
+      // range; in forward only between two hooks with no operator between (a post_forward
+      // and the next pre_forward). A module's forward runs its caller's Python around FSDP's
+      // forward ranges: that stays the unit's. hook_gaps_; no mark moves.
+      const auto& thread_starts = range_starts[static_cast<std::size_t>(r.thread)];
+      if (r.hook == Hook::kPreBackward) {
+        const auto& before = ends_hooks[static_cast<std::size_t>(r.thread)];
+        auto prev = std::upper_bound(before.begin(), before.end(),
+                                     std::pair<TimeUs, Hook>{r.start, Hook::kOther});
+        if (prev == before.begin()) continue;
+        const Hook h = std::prev(prev)->second;
+        if (h == Hook::kPreForward || h == Hook::kPostForward || h == Hook::kBackwardEnd) continue;
+        const TimeUs from = WorkEnd(r);
+        if (from < r.start) gaps.push_back({from, r.start});
+      } else if (r.hook != Hook::kBackwardEnd && r.hook != Hook::kPreForward) {
+        const TimeUs to = NextWork(r, thread_starts);
+        auto next = std::lower_bound(thread_starts.begin(), thread_starts.end(), r.end);
+        const bool hook_to_hook =
+            next != thread_starts.end() && *next == to &&
+            next_hook[static_cast<std::size_t>(r.thread)]
+                     [static_cast<std::size_t>(next - thread_starts.begin())] == Hook::kPreForward;
+        if (to > r.end && (hook_to_hook || r.hook != Hook::kPostForward)) {
+          gaps.push_back({r.end, to});
+        }
+      }
+    }
+    for (std::size_t i = 0; i < ranges_.size(); ++i) ranges_[i].start = starts[i];
+    for (const Interval& g : gaps) preambles.push_back(g);
     preambles_ = IntervalSet(std::move(preambles));
+    hook_gaps_ = IntervalSet(std::move(gaps));
     std::stable_sort(ranges_.begin(), ranges_.end(),
                      [](const FsdpRange& a, const FsdpRange& b) { return a.start < b.start; });
     return Status::Ok();
@@ -414,6 +463,7 @@ class Importer final {
     for (const FsdpRange& r : ranges_) {
       if (compute_threads_.count(r.thread)) excluded.push_back({r.start, r.end});
     }
+    for (const Interval& g : hook_gaps_.parts()) excluded.push_back(g);
     fsdp_ranges_ = IntervalSet(excluded);
     // A recomputation (activation checkpointing) runs inside the autograd backward function
     // that first unpacks one of the checkpointed tensors, before that function's own work: it
@@ -786,6 +836,25 @@ class Importer final {
     return best;
   }
 
+  // Where the work after FSDP's range `r` starts on its thread: the next operator (or kernel
+  // launch) starting at or after its end, never after the next FSDP range there.
+  // `starts`: the starts of FSDP's ranges on that thread, sorted.
+  TimeUs NextWork(const FsdpRange& r, const std::vector<TimeUs>& starts) const {
+    auto next = std::lower_bound(starts.begin(), starts.end(), r.end);
+    TimeUs best = next == starts.end() ? std::numeric_limits<TimeUs>::infinity() : *next;
+    const auto& list = by_thread_[static_cast<std::size_t>(r.thread)];
+    auto it = std::lower_bound(list.begin(), list.end(), r.end,
+                               [&](std::size_t i, TimeUs t) { return p_.events[i].ts < t; });
+    for (; it != list.end() && p_.events[*it].ts < best; ++it) {
+      const ProfileEvent& op = p_.events[*it];
+      if (op.cat == Category::kCpuOp || op.cat == Category::kRuntime) {
+        best = op.ts;
+        break;
+      }
+    }
+    return std::isfinite(best) ? best : r.end;
+  }
+
   // FSDP's wait for collective `e` issued inside its range `owner`: synchronous (gloo), the
   // issuing thread blocks from the operator's end until the work completes, so the wait ends at
   // the thread's next operator or range, or at the end of FSDP's range, whichever comes first.
@@ -1153,7 +1222,9 @@ class Importer final {
   std::vector<std::vector<std::size_t>> by_thread_;
   std::vector<FsdpRange> ranges_;
   std::vector<std::vector<TimeUs>> range_ends_;  // by thread: FSDP's ranges' ends, sorted
-  IntervalSet preambles_;  // FSDP's post hooks before their ranges (WorkEnd to the range)
+  IntervalSet preambles_;  // FSDP's hooks outside their ranges: post hooks' (WorkEnd to the
+                           // range) and hook_gaps_
+  IntervalSet hook_gaps_;  // the rest of FSDP's hook Python outside its ranges (FindRanges)
   std::vector<StepRange> steps_;
   std::set<std::int32_t> compute_threads_;
   std::vector<Collective> collectives_;

@@ -334,13 +334,16 @@ TEST(KinetoImport, NestedUnitsAutogradThreadAndRecompute) {
   // 0 to layers.0's pre_forward (30) less its pre_forward [0, 5] = 25 (the embedding's 10 and
   // the gaps), layers.0 from 30 to its aten::linear's end (70) less [30, 35] = 35, the root
   // again from 70 to its aten::linear's end (95) less [70, 85] (layers.0's post hook) = 10.
-  // Backward (thread 2): the root from 200 to 210 less [200, 205] = 5; layers.0 from 210 to its
-  // backward function's end (260) less [210, 215] = 45, of which 15 are a recomputation: the
-  // function from its start (220) to the end of the last forward operator in it (aten::linear,
-  // 235), the framework's gaps included; the root from 260 to EmbeddingBackward's end (290)
-  // less [260, 275] = 15. FSDP's work ("fsdp", at the next hook): its ranges, each post hook
-  // from the end of the unit's last operator: 5 each before, [70, 85] = 15, [95, 105] = 10,
-  // [260, 275] = 15, and the root's post hook and the callback [290, 320] = 30.
+  // Backward (thread 2): the root from 200 to 210 less [200, 205] and the gap before
+  // layers.0's pre_backward [205, 210] (FSDP's hook Python: nothing else runs between the
+  // autograd engine's nodes) = 0, no compute; layers.0 from 210 to its backward function's end
+  // (260) less [210, 215] = 45, of which 15 are a recomputation: the function from its start
+  // (220) to the end of the last forward operator in it (aten::linear, 235), the framework's
+  // gaps included; the root from 260 to EmbeddingBackward's end (290) less [260, 275] and the
+  // post hook's Python after its range up to EmbeddingBackward [275, 280] = 10. FSDP's work
+  // ("fsdp", at the next hook): its ranges, each post hook from the end of the unit's last
+  // operator, and those gaps: 5 each before, [70, 85] = 15, [95, 105] = 10, [200, 210] = 10,
+  // [260, 280] = 20, and the root's post hook and the callback [290, 320] = 30.
   EXPECT_EQ(Lines(t), (std::vector<std::string>{
                           "pre_forward model",
                           "compute - forward 5 fsdp",
@@ -354,15 +357,14 @@ TEST(KinetoImport, NestedUnitsAutogradThreadAndRecompute) {
                           "post_forward model",
                           "compute - forward 10 fsdp",
                           "pre_backward model",
-                          "compute - backward 5 fsdp",
-                          "compute model backward 5",
+                          "compute - backward 10 fsdp",
                           "pre_backward model.layers.0",
                           "compute - backward 5 fsdp",
                           "compute model.layers.0 recompute 15",
                           "compute model.layers.0 backward 30",
                           "post_backward model.layers.0",
-                          "compute - backward 15 fsdp",
-                          "compute model backward 15",
+                          "compute - backward 20 fsdp",
+                          "compute model backward 10",
                           "post_backward model",
                           "compute - backward 30 fsdp",
                           "backward_end -",
@@ -370,6 +372,87 @@ TEST(KinetoImport, NestedUnitsAutogradThreadAndRecompute) {
   EXPECT_TRUE(CheckTraceStructure(t).empty());
   // No all-gathers: units without parameters, and the import says so.
   EXPECT_FALSE(im->notes.empty());
+}
+
+// Two layers under a root: FSDP's hook Python outside its ranges, where nothing but FSDP runs,
+// is FSDP's work and not the enclosing unit's (the recorder brackets whole hooks).
+TEST(KinetoImport, FsdpHookPythonOutsideItsRangesIsFsdps) {
+  StatusOr<Imported> im = Import(ProfileText({
+      Ann("ProfilerStep#0", 0, 1000),
+      Ann("FSDP::pre_forward", 0, 5),
+      Op("aten::embedding", 10, 10),
+      Ann("FSDP::pre_forward (layers.0)", 30, 5),
+      Op("aten::linear", 40, 30),
+      Ann("FSDP::post_forward (layers.0)", 80, 5),
+      Ann("FSDP::pre_forward (layers.1)", 100, 5),
+      Op("aten::linear", 110, 30),
+      Ann("FSDP::post_forward (layers.1)", 150, 5),
+      Op("aten::linear", 165, 5),
+      Ann("FSDP::post_forward", 180, 5),
+      Ann("FSDP::pre_backward", 200, 5, 2),
+      Op("autograd::engine::evaluate_function: MmBackward0", 210, 10, 2),
+      Ann("FSDP::pre_backward (layers.1)", 230, 5, 2),
+      Op("autograd::engine::evaluate_function: AddmmBackward0", 240, 30, 2),
+      Ann("FSDP::post_backward_reshard (layers.1)", 280, 5, 2),
+      Ann("FSDP::pre_backward (layers.0)", 290, 5, 2),
+      Op("autograd::engine::evaluate_function: AddmmBackward0", 300, 30, 2),
+      Ann("FSDP::post_backward_reshard (layers.0)", 340, 5, 2),
+      Op("autograd::engine::evaluate_function: EmbeddingBackward0", 350, 10, 2),
+      Ann("FSDP::root_post_backward_callback", 370, 20, 2),
+      Ann("FSDP::post_backward_reshard", 375, 5, 2),
+  }));
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  // By hand. Forward: the root from 0 to layers.0's pre_forward (30) less [0, 5] = 25; layers.0
+  // from 30 to its linear's end (70) less [30, 35] = 35; between layers.0's post_forward range
+  // and layers.1's pre_forward range no operator runs: [85, 100] is the two hooks' Python,
+  // FSDP's, so the root has 0 there (no compute); layers.1 from 100 to 140 less [100, 105] = 35;
+  // the root from 140 to its linear's end (170) less layers.1's post hook [140, 155] = 15 (the
+  // gap [155, 165] before its own operator stays its own: the caller's Python). Backward
+  // (thread 2): the root from 200 to 230 less [200, 205] and [220, 230] (the engine between
+  // MmBackward0 and layers.1's pre_backward range runs FSDP's hook) = 15; layers.1 from 230 to
+  // 270 less [230, 235] = 35; the root 0 between 270 and 290 (layers.1's post hook [270, 285],
+  // then [285, 290] before layers.0's range); layers.0 from 290 to 330 less [290, 295] = 35;
+  // the root from 330 to EmbeddingBackward's end (360) less [330, 345] and [345, 350] = 10.
+  // FSDP's work at each next hook: 5, 5, [70, 100] = 30, 5, [140, 155] = 15, [170, 185] = 15;
+  // [200, 205] + [220, 230] = 15, 5, [270, 290] = 20, 5, [330, 350] = 20, [360, 390] = 30.
+  // Counting those gaps as the enclosing unit's gave the root 15 more in forward ([85, 100]) and
+  // 25, 5 ([285, 290]) and 15 in backward.
+  EXPECT_EQ(Lines(im->trace), (std::vector<std::string>{
+                                  "pre_forward model",
+                                  "compute - forward 5 fsdp",
+                                  "compute model forward 25",
+                                  "pre_forward model.layers.0",
+                                  "compute - forward 5 fsdp",
+                                  "compute model.layers.0 forward 35",
+                                  "post_forward model.layers.0",
+                                  "compute - forward 30 fsdp",
+                                  "pre_forward model.layers.1",
+                                  "compute - forward 5 fsdp",
+                                  "compute model.layers.1 forward 35",
+                                  "post_forward model.layers.1",
+                                  "compute - forward 15 fsdp",
+                                  "compute model forward 15",
+                                  "post_forward model",
+                                  "compute - forward 15 fsdp",
+                                  "pre_backward model",
+                                  "compute - backward 15 fsdp",
+                                  "compute model backward 15",
+                                  "pre_backward model.layers.1",
+                                  "compute - backward 5 fsdp",
+                                  "compute model.layers.1 backward 35",
+                                  "post_backward model.layers.1",
+                                  "compute - backward 20 fsdp",
+                                  "pre_backward model.layers.0",
+                                  "compute - backward 5 fsdp",
+                                  "compute model.layers.0 backward 35",
+                                  "post_backward model.layers.0",
+                                  "compute - backward 20 fsdp",
+                                  "compute model backward 10",
+                                  "post_backward model",
+                                  "compute - backward 30 fsdp",
+                                  "backward_end -",
+                              }));
+  EXPECT_TRUE(CheckTraceStructure(im->trace).empty());
 }
 
 TEST(KinetoImport, GpuKernelsByCorrelationAndNcclBytesFromRecordParamComms) {

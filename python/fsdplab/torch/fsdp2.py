@@ -74,9 +74,31 @@ _FSDP_GROUP_METHODS = (
     "finalize_backward",
 )
 _FSDP_STATE_METHODS = ("_root_pre_forward", "_pre_backward", "_root_post_backward_final_callback")
+# The state's forward hooks, registered on its module(s) once by fully_shard (the bound method is
+# kept in the module's hook dict, so the entry there is bracketed): all of their Python (the
+# dynamo guard, the state's checks, the pre-backward hooks on the outputs), not only the
+# parameter groups' methods inside, is FSDP's own work.
+_FSDP_STATE_HOOKS = (
+    ("_pre_forward", "_pre_forward_hook_handle"),
+    ("_post_forward", "_post_forward_hook_handle"),
+)
 # The FSDP methods that may run before anything of a microbatch was recorded (the root's forward
 # prologue, an explicit prefetch); the others, outside a microbatch, ran after its backward_end.
-_FSDP_OPENS_PASS = frozenset(("_root_pre_forward", "pre_forward", "unshard", "wait_for_unshard"))
+_FSDP_OPENS_PASS = frozenset(
+    ("_pre_forward", "_root_pre_forward", "pre_forward", "unshard", "wait_for_unshard")
+)
+
+
+def _hook_entries(handle):
+    """The (hook dict, key) pairs a hook handle removes: a RemovableHandle's one, or each of a
+    handle over several (FSDP2's grouped modules)."""
+    inner = getattr(handle, "handles", None)
+    if inner is not None:
+        return [entry for h in inner for entry in _hook_entries(h)]
+    ref = getattr(handle, "hooks_dict_ref", None)
+    hooks = ref() if callable(ref) else None
+    key = getattr(handle, "id", None)
+    return [(hooks, key)] if isinstance(hooks, dict) and key in hooks else []
 
 
 def _all_gather_bytes(result, u):
@@ -101,12 +123,22 @@ class Fsdp2Mixin:
             seen.add(id(state))
             self._fsdp_states.append(state)
             for name in _FSDP_STATE_METHODS:
-                self._patch(state, name, u, None)
+                self._fsdp_patches.replace(state, name, self._bracket(u, name, None))
+            for name, handle in _FSDP_STATE_HOOKS:
+                for hooks, key in _hook_entries(getattr(state, handle, None)):
+                    self._fsdp_patches.replace_entry(hooks, key, self._bracket(u, name, None))
             for g in groups:
                 for name in _FSDP_GROUP_METHODS:
-                    self._patch(g, name, u, g)
+                    self._fsdp_patches.replace(g, name, self._bracket(u, name, g))
+            if groups:
+                # FSDP2 runs the unit's post-backward once the gradients of its inputs are all
+                # computed: its backward ends there (_fsdp_enter), not at its last parameter's
+                # gradient, after which its inputs' gradients may still be computed.
+                self._fsdp_post_backward.add(u.index)
 
-    def _patch(self, obj, name, u, group):
+    def _bracket(self, u, name, group):
+        """make_wrapper for InstancePatches: FSDP's method `name` of unit u bracketed."""
+
         def make_wrapper(original):
             def wrapper(*args, **kwargs):
                 if not self._active:
@@ -119,7 +151,7 @@ class Fsdp2Mixin:
 
             return wrapper
 
-        self._fsdp_patches.replace(obj, name, make_wrapper)
+        return make_wrapper
 
     def _unpatch_fsdp(self):
         self._fsdp_patches.restore()
@@ -129,6 +161,8 @@ class Fsdp2Mixin:
             return None  # after backward_end (nothing of a microbatch is open): not recorded
         t0 = self._hook_enter()
         m = self._mark()
+        if name == "post_backward" and u.bw_frame is not None and self._in_backward:
+            self._post_backward(u, m)
         if self._probe is not None:
             self._probe.foreign += 1
         frame = Frame(None, "fsdp")

@@ -40,26 +40,35 @@ def has_always_call():
 
 class InstancePatches:
     """Methods replaced on objects' instance dicts while a step is recorded (FSDP's, the
-    optimizer's), and put back as they were."""
+    optimizer's), and hooks replaced in the dicts a module keeps them in (FSDP's forward hooks),
+    and put back as they were."""
 
     def __init__(self):
-        self._previous = []  # (object, attribute, previous instance value or _MISSING)
+        self._previous = []  # (dict, key, previous value or _MISSING)
 
     def replace(self, obj, name, make_wrapper):
         """obj.name becomes make_wrapper(the method); nothing when obj has no such method."""
         original = getattr(obj, name, None)
         if original is None or not callable(original):
             return
-        previous = obj.__dict__.get(name, _MISSING)
-        obj.__dict__[name] = make_wrapper(original)
-        self._previous.append((obj, name, previous))
+        self._replace(obj.__dict__, name, make_wrapper(original))
+
+    def replace_entry(self, mapping, key, make_wrapper):
+        """mapping[key] (a registered hook) becomes make_wrapper(the hook)."""
+        original = mapping.get(key)
+        if original is not None and callable(original):
+            self._replace(mapping, key, make_wrapper(original))
+
+    def _replace(self, mapping, key, wrapper):
+        self._previous.append((mapping, key, mapping.get(key, _MISSING)))
+        mapping[key] = wrapper
 
     def restore(self):
-        for obj, name, previous in reversed(self._previous):
+        for mapping, key, previous in reversed(self._previous):
             if previous is _MISSING:
-                obj.__dict__.pop(name, None)
+                mapping.pop(key, None)
             else:
-                obj.__dict__[name] = previous
+                mapping[key] = previous
         self._previous.clear()
 
 
@@ -152,11 +161,39 @@ class HookStateMachine:
                 module_lib.register_module_forward_pre_hook(self._leaf_pre),
                 module_lib.register_module_forward_hook(self._leaf_post, **always),
             ]
+            self._patch_recompute_start()
 
     def _remove_leaf_hooks(self):
         for h in self._leaf_handles:
             h.remove()
         self._leaf_handles = []
+        if self._recompute_patch is not None:
+            cls, original = self._recompute_patch
+            cls.get_inputs = original
+            self._recompute_patch = None
+
+    def _patch_recompute_start(self):
+        """A non-reentrant checkpoint's recomputation begins when the backward first unpacks one
+        of its saved tensors: its unpack hook reads the checkpoint's inputs back
+        (_CheckpointFrame.get_inputs, torch >= 2.1) before it runs the modules again. The time
+        from there to the first recomputed module (the hook's own work, the recomputation's
+        contexts) is the recomputation's, as the profiler import counts it: marked here, given
+        to the inside recomputation that opens next (_leaf_pre)."""
+        from torch.utils import checkpoint
+
+        cls = getattr(checkpoint, "_CheckpointFrame", None)
+        original = getattr(cls, "get_inputs", None) if cls is not None else None
+        if original is None or self._recompute_patch is not None:
+            return
+
+        def get_inputs(frame):
+            if self._active and self._in_backward and self._last_mark is not None:
+                self._mark()
+                self._recompute_start = self._last_mark
+            return original(frame)
+
+        cls.get_inputs = get_inputs
+        self._recompute_patch = (cls, original)
 
     # ----------------------------------------------------------------------------------------
     # Step state
@@ -173,6 +210,8 @@ class HookStateMachine:
         self._pending_gathers = {}  # id(FSDP param group) -> (unit, bytes, start mark)
         self._reduced = set()  # units whose reduce-scatter this backward has recorded
         self._fsdp_states = []
+        self._fsdp_post_backward = set()  # units whose backward FSDP2's post-backward ends
+        self._recompute_start = None  # the mark where a checkpoint's recomputation began
         self._fsdp_depth = 0  # FSDP methods open now (they nest)
         self._fsdp_collectives = []
         self._end_requeued = 0
@@ -256,6 +295,16 @@ class HookStateMachine:
         self._last_mark = m
         return m
 
+    def _take_recompute_start(self, frame):
+        """A recomputation of frame's unit opens: the time since its checkpoint's unpack hook
+        began (_patch_recompute_start), the last segment of the unit's backward, is its own."""
+        below = self._stack[-1] if self._stack else None
+        start, self._recompute_start = self._recompute_start, None
+        if start is None or below is None or below.unit is not frame.unit or not below.segments:
+            return
+        if below.segments[-1][0] == start:
+            frame.segments.append(below.segments.pop())
+
     def _emit(self, op, unit, m):
         if self._gap is not None:
             # Work outside every unit before the backward (the loss): a compute without a unit.
@@ -297,13 +346,13 @@ class HookStateMachine:
             t0 = self._hook_enter()
             m = self._mark()
             self._split_outer(u)
+            frame = Frame(u, "recompute" if self._in_backward else "forward")
             if self._in_backward:
-                phase = "recompute"
                 u.recompute_seen.add("reentrant")
+                self._take_recompute_start(frame)
             else:
-                phase = "forward"
                 u.fw_calls += 1
-            self._stack.append(Frame(u, phase))
+            self._stack.append(frame)
             u.fw_depth += 1
             self._emit("pre_forward", u, m)
             self._hook_calls += 1
@@ -556,7 +605,8 @@ class HookStateMachine:
                 u.remaining = self._hook_missing(u) if u.sparse else u.remaining - 1
                 if u.remaining == 0:
                     u.last_key = key
-                    self._post_backward(u, self._mark())
+                    if u.index not in self._fsdp_post_backward:
+                        self._post_backward(u, self._mark())
             self._hook_calls += 1
             self._hook_leave(t0)
 
@@ -615,7 +665,9 @@ class HookStateMachine:
             t0 = self._hook_enter()
             self._mark()
             owner.recompute_seen.add("inside")
-            self._stack.append(Frame(owner, "recompute", leaf=module, inside=True))
+            frame = Frame(owner, "recompute", leaf=module, inside=True)
+            self._take_recompute_start(frame)
+            self._stack.append(frame)
         self._hook_calls += 1
         self._hook_leave(t0)
 

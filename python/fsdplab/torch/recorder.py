@@ -197,6 +197,7 @@ class Recorder(HookStateMachine, Fsdp2Mixin, OptimizerMixin, MemoryMixin, SavedT
         self._prepend = has_hook_kwarg("prepend")
         self._handles = []
         self._leaf_handles = []
+        self._recompute_patch = None  # (_CheckpointFrame, its get_inputs) while patched
         self._hooked_params = {}  # id(tensor) -> (weakref, handle)
         # id(parameter): its hand-over hook is in self._handles (None: torch before 2.1).
         self._handover_hooked = (
