@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <string_view>
@@ -178,6 +179,87 @@ class Converter final {
 
   std::vector<std::vector<SeenKey>> seen_;  // by depth
   std::vector<nb::object> held_;            // the strs seen_ points to
+};
+
+// The Python objects of a JsonSink's calls. Each open container's items wait on one stack (an
+// object's as key, value, key, ...) and become a list or a dict of their number when it ends.
+// The first failure (a string that is not UTF-8, no memory) is kept; later calls do nothing.
+class ObjectSink final : public JsonSink {
+ public:
+  ObjectSink() = default;
+  ObjectSink(const ObjectSink&) = delete;
+  ObjectSink& operator=(const ObjectSink&) = delete;
+  ~ObjectSink() override {
+    for (PyObject* o : items_) Py_XDECREF(o);
+    Py_XDECREF(root_);
+  }
+
+  void BeginObject() override { open_.push_back(items_.size()); }
+  void BeginArray() override { open_.push_back(items_.size()); }
+  void EndObject() override {
+    if (failed_) return;
+    const std::size_t start = open_.back();
+    open_.pop_back();
+    PyObject* dict = NewDict((items_.size() - start) / 2);
+    for (std::size_t i = start; dict != nullptr && i < items_.size(); i += 2) {
+      if (PyDict_SetItem(dict, items_[i], items_[i + 1]) < 0) Py_CLEAR(dict);
+    }
+    for (std::size_t i = start; i < items_.size(); ++i) Py_DECREF(items_[i]);
+    items_.resize(start);
+    Put(dict);
+  }
+  void EndArray() override {
+    if (failed_) return;
+    const std::size_t start = open_.back();
+    open_.pop_back();
+    PyObject* list = PyList_New(static_cast<Py_ssize_t>(items_.size() - start));
+    for (std::size_t i = start; i < items_.size(); ++i) {
+      if (list != nullptr) {
+        PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i - start), items_[i]);  // steals
+      } else {
+        Py_DECREF(items_[i]);
+      }
+    }
+    items_.resize(start);
+    Put(list);
+  }
+  void Key(std::string_view key) override { Put(Strings().Get(key)); }
+  void Null() override { Put(NewRef(Py_None)); }
+  void Bool(bool b) override { Put(NewRef(b ? Py_True : Py_False)); }
+  void Int(std::int64_t i) override { Put(PyLong_FromLongLong(i)); }
+  void Uint(std::uint64_t u) override { Put(PyLong_FromUnsignedLongLong(u)); }
+  void Double(double d) override {
+    Put(std::isfinite(d) ? PyFloat_FromDouble(d) : NewRef(Py_None));  // dump: null
+  }
+  void String(std::string_view s) override { Put(Strings().Get(s)); }
+
+  // The document, or nullptr with the Python error set.
+  PyObject* Take() {
+    if (failed_) return nullptr;
+    PyObject* root = root_;
+    root_ = nullptr;
+    return root;
+  }
+
+ private:
+  // Takes a new reference (nullptr: the Python error is set).
+  void Put(PyObject* o) {
+    if (failed_ || o == nullptr) {
+      Py_XDECREF(o);
+      failed_ = true;
+      return;
+    }
+    if (open_.empty()) {
+      root_ = o;
+    } else {
+      items_.push_back(o);
+    }
+  }
+
+  std::vector<PyObject*> items_;   // new references
+  std::vector<std::size_t> open_;  // where each open container's items start in items_
+  PyObject* root_ = nullptr;
+  bool failed_ = false;
 };
 
 // Python values written as JSON text. A value JSON cannot hold stops the walk: `what_` says why
@@ -355,6 +437,14 @@ class Writer final {
 nb::object ToPython(const nlohmann::ordered_json& value) {
   Converter converter;
   PyObject* o = converter.Value(value, 0);
+  if (o == nullptr) throw nb::python_error();
+  return nb::steal(o);
+}
+
+nb::object ToPython(const std::function<void(JsonSink&)>& emit) {
+  ObjectSink sink;
+  emit(sink);
+  PyObject* o = sink.Take();
   if (o == nullptr) throw nb::python_error();
   return nb::steal(o);
 }

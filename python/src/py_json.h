@@ -12,11 +12,13 @@
 
 #include <nanobind/nanobind.h>
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
 #include "fsdplab/core/status.h"
+#include "fsdplab/report/json_sink.h"
 
 namespace fsdplab::python {
 
@@ -25,6 +27,9 @@ namespace fsdplab::python {
 // Keys and short strings that repeat are one Python object each. Raises (nb::python_error) only
 // on a string that is not UTF-8, which dump() refuses too.
 nanobind::object ToPython(const nlohmann::ordered_json& value);
+// The same objects made directly from a document's calls (EmitReport, EmitJson), with no value
+// between: ToPython([&](JsonSink& s) { EmitReport(report, s); }).
+nanobind::object ToPython(const std::function<void(JsonSink&)>& emit);
 
 // A Python value as JSON text (one line, json.dumps' separators): dict with str keys, list,
 // tuple, str, int, float, bool and None, subclasses included. Anything else (a NaN or infinite

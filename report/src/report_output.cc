@@ -4,10 +4,15 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "fsdplab/report/json_sink.h"
 #include "fsdplab/report/report.h"
 
 namespace fsdplab {
@@ -51,178 +56,262 @@ Json ParseOr(const std::string& text, Json fallback) {
   return j.is_discarded() ? fallback : j;
 }
 
-Json CollectiveJson(const CollectiveStats& c) {
-  return Json{
-      {"count", c.count}, {"bytes", c.bytes}, {"overlapped", c.overlapped}, {"busy_us", c.busy_us}};
+// The report's values as sink calls: Field(key, value) for a member, Value(value) for an
+// array's item; integers keep their signedness (Bytes unsigned), TimeUs is a double.
+class Emitter final {
+ public:
+  explicit Emitter(JsonSink& sink) : sink_(sink) {}
+
+  void Value(bool b) { sink_.Bool(b); }
+  void Value(int i) { sink_.Int(i); }
+  void Value(std::uint64_t u) { sink_.Uint(u); }
+  void Value(double d) { sink_.Double(d); }
+  void Value(std::string_view s) { sink_.String(s); }
+  void Value(const char* s) { sink_.String(s); }
+  void Value(const std::string& s) { sink_.String(s); }
+  void Value(std::nullptr_t) { sink_.Null(); }
+  void Value(const Json& j) { EmitJson(j, sink_); }
+  void Value(const std::vector<std::string>& v) {
+    sink_.BeginArray();
+    for (const std::string& s : v) sink_.String(s);
+    sink_.EndArray();
+  }
+  template <typename T>
+  void Field(std::string_view key, const T& v) {
+    sink_.Key(key);
+    Value(v);
+  }
+  // A member whose value `write` emits (an object or array).
+  template <typename Write>
+  void Nested(std::string_view key, Write&& write) {
+    sink_.Key(key);
+    write();
+  }
+  void BeginObject() { sink_.BeginObject(); }
+  void EndObject() { sink_.EndObject(); }
+  void BeginArray() { sink_.BeginArray(); }
+  void EndArray() { sink_.EndArray(); }
+
+ private:
+  JsonSink& sink_;
+};
+
+void CollectiveFields(Emitter& e, std::string_view key, const CollectiveStats& c) {
+  e.Nested(key, [&] {
+    e.BeginObject();
+    e.Field("count", c.count);
+    e.Field("bytes", c.bytes);
+    e.Field("overlapped", c.overlapped);
+    e.Field("busy_us", c.busy_us);
+    e.EndObject();
+  });
 }
 
-Json CategoriesJson(const std::array<Bytes, kNumMemoryCategories>& bytes) {
-  Json j = Json::object();
-  for (int c = 0; c < kNumMemoryCategories; ++c) {
-    j[std::string(MemoryCategoryName(static_cast<MemoryCategory>(c)))] =
-        bytes[static_cast<std::size_t>(c)];
-  }
-  return j;
+void CategoriesField(Emitter& e, std::string_view key,
+                     const std::array<Bytes, kNumMemoryCategories>& bytes) {
+  e.Nested(key, [&] {
+    e.BeginObject();
+    for (int c = 0; c < kNumMemoryCategories; ++c) {
+      e.Field(MemoryCategoryName(static_cast<MemoryCategory>(c)),
+              bytes[static_cast<std::size_t>(c)]);
+    }
+    e.EndObject();
+  });
 }
 
 }  // namespace
 
-Json ReportJson(const Report& r) {
-  Json doc;
-  doc["format"] = "fsdplab.report";
-  doc["version"] = 1;
-  doc["source"] = r.source;
-  doc["measured"] = r.measured;
-  doc["policy"] = ParseOr(r.policy_json, Json::object());
-  doc["cluster"] = r.cluster;
-  doc["order"] =
-      ParseOr(r.order_json, Json{{"forward", Json::array()}, {"backward", Json::array()}});
-  auto unit_name = [&r](UnitId u) -> Json {
+void EmitReport(const Report& r, JsonSink& sink) {
+  Emitter e(sink);
+  auto unit_name = [&r, &e](std::string_view key, UnitId u) {
     if (u >= 0 && static_cast<std::size_t>(u) < r.unit_names.size()) {
-      return r.unit_names[static_cast<std::size_t>(u)];
+      e.Field(key, r.unit_names[static_cast<std::size_t>(u)]);
+    } else {
+      e.Field(key, nullptr);
     }
-    return nullptr;
   };
-  auto categories = [](const std::vector<MemoryCategory>& cs) {
-    Json out = Json::array();
-    for (MemoryCategory c : cs) out.push_back(MemoryCategoryName(c));
-    return out;
-  };
-  auto meets_json = [&](const std::optional<OpReport>& m) {
-    return m ? Json{{"kind", OpKindName(m->kind)},  {"unit", unit_name(m->unit)},
-                    {"phase", PhaseName(m->phase)}, {"step", m->step},
-                    {"microbatch", m->microbatch},  {"start_us", m->start_us}}
-             : Json(nullptr);
-  };
-  auto races_json = [&](const std::vector<PeakRace>& races) {
-    Json out = Json::array();
-    for (const PeakRace& m : races) {
-      Json repeats = Json::array();
-      for (const PeakRace::Call& c : m.repeats) {
-        repeats.push_back(Json{{"step", c.op.step},
-                               {"microbatch", c.op.microbatch},
-                               {"start_us", c.op.start_us},
-                               {"dur_us", c.op.dur_us},
-                               {"meets", meets_json(c.meets)}});
-      }
-      out.push_back(Json{{"direction", m.early ? "early" : "late"},
-                         {"collective", OpKindName(m.op.kind)},
-                         {"unit", unit_name(m.op.unit)},
-                         {"step", m.op.step},
-                         {"microbatch", m.op.microbatch},
-                         {"start_us", m.op.start_us},
-                         {"dur_us", m.op.dur_us},
-                         {"categories", categories(m.categories)},
-                         {"bytes", m.bytes},
-                         {"queued_behind", m.queued},
-                         {"at_us", m.at_us},
-                         {"margin_us", m.margin_us},
-                         {"peak_if_bytes", m.peak_if_bytes},
-                         {"peak_at_limit_bytes", m.peak_at_limit_bytes},
-                         {"meets", meets_json(m.meets)},
-                         {"repeats", repeats},
-                         {"gates", m.gates},
-                         {"behind", meets_json(m.behind)}});
+  auto meets = [&](std::string_view key, const std::optional<OpReport>& m) {
+    if (!m) {
+      e.Field(key, nullptr);
+      return;
     }
-    return out;
+    e.Nested(key, [&] {
+      e.BeginObject();
+      e.Field("kind", OpKindName(m->kind));
+      unit_name("unit", m->unit);
+      e.Field("phase", PhaseName(m->phase));
+      e.Field("step", m->step);
+      e.Field("microbatch", m->microbatch);
+      e.Field("start_us", m->start_us);
+      e.EndObject();
+    });
   };
+  auto races = [&](const std::vector<PeakRace>& list) {
+    e.BeginArray();
+    for (const PeakRace& m : list) {
+      e.BeginObject();
+      e.Field("direction", m.early ? "early" : "late");
+      e.Field("collective", OpKindName(m.op.kind));
+      unit_name("unit", m.op.unit);
+      e.Field("step", m.op.step);
+      e.Field("microbatch", m.op.microbatch);
+      e.Field("start_us", m.op.start_us);
+      e.Field("dur_us", m.op.dur_us);
+      e.Nested("categories", [&] {
+        e.BeginArray();
+        for (MemoryCategory c : m.categories) e.Value(MemoryCategoryName(c));
+        e.EndArray();
+      });
+      e.Field("bytes", m.bytes);
+      e.Field("queued_behind", m.queued);
+      e.Field("at_us", m.at_us);
+      e.Field("margin_us", m.margin_us);
+      e.Field("peak_if_bytes", m.peak_if_bytes);
+      e.Field("peak_at_limit_bytes", m.peak_at_limit_bytes);
+      meets("meets", m.meets);
+      e.Nested("repeats", [&] {
+        e.BeginArray();
+        for (const PeakRace::Call& c : m.repeats) {
+          e.BeginObject();
+          e.Field("step", c.op.step);
+          e.Field("microbatch", c.op.microbatch);
+          e.Field("start_us", c.op.start_us);
+          e.Field("dur_us", c.op.dur_us);
+          meets("meets", c.meets);
+          e.EndObject();
+        }
+        e.EndArray();
+      });
+      e.Field("gates", m.gates);
+      meets("behind", m.behind);
+      e.EndObject();
+    }
+    e.EndArray();
+  };
+  e.BeginObject();
+  e.Field("format", "fsdplab.report");
+  e.Field("version", 1);
+  e.Field("source", r.source);
+  e.Field("measured", r.measured);
+  e.Field("policy", ParseOr(r.policy_json, Json::object()));
+  e.Field("cluster", r.cluster);
+  e.Field("order",
+          ParseOr(r.order_json, Json{{"forward", Json::array()}, {"backward", Json::array()}}));
   // optimizer_us appears when the run has an optimizer step (a trace without one reports as
   // before).
   const bool optimizer = std::any_of(r.steps.begin(), r.steps.end(),
                                      [](const StepReport& s) { return s.optimizer_us > 0; });
-  Json steps = Json::array();
-  for (const StepReport& s : r.steps) {
-    steps.push_back(Json{{"index", s.index},
-                         {"start_us", s.start_us},
-                         {"end_us", s.end_us},
-                         {"time_us", s.time_us},
-                         {"compute_us", s.compute_us},
-                         {"exposed_comm_us", s.exposed_comm_us},
-                         {"idle_us", s.idle_us},
-                         {"rendezvous_wait_us", s.rendezvous_wait_us},
-                         {"allgather", CollectiveJson(s.allgather)},
-                         {"reduce_scatter", CollectiveJson(s.reduce_scatter)},
-                         {"all_reduce", CollectiveJson(s.all_reduce)},
-                         {"peak_memory_bytes", s.peak_memory_bytes},
-                         {"peak_memory_by_category", CategoriesJson(s.peak_by_category)},
-                         {"category_peaks", CategoriesJson(s.category_peaks)},
-                         {"peak_allocated_bytes", s.peak_allocated_bytes},
-                         {"peak_reserved_bytes", s.peak_reserved_bytes},
-                         {"peak_memory_at_us", s.peak_memory_at_us},
-                         {"peak_races", races_json(s.peak_races)},
-                         {"peak_memory_if_late_bytes", s.peak_if_late_bytes}});
-    if (optimizer) steps.back()["optimizer_us"] = s.optimizer_us;
-  }
-  doc["steps"] = steps;
-  Json units = Json::array();
-  for (const UnitReport& u : r.units) {
-    std::string name = u.unit >= 0 && static_cast<std::size_t>(u.unit) < r.unit_names.size()
-                           ? r.unit_names[static_cast<std::size_t>(u.unit)]
-                           : fmt::format("unit {}", u.unit);
-    units.push_back(Json{{"unit", name},
-                         {"gathers", u.gathers},
-                         {"demand", u.demand},
-                         {"prefetch", u.prefetch},
-                         {"first_unit", u.first_unit},
-                         {"gather_bytes", u.gather_bytes},
-                         {"gather_us", u.gather_us},
-                         {"exposed_us", u.exposed_us}});
-  }
-  doc["units"] = units;
-  Json ops = Json::array();
-  for (const OpReport& op : r.ops) {
-    Json unit = nullptr;
-    if (op.unit >= 0 && static_cast<std::size_t>(op.unit) < r.unit_names.size()) {
-      unit = r.unit_names[static_cast<std::size_t>(op.unit)];
+  e.Nested("steps", [&] {
+    e.BeginArray();
+    for (const StepReport& s : r.steps) {
+      e.BeginObject();
+      e.Field("index", s.index);
+      e.Field("start_us", s.start_us);
+      e.Field("end_us", s.end_us);
+      e.Field("time_us", s.time_us);
+      e.Field("compute_us", s.compute_us);
+      e.Field("exposed_comm_us", s.exposed_comm_us);
+      e.Field("idle_us", s.idle_us);
+      e.Field("rendezvous_wait_us", s.rendezvous_wait_us);
+      CollectiveFields(e, "allgather", s.allgather);
+      CollectiveFields(e, "reduce_scatter", s.reduce_scatter);
+      CollectiveFields(e, "all_reduce", s.all_reduce);
+      e.Field("peak_memory_bytes", s.peak_memory_bytes);
+      CategoriesField(e, "peak_memory_by_category", s.peak_by_category);
+      CategoriesField(e, "category_peaks", s.category_peaks);
+      e.Field("peak_allocated_bytes", s.peak_allocated_bytes);
+      e.Field("peak_reserved_bytes", s.peak_reserved_bytes);
+      e.Field("peak_memory_at_us", s.peak_memory_at_us);
+      e.Nested("peak_races", [&] { races(s.peak_races); });
+      e.Field("peak_memory_if_late_bytes", s.peak_if_late_bytes);
+      if (optimizer) e.Field("optimizer_us", s.optimizer_us);
+      e.EndObject();
     }
-    Json j{{"kind", OpKindName(op.kind)},
-           {"unit", unit},
-           {"phase", PhaseName(op.phase)},
-           {"step", op.step},
-           {"microbatch", op.microbatch},
-           {"event", op.event},
-           {"start_us", op.start_us},
-           {"dur_us", op.dur_us},
-           {"bytes", op.bytes}};
-    if (op.kind == OpKind::kAllGather) j["reason"] = GatherReasonName(op.reason);
-    if (IsCollective(op.kind)) j["wait_us"] = op.wait_us;
-    if (!op.name.empty()) j["name"] = op.name;
-    ops.push_back(std::move(j));
-  }
-  doc["ops"] = std::move(ops);
+    e.EndArray();
+  });
+  e.Nested("units", [&] {
+    e.BeginArray();
+    for (const UnitReport& u : r.units) {
+      e.BeginObject();
+      if (u.unit >= 0 && static_cast<std::size_t>(u.unit) < r.unit_names.size()) {
+        e.Field("unit", r.unit_names[static_cast<std::size_t>(u.unit)]);
+      } else {
+        e.Field("unit", fmt::format("unit {}", u.unit));
+      }
+      e.Field("gathers", u.gathers);
+      e.Field("demand", u.demand);
+      e.Field("prefetch", u.prefetch);
+      e.Field("first_unit", u.first_unit);
+      e.Field("gather_bytes", u.gather_bytes);
+      e.Field("gather_us", u.gather_us);
+      e.Field("exposed_us", u.exposed_us);
+      e.EndObject();
+    }
+    e.EndArray();
+  });
+  e.Nested("ops", [&] {
+    e.BeginArray();
+    for (const OpReport& op : r.ops) {
+      e.BeginObject();
+      e.Field("kind", OpKindName(op.kind));
+      unit_name("unit", op.unit);
+      e.Field("phase", PhaseName(op.phase));
+      e.Field("step", op.step);
+      e.Field("microbatch", op.microbatch);
+      e.Field("event", op.event);
+      e.Field("start_us", op.start_us);
+      e.Field("dur_us", op.dur_us);
+      e.Field("bytes", op.bytes);
+      if (op.kind == OpKind::kAllGather) e.Field("reason", GatherReasonName(op.reason));
+      if (IsCollective(op.kind)) e.Field("wait_us", op.wait_us);
+      if (!op.name.empty()) e.Field("name", op.name);
+      e.EndObject();
+    }
+    e.EndArray();
+  });
   const ReportSummary& m = r.summary;
-  doc["summary"] = Json{{"step_time_us", m.step_time_us},
-                        {"compute_us", m.compute_us},
-                        {"exposed_comm_us", m.exposed_comm_us},
-                        {"idle_us", m.idle_us},
-                        {"rendezvous_wait_us", m.rendezvous_wait_us},
-                        {"overlap_ratio", m.overlap_ratio},
-                        {"collectives", m.collectives},
-                        {"overlapped", m.overlapped},
-                        {"peak_memory_bytes", m.peak_memory_bytes},
-                        {"peak_memory_if_late_bytes", m.peak_if_late_bytes},
-                        {"peak_memory_at_us", m.peak_memory_at_us},
-                        {"peak_memory_rank", m.peak_memory_rank},
-                        {"peak_memory_by_category", CategoriesJson(m.peak_by_category)},
-                        {"peak_allocated_bytes", m.peak_allocated_bytes},
-                        {"peak_reserved_bytes", m.peak_reserved_bytes},
-                        {"peak_reserved_rank", m.peak_reserved_rank},
-                        {"lower_bound_us", m.lower_bound_us}};
-  if (m.collective_footprint_bytes > 0) {
-    doc["summary"]["collective_footprint_bytes"] = m.collective_footprint_bytes;
-  }
-  if (optimizer) doc["summary"]["optimizer_us"] = m.optimizer_us;
-  doc["errors"] = r.errors;
-  doc["warnings"] = r.warnings;
+  e.Nested("summary", [&] {
+    e.BeginObject();
+    e.Field("step_time_us", m.step_time_us);
+    e.Field("compute_us", m.compute_us);
+    e.Field("exposed_comm_us", m.exposed_comm_us);
+    e.Field("idle_us", m.idle_us);
+    e.Field("rendezvous_wait_us", m.rendezvous_wait_us);
+    e.Field("overlap_ratio", m.overlap_ratio);
+    e.Field("collectives", m.collectives);
+    e.Field("overlapped", m.overlapped);
+    e.Field("peak_memory_bytes", m.peak_memory_bytes);
+    e.Field("peak_memory_if_late_bytes", m.peak_if_late_bytes);
+    e.Field("peak_memory_at_us", m.peak_memory_at_us);
+    e.Field("peak_memory_rank", m.peak_memory_rank);
+    CategoriesField(e, "peak_memory_by_category", m.peak_by_category);
+    e.Field("peak_allocated_bytes", m.peak_allocated_bytes);
+    e.Field("peak_reserved_bytes", m.peak_reserved_bytes);
+    e.Field("peak_reserved_rank", m.peak_reserved_rank);
+    e.Field("lower_bound_us", m.lower_bound_us);
+    if (m.collective_footprint_bytes > 0) {
+      e.Field("collective_footprint_bytes", m.collective_footprint_bytes);
+    }
+    if (optimizer) e.Field("optimizer_us", m.optimizer_us);
+    e.EndObject();
+  });
+  e.Field("errors", r.errors);
+  e.Field("warnings", r.warnings);
   if (!r.critical_path_json.empty()) {
-    doc["critical_path"] = ParseOr(r.critical_path_json, Json::object());
+    e.Field("critical_path", ParseOr(r.critical_path_json, Json::object()));
   }
   if (!r.variability_json.empty()) {
-    doc["variability"] = ParseOr(r.variability_json, Json::object());
+    e.Field("variability", ParseOr(r.variability_json, Json::object()));
   }
-  if (!r.timeline.is_null()) doc["timeline"] = r.timeline;
-  doc["notes"] = r.notes;
-  return doc;
+  if (!r.timeline.is_null()) e.Field("timeline", r.timeline);
+  e.Field("notes", r.notes);
+  e.EndObject();
+}
+
+Json ReportJson(const Report& r) {
+  JsonValueSink sink;
+  EmitReport(r, sink);
+  return sink.Take();
 }
 
 std::string ReportToJson(const Report& r) { return ReportJson(r).dump(2) + "\n"; }

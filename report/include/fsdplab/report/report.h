@@ -31,6 +31,8 @@
 
 namespace fsdplab {
 
+class JsonSink;
+
 struct CollectiveStats final {
   int count = 0;
   Bytes bytes = 0;
@@ -253,6 +255,9 @@ Report BuildReport(const Timeline& timeline, const ReportInputs& inputs);
 // The fsdplab.report document as a value (what the Python API hands back as a dict), and as the
 // text `--json` writes: that value indented by 2.
 nlohmann::ordered_json ReportJson(const Report& report);
+// That document as calls to a sink (json_sink.h): ReportJson's value, or the Python API's dict
+// made without it.
+void EmitReport(const Report& report, JsonSink& sink);
 std::string ReportToJson(const Report& report);
 std::string ReportToText(const Report& report);
 
