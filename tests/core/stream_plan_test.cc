@@ -312,22 +312,27 @@ TEST_F(StreamPlanTest, MeasuredPeakBeyondGradientsIsTemporaries) {
   EXPECT_EQ(Mem(p, MemoryCategory::kActivations), 700u);
 }
 
+// The root (unit 0: its bf16 w's rowwise plane, 4096 bytes, 1024 a shard) gathered on demand for
+// its backward, and the compute stream waiting for it.
+bool GatherRootForBackward(StreamPlanner& p) {
+  return p.Lower(Cmd(GatherCmd{.unit = 0,
+                               .phase = Phase::kBackward,
+                               .reason = GatherReason::kDemand,
+                               .pieces = {PlanePiece{.group = 0,
+                                                     .planes = PlaneSet::Rowwise(),
+                                                     .bytes = 4096,
+                                                     .shard_bytes = 1024}},
+                               .bytes = 4096}))
+             .ok() &&
+         p.Lower(Cmd(WaitGatherCmd{.unit = 0})).ok();
+}
+
 // grad_bytes: a backward compute accounts the gradients it produced, the unit's later backward
 // computes the rest; the reduction frees what was accounted. The root's bf16 w [64, 32] has
 // 2048 elements: 4096 gradient bytes, over 4 ranks already a multiple of 4 (no padding).
 TEST_F(StreamPlanTest, GradientsComeWithTheComputesThatProduceThem) {
   StreamPlanner p = Make();
-  ASSERT_TRUE(
-      p
-          .Lower(Cmd(GatherCmd{
-              .unit = 0,
-              .phase = Phase::kBackward,
-              .reason = GatherReason::kDemand,
-              .pieces = {PlanePiece{
-                  .group = 0, .planes = PlaneSet::Rowwise(), .bytes = 4096, .shard_bytes = 1024}},
-              .bytes = 4096}))
-          .ok());
-  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 0})).ok());
+  ASSERT_TRUE(GatherRootForBackward(p));
   ComputeCmd head;
   head.unit = 0;
   head.phase = Phase::kBackward;
@@ -356,17 +361,7 @@ TEST_F(StreamPlanTest, GradientsComeWithTheComputesThatProduceThem) {
 // all, as measured); when it ends the temporaries go and the 600 join the gradients (1000).
 TEST_F(StreamPlanTest, GradientsNotHandedOverAtThePeakAreTemporariesThere) {
   StreamPlanner p = Make();
-  ASSERT_TRUE(
-      p
-          .Lower(Cmd(GatherCmd{
-              .unit = 0,
-              .phase = Phase::kBackward,
-              .reason = GatherReason::kDemand,
-              .pieces = {PlanePiece{
-                  .group = 0, .planes = PlaneSet::Rowwise(), .bytes = 4096, .shard_bytes = 1024}},
-              .bytes = 4096}))
-          .ok());
-  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 0})).ok());
+  ASSERT_TRUE(GatherRootForBackward(p));
   p.TakeNewOps();
   ComputeCmd head;
   head.unit = 0;
