@@ -178,7 +178,8 @@ class MemoryMixin:
         """Post-accumulate-grad hooks (torch 2.1 on) on the unit's parameters as they are now,
         once per parameter object, removed with the step's hooks (self._handles). Called where
         they are autograd's leaves: as its forward ends (FSDP2: the unsharded parameters,
-        before FSDP reshards them) and as its backward opens. self._handover_hooked is None where torch has no such hook."""
+        before FSDP reshards them) and as its backward opens. self._handover_hooked is None
+        where torch has no such hook."""
         if self._handover_hooked is None:
             return
         for module, attr in u.param_slots:
