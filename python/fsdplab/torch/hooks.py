@@ -104,7 +104,8 @@ class Frame:
         self.inside = inside
         self.name = name  # the event's label ("fsdp": FSDP's own work outside collectives)
         self.grads0 = None  # memory steps, backward: the unit's gradients when the frame opened
-        self.memory = None  # memory steps: (saved, released, peak, grad bytes, of those held at the peak)
+        # memory steps: (saved, released, peak, grad bytes, of those held at the peak)
+        self.memory = None
 
 
 class HookStateMachine:
