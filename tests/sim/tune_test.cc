@@ -191,7 +191,10 @@ TEST_P(TuneExactness, SearchIsWithinOnePercentOfTheExactOptimum) {
   o.base.cluster.world_size = c.world;
   o.base.cluster.inter.bandwidth_GBps = c.inter_bw;
   o.base.steps = 2;
-  o.time_limit_s = 30;  // the exact search must finish: its answer is the point
+  // The exact search must finish: its answer is the point. Release runs these cases in 0.2-3.3 s
+  // of CPU; the AddressSanitizer build at -Og on CI's 2 shared cores took 30.6 s for
+  // dense3_reentrant, so the limit sits below ctest's 300 s timeout, not near either.
+  o.time_limit_s = 240;
   Policy none;
   none.forward_prefetch = Budget{Budget::Kind::kUnits, 0};
   none.backward_prefetch = none.forward_prefetch;
