@@ -138,18 +138,19 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
   // (10 us) runs outside every unit (its operators' time); the backward from pre_backward (200)
   // to its backward function's end (300) less [200, 210] = 90.
   // No gloo worker range: a collective ends where FSDP's wait for it ends, the thread's next
-  // operator or the end of FSDP's range that issued it. Gather: output [16] fp32 = 64 bytes
-  // from its issue (14) to the end of FSDP::all_gather (19: no operator after 18 inside it);
-  // reduce-scatter: input [16] fp32 = 64 bytes over [415, 440] (FSDP::post_backward_reduce's
-  // end). FSDP's own work, its ranges less the collectives, is a unit-less compute "fsdp" at
-  // the next hook: [10, 14] + [19, 20] = 5 in the forward, its post_forward hook from the
-  // unit's last operator [80, 105] = 25, pre_backward's [200, 210] = 10, and from the backward
-  // function's end the post-backward hook and the callback [300, 450] less the
-  // reduce-scatter's [415, 440] = 125.
+  // operator or the end of FSDP's range that issued it. On the CPU a collective's span is FSDP's
+  // call that runs it, as the recorder brackets it (its copy-in included). Gather: output [16]
+  // fp32 = 64 bytes over FSDP::all_gather [11, 19] (its operator alone: 14-18, and no operator
+  // after it inside the range); reduce-scatter: input [16] fp32 = 64 bytes over
+  // FSDP::post_backward_reduce [410, 440] (its operator: 415-435). FSDP's own work, its ranges
+  // less the collectives, is a unit-less compute "fsdp" at the next hook: [10, 11] + [19, 20] =
+  // 2 in the forward, its post_forward hook from the unit's last operator [80, 105] = 25,
+  // pre_backward's [200, 210] = 10, and from the backward function's end the post-backward hook
+  // and the callback [300, 450] less the reduce-scatter's [410, 440] = 120.
   EXPECT_EQ(Lines(t), (std::vector<std::string>{
                           "pre_forward model",
-                          "all_gather model 64 14-19",
-                          "compute - forward 5 fsdp",
+                          "all_gather model 64 11-19",
+                          "compute - forward 2 fsdp",
                           "compute model forward 60",
                           "post_forward model",
                           "compute - forward 25 fsdp",
@@ -158,8 +159,8 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
                           "compute - backward 10 fsdp",
                           "compute model backward 90",
                           "post_backward model",
-                          "reduce_scatter model 64 415-440",
-                          "compute - backward 125 fsdp",
+                          "reduce_scatter model 64 410-440",
+                          "compute - backward 120 fsdp",
                           "backward_end -",
                           "compute - optimizer 30 optimizer",
                       }));
@@ -167,13 +168,13 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
   const nlohmann::json extra = nlohmann::json::parse(t.meta.extra_json);
   EXPECT_EQ(extra.at("device"), "cpu");
   EXPECT_EQ(extra.at("backend"), "gloo");
-  // Measured: 1000 us step; compute 50 + 10 + 80 + 30 = 170; the collectives (5 + 25 us)
+  // Measured: 1000 us step; compute 50 + 10 + 80 + 30 = 170; the collectives (8 + 30 us)
   // overlap no compute.
   ASSERT_EQ(im->steps.size(), 1u);
   EXPECT_EQ(im->steps[0].profiler_step, 5);
   EXPECT_DOUBLE_EQ(im->steps[0].time_us, 1000);
   EXPECT_DOUBLE_EQ(im->steps[0].compute_us, 170);
-  EXPECT_DOUBLE_EQ(im->steps[0].exposed_comm_us, 30);
+  EXPECT_DOUBLE_EQ(im->steps[0].exposed_comm_us, 38);
   // What the profiler recorded on the computing thread in the step: 7 operators (copy-in, the
   // two c10d operators, linear, sum, the backward function, add_), no memory event; with
   // record_shapes 7 x 2.3 us.
@@ -186,7 +187,7 @@ TEST(KinetoImport, OneUnitHooksComputeCollectivesAndParams) {
 }
 
 // How the run was sharded, from what FSDP2 gathered: OneUnitEvents' unit is all-gathered in its
-// forward (14-18) and not again in its backward, so it kept its parameters after forward
+// forward (11-19) and not again in its backward, so it kept its parameters after forward
 // (reshard_after_forward false, FSDP2's default for a root); with a second all-gather inside its
 // pre_backward (201-209) it resharded after forward (true).
 TEST(KinetoImport, ShardingAfterForwardFromTheBackwardsAllGathers) {
@@ -203,7 +204,7 @@ TEST(KinetoImport, ShardingAfterForwardFromTheBackwardsAllGathers) {
   StatusOr<Imported> resharded = Import(ProfileText(ev));
   ASSERT_TRUE(resharded.ok()) << resharded.status().ToString();
   const std::vector<std::string> lines = Lines(resharded->trace);
-  EXPECT_EQ(std::count(lines.begin(), lines.end(), "all_gather model 64 204-209"), 1);
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), "all_gather model 64 201-209"), 1);
   extra = nlohmann::json::parse(resharded->trace.meta.extra_json);
   EXPECT_EQ(extra.at("recorded_policy"),
             nlohmann::json::parse(R"({"units": {"model": {"reshard_after_forward": true}}})"));
@@ -518,17 +519,18 @@ TEST(KinetoImport, GlooCollectiveEndsWithItsWorkerRange) {
   StatusOr<Imported> im = Import(ProfileText(ev));
   ASSERT_TRUE(im.ok()) << im.status().ToString();
   // By hand: the barrier (issued at 2) takes gloo:barrier (4), not the all-reduce that began
-  // at 1; the all-gather (14) takes gloo:all_gather [16, 36] and lasts 14-36 (its operator
-  // alone: 14-18); the reduce-scatter (415) takes gloo:all_reduce [421, 461]: 415-461.
-  // FSDP's own work: the forward's FSDP::pre_forward [10, 60] less [14, 36] = 28; the unit's
+  // at 1; the all-gather (14) takes gloo:all_gather [16, 36] (its operator alone: 14-18), and
+  // spans its call FSDP::all_gather [11, 40]; the reduce-scatter (415) takes gloo:all_reduce
+  // [421, 461] and spans FSDP::post_backward_reduce [410, 470]. FSDP's own work: the forward's
+  // FSDP::pre_forward [10, 60] less [11, 40] = 21 (the copy-out's 8 among it); the unit's
   // forward (10 to aten::linear's end, 90) less that range = 30; the post_forward hook from 90
-  // to 105: 15; the backward 90 and its 10 as in OneUnitHooksComputeCollectivesAndParams;
-  // from the backward function's end the post-backward hook and the callback [300, 500] less
-  // [415, 461] = 154.
+  // to 105: 15; the backward 90 and its 10 as in OneUnitHooksComputeCollectivesAndParams; from
+  // the backward function's end the post-backward hook and the callback [300, 500] less
+  // [410, 470] = 140.
   EXPECT_EQ(Lines(im->trace), (std::vector<std::string>{
                                   "pre_forward model",
-                                  "all_gather model 64 14-36",
-                                  "compute - forward 28 fsdp",
+                                  "all_gather model 64 11-40",
+                                  "compute - forward 21 fsdp",
                                   "compute model forward 30",
                                   "post_forward model",
                                   "compute - forward 15 fsdp",
@@ -536,12 +538,12 @@ TEST(KinetoImport, GlooCollectiveEndsWithItsWorkerRange) {
                                   "compute - backward 10 fsdp",
                                   "compute model backward 90",
                                   "post_backward model",
-                                  "reduce_scatter model 64 415-461",
-                                  "compute - backward 154 fsdp",
+                                  "reduce_scatter model 64 410-470",
+                                  "compute - backward 140 fsdp",
                                   "backward_end -",
                               }));
-  // Exposed: both collectives overlap no operator of the computing thread: 22 + 46.
-  EXPECT_DOUBLE_EQ(im->steps.at(0).exposed_comm_us, 68);
+  // Exposed: both collectives overlap no operator of the computing thread: 29 + 60.
+  EXPECT_DOUBLE_EQ(im->steps.at(0).exposed_comm_us, 89);
   for (const std::string& n : im->notes) EXPECT_EQ(n.find("collective"), std::string::npos) << n;
 }
 
@@ -558,10 +560,10 @@ TEST(KinetoImport, WorkerRangeOfAnotherCollectiveIsNotPaired) {
     if (l.starts_with("all_gather") || l.starts_with("reduce_scatter")) coll.push_back(l);
   }
   // By hand: the all-gather (14) would take the next range, gloo:all_reduce (421), by order;
-  // a reduction's range is not a gather's, so it ends with FSDP::all_gather (19), and the
-  // reduce-scatter (415) takes that range: 415-461.
-  EXPECT_EQ(coll, (std::vector<std::string>{"all_gather model 64 14-19",
-                                            "reduce_scatter model 64 415-461"}));
+  // a reduction's range is not a gather's, so it ends with FSDP::all_gather (11-19), and the
+  // reduce-scatter (415) takes that range: from its call's start (410) to 461.
+  EXPECT_EQ(coll, (std::vector<std::string>{"all_gather model 64 11-19",
+                                            "reduce_scatter model 64 410-461"}));
   EXPECT_TRUE(std::any_of(im->notes.begin(), im->notes.end(), [](const std::string& n) {
     return n.starts_with("1 collective(s) with no gloo worker range or NCCL kernel");
   }));
@@ -633,17 +635,21 @@ TEST(KinetoImport, NoShapesAsksForRecordShapesOrModelJson) {
 }
 
 TEST(KinetoImport, CollectiveWaitsSplitAcrossRanksWithClockOffset) {
-  // Rank 0 issues at 14 and its wait ends at 19 (the end of FSDP::all_gather); rank 1 (clock
-  // 1000 us ahead) issues at 1016 and ends at 1019. Aligned by the ends: rank 1 issued 2 us
-  // after rank 0, so rank 0 waited 2 us and both transferred 19 - 16 = 3 us. Same for the
-  // reduce-scatter (both end at 440 with FSDP::post_backward_reduce): rank 1 issues at 1425 ->
-  // rank 0 (415) waits 10 and both transfer 440 - 425 = 15.
+  // A collective's span on the CPU is FSDP's call (OneUnitHooksComputeCollectivesAndParams).
+  // Rank 0 calls at 11 and its wait ends at 19 (the end of FSDP::all_gather); rank 1 (clock
+  // 1000 us ahead) calls at 1013 and ends at 1019. Aligned by the ends: rank 1 arrived 2 us
+  // after rank 0, so rank 0 waited 2 us and both transferred 19 - 13 = 6 us. Same for the
+  // reduce-scatter (both end at 440 with FSDP::post_backward_reduce): rank 1 calls at 1420 ->
+  // rank 0 (410) waits 10 and both transfer 440 - 420 = 20.
   std::vector<std::string> r1;
   for (const std::string& e : OneUnitEvents()) {
     nlohmann::json j = nlohmann::json::parse(e);
     const std::string name = j["name"];
     j["ts"] = j["ts"].get<double>() + 1000;
+    if (name == "FSDP::all_gather") j["ts"] = 1013, j["dur"] = 6;
+    if (name == "fsdp::all_gather_copy_in") j["ts"] = 1014;
     if (name == "c10d::_allgather_base_") j["ts"] = 1016, j["dur"] = 2;
+    if (name == "FSDP::post_backward_reduce") j["ts"] = 1420, j["dur"] = 20;
     if (name == "c10d::_reduce_scatter_base_") j["ts"] = 1425, j["dur"] = 10;
     r1.push_back(j.dump());
   }
@@ -660,11 +666,11 @@ TEST(KinetoImport, CollectiveWaitsSplitAcrossRanksWithClockOffset) {
     return nlohmann::json::parse(c.at(k)->args_json);
   };
   EXPECT_DOUBLE_EQ(args(*a, 0)["wait_us"].get<double>(), 2);
-  EXPECT_DOUBLE_EQ(args(*a, 0)["transfer_us"].get<double>(), 3);
+  EXPECT_DOUBLE_EQ(args(*a, 0)["transfer_us"].get<double>(), 6);
   EXPECT_DOUBLE_EQ(args(*b, 0)["wait_us"].get<double>(), 0);
-  EXPECT_DOUBLE_EQ(args(*b, 0)["transfer_us"].get<double>(), 3);
+  EXPECT_DOUBLE_EQ(args(*b, 0)["transfer_us"].get<double>(), 6);
   EXPECT_DOUBLE_EQ(args(*a, 1)["wait_us"].get<double>(), 10);
-  EXPECT_DOUBLE_EQ(args(*a, 1)["transfer_us"].get<double>(), 15);
+  EXPECT_DOUBLE_EQ(args(*a, 1)["transfer_us"].get<double>(), 20);
 }
 
 TEST(KinetoReader, EscapesInStringsDoNotEndTheEvent) {

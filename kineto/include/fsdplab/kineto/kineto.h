@@ -27,7 +27,9 @@
 //    were queued, a range only with an operator that started before it and of the same family:
 //    gather, reduction (gloo runs a reduce-scatter as `gloo:all_reduce`), barrier); else the
 //    end of FSDP's wait for it (the issuing thread's next operator after the collective's, or
-//    the end of FSDP's range that issued it);
+//    the end of FSDP's range that issued it). One that completes on the CPU (gloo) spans at
+//    least FSDP's call that runs it, `FSDP::all_gather` or `FSDP::post_backward_reduce` (its
+//    copy-in, the division), as the recorder brackets unshard and post_backward;
 //  - FSDP's own work (its ranges less the collectives' spans on the computing thread; on a GPU
 //    the kernels launched inside its ranges): a compute without a unit named "fsdp" at the next
 //    hook, as the recorder writes FSDP's copies, reshards and waits;
