@@ -16,7 +16,8 @@ Each run is four kinds of process pair, one after the other, so nothing attached
 steps: `timed` (nothing attached; warm-up, then steps timed from a barrier to after
 opt.zero_grad(), with the forward+backward, optimizer step and zero_grad split; twice, first and
 last, so the drift between two runs of the same configuration shows), `record` (the recorder,
-Recorder(model, optimizer=opt), a trace per rank), `profile` (torch.profiler, record_shapes, a
+Recorder(model, optimizer=opt), a trace per rank; an unrecorded step timed after each recorded
+one, so the prediction also meets the run it was recorded in), `profile` (torch.profiler, record_shapes, a
 Chrome trace per rank for `fsdplab import-kineto`; the profiled steps are also recorded, into
 profile/recorded/, so the recorder and the import are compared on the same steps) and `mem`
 (FSDPMemTracker over the step's last microbatch, the optimizer step and zero_grad: the tracker
@@ -357,6 +358,7 @@ def rank_main(args):
             step()
         rec = Recorder(model, optimizer=opt)
         spans = []
+        between = []
         for _ in range(args.record_steps):
             dist.barrier()
             t0 = time.perf_counter()
@@ -365,10 +367,15 @@ def rank_main(args):
                 opt.step()
                 opt.zero_grad()
             spans.append((time.perf_counter() - t0) * 1e6)
+            # An unrecorded step after each recorded one, timed as the timed phases time theirs:
+            # the recorder's hooks exist only inside rec.step(), so this is the run with nothing
+            # attached, in the same process pair as the trace.
+            between.append(timed_step()[0])
         rec.remove()
         os.makedirs(os.path.join(args.dir, "traces"), exist_ok=True)
         rec.save(os.path.join(args.dir, "traces", "trace.json"))
         out["step_us"] = spans
+        out["between_us"] = between
         out["overhead"] = rec.overhead()
     elif args.phase == "profile":
         from torch.profiler import ProfilerActivity, profile, schedule
@@ -874,6 +881,10 @@ def grade_run(rundir, bin_, base_pred=None):
     compute = [x["compute_us"] for x in slow]
     meas["recorded_span_us"] = statistics.median(rec_steps)
     meas["recorded_wall_us"] = statistics.median(per_step_max(rundir, "record"))
+    # The unrecorded steps the record phase ran between its recorded ones (older grids: none).
+    between = (per_step_max(rundir, "record", "between_us")
+               if "between_us" in load(os.path.join(rundir, "record.rank0.json")) else [])
+    meas["recorded_pair_us"] = statistics.median(between) if between else None
     meas["profiled_wall_us"] = statistics.median(per_step_max(rundir, "profile"))
     meas["exposed_comm_us"] = statistics.median(comm)
     meas["compute_us"] = statistics.median(compute)
@@ -924,6 +935,11 @@ def grade_run(rundir, bin_, base_pred=None):
                                   if m else None)
     imp["profiled_step_err"] = ((imp["step_us"] - meas["profiled_wall_us"])
                                 / meas["profiled_wall_us"])
+    # The recorder path against the unrecorded steps of the process pair that recorded the trace:
+    # the timed pairs' median less the pair-to-pair noise (a pair's speed on these 2 cores
+    # differs from another's by about the run-to-run spread).
+    pair = meas["recorded_pair_us"]
+    out["recorder"]["pair_step_err"] = (out["recorder"]["step_us"] - pair) / pair if pair else None
     # Exposed communication like with like: the recorder's trace of the profiled steps
     # (profile/recorded/), the slower rank's time in collectives per step, as for the record
     # phase's steps above.
@@ -1022,6 +1038,7 @@ def summarize(results):
             for k in ("compute", "exposed_comm", "idle")} if results else {}
     for k in ("unprofiled_step", "profiled_step", "profiled_comm"):
         s["imported"][k] = stats([r["imported"].get(f"{k}_err") for r in results])
+    s["recorder"]["pair_step"] = stats([r["recorder"].get("pair_step_err") for r in results])
     for path in ("recorder", "imported"):
         peaks = [r[path]["peak_err"] for r in results]
         s[path]["memory_done"] = {
@@ -1062,18 +1079,20 @@ def table(doc):
                      f"{g.get('wall_s')} s")
     lines.append("")
     lines.append("Step time (median of unrecorded steps, ms), spread (max-min)/median, p90/p50, "
-                 "run-to-run; predicted error from the recorder (rec), the imported profile "
-                 "(imp) and that less the profiler's cost --check estimates (imp-p), and the rec "
-                 "error split into compute / exposed comm / idle")
+                 "run-to-run; predicted error from the recorder (rec; rec-p: against the "
+                 "unrecorded steps of the pair that recorded it), the imported profile (imp) and "
+                 "that less the profiler's cost --check estimates (imp-p), and the rec error "
+                 "split into compute / exposed comm / idle")
     h = (f"{'run':<34s} {'meas':>7s} {'range':>6s} {'p90':>6s} {'r2r':>6s} {'rec':>7s} "
-         f"{'imp':>7s} {'imp-p':>7s} {'cmp':>7s} {'comm':>7s} {'idle':>7s}")
+         f"{'rec-p':>7s} {'imp':>7s} {'imp-p':>7s} {'cmp':>7s} {'comm':>7s} {'idle':>7s}")
     lines.append(h)
     for r in runs:
         m = r["measured"]
         lines.append(
             f"{r['id']:<34s} {m['median'] / 1e3:7.1f} {100 * m['range_rel']:5.1f}% "
             f"{100 * (m['p90_p50'] - 1):5.1f}% {fmt_pct(m['run_to_run'], 6)} "
-            f"{fmt_pct(r['recorder']['step_err'])} {fmt_pct(r['imported']['step_err'])} "
+            f"{fmt_pct(r['recorder']['step_err'])} "
+            f"{fmt_pct(r['recorder'].get('pair_step_err'))} {fmt_pct(r['imported']['step_err'])} "
             f"{fmt_pct(r['imported'].get('unprofiled_step_err'))} "
             f"{fmt_pct(r['recorder']['split']['compute'])} "
             f"{fmt_pct(r['recorder']['split']['exposed_comm'])} "
@@ -1180,7 +1199,9 @@ def table(doc):
         sp = s[path]["split_median"]
         lines.append(f"  {path:<9s} " + ", ".join(parts) + "; median split: "
                      + ", ".join(f"{k} {fmt_pct(v).strip()}" for k, v in sp.items()))
-        for k, what in (("unprofiled_step", "step less the profiler's estimated cost (--check) "
+        for k, what in (("pair_step", "step against the unrecorded steps of the pair that "
+                         "recorded it (rec-p)"),
+                        ("unprofiled_step", "step less the profiler's estimated cost (--check) "
                          "against the unprofiled steps"),
                         ("profiled_step", "step against the profiled steps (like with like)"),
                         ("profiled_comm", "exposed comm against the profiled steps' (like with "

@@ -83,6 +83,9 @@ class Fsdp2GridQuickTest(unittest.TestCase):
                 profiled = {e["name"] for e in profile["traceEvents"]
                             if e.get("name", "").startswith("ProfilerStep#")}
                 self.assertEqual(len(recorded["steps"]), len(profiled))
+                # One unrecorded step timed after each recorded one, in the recording pair.
+                rec = load(os.path.join(run, f"record.rank{r}.json"))
+                self.assertEqual(len(rec["between_us"]), len(rec["step_us"]))
                 timed = load(os.path.join(run, f"timed0.rank{r}.json"))
                 self.assertEqual(len(timed["step_us"]), 6)  # --quick: 6 timed steps
                 # Pinned: one core per rank, one thread each.
@@ -99,10 +102,12 @@ class Fsdp2GridQuickTest(unittest.TestCase):
         for rid, r in self.runs.items():
             m = r["measured"]
             for key in ("median", "p90", "range_rel", "p90_p50", "fwd_bwd_us", "opt_us",
-                        "compute_us", "exposed_comm_us", "peak_bytes", "profiled_wall_us"):
+                        "compute_us", "exposed_comm_us", "peak_bytes", "profiled_wall_us",
+                        "recorded_pair_us"):
                 self.assertTrue(math.isfinite(m[key]), f"{rid} measured {key}: {m[key]}")
             self.assertGreater(m["median"], 0)
             self.assertGreater(m["exposed_comm_us"], 0)  # gloo: every collective blocks
+            self.assertTrue(math.isfinite(r["recorder"]["pair_step_err"]), rid)
             for path in ("recorder", "imported"):
                 p = r[path]
                 for key in ("step_us", "exposed_comm_us", "compute_us", "peak_bytes", "step_err",
