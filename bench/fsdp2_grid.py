@@ -22,7 +22,9 @@ Chrome trace per rank for `fsdplab import-kineto`; the profiled steps are also r
 profile/recorded/, so the recorder and the import are compared on the same steps) and `mem`
 (FSDPMemTracker over the step's last microbatch, the optimizer step and zero_grad: the tracker
 refuses a module called twice in one tracked region, and the last microbatch holds the earlier
-ones' gradients). Every rank is pinned
+ones' gradients); a policy run adds `paired` (a second model with FSDP2's defaults in the same
+processes, timed steps alternating between the two: the policy's change free of the
+pair-to-pair noise). Every rank is pinned
 to its own core (its threads, gloo's included, inherit it), with one intra-op and one inter-op
 thread; `spread` measures what each of those measures does to the spread of the step times.
 
@@ -340,7 +342,29 @@ def rank_main(args):
         t3 = time.perf_counter()
         return [(t3 - t0) * 1e6, (t1 - t0) * 1e6, (t2 - t1) * 1e6, (t3 - t2) * 1e6]
 
-    if args.phase.startswith("timed"):
+    if args.phase == "paired":
+        # This run's policy against FSDP2's defaults in one process pair: a second model built
+        # the same way (same seed) with the defaults, each timed step alternating between the
+        # two, so the pair's speed and the machine's drift fall on both alike.
+        base, base_blocks, base_loss = build_model(dict(c, policy="default"), torch, nn)
+        shard(dict(c, policy="default"), base, base_blocks)
+        base_opt = torch.optim.AdamW(base.parameters(), lr=1e-4)
+
+        def base_step():
+            dist.barrier()
+            t0 = time.perf_counter()
+            for ids in mbs:
+                base_loss(ids).backward()
+            base_opt.step()
+            base_opt.zero_grad()
+            return (time.perf_counter() - t0) * 1e6
+
+        for _ in range(args.warmup):
+            base_step()
+            timed_step()
+        rows = [(base_step(), timed_step()[0]) for _ in range(args.steps)]
+        out["default_us"], out["policy_us"] = map(list, zip(*rows))
+    elif args.phase.startswith("timed"):
         for _ in range(args.warmup):
             timed_step()
         if gc_each:
@@ -495,9 +519,12 @@ def rerun_phases(args, c, rundir):
     done = load(done_path)
     t0 = time.time()
     for phase in args.phases.split(","):
-        if phase not in ("record", "profile", "mem"):
-            raise SystemExit(f"fsdp2_grid: --phases: {phase!r} is not record, profile or mem")
-        for sub in {"record": ["traces"], "profile": ["profile"], "mem": []}[phase]:
+        if phase not in ("record", "profile", "mem", "paired"):
+            raise SystemExit(f"fsdp2_grid: --phases: {phase!r} is not record, profile, mem or "
+                             "paired")
+        if phase == "paired" and c["policy"] == "default":
+            continue  # only a policy run has a policy to pair with the defaults
+        for sub in {"record": ["traces"], "profile": ["profile"], "mem": [], "paired": []}[phase]:
             shutil.rmtree(os.path.join(rundir, sub), ignore_errors=True)
         with OthersLoad() as o:
             run_phase(rundir, c, phase, args)
@@ -646,6 +673,8 @@ def run(args):
         phases = ["timed0", "record", "profile", "mem"]
         if args.repeats > 1:
             phases.append("timed1")
+        if c["policy"] != "default":
+            phases.append("paired")
         last_timed = [p for p in phases if p.startswith("timed")][-1]
         others = {}
         for phase in phases:
@@ -986,6 +1015,24 @@ def policy_change(rundir, base_dir, bin_):
             **load(os.path.join(rundir, "policy", "source.json"))}
 
 
+def paired_change(rundir):
+    """The policy's change measured in one process pair (the `paired` phase: steps alternating
+    between a model with FSDP2's defaults and one with the policy): the change of the medians,
+    and the same from each half of the steps (how far it moves within the pair)."""
+    if not os.path.exists(os.path.join(rundir, "paired.rank0.json")):
+        return {}
+    a = per_step_max(rundir, "paired", "default_us")
+    b = per_step_max(rundir, "paired", "policy_us")
+
+    def change(lo, hi):
+        return statistics.median(b[lo:hi]) / statistics.median(a[lo:hi]) - 1
+
+    half = len(a) // 2
+    return {"paired_change": change(0, len(a)),
+            "paired_halves": [change(0, half), change(half, len(a))],
+            "paired_default_us": statistics.median(a), "paired_policy_us": statistics.median(b)}
+
+
 def grade(out_dir, bin_):
     results = []
     runs = sorted(glob.glob(os.path.join(out_dir, "runs", "*", "done")))
@@ -1006,6 +1053,7 @@ def grade(out_dir, bin_):
             if base is not None:
                 b = base["measured"]["median"]
                 r["policy"]["measured_change"] = (r["measured"]["median"] - b) / b
+                r["policy"].update(paired_change(os.path.join(out_dir, "runs", r["id"])))
                 r["policy"]["spread"] = max(r["measured"]["range_rel"],
                                             base["measured"]["range_rel"])
     summary = summarize(results)
@@ -1187,6 +1235,12 @@ def table(doc):
                          f"{fmt_pct(p['predicted_change'])} spread {100 * p['spread']:.1f}% "
                          f"({p['policy']} policy; tune predicted "
                          f"{fmt_pct(p['tune_predicted_change']).strip()})")
+            if "paired_change" in p:
+                h = p["paired_halves"]
+                lines.append(f"{'':<34s} in one process pair, steps alternating: measured "
+                             f"{fmt_pct(p['paired_change'])} (halves {fmt_pct(h[0]).strip()}, "
+                             f"{fmt_pct(h[1]).strip()}; {p['paired_default_us'] / 1e3:.1f} -> "
+                             f"{p['paired_policy_us'] / 1e3:.1f} ms)")
     s = doc["summary"]
     lines.append("")
     lines.append("Summary (|error|: median / p90 over runs)")

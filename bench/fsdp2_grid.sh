@@ -10,8 +10,8 @@
 # OUT=DIR keeps the raw grid there (default: a temporary folder, removed at the end); a run whose
 # folder in OUT is complete is kept, so an interrupted grid goes on where it stopped (FORCE=1
 # runs everything again). ONLY=REGEX picks runs by id (e.g. ONLY='llama-s-.*'). PHASES=record,
-# profile,mem runs only those phases again in OUT's complete runs (keeping the timed ones). STEPS, WARMUP
-# override the timed steps per process (default 20, twice) and the warm-up (5).
+# profile,mem,paired runs only those phases again in OUT's complete runs (keeping the timed ones).
+# STEPS, WARMUP override the timed steps per process (default 20, twice) and the warm-up (5).
 #
 # Per run (bench/fsdp2_grid.py says what and how): 2 gloo ranks, each pinned to its own core
 # with one intra-op and one inter-op thread; separate processes time the steps with nothing
