@@ -17,9 +17,10 @@ steps: `timed` (nothing attached; warm-up, then steps timed from a barrier to af
 opt.zero_grad(), with the forward+backward, optimizer step and zero_grad split; twice, first and
 last, so the drift between two runs of the same configuration shows), `record` (the recorder,
 Recorder(model, optimizer=opt), a trace per rank; an unrecorded step timed after each recorded
-one, so the prediction also meets the run it was recorded in), `profile` (torch.profiler, record_shapes, a
-Chrome trace per rank for `fsdplab import-kineto`; the profiled steps are also recorded, into
-profile/recorded/, so the recorder and the import are compared on the same steps) and `mem`
+one, so the prediction also meets the run it was recorded in), `profile` (torch.profiler,
+record_shapes, a Chrome trace per rank for `fsdplab import-kineto`; the profiled steps are also
+recorded, into profile/recorded/, so the recorder and the import are compared on the same steps)
+and `mem`
 (FSDPMemTracker over the step's last microbatch, the optimizer step and zero_grad: the tracker
 refuses a module called twice in one tracked region, and the last microbatch holds the earlier
 ones' gradients); a policy run adds `paired` (a second model with FSDP2's defaults in the same
