@@ -46,8 +46,8 @@ struct Collective {
   Bytes bytes = 0;
   TimeUs start = 0;
   TimeUs end = 0;
-  // FSDP's call that ran it on the thread that computes, for a collective that completes on the
-  // CPU (gloo): its span is widened to the call's (CallOf).
+  // FSDP's range that ran it on the thread that computes, for a collective that completes on
+  // the CPU (gloo): its span is widened to the range's (WidenToCalls).
   const FsdpRange* call = nullptr;
 };
 
@@ -700,7 +700,6 @@ class Importer final {
       if (r.hook == Hook::kAllGather || r.hook == Hook::kReduce) {
         comm_ranges_[r.thread].push_back(&r);
       }
-      if (r.hook == Hook::kPostBackward) post_backward_ranges_[r.thread].push_back(&r);
     }
     bool nccl_args = false;
     for (const ProfileEvent& e : p_.events) {
@@ -791,7 +790,7 @@ class Importer final {
         ++outside;
         continue;
       }
-      if (!device_end) c.call = CallOf(*owner, op->kind);
+      if (!device_end) c.call = owner;
       collectives_.push_back(std::move(c));
     }
     WidenToCalls();
@@ -818,27 +817,13 @@ class Importer final {
     return Status::Ok();
   }
 
-  // The FSDP call a collective that completes on the CPU belongs to, as the recorder brackets
-  // it: an all-gather's `FSDP::all_gather` range (unshard: the copy-in, the collective and, gloo
-  // being synchronous there, its wait); a reduce-scatter's enclosing `FSDP::post_backward` (the
-  // reshard, the copy-in, the collective, the division and the copy into the sharded gradients),
-  // else its `FSDP::post_backward_reduce`.
-  const FsdpRange* CallOf(const FsdpRange& owner, CollectiveKind kind) const {
-    if (kind != CollectiveKind::kReduceScatter) return &owner;
-    auto it = post_backward_ranges_.find(owner.thread);
-    if (it == post_backward_ranges_.end()) return &owner;
-    const std::vector<const FsdpRange*>& list = it->second;
-    auto after = std::upper_bound(list.begin(), list.end(), owner.start,
-                                  [](TimeUs x, const FsdpRange* r) { return x < r->start; });
-    if (after == list.begin()) return &owner;
-    const FsdpRange* r = *std::prev(after);  // post_backward ranges do not nest
-    return r->end >= owner.end ? r : &owner;
-  }
-
   // One definition of a collective's span for the recorder and the importer: on the CPU it is
-  // FSDP's call that runs it (CallOf), so FSDP's copies there are the collective's, not FSDP's
-  // own compute (trace_calibration.h: what one sample is). The first collective of a call starts
-  // at the call's start, the last ends no earlier than the call's end.
+  // FSDP's call that runs it, `FSDP::all_gather` (unshard: the copy-in, the collective and, gloo
+  // being synchronous there, its wait) or `FSDP::post_backward_reduce` (the copy-in, the
+  // collective, the division and the copy into the sharded gradients), so FSDP's copies there
+  // are the collective's, not FSDP's own compute (trace_calibration.h: what one sample is). The
+  // first collective of a call starts at the call's start, the last ends no earlier than the call's
+  // end.
   void WidenToCalls() {
     std::map<const FsdpRange*, std::pair<Collective*, Collective*>> first_last;
     for (Collective& c : collectives_) {
@@ -1272,7 +1257,6 @@ class Importer final {
   std::set<std::int32_t> compute_threads_;
   std::vector<Collective> collectives_;
   std::map<std::int32_t, std::vector<const FsdpRange*>> comm_ranges_;  // by thread, by start
-  std::map<std::int32_t, std::vector<const FsdpRange*>> post_backward_ranges_;  // the same
   IntervalSet excluded_;
   IntervalSet fsdp_ranges_;  // FSDP's ranges on the compute threads
   IntervalSet fsdp_cpu_;     // those less the collectives' spans: FSDP's own work
