@@ -330,40 +330,39 @@ def rank_main(args):
            "interop_threads": torch.get_num_interop_threads(), "notes": notes}
     gc_each = args.isolation == "pinned-gc"
 
-    def timed_step():
-        if gc_each:
-            gc.collect()
-        dist.barrier()
-        t0 = time.perf_counter()
-        fwd_bwd(mbs)
-        t1 = time.perf_counter()
-        opt.step()
-        t2 = time.perf_counter()
-        opt.zero_grad()
-        t3 = time.perf_counter()
-        return [(t3 - t0) * 1e6, (t1 - t0) * 1e6, (t2 - t1) * 1e6, (t3 - t2) * 1e6]
+    def timer(loss, optimizer):
+        """One step of (loss, optimizer) timed from a barrier: total, forward+backward, optimizer
+        step and zero_grad (us)."""
+        def timed():
+            if gc_each:
+                gc.collect()
+            dist.barrier()
+            t0 = time.perf_counter()
+            for ids in mbs:
+                loss(ids).backward()
+            t1 = time.perf_counter()
+            optimizer.step()
+            t2 = time.perf_counter()
+            optimizer.zero_grad()
+            t3 = time.perf_counter()
+            return [(t3 - t0) * 1e6, (t1 - t0) * 1e6, (t2 - t1) * 1e6, (t3 - t2) * 1e6]
+
+        return timed
+
+    timed_step = timer(loss_fn, opt)
 
     if args.phase == "paired":
         # This run's policy against FSDP2's defaults in one process pair: a second model built
         # the same way (same seed) with the defaults, each timed step alternating between the
         # two, so the pair's speed and the machine's drift fall on both alike.
-        base, base_blocks, base_loss = build_model(dict(c, policy="default"), torch, nn)
-        shard(dict(c, policy="default"), base, base_blocks)
-        base_opt = torch.optim.AdamW(base.parameters(), lr=1e-4)
-
-        def base_step():
-            dist.barrier()
-            t0 = time.perf_counter()
-            for ids in mbs:
-                base_loss(ids).backward()
-            base_opt.step()
-            base_opt.zero_grad()
-            return (time.perf_counter() - t0) * 1e6
-
+        default = dict(c, policy="default")
+        base, base_blocks, base_loss = build_model(default, torch, nn)
+        shard(default, base, base_blocks)
+        base_step = timer(base_loss, torch.optim.AdamW(base.parameters(), lr=1e-4))
         for _ in range(args.warmup):
             base_step()
             timed_step()
-        rows = [(base_step(), timed_step()[0]) for _ in range(args.steps)]
+        rows = [(base_step()[0], timed_step()[0]) for _ in range(args.steps)]
         out["default_us"], out["policy_us"] = map(list, zip(*rows))
     elif args.phase.startswith("timed"):
         for _ in range(args.warmup):
