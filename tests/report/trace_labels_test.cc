@@ -112,11 +112,11 @@ TEST(TraceLabels, OtherUnknownKeysStayErrors) {
   EXPECT_EQ(FirstError(WithEvents(R"(, {"op": "backward_end", "label": "end"})")),
             "steps[0].microbatches[0].events[3]: unknown key 'label' (an event has op, unit, "
             "phase, us, saved_bytes, released_bytes, peak_bytes, grad_bytes, peak_grad_bytes, "
-            "ts_us, kind, bytes, start_us, end_us, name, args)");
+            "ts_us, kind, bytes, start_us, end_us, copy_out_us, name, args)");
   EXPECT_EQ(FirstError(WithEvents(R"(, {"op": "backward_end", "Name": "end"})")),
             "steps[0].microbatches[0].events[3]: unknown key 'Name' (an event has op, unit, "
             "phase, us, saved_bytes, released_bytes, peak_bytes, grad_bytes, peak_grad_bytes, "
-            "ts_us, kind, bytes, start_us, end_us, name, args)");
+            "ts_us, kind, bytes, start_us, end_us, copy_out_us, name, args)");
 }
 
 TEST(TraceLabels, BrokenJsonInsideArgsIsRejected) {

@@ -394,6 +394,35 @@ TEST(TraceReader, PeakGradientBytesRoundTripAndArePartOfTheGradients) {
             "gradients it is a part of)");
 }
 
+// An all-gather's copy_out_us: read, written and compared; on another collective, on another op,
+// negative: refused at the key.
+TEST(TraceReader, CopyOutRoundTripsAndBelongsToAnAllGather) {
+  const std::string text = WithEvents(
+      R"({"op": "collective", "unit": "a", "kind": "all_gather", "bytes": 16, "start_us": 1,
+          "end_us": 2, "copy_out_us": 7.25})");
+  StatusOr<Trace> t = ParseTrace(text);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->steps[0].microbatches[0].events[0].copy_out_us, std::optional<TimeUs>(7.25));
+  StatusOr<Trace> again = ParseTrace(WriteTrace(*t));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(SameTrace(*t, *again));
+  Trace other = *t;
+  other.steps[0].microbatches[0].events[0].copy_out_us = 7.5;
+  EXPECT_FALSE(SameTrace(*t, other));
+  EXPECT_EQ(FirstError(WithEvents(R"({"op": "collective", "unit": "a", "kind": "reduce_scatter",
+                                      "bytes": 16, "start_us": 1, "end_us": 2,
+                                      "copy_out_us": 3})")),
+            "steps[0].microbatches[0].events[0].copy_out_us: only an all-gather has a copy-out "
+            "(this is a reduce_scatter)");
+  EXPECT_EQ(FirstError(WithEvents(R"({"op": "collective", "unit": "a", "kind": "all_gather",
+                                      "bytes": 16, "start_us": 1, "end_us": 2,
+                                      "copy_out_us": -3})")),
+            "steps[0].microbatches[0].events[0].copy_out_us: negative duration -3");
+  EXPECT_EQ(FirstError(WithEvents(R"({"op": "pre_forward", "unit": "a", "copy_out_us": 3})")),
+            "steps[0].microbatches[0].events[0].copy_out_us: a pre_forward event has no "
+            "copy_out_us (only a collective has)");
+}
+
 TEST(TraceReject, UnknownRecomputeKind) {
   EXPECT_EQ(FirstError(Edit(R"("recompute": "none")", R"("recompute": "full")")),
             "units[1].recompute: unknown recompute kind 'full' (expected none, reentrant or "

@@ -79,6 +79,11 @@ class EventChecker final {
           add("end_us",
               fmt::format("collective ends ({}) before it starts ({})", ev.end_us, ev.start_us));
         }
+        if (ev.copy_out_us.has_value() && time_ok("copy_out_us", *ev.copy_out_us, "duration") &&
+            ev.kind != CollectiveKind::kAllGather) {
+          add("copy_out_us", fmt::format("only an all-gather has a copy-out (this is a {})",
+                                         CollectiveKindName(ev.kind)));
+        }
         break;
       }
       case Op::kPreForward:

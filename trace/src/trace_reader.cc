@@ -68,6 +68,7 @@ enum class EventKey {
   kKind,
   kStartUs,
   kEndUs,
+  kCopyOutUs,
   kName,
   kArgs,
   kUnknown
@@ -103,6 +104,7 @@ EventKey EventKeyOf(std::string_view key) {
       break;
     case 11:
       if (key == "saved_bytes") return EventKey::kSavedBytes;
+      if (key == "copy_out_us") return EventKey::kCopyOutUs;
       break;
     case 14:
       if (key == "released_bytes") return EventKey::kReleasedBytes;
@@ -465,6 +467,7 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
   std::string_view kind_text;
   bool has_op = false, has_unit = false, unit_null = false, has_phase = false, has_us = false;
   bool has_saved = false, has_kind = false, has_bytes = false, has_start = false, has_end = false;
+  bool has_copy_out = false;
   bool has_released = false, has_peak = false, has_grad = false, has_peak_grad = false;
   bool unit_bad = false, phase_read = false, kind_read = false;
   bool bad = false;
@@ -547,6 +550,13 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
         x = Double(fv, out.end_us, fwhere);
         has_end = true;
         break;
+      case EventKey::kCopyOutUs: {
+        TimeUs copy_out = 0;
+        x = Double(fv, copy_out, fwhere);
+        if (x == R::kOk) out.copy_out_us = copy_out;
+        has_copy_out = true;
+        break;
+      }
       case EventKey::kName: {
         std::string_view name;
         x = Str(fv, name, fwhere);
@@ -562,7 +572,7 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
         Add(fmt::format(
             "{}: unknown key '{}' (an event has op, unit, phase, us, saved_bytes, "
             "released_bytes, peak_bytes, grad_bytes, peak_grad_bytes, ts_us, kind, bytes, "
-            "start_us, end_us, name, args)",
+            "start_us, end_us, copy_out_us, name, args)",
             where(), key));
         x = R::kBad;
         break;
@@ -611,6 +621,7 @@ R Reader::ParseEvent(od::value& v, std::size_t s, std::size_t m, std::size_t e, 
     not_for(has_bytes, "bytes", "collective");
     not_for(has_start, "start_us", "collective");
     not_for(has_end, "end_us", "collective");
+    not_for(has_copy_out, "copy_out_us", "collective");
   }
 
   // The unit.

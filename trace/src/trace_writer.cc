@@ -108,6 +108,10 @@ void AppendEvent(Buffer& out, const Event& ev, const Model& model) {
     AppendNumber(out, ev.start_us);
     out.append(std::string_view(", \"end_us\": "));
     AppendNumber(out, ev.end_us);
+    if (ev.copy_out_us.has_value()) {
+      out.append(std::string_view(", \"copy_out_us\": "));
+      AppendNumber(out, *ev.copy_out_us);
+    }
   }
   if (ev.ts_us.has_value()) {
     out.append(std::string_view(", \"ts_us\": "));
@@ -151,7 +155,7 @@ bool SameEvent(const Event& a, const Event& b) {
   }
   if (a.op == Op::kCollective) {
     return a.kind == b.kind && a.bytes == b.bytes && a.start_us == b.start_us &&
-           a.end_us == b.end_us;
+           a.end_us == b.end_us && a.copy_out_us == b.copy_out_us;
   }
   return true;
 }

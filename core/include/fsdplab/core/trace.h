@@ -61,6 +61,11 @@ struct Event final {
   Bytes bytes = 0;
   TimeUs start_us = 0;
   TimeUs end_us = 0;
+  // An all-gather's copy-out, where it was measured apart from the collective (a CPU run, whose
+  // gathers are synchronous): FSDP's work after the collective that makes the gathered buffer the
+  // unit's parameters (FSDP2's wait_for_unshard: the copy into each parameter and the swap).
+  // It runs on the compute stream, once per gather (formats §2.3).
+  std::optional<TimeUs> copy_out_us;
   // Any op: a label for reports and timelines ("optimizer", "loss"; empty: none), and a free JSON
   // object kept on round trip and exported as Chrome trace args (its text; empty: none).
   std::string name;
