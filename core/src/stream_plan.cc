@@ -324,7 +324,7 @@ Status StreamPlanner::Lower(const Command& command) {
         }
         if constexpr (std::is_same_v<T, WaitGatherCmd>) {
           pc.unit = body.unit;
-          return LowerWaitGather(body);
+          return LowerWaitGather(body, o);
         }
         if constexpr (std::is_same_v<T, ComputeCmd>) {
           pc.unit = body.unit;
@@ -434,8 +434,12 @@ Status StreamPlanner::LowerGather(const GatherCmd& cmd, const CommandOrigin& ori
   t.planes = planes;
   t.bytes = moved;
   const int id = NewTimelineOp(std::move(t), OpSlots{start, end});
-  last_gather_[static_cast<std::size_t>(cmd.unit)] =
-      GatherRecord{.end_slot = end, .timeline_id = id};
+  const auto u = static_cast<std::size_t>(cmd.unit);
+  last_gather_[u] = GatherRecord{
+      .end_slot = end,
+      .timeline_id = id,
+      .phase = cmd.phase,
+      .copy_out_due = u < config_.gather_copy_out_us.size() && config_.gather_copy_out_us[u] > 0};
   if (CheckThisStep(origin)) {
     for (const CollectivePart& part : parts) {
       const GroupLayout& gl = groups[static_cast<std::size_t>(part.group)];
@@ -454,17 +458,35 @@ Status StreamPlanner::LowerGather(const GatherCmd& cmd, const CommandOrigin& ori
   return Status::Ok();
 }
 
-Status StreamPlanner::LowerWaitGather(const WaitGatherCmd& cmd) {
+Status StreamPlanner::LowerWaitGather(const WaitGatherCmd& cmd, const CommandOrigin& origin) {
   if (cmd.unit < 0 || cmd.unit >= model_.num_units()) {
     return InternalError(fmt::format("wait for the gather of unknown unit id {}", cmd.unit));
   }
-  const GatherRecord& last = last_gather_[static_cast<std::size_t>(cmd.unit)];
+  GatherRecord& last = last_gather_[static_cast<std::size_t>(cmd.unit)];
   if (last.end_slot < 0) return Status::Ok();  // nothing was ever gathered (no params)
   // On one stream the gather already ran before anything issued after it.
   if (slot_stream(last.end_slot) != kPlanCompute) {
     Wait(kPlanCompute, last.end_slot, last.timeline_id);
   }
   pending_waited_on_.push_back(last.timeline_id);
+  if (std::exchange(last.copy_out_due, false)) {
+    // The gather's copy-out: work of no unit (FSDP's, as the trace had it), in the phase the
+    // gather serves (a recomputation's is the backward's), the compute that waited for the gather.
+    const Phase phase = last.phase == Phase::kRecompute ? Phase::kBackward : last.phase;
+    const int start = Record(kPlanCompute, /*timed=*/true);
+    Push(PlanOp{.kind = PlanOpKind::kCompute,
+                .stream = kPlanCompute,
+                .unit = kNoUnit,
+                .phase = phase,
+                .us = config_.gather_copy_out_us[static_cast<std::size_t>(cmd.unit)],
+                .timeline_op = static_cast<int>(timeline_.size()),
+                .origin = origin});
+    const int end = Record(kPlanCompute, /*timed=*/true);
+    TimelineOp t = Planned(Track::kCompute, OpKind::kCompute, kNoUnit, phase, origin);
+    t.name = "copy_out";
+    for (std::int64_t id : std::exchange(pending_waited_on_, {})) t.waited_on.push_back(id);
+    NewTimelineOp(std::move(t), OpSlots{start, end});
+  }
   return Status::Ok();
 }
 

@@ -67,7 +67,7 @@ std::string ComputeLabel(std::string_view name, std::string_view unit, Phase pha
 
 void LabelTimeline(Timeline& timeline, const Trace& trace) {
   for (TimelineOp& op : timeline.ops) {
-    if (op.kind != OpKind::kCompute || op.event < 0) continue;
+    if (op.kind != OpKind::kCompute || op.event < 0 || !op.name.empty()) continue;
     const Event* ev = EventAt(trace, op.step, op.microbatch, op.event);
     if (ev == nullptr || ev->op != Op::kCompute) continue;
     op.name = ev->name;

@@ -106,25 +106,29 @@ bool SameButComputeTimes(const SimProgram& a, const SimProgram& b) {
 // SimExecutor: the scheduler's sink; lowers commands into the plan.
 
 struct SimExecutor::State {
-  State(const Model& model, ModelLayout l, const Policy& policy, int rank)
+  State(const Model& model, ModelLayout l, const Policy& policy, int rank,
+        std::vector<TimeUs> gather_copy_out_us)
       : layout(std::move(l)),
         planner(model, layout,
                 PlanConfig{.rank = rank,
                            .unified_comm_stream = policy.unified_comm_stream,
                            .comm_on_compute_stream = policy.comm_on_compute_stream,
-                           .memory_samples = false}) {}
+                           .memory_samples = false,
+                           .gather_copy_out_us = std::move(gather_copy_out_us)}) {}
   ModelLayout layout;
   StreamPlanner planner;
   Status begun;
 };
 
-SimExecutor::SimExecutor(const Model& model, const Policy& policy, int world_size) {
+SimExecutor::SimExecutor(const Model& model, const Policy& policy, int world_size,
+                         std::vector<TimeUs> gather_copy_out_us) {
   StatusOr<ModelLayout> layout = ModelLayout::Create(model, policy, world_size);
   if (!layout.ok()) {
     error_ = layout.status();
     return;
   }
-  state_ = std::make_unique<State>(model, std::move(*layout), policy, 0);
+  state_ =
+      std::make_unique<State>(model, std::move(*layout), policy, 0, std::move(gather_copy_out_us));
   error_ = state_->planner.Begin();
 }
 

@@ -2,12 +2,17 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <functional>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "fsdplab/core/policy.h"
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/sim/cluster.h"
 #include "fsdplab/sim/critical_path.h"
+#include "fsdplab/sim/trace_calibration.h"
 #include "fsdplab/sim/variability.h"
 #include "internal/cluster_json.h"
 
@@ -15,6 +20,28 @@ namespace fsdplab::sim {
 namespace {
 
 using SimulateFn = std::function<StatusOr<SimResult>(const SimOptions&)>;
+
+// What the plan runs as each gather's copy-out (GatherCopyOutUs of the first rank's trace), when
+// the trace measured any.
+std::optional<std::string> CopyOutNote(const std::vector<TimeUs>& per_unit) {
+  TimeUs low = 0;
+  TimeUs high = 0;
+  TimeUs sum = 0;
+  int n = 0;
+  for (TimeUs us : per_unit) {
+    if (us <= 0) continue;
+    low = n == 0 ? us : std::min(low, us);
+    high = std::max(high, us);
+    sum += us;
+    ++n;
+  }
+  if (n == 0) return std::nullopt;
+  return fmt::format(
+      "all-gather copy-outs from the trace's measured ones (copy_out_us): each gather the policy "
+      "makes runs its unit's on the compute stream, {:.1f}-{:.1f} us (mean {:.1f} us over {} "
+      "units)",
+      low, high, sum / n, n);
+}
 
 StatusOr<SimulatedRun> Assemble(const Trace& first, const SimOptions& options,
                                 const ReportDetail& detail, const SimulateFn& simulate) {
@@ -41,6 +68,9 @@ StatusOr<SimulatedRun> Assemble(const Trace& first, const SimOptions& options,
   }
   if (options.memory_cap) {
     run.report.notes.push_back(fmt::format("memory cap: {} bytes per rank", *options.memory_cap));
+  }
+  if (std::optional<std::string> note = CopyOutNote(GatherCopyOutUs(first))) {
+    run.report.notes.push_back(*std::move(note));
   }
   // The step time is the mean of the steps after the first: the recorder's memory steps, slowed
   // by its probe, must not be among them.

@@ -19,6 +19,7 @@
 #include "engine.h"
 #include "fsdplab/core/limits.h"
 #include "fsdplab/core/param_layout.h"
+#include "fsdplab/sim/trace_calibration.h"
 #include "memory_bound.h"
 #include "program.h"
 #include "rank_classes.h"
@@ -96,7 +97,8 @@ struct RankProgram {
 
 RankProgram BuildProgram(const Trace& trace, const Policy& policy, int world, int steps) {
   Scheduler sched(trace.model, policy, world);
-  SimExecutor exec(trace.model, policy, world);
+  // The trace's measured copy-outs go with the gathers the policy makes (core/stream_plan.h).
+  SimExecutor exec(trace.model, policy, world, GatherCopyOutUs(trace));
   std::size_t events = 0;
   for (const Step& step : trace.steps) {
     for (const Microbatch& mb : step.microbatches) events += mb.events.size();

@@ -132,6 +132,58 @@ TEST_F(StreamPlanTest, WaitGatherOrdersComputeAfterTheGatherEvent) {
   EXPECT_EQ(compute.waited_on, (std::vector<std::int64_t>{0}));
 }
 
+// An all-gather's copy-out (PlanConfig::gather_copy_out_us, per unit: model 0 us, model.l0
+// 7.5 us) runs on the compute stream at the first wait after each gather, as a compute of no
+// unit named "copy_out", in the phase the gather serves, and takes the gather's flow arrow; a
+// second wait for the same gather runs none, and a unit without one (0 us) none either.
+TEST_F(StreamPlanTest, CopyOutRunsOnceAfterEachGathersFirstWait) {
+  layouts_.push_back(ModelLayout::Create(model_, Policy{}, 4).value());
+  PlanConfig config;
+  config.gather_copy_out_us = {0, 7.5};
+  StreamPlanner p(model_, layouts_.back(), config);
+  ASSERT_TRUE(p.Begin().ok());
+  p.TakeNewOps();
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Rowwise()))).ok());
+  p.TakeNewOps();
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
+  std::vector<PlanOp> ops = p.TakeNewOps();
+  ASSERT_EQ(Kinds(ops), (std::vector<PlanOpKind>{PlanOpKind::kWait, PlanOpKind::kRecord,
+                                                 PlanOpKind::kCompute, PlanOpKind::kRecord}));
+  EXPECT_EQ(ops[2].stream, kPlanCompute);
+  EXPECT_EQ(ops[2].unit, kNoUnit);
+  EXPECT_EQ(ops[2].phase, Phase::kForward);
+  EXPECT_EQ(ops[2].us, 7.5);
+  const TimelineOp& copy = p.timeline_ops().back();
+  EXPECT_EQ(copy.name, "copy_out");
+  EXPECT_EQ(copy.waited_on, (std::vector<std::int64_t>{0}));  // the gather, timeline op 0
+  // The compute after it waited on nothing more: the copy-out took the arrow.
+  ASSERT_TRUE(p.Lower(Cmd(ComputeL0(Phase::kForward, PlaneSet::Rowwise()))).ok());
+  EXPECT_TRUE(p.timeline_ops().back().waited_on.empty());
+  // A second wait for the same gather: the wait only.
+  p.TakeNewOps();
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
+  EXPECT_EQ(Kinds(p.TakeNewOps()), (std::vector<PlanOpKind>{PlanOpKind::kWait}));
+  // The next gather (backward: the columnwise plane) brings its copy-out again, in the backward;
+  // one serving a recomputation would run it in the backward as well.
+  ASSERT_TRUE(p.Lower(Cmd(GatherL0(PlaneSet::Columnwise(), Phase::kBackward))).ok());
+  p.TakeNewOps();
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 1})).ok());
+  ops = p.TakeNewOps();
+  ASSERT_EQ(ops.size(), 4u);
+  EXPECT_EQ(ops[2].kind, PlanOpKind::kCompute);
+  EXPECT_EQ(ops[2].phase, Phase::kBackward);
+  // Unit 0 (the root) has a 0 us copy-out: its gather's wait runs none.
+  GatherCmd root;
+  root.unit = 0;
+  root.pieces = {
+      PlanePiece{.group = 0, .planes = PlaneSet::Rowwise(), .bytes = 4096, .shard_bytes = 1024}};
+  root.bytes = 4096;
+  ASSERT_TRUE(p.Lower(Cmd(root)).ok());
+  p.TakeNewOps();
+  ASSERT_TRUE(p.Lower(Cmd(WaitGatherCmd{.unit = 0})).ok());
+  EXPECT_EQ(Kinds(p.TakeNewOps()), (std::vector<PlanOpKind>{PlanOpKind::kWait}));
+}
+
 TEST_F(StreamPlanTest, WaitsAndRecordsCarryTheirCommandsOrigin) {
   // Step 2's gather, its wait and the compute: every operation, the events recorded and waited
   // for included, says it belongs to step 2 (event 3), so that an executor's wait that times

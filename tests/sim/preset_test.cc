@@ -107,6 +107,58 @@ TEST(Presets, Fsdp2OnACpuDeviceOverlapsNothing) {
   EXPECT_LT(SecondStep(t, gpu).exposed_comm_us, 1400);
 }
 
+// A CPU run's trace with its gathers' copy-outs measured (copy_out_us on each all-gather, both
+// steps alike): model 10 us, a 40, b 60. Each gather the plan makes runs its unit's copy-out once
+// on the compute stream, where nothing hides it: the 7,400 us step of
+// Fsdp2OnACpuDeviceOverlapsNothing plus the forward's 10 + 40 + 60 and the backward's 60 + 40,
+// 7,610 us, of which compute 6,000 + 210. Keeping the parameters after forward drops a's and b's
+// backward gathers (200 us each) and their copy-outs: 7,610 - 400 - 100 = 7,110 us, compute
+// 6,110, exposed communication 1,400 - 400 = 1,000.
+TEST(Presets, Fsdp2OnACpuRunsEachGathersCopyOutWithTheGather) {
+  Trace t = ThreeUnitTrace("model.a", "model.b", /*steps=*/2);
+  t.meta.extra_json = R"({"device": "cpu"})";
+  const Model& m = t.model;
+  auto gather = [&](const std::string& unit, Bytes bytes, TimeUs copy_out) {
+    Event e = testing::Ev(Op::kCollective, m, unit);
+    e.kind = CollectiveKind::kAllGather;
+    e.bytes = bytes;
+    e.copy_out_us = copy_out;
+    return e;
+  };
+  for (Step& step : t.steps) {
+    std::vector<Event>& ev = step.microbatches[0].events;
+    for (Event e :
+         {gather("model", 200000, 10), gather("model.a", 400000, 40), gather("model.b", 400000, 60),
+          gather("model.b", 400000, 60), gather("model.a", 400000, 40)}) {
+      ev.insert(ev.end() - 1, e);
+    }
+  }
+  Policy p = Preset(Framework::kFsdp2, t);
+  const StepReport base = SecondStep(t, p);
+  EXPECT_EQ(base.allgather.count, 5);
+  EXPECT_DOUBLE_EQ(base.time_us, 7610);
+  EXPECT_DOUBLE_EQ(base.compute_us, 6210);
+  EXPECT_DOUBLE_EQ(base.exposed_comm_us, 1400);
+  p.reshard_after_forward = false;
+  const StepReport kept = SecondStep(t, p);
+  EXPECT_EQ(kept.allgather.count, 3);
+  EXPECT_DOUBLE_EQ(kept.time_us, 7110);
+  EXPECT_DOUBLE_EQ(kept.compute_us, 6110);
+  EXPECT_DOUBLE_EQ(kept.exposed_comm_us, 1000);
+  // The report says what the plan ran: per unit 10, 40 and 60 us, mean 110 / 3 = 36.7.
+  SimOptions opt;
+  opt.cluster = TwoRankCluster();
+  opt.steps = 2;
+  opt.policy = p;
+  StatusOr<SimulatedRun> run = SimulateToReport(t, opt);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  EXPECT_NE(std::find(run->report.notes.begin(), run->report.notes.end(),
+                      "all-gather copy-outs from the trace's measured ones (copy_out_us): each "
+                      "gather the policy makes runs its unit's on the compute stream, 10.0-60.0 "
+                      "us (mean 36.7 us over 3 units)"),
+            run->report.notes.end());
+}
+
 TEST(Presets, TheTracesDeviceIsItsMetaElseItsSource) {
   // meta.device wins; else live-host and a torch recording timed on the CPU clock are CPU runs,
   // anything else CUDA.

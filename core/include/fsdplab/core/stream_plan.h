@@ -13,7 +13,12 @@
 //   Gather        alloc each missing plane's unsharded buffer (kUnshardedParams) on the
 //                 all-gather stream; record start; ONE collective over every plane (the
 //                 executor may issue it as a group of calls); record end (WaitGather waits on it).
-//   WaitGather    the compute stream waits for the unit's latest gather-end event.
+//   WaitGather    the compute stream waits for the unit's latest gather-end event; the first wait
+//                 after a gather then runs the gather's copy-out there when PlanConfig gives the
+//                 unit one (a compute of no unit, named "copy_out", in the gather's phase): FSDP's
+//                 copy of the gathered buffer into the parameters, which a CPU run measures apart
+//                 from its synchronous collective. A gather the policy drops takes its copy-out
+//                 with it; one it adds brings one.
 //   Compute       alloc saved activations (kActivations), for a backward compute the unit's
 //                 unsharded gradients (kUnshardedGrads, one buffer per group, at its first
 //                 backward compute since its last reduce-scatter; or the grad_bytes it says it
@@ -213,6 +218,11 @@ struct PlanConfig final {
   bool memory_samples = true;  // memory_samples(): for executors that time memory by events
   int check_step = 0;          // the step whose collectives are checked
   FaultInjection fault{};
+  // Per unit (empty: none): the copy-out of its all-gather, FSDP's work on the compute stream
+  // that makes the gathered buffer the unit's parameters, run once per gather when the compute
+  // stream first waits for it (the simulator fills it from a trace's measured copy-outs:
+  // sim::GatherCopyOutUs).
+  std::vector<TimeUs> gather_copy_out_us{};
 };
 
 // A memory sample whose time is the time of event `slot` (for executors that time events).
@@ -291,10 +301,12 @@ class StreamPlanner final : public CommandSink {
   struct GatherRecord {
     int end_slot = -1;
     int timeline_id = -1;
+    Phase phase = Phase::kForward;
+    bool copy_out_due = false;  // its copy-out has not run yet (PlanConfig::gather_copy_out_us)
   };
 
   Status LowerGather(const GatherCmd& cmd, const CommandOrigin& origin);
-  Status LowerWaitGather(const WaitGatherCmd& cmd);
+  Status LowerWaitGather(const WaitGatherCmd& cmd, const CommandOrigin& origin);
   Status LowerCompute(const ComputeCmd& cmd, const CommandOrigin& origin);
   // After the optimizer step's compute: every sharded gradient (and its fp32 accumulator) is
   // freed on the compute stream, as zero_grad(set_to_none=True) does; the next reduction of a

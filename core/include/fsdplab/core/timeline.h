@@ -58,7 +58,8 @@ struct TimelineOp final {
   // For a compute: the ids of the gathers it waited on (flow arrows in the Chrome trace).
   std::vector<std::int64_t> waited_on;
   // For a compute: its trace event's `name` and `args` (JSON object text); empty when it has none.
-  // Filled by LabelTimeline.
+  // Filled by LabelTimeline; a compute the plan adds itself names itself ("copy_out": an
+  // all-gather's copy-out, core/stream_plan.h).
   std::string name;
   std::string args_json;
 };
@@ -111,8 +112,8 @@ struct Timeline final {
 };
 
 // Copies each compute event's `name` and `args` from `trace` onto the compute ops it caused, so
-// reports and Chrome traces can show them. Ops of any rank are labelled from `trace` (per-rank
-// traces share their event structure).
+// reports and Chrome traces can show them (an op already named keeps its name). Ops of any rank are
+// labelled from `trace` (per-rank traces share their event structure).
 void LabelTimeline(Timeline& timeline, const Trace& trace);
 
 // How reports and timelines show a labelled compute: "loss (unowned compute)" for work no

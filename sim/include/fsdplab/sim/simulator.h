@@ -178,7 +178,9 @@ StatusOr<SimResult> SimulateRanks(const std::vector<const Trace*>& traces,
 class SimProgram;
 class SimExecutor final : public CommandSink {
  public:
-  SimExecutor(const Model& model, const Policy& policy, int world_size);
+  // gather_copy_out_us: PlanConfig::gather_copy_out_us (GatherCopyOutUs of the rank's trace).
+  SimExecutor(const Model& model, const Policy& policy, int world_size,
+              std::vector<TimeUs> gather_copy_out_us = {});
   ~SimExecutor() override;
   SimExecutor(const SimExecutor&) = delete;
   SimExecutor& operator=(const SimExecutor&) = delete;
