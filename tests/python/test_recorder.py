@@ -1197,6 +1197,18 @@ FSDP2_SCRIPT = textwrap.dedent(
         time.sleep(DELAY_S)
         return real_all_gather(*args, **kwargs)
     setattr(dist, NAME, slow_all_gather)
+    # Every gather's copy-out (FSDP2's foreach_all_gather_copy_out, looked up by the parameter
+    # group's module at each call) waits COPY_S first: the copy-out's time.
+    COPY_S = float(sys.argv[7])
+    try:  # torch >= 2.6, else where FSDP2 lived before
+        import torch.distributed.fsdp._fully_shard._fsdp_param_group as param_group
+    except ImportError:
+        import torch.distributed._composable.fsdp._fsdp_param_group as param_group
+    real_copy_out = param_group.foreach_all_gather_copy_out
+    def slow_copy_out(*args, **kwargs):
+        time.sleep(COPY_S)
+        return real_copy_out(*args, **kwargs)
+    param_group.foreach_all_gather_copy_out = slow_copy_out
 
     class Block(nn.Module):
         def __init__(self):
@@ -1275,9 +1287,11 @@ def fsdp2_available():
 
 class Fsdp2Test(unittest.TestCase):
     """Real FSDP2 (fully_shard, CPU, gloo, 2 ranks) on a model with an embedding, two blocks and a
-    head; every all-gather is delayed by DELAY_S, so FSDP's own time is large and known."""
+    head; every all-gather is delayed by DELAY_S and its copy-out by COPY_S, so FSDP's own time
+    is large and known."""
 
     DELAY_S = 0.05
+    COPY_S = 0.02
 
     @classmethod
     def setUpClass(cls):
@@ -1291,7 +1305,7 @@ class Fsdp2Test(unittest.TestCase):
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", FSDP2_SCRIPT, PYTHON_DIR, str(r), "2", store, out,
-                 str(cls.DELAY_S)],
+                 str(cls.DELAY_S), str(cls.COPY_S)],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -1393,6 +1407,13 @@ class Fsdp2Test(unittest.TestCase):
             for e in events:
                 if e["op"] == "collective" and e["kind"] == "all_gather":
                     self.assertGreaterEqual(e["end_us"] - e["start_us"], self.DELAY_S * 1e6, e)
+                    # gloo on the CPU: synchronous, so its copy-out (delayed by COPY_S) is
+                    # measured apart, after the collective's span, and not inside it.
+                    self.assertGreaterEqual(e["copy_out_us"], self.COPY_S * 1e6, e)
+                    self.assertLess(e["end_us"] - e["start_us"],
+                                    (self.DELAY_S + self.COPY_S) * 1e6, e)
+                elif e["op"] == "collective":
+                    self.assertNotIn("copy_out_us", e)
 
     def test_fsdp_time_is_not_compute(self):
         # Five gathers of at least DELAY_S each ran inside the step, three of them inside the
@@ -1404,11 +1425,12 @@ class Fsdp2Test(unittest.TestCase):
                     self.assertLess(e["us"], self.DELAY_S * 1e6, e)
             excluded = self.traces[r]["meta"]["recorder"]["fsdp_excluded_us"]
             self.assertGreaterEqual(excluded, 5 * self.DELAY_S * 1e6)
-            # FSDP's work outside its collectives (copies, casts) is kept as computes without a
-            # unit, besides the loss: within what was excluded, and at least one (the root's
-            # unshard copies its shard in and out).
+            # FSDP's work outside its collectives and their copy-outs (the reshard, its hooks'
+            # Python) is kept as computes without a unit, besides the loss: within what was
+            # excluded, at least one, and none holding a copy-out (each at least COPY_S).
             unitless = [e["us"] for e in self.events(r) if e["op"] == "compute" and not e["unit"]]
             self.assertGreater(len(unitless), 1)
+            self.assertLess(max(unitless), self.COPY_S * 1e6)
             # The loss (a sum over 4 x 8 x 32 logits) is well under 10 ms.
             self.assertLess(sum(unitless), excluded + 10000)
             # FSDP's methods nest (pre_forward calls unshard): counted once, so no more than

@@ -193,13 +193,21 @@ class Fsdp2Mixin:
             if result is not None:  # an all-gather was issued
                 nbytes = _all_gather_bytes(result, u)
                 if getattr(result, "all_gather_work", None) is None:
-                    self._emit_collective("all_gather", u, nbytes, start, m)
+                    # Synchronous (a CPU run): its copy-out is FSDP's next wait_for_unshard.
+                    gather = self._emit_collective("all_gather", u, nbytes, start, m)
+                    self._copy_out_due[id(group)] = gather
                 else:  # asynchronous: it ends when FSDP has waited for it
                     self._pending_gathers[id(group)] = (u, nbytes, start)
         elif name == "wait_for_unshard":
             pending = self._pending_gathers.pop(id(group), None)
+            gather = self._copy_out_due.pop(id(group), None)
             if pending is not None:
                 self._emit_collective("all_gather", pending[0], pending[1], pending[2], m)
+            elif gather is not None:
+                # The copy into the parameters and their swap, after a synchronous gather: the
+                # gather's copy-out (a policy that drops the gather drops it), not FSDP's work.
+                gather[5] = (start, m)
+                self._fsdp_collectives.append((start, m))
         elif name == "post_backward" and self._world_size > 1 and u.param_bytes:
             if not before.endswith("POST_BACKWARD") and u.index not in self._reduced:
                 self._reduced.add(u.index)
@@ -212,15 +220,19 @@ class Fsdp2Mixin:
         self._hook_leave(t1)
 
     def _emit_collective(self, kind, u, nbytes, start, end):
-        self._events.append(("collective", (kind, u, nbytes, start, end), end))
+        """Appends a measured collective; returns its record [kind, unit, bytes, start mark, end
+        mark, copy-out (start, end) marks or None]."""
+        record = [kind, u, nbytes, start, end, None]
+        self._events.append(("collective", record, end))
         if self._fsdp_depth > 0:
             self._fsdp_collectives.append((start, end))
+        return record
 
     def _emit_fsdp_work(self, start, end):
-        """FSDP's own work outside its collectives (copying shards in and out of the gather
-        buffers, casting, dividing gradients) keeps the compute stream busy too: one compute
-        without a unit for the outermost bracket less the collectives inside it (a segment given
-        backwards subtracts). Traces have no event labels yet (the reader rejects "name"), so it
+        """FSDP's own work outside its collectives and their copy-outs (casts, the reshard, the
+        hooks' Python) keeps the compute stream busy too: one compute without a unit for the
+        outermost bracket less the collectives and copy-outs inside it (a segment given backwards
+        subtracts). Traces have no event labels yet (the reader rejects "name"), so it
         reads like the loss: work outside every unit."""
         if not self._fsdp_work:
             return

@@ -209,6 +209,7 @@ class HookStateMachine:
         self._in_backward = False
         self._last_mark = None
         self._pending_gathers = {}  # id(FSDP param group) -> (unit, bytes, start mark)
+        self._copy_out_due = {}  # id(FSDP param group) -> its synchronous gather's record
         self._reduced = set()  # units whose reduce-scatter this backward has recorded
         self._fsdp_states = []
         self._fsdp_post_backward = set()  # units whose backward FSDP2's post-backward ends

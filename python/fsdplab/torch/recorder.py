@@ -46,8 +46,11 @@ What is recorded (DESIGN section 4.1):
     out, reshard, reduce-scatter, its root callbacks) is not compute: each FSDP parameter group's
     methods are bracketed while recording and that time is excluded from every unit. The
     all-gathers and reduce-scatters are written as measured ``collective`` events (kind, unit,
-    bytes, start_us, end_us; all-gather: from its issue to the end of the wait for it), and the
-    rest of FSDP's work (copies, casts) as computes without a unit (``fsdp_work``).
+    bytes, start_us, end_us; all-gather: from its issue to the end of the wait for it); a
+    synchronous all-gather (a CPU run) carries its copy-out, FSDP's wait_for_unshard after it
+    (the copy into the parameters and their swap), as ``copy_out_us``, which the simulator runs
+    with each gather a policy makes; the rest of FSDP's work (copy-in, casts, the reshard, its
+    hooks' Python) is written as computes without a unit (``fsdp_work``).
 
 Units: PyTorch FSDP2 (``fully_shard``) modules and Megatron-FSDP unit modules are found by class
 name and attributes (no import of the FSDP packages); otherwise module names, a predicate, or by
@@ -126,9 +129,9 @@ class Recorder(HookStateMachine, Fsdp2Mixin, OptimizerMixin, MemoryMixin, SavedT
       saved_bytes: measure the activations autograd saves (saved-tensor hooks).
       param_dtype: trace dtype for every parameter ("bf16", ...), e.g. the gather dtype of a
         mixed-precision policy; None reads each parameter's dtype.
-      fsdp_work: with FSDP2, write FSDP's own work outside its collectives (copies in and out of
-        the gather buffers, casts, gradient division) as computes without a unit, so that a
-        replay keeps that time; False drops it. Never part of a unit's compute.
+      fsdp_work: with FSDP2, write FSDP's own work outside its collectives and their copy-outs
+        (casts, the reshard, its hooks' Python) as computes without a unit, so that a replay
+        keeps that time; False drops it. Never part of a unit's compute.
       memory_steps: how many steps, from the first, measure memory with the dispatch-mode count
         (their computes run several times slower); 0: only what the saved-tensor hooks see.
       optimizer: the training's optimizer (a torch.optim.Optimizer, or "adam", "sgd", "none"),

@@ -80,17 +80,19 @@ def step_dict(raw_step):
         events = []
         for op, obj, m in raw:
             if op == "collective":
-                kind, u, nbytes, a, b = obj
-                events.append(
-                    {
-                        "op": "collective",
-                        "kind": kind,
-                        "unit": u.name,
-                        "bytes": nbytes,
-                        "start_us": round(times[a], 3),
-                        "end_us": round(max(times[b], times[a]), 3),
-                    }
-                )
+                kind, u, nbytes, a, b, copy_out = obj
+                ev = {
+                    "op": "collective",
+                    "kind": kind,
+                    "unit": u.name,
+                    "bytes": nbytes,
+                    "start_us": round(times[a], 3),
+                    "end_us": round(max(times[b], times[a]), 3),
+                }
+                if copy_out is not None:
+                    c0, c1 = copy_out
+                    ev["copy_out_us"] = round(max(times[c1] - times[c0], 0.0), 3)
+                events.append(ev)
                 continue
             if op == "compute":
                 frame = obj
