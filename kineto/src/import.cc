@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -49,6 +50,9 @@ struct Collective {
   // FSDP's range that ran it on the thread that computes, for a collective that completes on
   // the CPU (gloo): its span is widened to the range's (WidenToCalls).
   const FsdpRange* call = nullptr;
+  // An all-gather run on the CPU: its copy-out, FSDP's next `FSDP::all_gather_copy_out` range of
+  // the unit on that thread (FindCopyOuts).
+  std::optional<TimeUs> copy_out;
 };
 
 class Importer final {
@@ -813,8 +817,59 @@ class Importer final {
                      [](const Collective& a, const Collective& b) { return a.start < b.start; });
     std::vector<Interval> spans;
     for (const Collective& c : collectives_) spans.push_back({c.start, c.end});
+    for (const Interval& c : FindCopyOuts()) spans.push_back(c);
     fsdp_cpu_ = fsdp_ranges_.Minus(IntervalSet(std::move(spans)));
     return Status::Ok();
+  }
+
+  // The copy-out of each all-gather that ran on the CPU (gloo: synchronous inside FSDP's
+  // `FSDP::all_gather` call): the unit's first `FSDP::all_gather_copy_out` range on the call's
+  // thread after the call, before the unit's next gather there. It is the gather's, as the
+  // recorder's copy_out_us (formats §2.3), not FSDP's own work; returns the ranges so taken.
+  // The recorder's copy-out also holds the parameters' swap after the copy (FSDP2's
+  // wait_for_unshard), which this range does not: the importer's is the smaller by that Python.
+  // A gather on a GPU ends with its kernels; its copy-out is kernels FSDP's ranges hold.
+  std::vector<Interval> FindCopyOuts() {
+    std::map<std::pair<std::int32_t, std::string_view>, std::vector<const FsdpRange*>> copies;
+    for (const FsdpRange& r : ranges_) {
+      if (r.hook == Hook::kCopyOut) copies[{r.thread, r.fqn}].push_back(&r);
+    }
+    for (auto& [key, list] : copies) {
+      std::sort(list.begin(), list.end(),
+                [](const FsdpRange* a, const FsdpRange* b) { return a->start < b->start; });
+    }
+    std::vector<Interval> taken;
+    // Gathers in start order, so that each takes the first copy-out after it and the next
+    // gather of the unit cannot take the same one.
+    std::vector<Collective*> gathers;
+    for (Collective& c : collectives_) {
+      if (c.kind == CollectiveKind::kAllGather && c.call != nullptr) gathers.push_back(&c);
+    }
+    std::sort(gathers.begin(), gathers.end(),
+              [](const Collective* a, const Collective* b) { return a->start < b->start; });
+    // Per (thread, unit): the next copy-out range not yet taken.
+    std::map<std::pair<std::int32_t, std::string_view>, std::size_t> cursor;
+    for (std::size_t i = 0; i < gathers.size(); ++i) {
+      Collective& c = *gathers[i];
+      const std::pair<std::int32_t, std::string_view> key{c.call->thread, c.call->fqn};
+      auto it = copies.find(key);
+      if (it == copies.end()) continue;
+      TimeUs next = std::numeric_limits<TimeUs>::infinity();
+      for (std::size_t j = i + 1; j < gathers.size(); ++j) {
+        if (gathers[j]->call->thread == key.first && gathers[j]->call->fqn == key.second) {
+          next = gathers[j]->start;
+          break;
+        }
+      }
+      std::size_t& k = cursor[key];
+      const std::vector<const FsdpRange*>& list = it->second;
+      while (k < list.size() && list[k]->start < c.call->end) ++k;
+      if (k == list.size() || list[k]->start >= next) continue;
+      c.copy_out = list[k]->end - list[k]->start;
+      taken.push_back({list[k]->start, list[k]->end});
+      ++k;
+    }
+    return taken;
   }
 
   // One definition of a collective's span for the recorder and the importer: on the CPU it is
@@ -1016,6 +1071,7 @@ class Importer final {
         e.bytes = c.bytes;
         e.start_us = std::max<TimeUs>(0, c.start - t0_);
         e.end_us = std::max<TimeUs>(e.start_us, c.end - t0_);
+        e.copy_out_us = c.copy_out;
         events_.push_back(std::move(e));
         return;
       }

@@ -34,6 +34,8 @@ FsdpRange ParseFsdpName(std::string_view name) {
     r.hook = Hook::kPostBackward;
   } else if (label == "all_gather") {
     r.hook = Hook::kAllGather;
+  } else if (label == "all_gather_copy_out") {
+    r.hook = Hook::kCopyOut;
   } else if (label == "post_backward_reduce") {
     r.hook = Hook::kReduce;
   } else if (label == "root_post_backward_callback") {

@@ -69,8 +69,9 @@ std::vector<std::string> Lines(const Trace& t, std::size_t s = 0) {
                                   e.name.empty() ? "" : " " + e.name));
         break;
       case fsdplab::Op::kCollective:
-        out.push_back(fmt::format("{} {} {} {:g}-{:g}", CollectiveKindName(e.kind), unit, e.bytes,
-                                  e.start_us, e.end_us));
+        out.push_back(fmt::format(
+            "{} {} {} {:g}-{:g}{}", CollectiveKindName(e.kind), unit, e.bytes, e.start_us, e.end_us,
+            e.copy_out_us ? fmt::format(" copy-out {:g}", *e.copy_out_us) : ""));
         break;
       default: out.push_back(fmt::format("{} {}", OpName(e.op), unit));
     }
@@ -521,16 +522,17 @@ TEST(KinetoImport, GlooCollectiveEndsWithItsWorkerRange) {
   // By hand: the barrier (issued at 2) takes gloo:barrier (4), not the all-reduce that began
   // at 1; the all-gather (14) takes gloo:all_gather [16, 36] (its operator alone: 14-18), and
   // spans its call FSDP::all_gather [11, 40]; the reduce-scatter (415) takes gloo:all_reduce
-  // [421, 461] and spans FSDP::post_backward_reduce [410, 470]. FSDP's own work: the forward's
-  // FSDP::pre_forward [10, 60] less [11, 40] = 21 (the copy-out's 8 among it); the unit's
+  // [421, 461] and spans FSDP::post_backward_reduce [410, 470]. The gather's copy-out is the
+  // unit's FSDP::all_gather_copy_out after its call: [42, 50], 8. FSDP's own work: the forward's
+  // FSDP::pre_forward [10, 60] less [11, 40] and the copy-out = 29 - 8 = 13; the unit's
   // forward (10 to aten::linear's end, 90) less that range = 30; the post_forward hook from 90
   // to 105: 15; the backward 90 and its 10 as in OneUnitHooksComputeCollectivesAndParams; from
   // the backward function's end the post-backward hook and the callback [300, 500] less
   // [410, 470] = 140.
   EXPECT_EQ(Lines(im->trace), (std::vector<std::string>{
                                   "pre_forward model",
-                                  "all_gather model 64 11-40",
-                                  "compute - forward 21 fsdp",
+                                  "all_gather model 64 11-40 copy-out 8",
+                                  "compute - forward 13 fsdp",
                                   "compute model forward 30",
                                   "post_forward model",
                                   "compute - forward 15 fsdp",

@@ -25,6 +25,7 @@ enum class Hook : std::uint8_t {
   kPreBackward,
   kPostBackward,
   kAllGather,
+  kCopyOut,  // FSDP::all_gather_copy_out: a gather's copy into the parameters
   kReduce,
   kBackwardEnd,
   kOther,

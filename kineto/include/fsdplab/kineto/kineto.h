@@ -29,10 +29,12 @@
 //    end of FSDP's wait for it (the issuing thread's next operator after the collective's, or
 //    the end of FSDP's range that issued it). One that completes on the CPU (gloo) spans at
 //    least FSDP's call that runs it, `FSDP::all_gather` or `FSDP::post_backward_reduce` (its
-//    copy-in, the division), as the recorder brackets unshard and post_backward;
-//  - FSDP's own work (its ranges less the collectives' spans on the computing thread; on a GPU
-//    the kernels launched inside its ranges): a compute without a unit named "fsdp" at the next
-//    hook, as the recorder writes FSDP's copies, reshards and waits;
+//    copy-in, the division), as the recorder brackets unshard and post_backward; such an
+//    all-gather's copy-out is the unit's next `FSDP::all_gather_copy_out` range on that thread
+//    after the call (`copy_out_us`, formats §2.3);
+//  - FSDP's own work (its ranges less the collectives' spans and those copy-outs on the
+//    computing thread; on a GPU the kernels launched inside its ranges): a compute without a
+//    unit named "fsdp" at the next hook, as the recorder writes FSDP's reshards and waits;
 //  - parameters: the per-parameter shard sizes of `fsdp::all_gather_copy_in` (needs
 //    record_shapes=True), times the world size (FSDP's padded sizes), or a model file.
 // FSDP1's `FullyShardedDataParallel.*` ranges carry no unit names: such a profile is rejected
