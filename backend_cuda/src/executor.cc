@@ -162,7 +162,8 @@ Status CudaExecutor::Impl::Setup(const Trace& trace, std::vector<NcclComm> comms
                   .emulated = config_.emulated,
                   .check = config_.check,
                   .check_step = 0,
-                  .fault = config_.fault};
+                  .fault = config_.fault,
+                  .gather_copy_out_us = config_.gather_copy_out_us};
     r.program = std::make_unique<StreamPlanner>(model_, layout_, pc);
     FSDP_RETURN_IF_ERROR(r.program->Begin());
   }
@@ -794,6 +795,7 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(const Model& model,
                                                              const Trace& trace,
                                                              ExecutorConfig config,
                                                              std::vector<NcclComm> comms) {
+  config.gather_copy_out_us = GatherCopyOutUs(trace);
   auto impl = std::make_unique<Impl>(model, std::move(layout), std::move(config));
   FSDP_RETURN_IF_ERROR(impl->Setup(trace, std::move(comms)));
   return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));

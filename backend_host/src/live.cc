@@ -358,9 +358,10 @@ RankOutput Collect(HostExecutor& e, RankRun& run) {
   return o;
 }
 
-ExecutorConfig MakeConfig(const LiveOptions& options, const HostRunOptions& host_options,
-                          UnitId fail_unit) {
+ExecutorConfig MakeConfig(const Trace& trace, const LiveOptions& options,
+                          const HostRunOptions& host_options, UnitId fail_unit) {
   ExecutorConfig config;
+  config.gather_copy_out_us = GatherCopyOutUs(trace);
   config.compute = options.compute;
   config.compute_scale = options.compute_scale;
   config.gemm_tokens = host_options.gemm_tokens;
@@ -597,7 +598,7 @@ StatusOr<LiveResult> RunAcrossProcesses(const Trace& trace, LiveOptions options,
   }
   FSDP_ASSIGN_OR_RETURN(ModelData data,
                         ModelData::Create(trace.model, options.policy, w, options.seed));
-  const ExecutorConfig config = MakeConfig(options, host_options, fail_unit);
+  const ExecutorConfig config = MakeConfig(trace, options, host_options, fail_unit);
   RunControl control(options.timeout_us, w);
   const bool unified = options.policy.unified_comm_stream;
   FSDP_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
@@ -742,7 +743,7 @@ StatusOr<LiveResult> RunLiveSteps(const Trace& trace, const LiveOptions& options
   FSDP_ASSIGN_OR_RETURN(ModelData data, ModelData::Create(trace.model, options.policy,
                                                           options.world_size, options.seed));
   return RunInProcess(trace, options, host_options, data,
-                      MakeConfig(options, host_options, fail_unit));
+                      MakeConfig(trace, options, host_options, fail_unit));
 }
 
 }  // namespace fsdplab::host

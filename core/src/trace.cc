@@ -1,5 +1,8 @@
-// The trace's vocabulary (op, phase and collective names) and the lookup of an event by position.
+// The trace's vocabulary (op, phase and collective names), the lookup of an event by position and
+// the gathers' measured copy-outs.
 #include "fsdplab/core/trace.h"
+
+#include <algorithm>
 
 namespace fsdplab {
 
@@ -82,6 +85,40 @@ const Event* EventAt(const Trace& trace, int step, int microbatch, int event) {
   const std::vector<Event>& events = s.microbatches[static_cast<std::size_t>(microbatch)].events;
   if (static_cast<std::size_t>(event) >= events.size()) return nullptr;
   return &events[static_cast<std::size_t>(event)];
+}
+
+std::vector<TimeUs> GatherCopyOutUs(const Trace& trace) {
+  const std::size_t units = trace.model.units().size();
+  std::vector<double> sum(units, 0);
+  std::vector<int> count(units, 0);
+  double all_us = 0;
+  double all_bytes = 0;
+  const std::size_t first = trace.steps.size() > 1 ? 1 : 0;
+  for (std::size_t s = first; s < trace.steps.size(); ++s) {
+    for (const Microbatch& mb : trace.steps[s].microbatches) {
+      for (const Event& e : mb.events) {
+        if (e.op != Op::kCollective || e.kind != CollectiveKind::kAllGather ||
+            !e.copy_out_us.has_value() || e.unit == kNoUnit) {
+          continue;
+        }
+        const auto u = static_cast<std::size_t>(e.unit);
+        sum[u] += *e.copy_out_us;
+        ++count[u];
+        all_us += *e.copy_out_us;
+        all_bytes += static_cast<double>(e.bytes);
+      }
+    }
+  }
+  if (std::all_of(count.begin(), count.end(), [](int n) { return n == 0; })) return {};
+  const double per_byte = all_bytes > 0 ? all_us / all_bytes : 0;
+  std::vector<TimeUs> out(units, 0);
+  for (std::size_t u = 0; u < units; ++u) {
+    out[u] = count[u] > 0
+                 ? sum[u] / count[u]
+                 : per_byte *
+                       static_cast<double>(trace.model.units()[u].PlaneBytes(PlaneSet::Rowwise()));
+  }
+  return out;
 }
 
 }  // namespace fsdplab

@@ -12,7 +12,6 @@
 #include "fsdplab/core/timeline.h"
 #include "fsdplab/sim/cluster.h"
 #include "fsdplab/sim/critical_path.h"
-#include "fsdplab/sim/trace_calibration.h"
 #include "fsdplab/sim/variability.h"
 #include "internal/cluster_json.h"
 

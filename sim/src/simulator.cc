@@ -19,7 +19,6 @@
 #include "engine.h"
 #include "fsdplab/core/limits.h"
 #include "fsdplab/core/param_layout.h"
-#include "fsdplab/sim/trace_calibration.h"
 #include "memory_bound.h"
 #include "program.h"
 #include "rank_classes.h"

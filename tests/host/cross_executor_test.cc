@@ -235,7 +235,65 @@ std::vector<CrossCase> HsdpCases() {
   return out;
 }
 
+// A CPU run's trace: each unit's all-gathers carry a measured copy-out (40 us, one per unit and
+// step, in the first microbatch; the scheduler ignores the events, the plan reads their means).
+// Both executors run the same copy-outs at the same places, with FSDP2's defaults and with the
+// parameters kept after forward (no backward gathers, so fewer copy-outs).
+std::vector<CrossCase> CopyOutCases() {
+  std::vector<CrossCase> out;
+  for (const bool keep : {false, true}) {
+    TinySpec spec;
+    spec.layers = 2;
+    spec.microbatches = 2;
+    Trace trace = TinyTrace(spec);
+    for (Step& step : trace.steps) {
+      std::vector<Event>& ev = step.microbatches[0].events;
+      for (const Unit& u : trace.model.units()) {
+        Event e;
+        e.op = Op::kCollective;
+        e.unit = u.id();
+        e.kind = CollectiveKind::kAllGather;
+        e.bytes = u.PlaneBytes(PlaneSet::Rowwise());
+        e.copy_out_us = 40;
+        ev.insert(ev.end() - 1, e);
+      }
+    }
+    std::vector<std::pair<std::string, std::string>> policy{
+        {"reshard_after_forward", keep ? "false" : "true"}};
+    out.push_back(CrossCase{.name = keep ? "copy_out_kept" : "copy_out_resharded",
+                            .trace = std::move(trace),
+                            .policy = std::move(policy)});
+  }
+  return out;
+}
+
+TEST(CrossExecutorCopyOut, TheCasesRunCopyOuts) {
+  // Not vacuous: the plan of each case runs copy-outs, fewer when parameters are kept. Three
+  // units (the root and two layers; the root kept after forward as FSDP2 does), two
+  // microbatches, two steps: resharded,
+  // each microbatch gathers the root once and each layer in forward and backward: (1 + 2 x 2) x 2
+  // x 2 = 20 gathers, each with its copy-out; kept, the layers' backward gathers go: (1 + 2) x 2
+  // x 2 = 12.
+  for (const CrossCase& c : CopyOutCases()) {
+    Policy policy;
+    for (const auto& [k, v] : c.policy) ASSERT_TRUE(ApplyPolicyKey(k, v, policy).ok()) << k;
+    sim::SimOptions so;
+    so.cluster.world_size = c.world;
+    so.cluster.gpus_per_node = c.world;
+    so.steps = c.steps;
+    so.policy = policy;
+    so.log_executed_ops = true;
+    StatusOr<sim::SimResult> sim = sim::Simulate(c.trace, so);
+    ASSERT_TRUE(sim.ok()) << sim.status().message();
+    int copy_outs = 0;
+    for (const TimelineOp& op : sim->timeline.ops)
+      copy_outs += op.rank == 0 && op.name == "copy_out";
+    EXPECT_EQ(copy_outs, c.name == "copy_out_kept" ? 12 : 20) << c.name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Samples, CrossExecutor, ::testing::ValuesIn(SampleCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(CopyOut, CrossExecutor, ::testing::ValuesIn(CopyOutCases()), CaseName);
 INSTANTIATE_TEST_SUITE_P(Hsdp, CrossExecutor, ::testing::ValuesIn(HsdpCases()), CaseName);
 INSTANTIATE_TEST_SUITE_P(Seeded, CrossExecutor,
                          ::testing::ValuesIn(RandomCases(kRandomCases, 20261130)), CaseName);

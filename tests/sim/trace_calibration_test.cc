@@ -92,32 +92,6 @@ TEST(TraceCalibration, NothingMeasuredOrOneRankGivesNoCalibration) {
   EXPECT_FALSE(one->has_value());
 }
 
-TEST(TraceCalibration, CopyOutsArePerUnitMeansAfterTheFirstStepElseTheTracesRate) {
-  // Two steps; the first (the recorder's memory step) is left out: its 1,000 us copy-out of
-  // model.a counts for nothing. The second: model.a's gathers of 400,000 bytes copy out in 30
-  // and 50 us, mean 40; a reduce-scatter's span is no copy-out. model and model.b measured
-  // none: the trace's rate, (30 + 50) us / 800,000 B = 1e-4 us/B, times their parameters'
-  // bytes (bf16: model 100,000 elements = 200,000 B: 20 us; model.b 400,000 B: 40 us).
-  Trace t = ThreeUnitTrace("model.a", "model.b", /*steps=*/2);
-  auto gather = [&](TimeUs copy_out) {
-    Event e = Collective(t.model, "model.a", CollectiveKind::kAllGather, 400000, 0, 100);
-    e.copy_out_us = copy_out;
-    return e;
-  };
-  t.steps[0].microbatches[0].events.push_back(gather(1000));
-  std::vector<Event>& ev = t.steps[1].microbatches[0].events;
-  ev.push_back(gather(30));
-  ev.push_back(gather(50));
-  ev.push_back(Collective(t.model, "model.a", CollectiveKind::kReduceScatter, 400000, 0, 900));
-  const std::vector<TimeUs> got = GatherCopyOutUs(t);
-  ASSERT_EQ(got.size(), 3u);
-  EXPECT_NEAR(got[0], 20.0, 1e-9);
-  EXPECT_NEAR(got[1], 40.0, 1e-9);
-  EXPECT_NEAR(got[2], 40.0, 1e-9);
-  // A trace whose gathers carry no copy-out (a GPU run's, an older trace's): none at all.
-  EXPECT_TRUE(GatherCopyOutUs(RankTrace(0, {100, 300}, 200)).empty());
-}
-
 TEST(TraceCalibration, ClusterForTracesKeepsADescribedCluster) {
   // A cluster file or link flags win over the trace's measurements; without them the trace's
   // collectives cost the run; without either the described defaults stay (and warn).

@@ -47,6 +47,9 @@ struct ExecutorConfig final {
   std::uint64_t seed = 2026;
   bool check = true;
   FaultInjection fault;
+  // PlanConfig::gather_copy_out_us: Create fills it from the trace (GatherCopyOutUs), as the
+  // simulator's plan has it.
+  std::vector<TimeUs> gather_copy_out_us;
 };
 
 class CudaExecutor final : public CommandSink {

@@ -95,6 +95,8 @@ struct ExecutorConfig final {
   bool check = true;
   int check_step = 0;
   FaultInjection fault;  // LiveOptions::fail_*, resolved: the unit is an id
+  // PlanConfig::gather_copy_out_us: GatherCopyOutUs of the trace, as the simulator's plan has it.
+  std::vector<TimeUs> gather_copy_out_us;
 };
 
 // What the reference needs of a rank's command stream: backward computes and reductions.

@@ -220,8 +220,8 @@ struct PlanConfig final {
   FaultInjection fault{};
   // Per unit (empty: none): the copy-out of its all-gather, FSDP's work on the compute stream
   // that makes the gathered buffer the unit's parameters, run once per gather when the compute
-  // stream first waits for it (the simulator fills it from a trace's measured copy-outs:
-  // sim::GatherCopyOutUs).
+  // stream first waits for it (every executor of a trace's plan fills it alike:
+  // GatherCopyOutUs, core/trace.h).
   std::vector<TimeUs> gather_copy_out_us{};
 };
 

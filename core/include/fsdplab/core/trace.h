@@ -121,4 +121,15 @@ struct Trace final {
 // (a step past the trace's last repeats it: step % steps), or nullptr when there is none.
 const Event* EventAt(const Trace& trace, int step, int microbatch, int event);
 
+// The copy-out of each unit's all-gather as the trace measured it (all-gathers with copy_out_us:
+// a CPU run's, whose collectives are synchronous; formats §2.3), indexed by unit, for
+// PlanConfig::gather_copy_out_us (every executor of a trace's plan runs the same): per unit the
+// mean over its gathers in the steps after the first (the first runs the recorder's memory
+// count; a one-step trace: that step), the mean as for a collective's calibration sample. A unit
+// with parameters whose gathers carry none gets the trace's rate (copy-out microseconds per
+// gathered byte over every measured gather) times its parameters' bytes: a policy may gather a
+// unit the run never gathered apart. Empty when the trace measured no copy-out (a GPU run, whose
+// gather spans end after it; an older trace): the plan then adds none.
+std::vector<TimeUs> GatherCopyOutUs(const Trace& trace);
+
 }  // namespace fsdplab

@@ -54,15 +54,4 @@ StatusOr<std::optional<TraceCalibration>> CalibrateFromTraces(
 StatusOr<Cluster> ClusterForTraces(const Cluster& described, bool links_described,
                                    const std::vector<const Trace*>& traces);
 
-// The copy-out of each unit's all-gather as the trace measured it (all-gathers with copy_out_us:
-// a CPU run's, whose collectives are synchronous; formats §2.3), indexed by unit, for
-// PlanConfig::gather_copy_out_us: per unit the mean over its gathers in the steps after the
-// first (the first runs the recorder's memory count; a one-step trace: that step), the mean
-// for the same reason a collective's sample is one. A unit with parameters whose gathers carry
-// none gets the trace's rate (copy-out microseconds per gathered byte over every measured
-// gather) times its parameters' bytes: a policy may gather a unit the run never gathered
-// apart. Empty when the trace measured no copy-out (a GPU run, whose gather spans end after it;
-// an older trace): the plan then adds none.
-std::vector<TimeUs> GatherCopyOutUs(const Trace& trace);
-
 }  // namespace fsdplab::sim
