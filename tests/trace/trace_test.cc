@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdplab/core/file_util.h"
@@ -352,6 +353,15 @@ TEST(TraceReject, OptimizerComputeOfAUnit) {
       "'a')");
 }
 
+// Written and read back, `t` is the same trace; returns the trace read back.
+Trace RoundTrip(const Trace& t) {
+  StatusOr<Trace> again = ParseTrace(WriteTrace(t));
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
+  if (!again.ok()) return t;
+  EXPECT_TRUE(SameTrace(t, *again));
+  return *std::move(again);
+}
+
 TEST(TraceReader, OptimizerComputeRoundTrips) {
   const std::string text = WithEvents(
       R"({"op": "pre_forward", "unit": "a"}, {"op": "post_forward", "unit": "a"},
@@ -364,9 +374,7 @@ TEST(TraceReader, OptimizerComputeRoundTrips) {
   EXPECT_EQ(e.phase, Phase::kOptimizer);
   EXPECT_EQ(e.unit, kNoUnit);
   EXPECT_EQ(e.us, 12.5);
-  StatusOr<Trace> again = ParseTrace(WriteTrace(*t));
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
-  EXPECT_TRUE(SameTrace(*t, *again));
+  RoundTrip(*t);
 }
 
 // peak_grad_bytes is a part of grad_bytes: read, written and compared; more than grad_bytes, or
@@ -379,10 +387,8 @@ TEST(TraceReader, PeakGradientBytesRoundTripAndArePartOfTheGradients) {
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   const Event& e = t->steps[0].microbatches[0].events[0];
   EXPECT_EQ(e.peak_grad_bytes, std::optional<Bytes>(6));
-  StatusOr<Trace> again = ParseTrace(WriteTrace(*t));
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
-  EXPECT_TRUE(SameTrace(*t, *again));
-  EXPECT_EQ(again->steps[0].microbatches[0].events[0].peak_grad_bytes, std::optional<Bytes>(6));
+  EXPECT_EQ(RoundTrip(*t).steps[0].microbatches[0].events[0].peak_grad_bytes,
+            std::optional<Bytes>(6));
   EXPECT_EQ(
       FirstError(WithEvents(R"({"op": "compute", "unit": "a", "phase": "backward", "us": 5,
                                 "grad_bytes": 16, "peak_grad_bytes": 17})")),
@@ -403,9 +409,8 @@ TEST(TraceReader, CopyOutRoundTripsAndBelongsToAnAllGather) {
   StatusOr<Trace> t = ParseTrace(text);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_EQ(t->steps[0].microbatches[0].events[0].copy_out_us, std::optional<TimeUs>(7.25));
-  StatusOr<Trace> again = ParseTrace(WriteTrace(*t));
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
-  EXPECT_TRUE(SameTrace(*t, *again));
+  EXPECT_EQ(RoundTrip(*t).steps[0].microbatches[0].events[0].copy_out_us,
+            std::optional<TimeUs>(7.25));
   Trace other = *t;
   other.steps[0].microbatches[0].events[0].copy_out_us = 7.5;
   EXPECT_FALSE(SameTrace(*t, other));
