@@ -62,6 +62,7 @@ class Importer final {
   StatusOr<Imported> Run() {
     Index();
     FSDP_RETURN_IF_ERROR(FindRanges());
+    FindRecorderFrames();
     IndexRecords();
     FSDP_RETURN_IF_ERROR(FindSteps());
     FSDP_RETURN_IF_ERROR(BuildModel());
@@ -172,16 +173,30 @@ class Importer final {
     }
     std::stable_sort(ranges_.begin(), ranges_.end(),
                      [](const FsdpRange& a, const FsdpRange& b) { return a.start < b.start; });
-    // A post hook's range starts where the unit's work before it ended (WorkEnd): FSDP's hook
-    // runs Python of its own before its range.
+    // A profile taken with_stack=True shows FSDP2's own Python frames: on a thread that has
+    // them, FSDP's time is what they span (the recorder brackets the same hooks whole), and the
+    // rules below, which place the hooks' Python from the ranges alone, are not needed there.
+    std::vector<IntervalSet> frames(p_.threads.size());
+    {
+      std::vector<std::vector<Interval>> spans(p_.threads.size());
+      for (const ProfileEvent& e : p_.events) {
+        if (e.cat == Category::kFsdpFrame && compute_threads_.count(e.thread)) {
+          spans[static_cast<std::size_t>(e.thread)].push_back({e.ts, e.ts + e.dur});
+        }
+      }
+      for (std::size_t t = 0; t < spans.size(); ++t) frames[t] = IntervalSet(std::move(spans[t]));
+    }
+    // A post hook's range starts where FSDP's hook began: its frame, else where the unit's work
+    // before it ended (WorkEnd); FSDP's hook runs Python of its own before its range.
     range_ends_.assign(p_.threads.size(), {});
     for (const FsdpRange& r : ranges_)
       range_ends_[static_cast<std::size_t>(r.thread)].push_back(r.end);
     for (auto& v : range_ends_) std::sort(v.begin(), v.end());
     std::vector<TimeUs> starts;
     for (const FsdpRange& r : ranges_) {
-      starts.push_back(r.hook == Hook::kPostForward || r.hook == Hook::kPostBackward ? WorkEnd(r)
-                                                                                     : r.start);
+      const bool post = r.hook == Hook::kPostForward || r.hook == Hook::kPostBackward;
+      const IntervalSet& f = frames[static_cast<std::size_t>(r.thread)];
+      starts.push_back(!post ? r.start : f.parts().empty() ? WorkEnd(r) : FrameStart(r, f));
     }
     // By thread: FSDP's ranges' starts (ranges_ is sorted by start) with their hooks, and their
     // ends with their hooks, sorted.
@@ -196,6 +211,7 @@ class Importer final {
     for (auto& v : ends_hooks) std::sort(v.begin(), v.end());
     std::vector<Interval> preambles;
     std::vector<Interval> gaps;
+    for (const IntervalSet& f : frames) gaps.insert(gaps.end(), f.parts().begin(), f.parts().end());
     std::map<std::int32_t, TimeUs> reach;  // by thread: the latest end of the ranges so far
     for (std::size_t i = 0; i < ranges_.size(); ++i) {
       const FsdpRange& r = ranges_[i];
@@ -203,12 +219,15 @@ class Importer final {
       auto [at, fresh] = reach.try_emplace(r.thread, r.end);
       const bool nested = !fresh && at->second >= r.end;
       at->second = std::max(at->second, r.end);
-      if (!compute_threads_.count(r.thread) || nested) continue;
-      // The rest of FSDP's hooks' Python outside their ranges is FSDP's time too (the recorder
-      // brackets whole hooks), where nothing else runs there: between the autograd engine's
-      // nodes, before a pre_backward's range (from the work or FSDP range before it, once the
-      // backward runs: not the first pre_backward, after the loss) and after a backward
-      // range; in forward only between two hooks with no operator between (a post_forward
+      if (!compute_threads_.count(r.thread) || nested ||
+          !frames[static_cast<std::size_t>(r.thread)].parts().empty()) {
+        continue;
+      }
+      // Without its frames, the rest of FSDP's hooks' Python outside their ranges is FSDP's time
+      // too (the recorder brackets whole hooks), where nothing else runs there: between the
+      // autograd engine's nodes, before a pre_backward's range (from the work or FSDP range before
+      // it, once the backward runs: not the first pre_backward, after the loss) and after a
+      // backward range; in forward only between two hooks with no operator between (a post_forward
       // and the next pre_forward). A module's forward runs its caller's Python around FSDP's
       // forward ranges: that stays the unit's. hook_gaps_; no mark moves.
       const auto& thread_starts = range_starts[static_cast<std::size_t>(r.thread)];
@@ -242,6 +261,32 @@ class Importer final {
     return Status::Ok();
   }
 
+  // In a profile with Python frames of a run fsdplab's recorder was attached to: the recorder's
+  // own time, which its trace leaves out, is each of its frames that runs none of the run's
+  // operators and no FSDP frame (its hooks' bookkeeping; not the wrappers it calls FSDP's
+  // methods or the optimizer through, whose own helpers are frames of it again).
+  void FindRecorderFrames() {
+    std::vector<Interval> own;
+    for (std::int32_t t : compute_threads_) {
+      const auto& list = by_thread_[static_cast<std::size_t>(t)];
+      for (std::size_t k = 0; k < list.size(); ++k) {
+        const ProfileEvent& f = p_.events[list[k]];
+        if (f.cat != Category::kRecorderFrame) continue;
+        const TimeUs end = f.ts + f.dur;
+        bool runs_work = false;
+        for (std::size_t j = k + 1; j < list.size() && p_.events[list[j]].ts < end; ++j) {
+          const Category c = p_.events[list[j]].cat;
+          if (c == Category::kCpuOp || c == Category::kRuntime || c == Category::kFsdpFrame) {
+            runs_work = true;
+            break;
+          }
+        }
+        if (!runs_work) own.push_back({f.ts, end});
+      }
+    }
+    recorder_ = IntervalSet(std::move(own));
+  }
+
   // What the profiler recorded on the computing threads: operators and memory events, by time.
   void IndexRecords() {
     for (const ProfileEvent& e : p_.events) {
@@ -252,8 +297,12 @@ class Importer final {
     for (const MemoryEvent& m : p_.memory) {
       if (compute_threads_.count(m.thread)) memory_starts_.push_back(m.ts);
     }
+    for (const Profile::PythonFrame& f : p_.python_frames) {
+      if (compute_threads_.count(f.thread)) python_starts_.push_back(f.ts);
+    }
     std::sort(operator_starts_.begin(), operator_starts_.end());
     std::sort(memory_starts_.begin(), memory_starts_.end());
+    std::sort(python_starts_.begin(), python_starts_.end());
   }
   static std::int64_t CountWithin(const std::vector<TimeUs>& sorted, TimeUs a, TimeUs b) {
     return std::lower_bound(sorted.begin(), sorted.end(), b) -
@@ -471,7 +520,8 @@ class Importer final {
       if (compute_threads_.count(r.thread)) excluded.push_back({r.start, r.end});
     }
     for (const Interval& g : hook_gaps_.parts()) excluded.push_back(g);
-    fsdp_ranges_ = IntervalSet(excluded);
+    fsdp_ranges_ = IntervalSet(excluded).Minus(recorder_);
+    for (const Interval& g : recorder_.parts()) excluded.push_back(g);
     // A recomputation (activation checkpointing) runs inside the autograd backward function
     // that first unpacks one of the checkpointed tensors, before that function's own work: it
     // spans the thread from the function's start to the end of the last forward operator in it
@@ -498,7 +548,12 @@ class Importer final {
           close();
           eval = Interval{e.ts, e.ts + e.dur};
         } else if (IsForwardOp(n) && eval && eval->end >= e.ts + e.dur) {
-          if (!span) span = Interval{eval->start, eval->start};
+          if (!span) {
+            // After FSDP's pre_backward hook when it ran in the function first (its unshard
+            // before the unpack): FSDP's time and the engine's before it are not recomputation.
+            const TimeUs from = LastFsdpEnd(eval->start, e.ts);
+            span = Interval{from, from};
+          }
           span->end = std::max(span->end, e.ts + e.dur);
         }
       }
@@ -895,15 +950,39 @@ class Importer final {
     }
   }
 
+  // The end of the last of FSDP's intervals (fsdp_ranges_) that ends in (a, b]; a if none.
+  TimeUs LastFsdpEnd(TimeUs a, TimeUs b) const {
+    const auto& parts = fsdp_ranges_.parts();
+    auto it = std::upper_bound(parts.begin(), parts.end(), b,
+                               [](TimeUs t, const Interval& p) { return t < p.end; });
+    return it != parts.begin() && std::prev(it)->end > a ? std::prev(it)->end : a;
+  }
+
+  // The end of the last FSDP range on r's thread that ended by r's start (r's start if none).
+  TimeUs PreviousRangeEnd(const FsdpRange& r) const {
+    const std::vector<TimeUs>& ends = range_ends_[static_cast<std::size_t>(r.thread)];
+    auto e = std::upper_bound(ends.begin(), ends.end(), r.start);
+    return e == ends.begin() ? r.start : *std::prev(e);
+  }
+
+  // Where FSDP's post hook `r` began, from FSDP2's frames on its thread (`frames`): the start of
+  // the frame its range lies in, never before an FSDP range that ended earlier there; its range's
+  // start where no frame holds it.
+  TimeUs FrameStart(const FsdpRange& r, const IntervalSet& frames) const {
+    const auto& parts = frames.parts();
+    auto it = std::upper_bound(parts.begin(), parts.end(), r.start,
+                               [](TimeUs t, const Interval& p) { return t < p.start; });
+    if (it == parts.begin() || std::prev(it)->end < r.start) return r.start;
+    return std::max(std::prev(it)->start, PreviousRangeEnd(r));
+  }
+
   // Where a unit's work ended before FSDP's post hook `r`: the end of the last operator (or
   // kernel launch) on its thread that ended by the hook's range, never before an FSDP range
   // that ended earlier there. FSDP's post hooks run Python of their own before their range (the
   // hook's wrapper, the state's checks: 100-300 us a call on a CPU under the profiler), which is
   // FSDP's work, not the unit's.
   TimeUs WorkEnd(const FsdpRange& r) const {
-    const std::vector<TimeUs>& ends = range_ends_[static_cast<std::size_t>(r.thread)];
-    auto e = std::upper_bound(ends.begin(), ends.end(), r.start);
-    const TimeUs floor = e == ends.begin() ? r.start : *std::prev(e);
+    const TimeUs floor = PreviousRangeEnd(r);
     TimeUs best = floor;
     const auto& list = by_thread_[static_cast<std::size_t>(r.thread)];
     auto it = std::lower_bound(list.begin(), list.end(), r.start,
@@ -997,6 +1076,7 @@ class Importer final {
             .Between(s.start, s.end);
     measured.operators = CountWithin(operator_starts_, s.start, s.end);
     measured.memory_events = CountWithin(memory_starts_, s.start, s.end);
+    measured.python_frames = CountWithin(python_starts_, s.start, s.end);
 
     StepBuilder sb(*this, s.start);
     TimeUs prev = s.start;
@@ -1314,6 +1394,7 @@ class Importer final {
   std::vector<Collective> collectives_;
   std::map<std::int32_t, std::vector<const FsdpRange*>> comm_ranges_;  // by thread, by start
   IntervalSet excluded_;
+  IntervalSet recorder_;     // the recorder's own frames (FindRecorderFrames): nobody's work
   IntervalSet fsdp_ranges_;  // FSDP's ranges on the compute threads
   IntervalSet fsdp_cpu_;     // those less the collectives' spans: FSDP's own work
   IntervalSet cpu_busy_;
@@ -1326,6 +1407,7 @@ class Importer final {
   std::vector<Change> grads_;            // parameter gradients handed over
   std::vector<TimeUs> operator_starts_;  // operators on the computing threads, by start
   std::vector<TimeUs> memory_starts_;    // memory events there, by time
+  std::vector<TimeUs> python_starts_;    // Python frames there (with_stack), by start
 };
 
 }  // namespace
@@ -1335,7 +1417,8 @@ TimeUs ProfilerCostUs(const MeasuredStep& step, bool record_shapes,
   const TimeUs op =
       per_operator_us.value_or(record_shapes ? kProfilerOperatorShapesUs : kProfilerOperatorUs);
   return static_cast<TimeUs>(step.operators) * op +
-         static_cast<TimeUs>(step.memory_events) * kProfilerMemoryEventUs;
+         static_cast<TimeUs>(step.memory_events) * kProfilerMemoryEventUs +
+         static_cast<TimeUs>(step.python_frames) * kProfilerPythonFrameUs;
 }
 
 StatusOr<Imported> ImportProfile(const Profile& profile, const ImportOptions& options) {

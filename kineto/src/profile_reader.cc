@@ -520,16 +520,26 @@ class Reader final {
       e.cat = Category::kKernel;
     } else if (cat == "cuda_runtime" || cat == "cuda_driver") {
       e.cat = Category::kRuntime;
-    } else {
-      return Status::Ok();  // python functions, profiler spans, ...: not read
+    } else if (cat == "python_function" && internal::IsFsdpFrame(name)) {
+      e.cat = Category::kFsdpFrame;
+    } else if (cat == "python_function" && internal::IsRecorderFrame(name)) {
+      e.cat = Category::kRecorderFrame;
+    } else if (cat != "python_function") {
+      return Status::Ok();  // profiler spans, ...: not read
     }
-    if (profile_.events.size() >= kMaxEvents) {
+    if (profile_.events.size() + profile_.python_frames.size() >= kMaxEvents) {
       return bad(fmt::format("more than {} events: too large to import", kMaxEvents));
     }
-    e.name = Intern(name_ids_, profile_.names, name);
     thread_ += '/';
     thread_ += tid_;
     e.thread = Intern(thread_ids_, profile_.threads, thread_);
+    if (cat == "python_function") {
+      // Every Python frame is counted (the Python tracer's cost); FSDP2's and the recorder's
+      // are also kept whole.
+      profile_.python_frames.push_back({e.ts, e.thread});
+      if (e.cat == Category::kOther) return Status::Ok();
+    }
+    e.name = Intern(name_ids_, profile_.names, name);
     if (!args_raw.empty() &&
         (e.cat == Category::kKernel || e.cat == Category::kRuntime || WantsArgs(name))) {
       FSDP_RETURN_IF_ERROR(ParseArgs(args_raw, e, WantsArgs(name), index));

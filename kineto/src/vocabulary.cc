@@ -87,6 +87,33 @@ std::optional<DType> ParamDType(std::string_view type) {
   return std::nullopt;
 }
 
+namespace {
+// Whether the file of a "python_function" event ("<path>(<line>): <function>") lies under the
+// package folder `dir` ("torch/distributed/fsdp/_fully_shard"): the path is relative or
+// absolute, with / or (a Windows install) \\.
+bool FrameUnder(std::string_view name, std::string_view dir) {
+  const std::string_view file = name.substr(0, name.find('('));
+  for (std::size_t at = file.find(dir); at != std::string_view::npos; at = file.find(dir, at + 1)) {
+    const bool starts = at == 0 || file[at - 1] == '/' || file[at - 1] == '\\';
+    const std::size_t after = at + dir.size();
+    if (starts && after < file.size() && (file[after] == '/' || file[after] == '\\')) return true;
+  }
+  return false;
+}
+bool FrameUnderAny(std::string_view name, std::string_view slash, std::string_view backslash) {
+  return FrameUnder(name, slash) || FrameUnder(name, backslash);
+}
+}  // namespace
+
+bool IsFsdpFrame(std::string_view name) {
+  return FrameUnderAny(name, "torch/distributed/fsdp/_fully_shard",
+                       "torch\\distributed\\fsdp\\_fully_shard");
+}
+
+bool IsRecorderFrame(std::string_view name) {
+  return FrameUnderAny(name, "fsdplab/torch", "fsdplab\\torch");
+}
+
 std::string UnitName(const std::string& fqn) {
   return fqn.empty() ? std::string(kRootName) : fmt::format("{}.{}", kRootName, fqn);
 }

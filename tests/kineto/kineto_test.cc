@@ -457,6 +457,173 @@ TEST(KinetoImport, FsdpHookPythonOutsideItsRangesIsFsdps) {
   EXPECT_TRUE(CheckTraceStructure(im->trace).empty());
 }
 
+// A Python frame ("python_function", from a profile taken with_stack=True).
+std::string Py(std::string_view name, double ts, double dur, int tid = 1) {
+  return X("python_function", name, tid, ts, dur);
+}
+constexpr std::string_view kPreForwardHook =
+    "torch/distributed/fsdp/_fully_shard/_fsdp_state.py(308): _pre_forward";
+constexpr std::string_view kPostForwardHook =
+    "/usr/lib/python3/dist-packages/torch/distributed/fsdp/_fully_shard/_fsdp_state.py(340): "
+    "_post_forward";
+constexpr std::string_view kPreBackwardHook =
+    "C:\\\\py\\\\torch\\\\distributed\\\\fsdp\\\\_fully_shard\\\\_fsdp_state.py(360): "
+    "_pre_backward";
+
+// A root and one layer with Python frames: FSDP2's (relative, absolute and Windows paths), the
+// recorder's, a module's call and a frame of FSDP1's file: 14 frames, 6 operators.
+std::vector<std::string> FramedEvents() {
+  return {
+      Ann("ProfilerStep#0", 0, 1000),
+      Py(kPreForwardHook, 0, 10),
+      Ann("FSDP::pre_forward", 2, 5),
+      Op("aten::embedding", 10, 10),
+      Py("torch/nn/modules/module.py(1791): _call_impl", 22, 70),
+      Py("python/fsdplab/torch/hooks.py(345): hook", 24, 4),
+      Py("fsdplab/torch/fsdp2.py(143): wrapper", 28, 17),
+      Py("fsdplab/torch/fsdp2.py(159): _fsdp_enter", 29, 2),
+      Py("torch/distributed/fsdp/_fully_shard/_fsdp_common.py(28): wrapper", 31, 13),
+      Ann("FSDP::pre_forward (layers.0)", 36, 4),
+      Op("aten::linear", 50, 30),
+      Py(kPostForwardHook, 82, 13),
+      Ann("FSDP::post_forward (layers.0)", 85, 5),
+      Py("torch/distributed/fsdp/_fully_sharded_data_parallel.py(1): not_fsdp2", 96, 2),
+      Op("aten::linear", 100, 10),
+      Py(kPostForwardHook, 112, 8),
+      Ann("FSDP::post_forward", 114, 4),
+      Py(kPreBackwardHook, 200, 12),
+      Ann("FSDP::pre_backward", 203, 5),
+      Op("autograd::engine::evaluate_function: MmBackward0", 215, 10),
+      Py(kPreBackwardHook, 228, 12),
+      Ann("FSDP::pre_backward (layers.0)", 232, 4),
+      Op("autograd::engine::evaluate_function: AddmmBackward0", 240, 30),
+      Py("fsdplab/torch/hooks.py(601): hook", 272, 4),
+      Py("torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py(800): backward", 278, 12),
+      Ann("FSDP::post_backward_reshard (layers.0)", 280, 5),
+      Op("autograd::engine::evaluate_function: EmbeddingBackward0", 295, 10),
+      Py("torch/distributed/fsdp/_fully_shard/_fsdp_state.py(400): "
+         "_root_post_backward_final_callback",
+         310, 30),
+      Ann("FSDP::root_post_backward_callback", 312, 26),
+      Ann("FSDP::post_backward_reshard", 315, 5),
+  };
+}
+
+TEST(KinetoImport, PythonFramesPlaceFsdpsHookPythonAndTheRecordersOwnTime) {
+  StatusOr<Imported> im = Import(ProfileText(FramedEvents()));
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  // By hand. FSDP2's frames (relative, absolute and Windows paths; not FSDP1's file nor
+  // module.py) are FSDP's time, ranges or not; the recorder's frames that run no operator and
+  // no FSDP frame ([24, 28] its hook, [29, 31] its bracket's bookkeeping) are nobody's; its
+  // wrapper [28, 45] holds an FSDP frame, so only its own [28, 29] and [44, 45] stay with the
+  // unit. A post hook's mark is its frame's start (82, 112, 278).
+  // Forward: the root from its pre_forward mark (2) to layers.0's (36), 34, less FSDP's [2, 10]
+  // and [31, 36] and the recorder's 6 = 15 (the embedding 10, [20, 24] and [28, 29]); layers.0
+  // from 36 to 82, 46, less FSDP's [36, 44] = 38 (the linear 30, [44, 50] and [80, 82]); the
+  // root from 82 to 112, 30, less [82, 95] = 17 (the frame at [96, 98] is FSDP1's file: not
+  // FSDP2's, the root's).
+  // Backward: the root from 203 to 232, 29, less [203, 212] and [228, 232] = 16; layers.0 from
+  // 232 to 278, 46, less [232, 240] and the recorder's [272, 276] = 34 (the backward 30,
+  // [270, 272] and [276, 278]); the root from 278 to its post hook's frame (310; the frame
+  // holds the final callback) less [278, 290] = 20.
+  // FSDP's work, the frames between two marks: [0, 2] before the first; [2, 10] + [31, 36] = 13;
+  // [36, 44] = 8; [82, 95] = 13; [112, 120] + [200, 203] = 11; [203, 212] + [228, 232] = 13;
+  // [232, 240] = 8; [278, 290] = 12; [310, 338] = 28 up to the backward's end (the callback's).
+  EXPECT_EQ(Lines(im->trace), (std::vector<std::string>{
+                                  "compute - forward 2 fsdp",
+                                  "pre_forward model",
+                                  "compute - forward 13 fsdp",
+                                  "compute model forward 15",
+                                  "pre_forward model.layers.0",
+                                  "compute - forward 8 fsdp",
+                                  "compute model.layers.0 forward 38",
+                                  "post_forward model.layers.0",
+                                  "compute - forward 13 fsdp",
+                                  "compute model forward 17",
+                                  "post_forward model",
+                                  "compute - forward 11 fsdp",
+                                  "pre_backward model",
+                                  "compute - backward 13 fsdp",
+                                  "compute model backward 16",
+                                  "pre_backward model.layers.0",
+                                  "compute - backward 8 fsdp",
+                                  "compute model.layers.0 backward 34",
+                                  "post_backward model.layers.0",
+                                  "compute - backward 12 fsdp",
+                                  "compute model backward 20",
+                                  "post_backward model",
+                                  "compute - backward 28 fsdp",
+                                  "backward_end -",
+                              }));
+  EXPECT_TRUE(CheckTraceStructure(im->trace).empty());
+}
+
+TEST(KinetoImport, RecomputationBeginsAfterFsdpsHookInItsFunction) {
+  // NestedEvents' backward with Python frames on its thread (2) only, and layers.0's backward
+  // function starting before FSDP's pre_backward hook, which runs inside it (the hook on the
+  // unit's outputs; the checkpoint's unpack, the recomputation, comes after).
+  const std::vector<std::string> nested = NestedEvents();
+  std::vector<std::string> events(nested.begin(), nested.begin() + 8);  // the forward
+  for (std::string e : {
+           Py(kPreBackwardHook, 199, 7, 2),
+           Ann("FSDP::pre_backward", 200, 5, 2),
+           Op("autograd::engine::evaluate_function: AddmmBackward0", 206, 54, 2),
+           Py(kPreBackwardHook, 208, 8, 2),
+           Ann("FSDP::pre_backward (layers.0)", 210, 5, 2),
+           Op("aten::linear", 225, 10, 2),
+           Py("torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py(800): backward", 262, 15,
+              2),
+           Ann("FSDP::post_backward_reshard (layers.0)", 270, 5, 2),
+           Op("autograd::engine::evaluate_function: EmbeddingBackward0", 280, 10, 2),
+           Py("torch/distributed/fsdp/_fully_shard/_fsdp_state.py(400): "
+              "_root_post_backward_final_callback",
+              295, 30, 2),
+           Ann("FSDP::root_post_backward_callback", 300, 20, 2),
+           Ann("FSDP::post_backward_reshard", 305, 5, 2),
+       }) {
+    events.push_back(e);
+  }
+  StatusOr<Imported> im = Import(ProfileText(events));
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  // By hand. Forward (thread 1, no frames): as NestedUnitsAutogradThreadAndRecompute, by the
+  // rules. Backward (thread 2, by frames): the root from 200 to layers.0's pre_backward (210)
+  // less the frames' [200, 206] and [208, 210] = 2, the engine's start of AddmmBackward0 before
+  // FSDP's hook, the root's backward; layers.0 from 210 to its post hook's frame (262) less
+  // [210, 216] = 46, of which the recomputation is from the end of FSDP's hook in the function
+  // (216) to the linear's end (235) = 19 (from the function's start, 206, it gave the root a
+  // recomputation of 2), the backward 27; the root from 262 to its post hook's frame (295) less
+  // [262, 277] = 18. FSDP's work: [95, 105] and the root's hook frame before its range,
+  // [199, 200] = 11; [200, 206] + [208, 210] = 8; [210, 216] = 6; [262, 277] = 15; [295, 320] =
+  // 25 up to the backward's end.
+  EXPECT_EQ(Lines(im->trace), (std::vector<std::string>{
+                                  "pre_forward model",
+                                  "compute - forward 5 fsdp",
+                                  "compute model forward 25",
+                                  "pre_forward model.layers.0",
+                                  "compute - forward 5 fsdp",
+                                  "compute model.layers.0 forward 35",
+                                  "post_forward model.layers.0",
+                                  "compute - forward 15 fsdp",
+                                  "compute model forward 10",
+                                  "post_forward model",
+                                  "compute - forward 11 fsdp",
+                                  "pre_backward model",
+                                  "compute - backward 8 fsdp",
+                                  "compute model backward 2",
+                                  "pre_backward model.layers.0",
+                                  "compute - backward 6 fsdp",
+                                  "compute model.layers.0 recompute 19",
+                                  "compute model.layers.0 backward 27",
+                                  "post_backward model.layers.0",
+                                  "compute - backward 15 fsdp",
+                                  "compute model backward 18",
+                                  "post_backward model",
+                                  "compute - backward 25 fsdp",
+                                  "backward_end -",
+                              }));
+  EXPECT_TRUE(CheckTraceStructure(im->trace).empty());
+}
+
 TEST(KinetoImport, GpuKernelsByCorrelationAndNcclBytesFromRecordParamComms) {
   // The forward's GEMM kernel (100 us) is launched inside the window; the NCCL kernel's end
   // (50) ends the collective issued at 4; record_param_comms: 8 bf16 elements out = 16 bytes.
@@ -816,7 +983,7 @@ TEST(KinetoCli, ImportValidateSimulateCheckAndExitCodes) {
   // linears, two backward functions), no memory event, record_shapes: 6 x 2.3 = 13.8 us of the
   // 1000 us step; at --profiler-op-us 10: 60 us. Without the profiler the step took 500 us: the
   // profiled one ran +100%.
-  EXPECT_NE(check.out.find("profiler: 6 operators and 0 memory events a step"), std::string::npos)
+  EXPECT_NE(check.out.find("profiler: 6 operators, 0 memory events a step"), std::string::npos)
       << check.out;
   EXPECT_NE(check.out.find("about 13.8 us a step (1.4% of the profiled step)"), std::string::npos)
       << check.out;
@@ -836,6 +1003,19 @@ TEST(KinetoCli, ImportValidateSimulateCheckAndExitCodes) {
   EXPECT_NE(vs.out.find("unprofiled step 500.0 us: the profiled steps ran +100.0%"),
             std::string::npos)
       << vs.out;
+  // A profile with Python frames (with_stack): each costs the tracer's time too. By hand: 6
+  // operators x 2.3 + 14 frames x 0.56 = 21.64 us of the 1000 us step.
+  const std::string framed = TempPath("framed.json");
+  ASSERT_TRUE(WriteFileAtomic(framed, ProfileText(FramedEvents())).ok());
+  CmdResult stack = Fsdplab("import-kineto " + framed + " -o " + out + " --check");
+  ASSERT_EQ(stack.code, 0) << stack.out;
+  EXPECT_NE(stack.out.find("profiler: 6 operators, 0 memory events and 14 Python frames "
+                           "(with_stack) a step"),
+            std::string::npos)
+      << stack.out;
+  EXPECT_NE(stack.out.find("0.56 us per Python frame it cost about 21.6 us a step (2.2% of"),
+            std::string::npos)
+      << stack.out;
   EXPECT_EQ(Fsdplab("import-kineto " + in + " -o " + out + " --check --unprofiled-step-us 0").code,
             1);
   // A truncated profile: exit 2, the file named, no output written.

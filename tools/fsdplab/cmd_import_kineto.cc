@@ -69,7 +69,7 @@ Status RunCheck(const Args& args, const std::vector<kineto::Imported>& ranks) {
              "predicted_us", "error%", "meas_exposed_us", "pred_exposed_us", "meas_compute_us",
              "profiler_est_us");
   const std::vector<kineto::MeasuredStep>& measured = r0.steps;
-  std::vector<double> meas_us, pred_us, cost_us, ops, mems;
+  std::vector<double> meas_us, pred_us, cost_us, ops, mems, frames;
   for (std::size_t i = 0; i < measured.size(); ++i) {
     const kineto::MeasuredStep& m = measured[i];
     const StepReport* p = i < report.steps.size() ? &report.steps[i] : nullptr;
@@ -85,6 +85,7 @@ Status RunCheck(const Args& args, const std::vector<kineto::Imported>& ranks) {
     cost_us.push_back(cost);
     ops.push_back(static_cast<double>(m.operators));
     mems.push_back(static_cast<double>(m.memory_events));
+    frames.push_back(static_cast<double>(m.python_frames));
   }
   fmt::print(
       "measured: the ProfilerStep range and, within it, the time a collective ran with no "
@@ -93,15 +94,19 @@ Status RunCheck(const Args& args, const std::vector<kineto::Imported>& ranks) {
       "than it spent time outside operators (Python, the profiler) that no simulation predicts.\n");
   if (!meas_us.empty()) {
     const double cost = Median(cost_us);
+    const double per_frame = Median(frames);
     fmt::print(
-        "profiler: {:.0f} operators and {:.0f} memory events a step (median) on the threads that "
-        "compute;\nat {:.1f} us per operator{} and {:.1f} us per memory event it cost about "
+        "profiler: {:.0f} operators, {:.0f} memory events{} a step (median) on the threads that "
+        "compute;\nat {:.1f} us per operator{}, {:.1f} us per memory event{} it cost about "
         "{:.1f} us a step ({:.1f}% of the profiled step){}\n",
         Median(ops), Median(mems),
+        per_frame > 0 ? fmt::format(" and {:.0f} Python frames (with_stack)", per_frame) : "",
         op_us.value_or(r0.record_shapes ? kineto::kProfilerOperatorShapesUs
                                         : kineto::kProfilerOperatorUs),
-        r0.record_shapes ? " (record_shapes)" : "", kineto::kProfilerMemoryEventUs, cost,
-        100.0 * cost / Median(meas_us),
+        r0.record_shapes ? " (record_shapes)" : "", kineto::kProfilerMemoryEventUs,
+        per_frame > 0 ? fmt::format(", {:.2f} us per Python frame", kineto::kProfilerPythonFrameUs)
+                      : "",
+        cost, 100.0 * cost / Median(meas_us),
         op_us ? "" : "\n(torch 2.x CPU costs of bench/README.md; --profiler-op-us US for yours)");
     if (!pred_us.empty()) {
       // The prediction of the run without the profiler: what a user profiled for, stated beside

@@ -45,6 +45,14 @@ bool IsUnitHook(Hook h);
 // Operators a module's forward calls and no autograd backward formula does: seen inside a
 // backward function, they are a recomputation (activation checkpointing).
 bool IsForwardOp(std::string_view name);
+// A Python frame of FSDP2 itself, from a profile taken with_stack=True: its "python_function"
+// event's name is "<path>(<line>): <function>", and FSDP2's code lies under
+// torch/distributed/fsdp/_fully_shard/. Everything such a frame spans (its hooks' Python, the
+// dynamo guard inside, the methods they call) is FSDP's work.
+bool IsFsdpFrame(std::string_view python_function_name);
+// A Python frame of fsdplab's own recorder (fsdplab/torch/), in a profile of a run it recorded
+// too: its hooks' bookkeeping is the recorder's time, not the run's.
+bool IsRecorderFrame(std::string_view python_function_name);
 // Bytes per element of an operator input type ("float", "c10::BFloat16") or a
 // record_param_comms dtype ("Float", "BFloat16"); nullopt when unknown.
 std::optional<Bytes> ElementBytes(std::string_view type);

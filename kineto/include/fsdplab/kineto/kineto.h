@@ -16,8 +16,9 @@
 //    there (linked by correlation id) when the profile has kernels, else the thread's time there
 //    (the framework's gaps between operators included, as the recorder measures it). An autograd
 //    backward function of a unit that runs operators of a forward (aten::linear, layer_norm, ...)
-//    recomputes (activation checkpointing): from its start to the end of the last such operator in
-//    it, the thread's time is the unit's recomputation;
+//    recomputes (activation checkpointing): from its start (or the end of FSDP's work that ran in
+//    it first, its pre_backward hook) to the end of the last such operator in it, the thread's
+//    time is the unit's recomputation;
 //  - collectives: `record_param_comms` (NCCL) or `c10d::` operators (gloo) inside
 //    `FSDP::all_gather (fqn)` or `FSDP::post_backward_reduce (fqn)`, with bytes from their
 //    arguments. One lasts from its issue (the operator's start) to where its work completes as
@@ -32,6 +33,13 @@
 //    copy-in, the division), as the recorder brackets unshard and post_backward; such an
 //    all-gather's copy-out is the unit's next `FSDP::all_gather_copy_out` range on that thread
 //    after the call (`copy_out_us`, formats §2.3);
+//  - a profile taken with_stack=True: on a thread with FSDP2's Python frames (files under
+//    torch/distributed/fsdp/_fully_shard/), FSDP's time is what those frames span, its hooks'
+//    Python included (a post hook begins at its frame); without them, the Python outside its
+//    ranges is placed by rules (FSDP's where nothing else runs between the autograd engine's
+//    nodes and between two forward hooks). A frame of fsdplab's recorder (fsdplab/torch/) that
+//    runs no operator and no FSDP frame is the recorder's own time, nobody's: a run recorded
+//    and profiled at once imports as the run without the recorder;
 //  - FSDP's own work (its ranges less the collectives' spans and those copy-outs on the
 //    computing thread; on a GPU the kernels launched inside its ranges): a compute without a
 //    unit named "fsdp" at the next hook, as the recorder writes FSDP's reshards and waits;
@@ -54,7 +62,17 @@
 
 namespace fsdplab::kineto {
 
-enum class Category : std::uint8_t { kCpuOp, kAnnotation, kKernel, kRuntime, kOther };
+// A profile taken with_stack=True has Python frames: those of FSDP2's own code (kFsdpFrame) and
+// of fsdplab's recorder (kRecorderFrame) are kept, the others are not.
+enum class Category : std::uint8_t {
+  kCpuOp,
+  kAnnotation,
+  kKernel,
+  kRuntime,
+  kFsdpFrame,
+  kRecorderFrame,
+  kOther
+};
 
 // The arguments of the operators the import reads (collectives, FSDP's all-gather copy-in).
 struct OpArgs final {
@@ -102,7 +120,12 @@ struct Profile final {
   std::vector<ProfileEvent> events;  // in file order
   std::vector<OpArgs> args;
   std::vector<MemoryEvent> memory;  // in file order
-  std::uint64_t json_bytes = 0;     // uncompressed JSON read
+  struct PythonFrame final {
+    TimeUs ts = 0;
+    std::int32_t thread = 0;  // index into threads
+  };
+  std::vector<PythonFrame> python_frames;  // every "python_function" event (with_stack=True)
+  std::uint64_t json_bytes = 0;            // uncompressed JSON read
 };
 
 // Reads a profile, streaming: gzip (by its magic bytes) or plain JSON, a chunk at a time; only
@@ -129,16 +152,19 @@ struct MeasuredStep final {
   // run time there, so a profiled step runs longer than an unprofiled one.
   std::int64_t operators = 0;
   std::int64_t memory_events = 0;
+  std::int64_t python_frames = 0;  // a profile taken with_stack=True: the Python tracer's
 };
 
 // The profiler's own cost in a step, estimated from what it recorded: CPU time per operator
-// (more with record_shapes) and per memory event, as measured for torch 2.x on the machine
-// bench/README.md names (another CPU's costs differ; `per_operator_us` overrides). An estimate
-// of how much longer the profiled step ran than an unprofiled one, where the host's time is the
-// step's (CPU runs, or a GPU run that waits on its host).
+// (more with record_shapes), per memory event and per Python frame (with_stack), as measured
+// for torch 2.x on the machine bench/README.md names (bench/profiler_cost.py; another CPU's
+// costs differ; `per_operator_us` overrides the operator's). An estimate of how much longer the
+// profiled step ran than an unprofiled one, where the host's time is the step's (CPU runs, or a
+// GPU run that waits on its host).
 inline constexpr TimeUs kProfilerOperatorUs = 1.2;
 inline constexpr TimeUs kProfilerOperatorShapesUs = 2.3;
 inline constexpr TimeUs kProfilerMemoryEventUs = 0.2;
+inline constexpr TimeUs kProfilerPythonFrameUs = 0.56;
 TimeUs ProfilerCostUs(const MeasuredStep& step, bool record_shapes,
                       std::optional<TimeUs> per_operator_us = std::nullopt);
 
