@@ -12,15 +12,17 @@ then `fully_shard` per block and on the root; AdamW; one or two microbatches (gr
 accumulation, FSDP2's default reduce-scatter per microbatch). The design (which factors vary on
 which runs) is DESIGN below.
 
-Each run is four kinds of process pair, one after the other, so nothing attached slows the timed
+Each run is five kinds of process pair, one after the other, so nothing attached slows the timed
 steps: `timed` (nothing attached; warm-up, then steps timed from a barrier to after
 opt.zero_grad(), with the forward+backward, optimizer step and zero_grad split; twice, first and
 last, so the drift between two runs of the same configuration shows), `record` (the recorder,
 Recorder(model, optimizer=opt), a trace per rank; an unrecorded step timed after each recorded
 one, so the prediction also meets the run it was recorded in), `profile` (torch.profiler,
 record_shapes, a Chrome trace per rank for `fsdplab import-kineto`; the profiled steps are also
-recorded, into profile/recorded/, so the recorder and the import are compared on the same steps)
-and `mem`
+recorded, into profile/recorded/, so the recorder and the import are compared on the same steps),
+`stack` (the same with with_stack=True, into stack/: the import places FSDP2's hook Python and
+the recorder's own time by their Python frames, so the two meet on one definition there; three
+unprofiled steps before and after it time the tracer's cost in the same pair) and `mem`
 (FSDPMemTracker over the step's last microbatch, the optimizer step and zero_grad: the tracker
 refuses a module called twice in one tracked region, and the last microbatch holds the earlier
 ones' gradients); a policy run adds `paired` (a second model with FSDP2's defaults in the same
@@ -37,7 +39,8 @@ exported with `export-policy --to fsdp2 --format json`. The table compares per r
 medians and p90s: step time, exposed communication and peak memory, measured against both
 predictions, with the spread beside them; the step error split into compute, exposed
 communication and idle; the peak by category against FSDPMemTracker's; the recorder's and the
-importer's compute per unit and phase; and for each policy run the measured against predicted
+importer's compute per unit and phase, without and with the Python frames; and for each policy
+run the measured against predicted
 change. Everything lands in DIR (summary.json, table.txt, runs/RUN_ID/...).
 """
 
@@ -401,22 +404,40 @@ def rank_main(args):
         out["step_us"] = spans
         out["between_us"] = between
         out["overhead"] = rec.overhead()
-    elif args.phase == "profile":
+    elif args.phase in ("profile", "stack"):
         from torch.profiler import ProfilerActivity, profile, schedule
 
         from fsdplab.torch import Recorder
 
         step()  # FSDP's lazy initialisation, outside the profile
         spans = []
-        sched = schedule(wait=1, warmup=1, active=args.profile_steps, repeat=1)
-        # The profiled steps are also recorded (profile/recorded/): the recorder and the import
+        n = args.profile_steps if args.phase == "profile" else args.stack_steps
+
+        def timed_steps(k):
+            """k steps with nothing attached, timed as the timed phases time theirs."""
+            out = []
+            for _ in range(k):
+                dist.barrier()
+                t0 = time.perf_counter()
+                step()
+                out.append((time.perf_counter() - t0) * 1e6)
+            return out
+
+        # stack: unprofiled steps in the same process pair, before and after the profile, for
+        # the profiler's cost with the Python tracer free of the pair-to-pair noise.
+        unprofiled = timed_steps(3) if args.phase == "stack" else []
+        sched = schedule(wait=1, warmup=1, active=n, repeat=1)
+        # The profiled steps are also recorded (PHASE/recorded/): the recorder and the import
         # compared on the same steps. memory_steps=0: the recorder's memory probe is a dispatch
         # mode, under which the profiler would see every operator twice.
         rec = Recorder(model, optimizer=opt, memory_steps=0)
         # profile_memory: the allocations and frees import-kineto attributes to each compute.
+        # `stack` takes the Python frames too (with_stack): the import gives FSDP2's frames to
+        # FSDP and leaves the recorder's own out, so the two meet on one definition there. The
+        # Python tracer slows every call, so the step and memory are graded on `profile`'s.
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True,
-                     schedule=sched) as prof:
-            for i in range(2 + args.profile_steps):
+                     with_stack=args.phase == "stack", schedule=sched) as prof:
+            for i in range(2 + n):
                 dist.barrier()
                 t0 = time.perf_counter()
                 with rec.step() if i >= 2 else contextlib.nullcontext():
@@ -424,11 +445,14 @@ def rank_main(args):
                 spans.append((time.perf_counter() - t0) * 1e6)
                 prof.step()
         rec.remove()
-        os.makedirs(os.path.join(args.dir, "profile", "recorded"), exist_ok=True)
+        if args.phase == "stack":
+            unprofiled += timed_steps(3)
+            out["unprofiled_step_us"] = unprofiled
+        os.makedirs(os.path.join(args.dir, args.phase, "recorded"), exist_ok=True)
         prof.export_chrome_trace(
-            os.path.join(args.dir, "profile", f"trace.rank{args.rank}.json.gz")
+            os.path.join(args.dir, args.phase, f"trace.rank{args.rank}.json.gz")
         )
-        rec.save(os.path.join(args.dir, "profile", "recorded", "trace.json"))
+        rec.save(os.path.join(args.dir, args.phase, "recorded", "trace.json"))
         out["step_us"] = spans[2:]  # the profiled (active) steps
     elif args.phase == "mem":
         tracker_class = grad_aware_tracker(torch, model)
@@ -486,7 +510,8 @@ def run_phase(rundir, c, phase, args, isolation="pinned", bench=False):
         cmd = [sys.executable, os.path.abspath(__file__), "rank", "--rank", str(r), "--phase",
                phase, "--dir", rundir, "--config", json.dumps(c), "--isolation", isolation,
                "--steps", str(args.steps), "--warmup", str(args.warmup), "--record-steps",
-               str(args.record_steps), "--profile-steps", str(args.profile_steps)]
+               str(args.record_steps), "--profile-steps", str(args.profile_steps),
+               "--stack-steps", str(args.stack_steps)]
         cmd += ["--bench"] if bench else []
         log = open(os.path.join(rundir, f"{phase}.rank{r}.log"), "w", encoding="utf-8")
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
@@ -519,12 +544,13 @@ def rerun_phases(args, c, rundir):
     done = load(done_path)
     t0 = time.time()
     for phase in args.phases.split(","):
-        if phase not in ("record", "profile", "mem", "paired"):
-            raise SystemExit(f"fsdp2_grid: --phases: {phase!r} is not record, profile, mem or "
-                             "paired")
+        if phase not in ("record", "profile", "stack", "mem", "paired"):
+            raise SystemExit(f"fsdp2_grid: --phases: {phase!r} is not record, profile, stack, "
+                             "mem or paired")
         if phase == "paired" and c["policy"] == "default":
             continue  # only a policy run has a policy to pair with the defaults
-        for sub in {"record": ["traces"], "profile": ["profile"], "mem": [], "paired": []}[phase]:
+        for sub in {"record": ["traces"], "profile": ["profile"], "stack": ["stack"], "mem": [],
+                    "paired": []}[phase]:
             shutil.rmtree(os.path.join(rundir, sub), ignore_errors=True)
         with OthersLoad() as o:
             run_phase(rundir, c, phase, args)
@@ -644,7 +670,8 @@ def run(args):
     env = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "load_before": machine_load(),
            "cores": sorted(os.sched_getaffinity(0)), "quick": args.quick, "steps": args.steps,
            "warmup": args.warmup, "record_steps": args.record_steps,
-           "profile_steps": args.profile_steps, "repeats": args.repeats,
+           "profile_steps": args.profile_steps, "stack_steps": args.stack_steps,
+           "repeats": args.repeats,
            "python": sys.executable, "design": design.__doc__.strip(),
            "fsdplab": args.fsdplab, "commit": subprocess.run(
                ["git", "-C", HERE, "describe", "--always", "--dirty"], capture_output=True,
@@ -670,7 +697,7 @@ def run(args):
         load_before = machine_load()
         if c["policy"] != "default":
             export_policy(args, rundir, os.path.join(args.out, "runs", base_of(c)))
-        phases = ["timed0", "record", "profile", "mem"]
+        phases = ["timed0", "record", "profile", "stack", "mem"]
         if args.repeats > 1:
             phases.append("timed1")
         if c["policy"] != "default":
@@ -744,6 +771,19 @@ def trace_steps(trace):
         coll = [(e["start_us"], e["end_us"]) for e in events if e["op"] == "collective"]
         rows.append({"span_us": max(ends) - min(starts), "comm_us": union_length(coll),
                      "compute_us": sum(e["us"] for e in events if e["op"] == "compute")})
+    return rows
+
+
+def agreement(recorded, imported):
+    """Per unit and phase: the recorder's compute (recorded: a trace file) against the import's
+    (imported: the imported trace of the same rank), medians over the steps after the first."""
+    rec_units = unit_compute(load(recorded))
+    imp_units = unit_compute(load(imported))
+    rows = []
+    for key in sorted(set(rec_units) | set(imp_units)):
+        r, i = rec_units.get(key), imp_units.get(key)
+        rows.append({"unit": key[0], "phase": key[1], "recorder_us": r, "imported_us": i,
+                     "ratio": (i / r) if r and i is not None else None})
     return rows
 
 
@@ -992,15 +1032,38 @@ def grade_run(rundir, bin_, base_pred=None):
     # steps where the profile phase also recorded them, else the record phase's (another run).
     same = os.path.join(rundir, "profile", "recorded", "trace.rank0.json")
     out["agreement_same_run"] = os.path.exists(same)
-    rec_units = unit_compute(load(same if out["agreement_same_run"]
-                                  else os.path.join(traces, "trace.rank0.json")))
-    imp_units = unit_compute(load(os.path.join(imported, "trace.rank0.json")))
-    agree = []
-    for key in sorted(set(rec_units) | set(imp_units)):
-        r, i = rec_units.get(key), imp_units.get(key)
-        agree.append({"unit": key[0], "phase": key[1], "recorder_us": r, "imported_us": i,
-                      "ratio": (i / r) if r and i is not None else None})
-    out["agreement"] = agree
+    out["agreement"] = agreement(
+        same if out["agreement_same_run"] else os.path.join(traces, "trace.rank0.json"),
+        os.path.join(imported, "trace.rank0.json"))
+    # The same on the `stack` phase's steps, whose profile has the Python frames: there the
+    # import places FSDP2's hook Python and the recorder's own time by frame.
+    stack = sorted(glob.glob(os.path.join(rundir, "stack", "trace.rank*.json.gz")))
+    if stack:
+        stack_imported = os.path.join(pred_dir, "imported_stack")
+        chk = fsdplab(bin_, "import-kineto", *stack, "--out-dir", stack_imported, "--check",
+                      "--preset", "fsdp2", *policy_flags, check=False)
+        with open(os.path.join(pred_dir, "import_check_stack.txt"), "w", encoding="utf-8") as f:
+            f.write(f"exit {chk.returncode}\n{chk.stdout}{chk.stderr}")
+        out["agreement_stack"] = agreement(
+            os.path.join(rundir, "stack", "recorded", "trace.rank0.json"),
+            os.path.join(stack_imported, "trace.rank0.json"))
+        # The profiler's cost with the Python tracer: the stack-profiled steps against the
+        # unprofiled median, and --check's prediction less its estimate (Python frames
+        # included) against it, as imp-p does for the profile phase.
+        m = re.search(r"predicted without the profiler: ([0-9.]+) us", chk.stdout)
+        # Against the unprofiled steps the stack phase timed in the same process pair (older
+        # grids: the timed pairs' median).
+        st = {"profiled_wall_us": statistics.median(per_step_max(rundir, "stack"))}
+        try:
+            st["pair_unprofiled_us"] = statistics.median(
+                per_step_max(rundir, "stack", "unprofiled_step_us"))
+        except KeyError:
+            st["pair_unprofiled_us"] = meas["median"]
+        base = st["pair_unprofiled_us"]
+        st["profiled_vs_unprofiled"] = (st["profiled_wall_us"] - base) / base
+        st["unprofiled_step_us"] = float(m.group(1)) if m else None
+        st["unprofiled_step_err"] = (st["unprofiled_step_us"] - base) / base if m else None
+        out["stack"] = st
     if c["policy"] != "default" and base_pred is not None:
         out["policy"] = base_pred
     with open(os.path.join(pred_dir, "graded.json"), "w", encoding="utf-8") as f:
@@ -1117,6 +1180,25 @@ def summarize(results):
         phase: stats([a["ratio"] - 1 for r in same for a in r["agreement"]
                       if a["ratio"] is not None and (phase == "all" or a["phase"] == phase)])
         for phase in ("all", "forward", "backward", "recompute")} if same else None
+    # On the `stack` phase's steps (the import reads the Python frames): per phase, with the
+    # largest difference and how many unit-phases lie within 5%.
+    s["imported"]["stack_unprofiled_step"] = stats(
+        [r.get("stack", {}).get("unprofiled_step_err") for r in results])
+    s["imported"]["stack_profiled_vs_unprofiled"] = stats(
+        [r.get("stack", {}).get("profiled_vs_unprofiled") for r in results])
+    stacked = [r for r in results if r.get("agreement_stack")]
+    if stacked:
+        s["agreement_stack"] = {}
+        for phase in ("all", "forward", "backward", "recompute"):
+            xs = [a["ratio"] - 1 for r in stacked for a in r["agreement_stack"]
+                  if a["ratio"] is not None and (phase == "all" or a["phase"] == phase)]
+            st = stats(xs)
+            if st:
+                st["max_abs"] = max(abs(x) for x in xs)
+                st["within_5pct"] = sum(abs(x) <= 0.05 for x in xs)
+            s["agreement_stack"][phase] = st
+        s["agreement_stack"]["missing"] = sum(
+            1 for r in stacked for a in r["agreement_stack"] if a["ratio"] is None)
     return s
 
 
@@ -1231,6 +1313,22 @@ def table(doc):
         lines.append(f"{r['id']:<34s} " + ("[same] " if r.get("agreement_same_run") else "")
                      + "; ".join(parts)
                      + (f"; only one side: {', '.join(missing)}" if missing else ""))
+    if any(r.get("agreement_stack") for r in runs):
+        lines.append("")
+        lines.append("The same on the stack phase's steps (a profile with the Python frames: "
+                     "FSDP2's hook Python and the recorder's own time placed by frame): median "
+                     "and range of imported / recorded, per phase")
+        for r in runs:
+            rows = r.get("agreement_stack") or []
+            parts = []
+            for phase in ("forward", "backward", "recompute"):
+                xs = [a["ratio"] for a in rows if a["phase"] == phase and a["ratio"]]
+                if xs:
+                    parts.append(f"{phase} {statistics.median(xs):.3f} [{min(xs):.3f}, "
+                                 f"{max(xs):.3f}]")
+            missing = [f"{a['unit']}/{a['phase']}" for a in rows if a["ratio"] is None]
+            lines.append(f"{r['id']:<34s} " + ("; ".join(parts) if rows else "no stack phase")
+                         + (f"; only one side: {', '.join(missing)}" if missing else ""))
     pol = [r for r in runs if "policy" in r and "measured_change" in r["policy"]]
     if pol:
         lines.append("")
@@ -1266,7 +1364,12 @@ def table(doc):
                          "against the unprofiled steps"),
                         ("profiled_step", "step against the profiled steps (like with like)"),
                         ("profiled_comm", "exposed comm against the profiled steps' (like with "
-                         "like)")):
+                         "like)"),
+                        ("stack_profiled_vs_unprofiled", "with_stack: the profiled steps against "
+                         "the same pair's unprofiled ones (profiler, tracer and recorder)"),
+                        ("stack_unprofiled_step", "with_stack: step less the profiler's "
+                         "estimated cost, Python frames included, against those unprofiled "
+                         "steps")):
             st = s[path].get(k)
             if st:
                 lines.append(f"  {'':<9s} {what}: {100 * st['median_abs']:.1f}% / "
@@ -1289,6 +1392,15 @@ def table(doc):
                  f"({st['n']})" for phase, st in s["agreement_same_run"].items() if st]
         lines.append("  recorder vs importer on the same steps |ratio - 1| median / p90: "
                      + ", ".join(parts))
+    st = s.get("agreement_stack")
+    if st and st.get("all"):
+        parts = [f"{phase} {100 * x['median_abs']:.1f}% / {100 * x['p90_abs']:.1f}% / max "
+                 f"{100 * x['max_abs']:.1f}% ({x['n']})" for phase, x in st.items()
+                 if phase != "missing" and x]
+        lines.append("  the same with the Python frames (stack phase) median / p90 / max: "
+                     + ", ".join(parts) + f"; within 5%: {st['all']['within_5pct']} of "
+                     f"{st['all']['n']}" + (f"; {st['missing']} on one side only"
+                                            if st["missing"] else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -1353,6 +1465,11 @@ def main():
         # stay few: a profile of many steps is large and slow to import.
         q.add_argument("--record-steps", type=int, default=8)
         q.add_argument("--profile-steps", type=int, default=3)
+        # The stack phase compares per unit on the median of its steps after the first: with 2,
+        # one stall (a collection, the OS) inside a recorder hook that returns at once, which
+        # the recorder leaves with the unit and the import with the recorder, moved a unit's
+        # median by up to 8%.
+        q.add_argument("--stack-steps", type=int, default=6)
     q = sub.choices["rank"]
     q.add_argument("--rank", type=int, required=True)
     q.add_argument("--phase", required=True)
@@ -1373,7 +1490,7 @@ def main():
     if args.cmd == "run":
         if args.quick:
             args.steps, args.warmup, args.record_steps, args.repeats = 6, 2, 2, 1
-            args.profile_steps = 2
+            args.profile_steps = args.stack_steps = 2
         run(args)
     elif args.cmd == "rank":
         rank_main(args)

@@ -10,13 +10,14 @@
 # OUT=DIR keeps the raw grid there (default: a temporary folder, removed at the end); a run whose
 # folder in OUT is complete is kept, so an interrupted grid goes on where it stopped (FORCE=1
 # runs everything again). ONLY=REGEX picks runs by id (e.g. ONLY='llama-s-.*'). PHASES=record,
-# profile,mem,paired runs only those phases again in OUT's complete runs (keeping the timed ones).
+# profile,stack,mem,paired runs only those phases again in OUT's complete runs (keeping the
+# timed ones).
 # STEPS, WARMUP override the timed steps per process (default 20, twice) and the warm-up (5).
 #
 # Per run (bench/fsdp2_grid.py says what and how): 2 gloo ranks, each pinned to its own core
 # with one intra-op and one inter-op thread; separate processes time the steps with nothing
-# attached, record them (fsdplab.torch.Recorder), profile them (torch.profiler) and track
-# one step's memory (FSDPMemTracker). Then, through the CLI as a user would: `simulate
+# attached, record them (fsdplab.torch.Recorder), profile them (torch.profiler, without and
+# with Python stacks, recorded too) and track one step's memory (FSDPMemTracker). Then, through the CLI as a user would: `simulate
 # --rank-trace traces/ --preset fsdp2 --json`, `import-kineto --out-dir` + `simulate`, and
 # `import-kineto --check`; policy runs apply `tune --preset fsdp2` exported with `export-policy
 # --to fsdp2 --format json`. Prints the table and writes DIR/table.txt and DIR/summary.json.

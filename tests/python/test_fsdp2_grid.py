@@ -83,6 +83,13 @@ class Fsdp2GridQuickTest(unittest.TestCase):
                 profiled = {e["name"] for e in profile["traceEvents"]
                             if e.get("name", "").startswith("ProfilerStep#")}
                 self.assertEqual(len(recorded["steps"]), len(profiled))
+                # The stack phase: a profile with FSDP2's Python frames, its steps recorded too.
+                stack = load(os.path.join(run, "stack", f"trace.rank{r}.json.gz"))
+                self.assertTrue(any(e.get("cat") == "python_function"
+                                    and "fsdp/_fully_shard/" in e.get("name", "")
+                                    for e in stack["traceEvents"]))
+                recorded = load(os.path.join(run, "stack", "recorded", f"trace.rank{r}.json"))
+                self.assertEqual(len(recorded["steps"]), 2)  # --quick: 2 profiled steps
                 # One unrecorded step timed after each recorded one, in the recording pair.
                 rec = load(os.path.join(run, f"record.rank{r}.json"))
                 self.assertEqual(len(rec["between_us"]), len(rec["step_us"]))
@@ -117,6 +124,11 @@ class Fsdp2GridQuickTest(unittest.TestCase):
                 self.assertAlmostEqual(split, p["step_err"], places=9)
             self.assertTrue(any(a["ratio"] for a in r["agreement"]))
             self.assertTrue(r["agreement_same_run"])  # recorder and import on the same steps
+            # With the Python frames, every unit and phase on both sides (none that one path
+            # gives a compute and the other does not).
+            self.assertTrue(r["agreement_stack"], rid)
+            for a in r["agreement_stack"]:
+                self.assertIsNotNone(a["ratio"], f"{rid} {a['unit']} {a['phase']}")
 
     def test_tracker_memory_is_the_models_shapes(self):
         # Sharded parameters: the sum over the model's parameters of one rank's padded fp32
