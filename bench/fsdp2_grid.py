@@ -21,8 +21,9 @@ one, so the prediction also meets the run it was recorded in), `profile` (torch.
 record_shapes, a Chrome trace per rank for `fsdplab import-kineto`; the profiled steps are also
 recorded, into profile/recorded/, so the recorder and the import are compared on the same steps),
 `stack` (the same with with_stack=True, into stack/: the import places FSDP2's hook Python and
-the recorder's own time by their Python frames, so the two meet on one definition there; three
-unprofiled steps before and after it time the tracer's cost in the same pair) and `mem`
+the recorder's own time by their Python frames, so the two meet on one definition there; both
+profile phases time three unprofiled steps before and after the profile, so the profiler's cost
+estimate is also judged against its own process pair) and `mem`
 (FSDPMemTracker over the step's last microbatch, the optimizer step and zero_grad: the tracker
 refuses a module called twice in one tracked region, and the last microbatch holds the earlier
 ones' gradients); a policy run adds `paired` (a second model with FSDP2's defaults in the same
@@ -423,9 +424,9 @@ def rank_main(args):
                 out.append((time.perf_counter() - t0) * 1e6)
             return out
 
-        # stack: unprofiled steps in the same process pair, before and after the profile, for
-        # the profiler's cost with the Python tracer free of the pair-to-pair noise.
-        unprofiled = timed_steps(3) if args.phase == "stack" else []
+        # Unprofiled steps in the same process pair, before and after the profile: the
+        # profiler's cost estimate judged free of the pair-to-pair noise.
+        unprofiled = timed_steps(3)
         sched = schedule(wait=1, warmup=1, active=n, repeat=1)
         # The profiled steps are also recorded (PHASE/recorded/): the recorder and the import
         # compared on the same steps. memory_steps=0: the recorder's memory probe is a dispatch
@@ -445,9 +446,8 @@ def rank_main(args):
                 spans.append((time.perf_counter() - t0) * 1e6)
                 prof.step()
         rec.remove()
-        if args.phase == "stack":
-            unprofiled += timed_steps(3)
-            out["unprofiled_step_us"] = unprofiled
+        unprofiled += timed_steps(3)
+        out["unprofiled_step_us"] = unprofiled
         os.makedirs(os.path.join(args.dir, args.phase, "recorded"), exist_ok=True)
         prof.export_chrome_trace(
             os.path.join(args.dir, args.phase, f"trace.rank{args.rank}.json.gz")
@@ -776,19 +776,27 @@ def trace_steps(trace):
 
 def agreement(recorded, imported):
     """Per unit and phase: the recorder's compute (recorded: a trace file) against the import's
-    (imported: the imported trace of the same rank), medians over the steps after the first."""
-    rec_units = unit_compute(load(recorded))
-    imp_units = unit_compute(load(imported))
+    (imported: the imported trace of the same rank), medians over the steps after the first.
+    On the same steps (as many on both sides) the ratio is the median of each step's ratio, so
+    one step where the two place a stall differently moves neither side's median to another
+    step; else the ratio of the medians."""
+    rec_steps, imp_steps = unit_compute_steps(load(recorded)), unit_compute_steps(load(imported))
     rows = []
-    for key in sorted(set(rec_units) | set(imp_units)):
-        r, i = rec_units.get(key), imp_units.get(key)
-        rows.append({"unit": key[0], "phase": key[1], "recorder_us": r, "imported_us": i,
-                     "ratio": (i / r) if r and i is not None else None})
+    for key in sorted(set(rec_steps) | set(imp_steps)):
+        r, i = rec_steps.get(key), imp_steps.get(key)
+        r_med = statistics.median(r.values()) if r else None
+        i_med = statistics.median(i.values()) if i else None
+        if r and i and r.keys() == i.keys() and all(r.values()):
+            ratio = statistics.median(i[s] / r[s] for s in r)
+        else:
+            ratio = (i_med / r_med) if r_med and i_med is not None else None
+        rows.append({"unit": key[0], "phase": key[1], "recorder_us": r_med, "imported_us": i_med,
+                     "ratio": ratio})
     return rows
 
 
-def unit_compute(trace):
-    """(unit, phase) -> median over the steps after the first of the summed compute (rank's
+def unit_compute_steps(trace):
+    """(unit, phase) -> {step index: summed compute} over the steps after the first (rank's
     trace; a one-step trace: that step). The first recorded step is the recorder's costliest:
     it hooks every parameter to learn which gradient comes last, Python the recorder leaves out
     of its marks and a profile of the same step shows inside the units (the simulator's step
@@ -804,7 +812,7 @@ def unit_compute(trace):
                     key = (e["unit"], e["phase"])
                     per.setdefault(key, {}).setdefault(i, 0.0)
                     per[key][i] += e["us"]
-    return {k: statistics.median(v.values()) for k, v in per.items()}
+    return per
 
 
 def rec_rows_raw(traces):
@@ -1011,6 +1019,15 @@ def grade_run(rundir, bin_, base_pred=None):
                                   if m else None)
     imp["profiled_step_err"] = ((imp["step_us"] - meas["profiled_wall_us"])
                                 / meas["profiled_wall_us"])
+    # The same prediction against the unprofiled steps the profile phase timed in its own
+    # process pair (older grids: none), as rec-p does for the recorder path.
+    try:
+        pair = statistics.median(per_step_max(rundir, "profile", "unprofiled_step_us"))
+    except KeyError:
+        pair = None
+    meas["profiled_pair_us"] = pair
+    imp["pair_unprofiled_step_err"] = ((imp["unprofiled_step_us"] - pair) / pair
+                                       if pair and m else None)
     # The recorder path against the unrecorded steps of the process pair that recorded the trace:
     # the timed pairs' median less the pair-to-pair noise (a pair's speed on these 2 cores
     # differs from another's by about the run-to-run spread).
@@ -1154,7 +1171,7 @@ def summarize(results):
         s[path]["split_median"] = {
             k: statistics.median(r[path]["split"][k] for r in results)
             for k in ("compute", "exposed_comm", "idle")} if results else {}
-    for k in ("unprofiled_step", "profiled_step", "profiled_comm"):
+    for k in ("unprofiled_step", "pair_unprofiled_step", "profiled_step", "profiled_comm"):
         s["imported"][k] = stats([r["imported"].get(f"{k}_err") for r in results])
     s["recorder"]["pair_step"] = stats([r["recorder"].get("pair_step_err") for r in results])
     for path in ("recorder", "imported"):
@@ -1361,7 +1378,9 @@ def table(doc):
         for k, what in (("pair_step", "step against the unrecorded steps of the pair that "
                          "recorded it (rec-p)"),
                         ("unprofiled_step", "step less the profiler's estimated cost (--check) "
-                         "against the unprofiled steps"),
+                         "against the unprofiled steps (imp-p)"),
+                        ("pair_unprofiled_step", "the same against the unprofiled steps of the "
+                         "pair that profiled it (imp-pp)"),
                         ("profiled_step", "step against the profiled steps (like with like)"),
                         ("profiled_comm", "exposed comm against the profiled steps' (like with "
                          "like)"),
