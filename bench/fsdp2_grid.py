@@ -413,20 +413,10 @@ def rank_main(args):
         step()  # FSDP's lazy initialisation, outside the profile
         spans = []
         n = args.profile_steps if args.phase == "profile" else args.stack_steps
-
-        def timed_steps(k):
-            """k steps with nothing attached, timed as the timed phases time theirs."""
-            out = []
-            for _ in range(k):
-                dist.barrier()
-                t0 = time.perf_counter()
-                step()
-                out.append((time.perf_counter() - t0) * 1e6)
-            return out
-
-        # Unprofiled steps in the same process pair, before and after the profile: the
-        # profiler's cost estimate judged free of the pair-to-pair noise.
-        unprofiled = timed_steps(3)
+        # Unprofiled steps in the same process pair, before and after the profile, timed as the
+        # timed phases time theirs: the profiler's cost estimate judged free of the pair-to-pair
+        # noise.
+        unprofiled = [timed_step()[0] for _ in range(3)]
         sched = schedule(wait=1, warmup=1, active=n, repeat=1)
         # The profiled steps are also recorded (PHASE/recorded/): the recorder and the import
         # compared on the same steps. memory_steps=0: the recorder's memory probe is a dispatch
@@ -446,7 +436,7 @@ def rank_main(args):
                 spans.append((time.perf_counter() - t0) * 1e6)
                 prof.step()
         rec.remove()
-        unprofiled += timed_steps(3)
+        unprofiled += [timed_step()[0] for _ in range(3)]
         out["unprofiled_step_us"] = unprofiled
         os.makedirs(os.path.join(args.dir, args.phase, "recorded"), exist_ok=True)
         prof.export_chrome_trace(
@@ -759,6 +749,15 @@ def per_step_max(rundir, phase, key="step_us"):
     return [max(v) for v in zip(*(r[key] for r in ranks))]
 
 
+def unprofiled_pair_us(rundir, phase):
+    """The median of the unprofiled steps a profile phase timed in its own process pair (the
+    slower rank's each); None for a grid whose phase did not time them."""
+    try:
+        return statistics.median(per_step_max(rundir, phase, "unprofiled_step_us"))
+    except KeyError:
+        return None
+
+
 def trace_steps(trace):
     """Per recorded step: (span, time inside collectives, compute) of one rank's trace."""
     rows = []
@@ -1020,11 +1019,8 @@ def grade_run(rundir, bin_, base_pred=None):
     imp["profiled_step_err"] = ((imp["step_us"] - meas["profiled_wall_us"])
                                 / meas["profiled_wall_us"])
     # The same prediction against the unprofiled steps the profile phase timed in its own
-    # process pair (older grids: none), as rec-p does for the recorder path.
-    try:
-        pair = statistics.median(per_step_max(rundir, "profile", "unprofiled_step_us"))
-    except KeyError:
-        pair = None
+    # process pair, as rec-p does for the recorder path.
+    pair = unprofiled_pair_us(rundir, "profile")
     meas["profiled_pair_us"] = pair
     imp["pair_unprofiled_step_err"] = ((imp["unprofiled_step_us"] - pair) / pair
                                        if pair and m else None)
@@ -1065,17 +1061,11 @@ def grade_run(rundir, bin_, base_pred=None):
             os.path.join(rundir, "stack", "recorded", "trace.rank0.json"),
             os.path.join(stack_imported, "trace.rank0.json"))
         # The profiler's cost with the Python tracer: the stack-profiled steps against the
-        # unprofiled median, and --check's prediction less its estimate (Python frames
-        # included) against it, as imp-p does for the profile phase.
+        # unprofiled steps of the same process pair (older grids: the timed pairs' median), and
+        # --check's prediction less its estimate (Python frames included) against them.
         m = re.search(r"predicted without the profiler: ([0-9.]+) us", chk.stdout)
-        # Against the unprofiled steps the stack phase timed in the same process pair (older
-        # grids: the timed pairs' median).
-        st = {"profiled_wall_us": statistics.median(per_step_max(rundir, "stack"))}
-        try:
-            st["pair_unprofiled_us"] = statistics.median(
-                per_step_max(rundir, "stack", "unprofiled_step_us"))
-        except KeyError:
-            st["pair_unprofiled_us"] = meas["median"]
+        st = {"profiled_wall_us": statistics.median(per_step_max(rundir, "stack")),
+              "pair_unprofiled_us": unprofiled_pair_us(rundir, "stack") or meas["median"]}
         base = st["pair_unprofiled_us"]
         st["profiled_vs_unprofiled"] = (st["profiled_wall_us"] - base) / base
         st["unprofiled_step_us"] = float(m.group(1)) if m else None
@@ -1191,12 +1181,23 @@ def summarize(results):
     }
     ratios = [a["ratio"] for r in results for a in r["agreement"] if a["ratio"] is not None]
     s["agreement"] = stats([x - 1 for x in ratios])
+    def by_phase(runs, key):
+        """|ratio - 1| stats per phase over the runs' `key` rows, with the largest and how many
+        lie within 5%."""
+        out = {}
+        for phase in ("all", "forward", "backward", "recompute"):
+            xs = [a["ratio"] - 1 for r in runs for a in r[key]
+                  if a["ratio"] is not None and (phase == "all" or a["phase"] == phase)]
+            st = stats(xs)
+            if st:
+                st["max_abs"] = max(abs(x) for x in xs)
+                st["within_5pct"] = sum(abs(x) <= 0.05 for x in xs)
+            out[phase] = st
+        return out
+
     # On the same steps (the profile phase recorded them too), per phase.
     same = [r for r in results if r.get("agreement_same_run")]
-    s["agreement_same_run"] = {
-        phase: stats([a["ratio"] - 1 for r in same for a in r["agreement"]
-                      if a["ratio"] is not None and (phase == "all" or a["phase"] == phase)])
-        for phase in ("all", "forward", "backward", "recompute")} if same else None
+    s["agreement_same_run"] = by_phase(same, "agreement") if same else None
     # On the `stack` phase's steps (the import reads the Python frames): per phase, with the
     # largest difference and how many unit-phases lie within 5%.
     s["imported"]["stack_unprofiled_step"] = stats(
@@ -1205,15 +1206,7 @@ def summarize(results):
         [r.get("stack", {}).get("profiled_vs_unprofiled") for r in results])
     stacked = [r for r in results if r.get("agreement_stack")]
     if stacked:
-        s["agreement_stack"] = {}
-        for phase in ("all", "forward", "backward", "recompute"):
-            xs = [a["ratio"] - 1 for r in stacked for a in r["agreement_stack"]
-                  if a["ratio"] is not None and (phase == "all" or a["phase"] == phase)]
-            st = stats(xs)
-            if st:
-                st["max_abs"] = max(abs(x) for x in xs)
-                st["within_5pct"] = sum(abs(x) <= 0.05 for x in xs)
-            s["agreement_stack"][phase] = st
+        s["agreement_stack"] = by_phase(stacked, "agreement_stack")
         s["agreement_stack"]["missing"] = sum(
             1 for r in stacked for a in r["agreement_stack"] if a["ratio"] is None)
     return s
@@ -1319,33 +1312,29 @@ def table(doc):
     lines.append("Recorder vs importer compute per unit and phase (imported / recorded, rank 0): "
                  "median and range of the ratio over units, per phase; [same]: the profiled "
                  "steps recorded too, else the record phase's steps")
-    for r in runs:
+    def ratios(rows, digits):
+        """Per phase the median and range of imported / recorded over units, and the
+        unit-phases only one side has."""
         parts = []
         for phase in ("forward", "backward", "recompute"):
-            xs = [a["ratio"] for a in r["agreement"] if a["phase"] == phase and a["ratio"]]
+            xs = [a["ratio"] for a in rows if a["phase"] == phase and a["ratio"]]
             if xs:
-                parts.append(f"{phase} {statistics.median(xs):.2f} [{min(xs):.2f}, "
-                             f"{max(xs):.2f}]")
-        missing = [f"{a['unit']}/{a['phase']}" for a in r["agreement"] if a["ratio"] is None]
+                parts.append(f"{phase} {statistics.median(xs):.{digits}f} [{min(xs):.{digits}f}, "
+                             f"{max(xs):.{digits}f}]")
+        missing = [f"{a['unit']}/{a['phase']}" for a in rows if a["ratio"] is None]
+        return "; ".join(parts) + (f"; only one side: {', '.join(missing)}" if missing else "")
+
+    for r in runs:
         lines.append(f"{r['id']:<34s} " + ("[same] " if r.get("agreement_same_run") else "")
-                     + "; ".join(parts)
-                     + (f"; only one side: {', '.join(missing)}" if missing else ""))
+                     + ratios(r["agreement"], 2))
     if any(r.get("agreement_stack") for r in runs):
         lines.append("")
         lines.append("The same on the stack phase's steps (a profile with the Python frames: "
                      "FSDP2's hook Python and the recorder's own time placed by frame): median "
                      "and range of imported / recorded, per phase")
         for r in runs:
-            rows = r.get("agreement_stack") or []
-            parts = []
-            for phase in ("forward", "backward", "recompute"):
-                xs = [a["ratio"] for a in rows if a["phase"] == phase and a["ratio"]]
-                if xs:
-                    parts.append(f"{phase} {statistics.median(xs):.3f} [{min(xs):.3f}, "
-                                 f"{max(xs):.3f}]")
-            missing = [f"{a['unit']}/{a['phase']}" for a in rows if a["ratio"] is None]
-            lines.append(f"{r['id']:<34s} " + ("; ".join(parts) if rows else "no stack phase")
-                         + (f"; only one side: {', '.join(missing)}" if missing else ""))
+            rows = r.get("agreement_stack")
+            lines.append(f"{r['id']:<34s} " + (ratios(rows, 3) if rows else "no stack phase"))
     pol = [r for r in runs if "policy" in r and "measured_change" in r["policy"]]
     if pol:
         lines.append("")
